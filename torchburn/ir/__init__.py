@@ -1,0 +1,11 @@
+"""TorchBurn's IR: a tensor-level graph and a loop-nest IR, with text forms, a verifier and a
+structural hash. This package imports nothing from torch (or from the rest of torchburn)."""
+from . import dtypes, expr, loop, ops, tensor
+from .dtypes import DType
+from .expr import Expr, ScalarType, Var, Const
+from .loop import Buffer, Kernel, Program
+from .printer import print_ir
+from .tensor import Graph, Op, TensorType, Value
+
+__all__ = ["dtypes", "expr", "loop", "ops", "tensor", "DType", "Expr", "ScalarType", "Var", "Const",
+           "Buffer", "Kernel", "Program", "print_ir", "Graph", "Op", "TensorType", "Value"]

@@ -1,0 +1,442 @@
+"""Scalar and vector expressions: the values inside loop nests, and symbolic dimensions.
+
+One small set of immutable node types serves three uses: index arithmetic in loops, the
+symbolic sizes and strides of tensors (`s0 * 512`), and the arithmetic a kernel computes.
+Nodes are frozen dataclasses, so equality and hashing are structural.
+
+Text form (see `printer.py`): `a + b`, `a // b`, `min(a, b)`, `exp(x)`, `cast<f16>(x)`,
+`select(c, a, b)`, `%buf[i, j]`, `ramp(i, 1, 16)`, `broadcast(x, 16)`, `1.5:f32`.
+
+The constructor helpers at the bottom (`add`, `mul`, ...) fold constants and identities, so
+shapes such as `s0 * 1 + 0` stay readable as `s0`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+from . import dtypes as dt
+from .dtypes import DType
+
+
+@dataclass(frozen=True)
+class ScalarType:
+    """The type of an expression: an element dtype and a vector width (`lanes`, 1 for scalars)."""
+
+    dtype: DType
+    lanes: int = 1
+
+    def with_lanes(self, lanes: int) -> "ScalarType":
+        return ScalarType(self.dtype, lanes)
+
+    def __str__(self) -> str:
+        return str(self.dtype) if self.lanes == 1 else f"{self.dtype}x{self.lanes}"
+
+
+INDEX = ScalarType(dt.index)
+BOOL = ScalarType(dt.bool_)
+
+
+class Expr:
+    """Base of all expression nodes. Every node has a `type`."""
+
+    type: ScalarType
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    @property
+    def lanes(self) -> int:
+        return self.type.lanes
+
+    # Operator sugar for building index arithmetic in Python.
+    def __add__(self, other: "ExprLike") -> "Expr":
+        return add(self, other)
+
+    def __radd__(self, other: "ExprLike") -> "Expr":
+        return add(other, self)
+
+    def __sub__(self, other: "ExprLike") -> "Expr":
+        return sub(self, other)
+
+    def __rsub__(self, other: "ExprLike") -> "Expr":
+        return sub(other, self)
+
+    def __mul__(self, other: "ExprLike") -> "Expr":
+        return mul(self, other)
+
+    def __rmul__(self, other: "ExprLike") -> "Expr":
+        return mul(other, self)
+
+    def __floordiv__(self, other: "ExprLike") -> "Expr":
+        return floordiv(self, other)
+
+    def __mod__(self, other: "ExprLike") -> "Expr":
+        return mod(self, other)
+
+
+ExprLike = Union[Expr, int]
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    """A literal. Text: `3` (i64), `3:i32`, `1.5:f32`, `true`, `inf:f32`, `nan:f64`."""
+
+    value: Union[int, float, bool]
+    type: ScalarType = INDEX
+
+    def __post_init__(self) -> None:
+        d = self.type.dtype
+        if d.is_float:
+            object.__setattr__(self, "value", float(self.value))
+        elif d.is_bool:
+            object.__setattr__(self, "value", bool(self.value))
+        else:
+            object.__setattr__(self, "value", int(self.value))
+
+    def __eq__(self, other: object) -> bool:
+        # NaN constants compare equal to each other so that IR equality is reflexive.
+        if not isinstance(other, Const) or other.type != self.type:
+            return False
+        if isinstance(self.value, float) and math.isnan(self.value):
+            return isinstance(other.value, float) and math.isnan(other.value)
+        return self.value == other.value
+
+    def __hash__(self) -> int:
+        v = "nan" if isinstance(self.value, float) and math.isnan(self.value) else self.value
+        return hash((Const, v, self.type))
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    """A named scalar: a loop index, a `let` binding or a symbolic dimension. Text: `i0`, `s0`."""
+
+    name: str
+    type: ScalarType = INDEX
+
+
+#: Binary operators with an infix spelling, in the order of their precedence groups.
+INFIX_OPS: dict[str, str] = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
+}
+#: Binary operators spelt as calls: `min(a, b)`.
+NAMED_BINARY_OPS: frozenset[str] = frozenset(
+    {"min", "max", "pow", "atan2", "fmod", "remainder", "copysign", "hypot", "nextafter"}
+)
+COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    """A two-operand operation on operands of one type; comparisons give bool.
+
+    `floordiv` and `mod` round toward negative infinity (Python semantics); `div` on integers
+    truncates (C semantics) and is only produced by code that knows operands are positive.
+    """
+
+    op: str
+    a: Expr
+    b: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+
+#: Functions of one argument. Float math follows C99/IEEE semantics.
+UNARY_FUNCS: frozenset[str] = frozenset({
+    "neg", "not", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "erf", "erfc", "erfinv", "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal",
+    "isnan", "isinf", "isfinite", "lgamma", "digamma", "signbit",
+})
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """A named pure function: unary math (`exp(x)`), `fma(a, b, c)`. Text: `name(args...)`."""
+
+    name: str
+    args: tuple[Expr, ...]
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    """Value conversion to another dtype (float->int truncates). Text: `cast<f16>(x)`."""
+
+    value: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+
+@dataclass(frozen=True)
+class Bitcast(Expr):
+    """Reinterpret the bits as another dtype of the same width. Text: `bitcast<i32>(x)`."""
+
+    value: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """`cond ? a : b`, lane-wise for vectors; both sides are evaluated. Text: `select(c, a, b)`."""
+
+    cond: Expr
+    a: Expr
+    b: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.cond, self.a, self.b)
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Read `buffer[index...]`; the buffer's strides turn the index into an address.
+
+    A vector load has a vector index (for example a `ramp`) in some dimension. Text: `%x[i, j]`.
+    """
+
+    buffer: str
+    index: tuple[Expr, ...]
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.index
+
+
+@dataclass(frozen=True)
+class Ramp(Expr):
+    """The vector `base, base+stride, ..., base+(lanes-1)*stride`. Text: `ramp(i, 1, 16)`."""
+
+    base: Expr
+    stride: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.base, self.stride)
+
+
+@dataclass(frozen=True)
+class Broadcast(Expr):
+    """A scalar repeated in every lane. Text: `broadcast(x, 16)`."""
+
+    value: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+
+@dataclass(frozen=True)
+class VectorReduce(Expr):
+    """Combine the lanes of a vector into a scalar (`add`, `mul`, `min`, `max`, `and`, `or`).
+
+    Text: `vreduce_add(v)`.
+    """
+
+    op: str
+    value: Expr
+    type: ScalarType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+
+# --------------------------------------------------------------------------------------------
+# Construction helpers with constant folding (index arithmetic stays readable).
+
+def as_expr(x: Union[Expr, int, float, bool], dtype: DType = dt.index) -> Expr:
+    """Wrap a Python number as a constant of `dtype`; pass expressions through."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool) and dtype == dt.index:
+        return Const(x, BOOL)
+    return Const(x, ScalarType(dtype))
+
+
+def const(value: Union[int, float, bool], dtype: DType, lanes: int = 1) -> Expr:
+    c = Const(value, ScalarType(dtype))
+    return c if lanes == 1 else Broadcast(c, ScalarType(dtype, lanes))
+
+
+def _int_const(e: Expr) -> int | None:
+    if isinstance(e, Const) and e.type.dtype.is_int and e.type.lanes == 1:
+        return int(e.value)
+    return None
+
+
+def _floordiv_int(a: int, b: int) -> int:
+    return a // b
+
+
+def _fold_int(op: str, a: int, b: int) -> int | None:
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "floordiv" and b != 0:
+        return _floordiv_int(a, b)
+    if op == "mod" and b != 0:
+        return a % b
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    return None
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build `a op b`, folding integer constants and the identities x+0, x*1, x*0, x//1, x%1."""
+    a, b = as_expr(a), as_expr(b)
+    if op not in BINARY_OPS:
+        raise ValueError(f"unknown binary op {op!r}")
+    ta = a.type
+    ca, cb = _int_const(a), _int_const(b)
+    if ca is not None and cb is not None and a.type == b.type:
+        folded = _fold_int(op, ca, cb)
+        if folded is not None:
+            return Const(folded, ta)
+    if ta.dtype.is_int and ta == b.type:
+        if op == "add":
+            if ca == 0:
+                return b
+            if cb == 0:
+                return a
+        elif op == "sub" and cb == 0:
+            return a
+        elif op == "mul":
+            if ca == 1:
+                return b
+            if cb == 1:
+                return a
+            if ca == 0 or cb == 0:
+                return Const(0, ta)
+        elif op == "floordiv" and cb == 1:
+            return a
+        elif op == "mod" and cb == 1:
+            return Const(0, ta)
+    rtype = ScalarType(dt.bool_, ta.lanes) if op in COMPARISONS else ta
+    return Binary(op, a, b, rtype)
+
+
+def add(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("add", a, b)
+
+
+def sub(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("sub", a, b)
+
+
+def mul(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("mul", a, b)
+
+
+def floordiv(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("floordiv", a, b)
+
+
+def mod(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("mod", a, b)
+
+
+def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("min", a, b)
+
+
+def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("max", a, b)
+
+
+def call(name: str, *args: Expr, type: ScalarType | None = None) -> Expr:
+    """Build a function call; unary math keeps its argument's type, predicates give bool."""
+    if type is None:
+        t = args[0].type
+        type = ScalarType(dt.bool_, t.lanes) if name in ("isnan", "isinf", "isfinite", "signbit") else t
+    return Call(name, tuple(args), type)
+
+
+def cast(value: Expr, dtype: DType) -> Expr:
+    """Convert `value` to `dtype`; a no-op cast disappears and integer constants fold."""
+    if value.type.dtype == dtype:
+        return value
+    target = ScalarType(dtype, value.type.lanes)
+    if isinstance(value, Const) and value.type.lanes == 1:
+        v = value.value
+        if dtype.is_bool:
+            return Const(bool(v), target)
+        if dtype.is_float:
+            return Const(float(v), target)
+        if dtype.is_int and not isinstance(v, float):
+            return Const(int(v), target)
+    return Cast(value, target)
+
+
+def select(cond: Expr, a: Expr, b: Expr) -> Expr:
+    if isinstance(cond, Const):
+        return a if cond.value else b
+    return Select(cond, a, b, a.type)
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every node of an expression tree, parents before children."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def free_vars(e: Expr) -> set[str]:
+    """Names of the variables an expression reads."""
+    return {n.name for n in walk(e) if isinstance(n, Var)}
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """Replace variables by expressions (capture cannot happen: expressions bind nothing)."""
+    from .transform import ExprMutator  # local: transform imports this module
+
+    class _Subst(ExprMutator):
+        def visit_Var(self, node: Var) -> Expr:
+            return mapping.get(node.name, node)
+
+    return _Subst().visit(e)
+
+
+def evaluate_index(e: Expr, env: dict[str, int]) -> int:
+    """Evaluate an integer index expression (shape arithmetic) given symbol values."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        try:
+            return env[e.name]
+        except KeyError:
+            raise KeyError(f"symbol {e.name!r} has no value") from None
+    if isinstance(e, Binary):
+        a, b = evaluate_index(e.a, env), evaluate_index(e.b, env)
+        result = _fold_int(e.op, a, b)
+        if result is None:
+            raise ValueError(f"cannot evaluate index op {e.op!r}")
+        return result
+    if isinstance(e, Cast):
+        return evaluate_index(e.value, env)
+    raise ValueError(f"not an index expression: {type(e).__name__}")

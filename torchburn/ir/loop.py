@@ -1,0 +1,249 @@
+"""The loop-nest IR: kernels made of buffers, loops, loads, stores and local allocations.
+
+In the spirit of Halide's statement IR and TVM's TensorIR. A `Kernel` is one loop nest over
+buffers; a `Program` is the whole compiled graph: its inputs, outputs and workspace
+temporaries, and the kernels called in order. Codegen turns a program into one native module
+with one entry function.
+
+Text form:
+
+    program @main(%x: f32[s0, 4] strides [4, 1]) -> (%out: f32[s0, 4] strides [4, 1]) {
+      call @k0(%x, %out)
+    }
+    kernel @k0(%x: f32[s0, 4] strides [4, 1], %out: f32[s0, 4] strides [4, 1]) {
+      parallel for i0 in 0..s0 {
+        for i1 in 0..4 {
+          %out[i0, i1] = exp(%x[i0, i1])
+        }
+      }
+    }
+
+Statements are immutable dataclasses, like expressions; passes rebuild what they change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Optional
+
+from .dtypes import DType
+from .expr import Expr, Var
+
+#: Loop kinds. `vectorized` and `unrolled` are requests that passes carry out.
+LOOP_KINDS: tuple[str, ...] = ("serial", "parallel", "vectorized", "unrolled")
+#: Where a buffer lives: kernel parameter / program buffer (`global`) or in a kernel's frame.
+SCOPES: tuple[str, ...] = ("global", "local")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A strided n-d array: element dtype, shape and strides (in elements), both symbolic.
+
+    Text: `%x: f32[s0, 4] strides [4, 1]`, local ones `alloc %acc: f32[1] local`.
+    """
+
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    strides: tuple[Expr, ...]
+    scope: str = "global"
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.strides):
+            raise ValueError(f"buffer %{self.name}: {len(self.shape)} dims but {len(self.strides)} strides")
+        if self.scope not in SCOPES:
+            raise ValueError(f"buffer %{self.name}: unknown scope {self.scope!r}")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class Stmt:
+    """Base of all statements."""
+
+    def children(self) -> tuple["Stmt", ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    """Write `value` to `buffer[index...]`. Text: `%out[i, j] = expr`."""
+
+    buffer: str
+    index: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    """Bind a scalar name for the rest of the enclosing block. Text: `let t0 = expr`."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Alloc(Stmt):
+    """A local buffer for the rest of the enclosing block (registers or stack).
+
+    Text: `alloc %acc: f32[4] local`.
+    """
+
+    buffer: Buffer
+
+
+@dataclass(frozen=True)
+class Block(Stmt):
+    """Statements run in order."""
+
+    stmts: tuple[Stmt, ...]
+
+    def children(self) -> tuple[Stmt, ...]:
+        return self.stmts
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    """`for var in start..start+extent` with a kind (serial, parallel, vectorized, unrolled).
+
+    `annotations` carry provenance and hints, for example `{origin = "aten.add.Tensor"}`.
+    Text: `parallel for i0 in 0..s0 {origin = "aten.mm"} { ... }`.
+    """
+
+    var: Var
+    start: Expr
+    extent: Expr
+    kind: str
+    body: Stmt
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOOP_KINDS:
+            raise ValueError(f"unknown loop kind {self.kind!r}; expected one of {LOOP_KINDS}")
+
+    def children(self) -> tuple[Stmt, ...]:
+        return (self.body,)
+
+    def annotation(self, key: str) -> Optional[str]:
+        return dict(self.annotations).get(key)
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    """Run `then` when `cond` holds, else `orelse` (which may be None)."""
+
+    cond: Expr
+    then: Stmt
+    orelse: Optional[Stmt] = None
+
+    def children(self) -> tuple[Stmt, ...]:
+        return (self.then,) if self.orelse is None else (self.then, self.orelse)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One loop nest over parameter buffers; symbols (sizes, strides) are passed by value.
+
+    `attrs` record where the kernel came from (`origin`: the ATen ops it computes).
+    """
+
+    name: str
+    params: tuple[Buffer, ...]
+    symbols: tuple[Var, ...]
+    body: Stmt
+    attrs: tuple[tuple[str, str], ...] = ()
+
+    def param(self, name: str) -> Buffer:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(f"kernel @{self.name} has no parameter %{name}")
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """`call @kernel(%a, %b)` in a program: program buffers bound to the kernel's parameters."""
+
+    kernel: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled graph: inputs and outputs (caller's memory), temporaries (workspace), and the
+    kernels called in order. Symbols are bound from the inputs' sizes and strides, or passed as
+    scalar inputs (`symbol_inputs`), in the order of `symbols`.
+    """
+
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    temps: tuple[Buffer, ...]
+    symbols: tuple[Var, ...]
+    calls: tuple[KernelCall, ...]
+    kernels: tuple[Kernel, ...]
+    #: Outputs that are views of an input or of another output: name -> (base, offset expr).
+    #: Empty until a pass needs it; kept general so aliasing outputs never copy.
+    aliases: tuple[tuple[str, str], ...] = field(default=())
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(f"program @{self.name} has no kernel @{name}")
+
+    def buffer(self, name: str) -> Buffer:
+        for b in (*self.inputs, *self.outputs, *self.temps):
+            if b.name == name:
+                return b
+        raise KeyError(f"program @{self.name} has no buffer %{name}")
+
+    def with_kernels(self, kernels: tuple[Kernel, ...]) -> "Program":
+        return replace(self, kernels=kernels)
+
+
+def block(*stmts: Stmt) -> Stmt:
+    """A block of statements with nested blocks flattened; one statement stays itself."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Block):
+            flat.extend(s.stmts)
+        elif s is not None:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else Block(tuple(flat))
+
+
+def walk_stmts(s: Stmt) -> Iterator[Stmt]:
+    """Every statement, parents before children."""
+    stack = [s]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
+    """The expressions a statement holds directly (not those of nested statements)."""
+    if isinstance(s, Store):
+        return (*s.index, s.value)
+    if isinstance(s, Let):
+        return (s.value,)
+    if isinstance(s, For):
+        return (s.start, s.extent)
+    if isinstance(s, If):
+        return (s.cond,)
+    if isinstance(s, Alloc):
+        return (*s.buffer.shape, *s.buffer.strides)
+    return ()
+
+
+def contiguous_strides(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Row-major strides for a shape (symbolic shapes give symbolic strides)."""
+    from .expr import Const, mul
+
+    strides: list[Expr] = []
+    acc: Expr = Const(1)
+    for d in reversed(shape):
+        strides.append(acc)
+        acc = mul(acc, d)
+    return tuple(reversed(strides))
