@@ -182,9 +182,10 @@ class Program:
     symbols: tuple[Var, ...]
     calls: tuple[KernelCall, ...]
     kernels: tuple[Kernel, ...]
-    #: Outputs that are views of an input or of another output: name -> (base, offset expr).
-    #: Empty until a pass needs it; kept general so aliasing outputs never copy.
-    aliases: tuple[tuple[str, str], ...] = field(default=())
+    #: Byte offset of each temporary inside the workspace (set by memory planning) and the
+    #: workspace's total size in bytes; both are index expressions in the symbols.
+    temp_offsets: tuple[tuple[str, Expr], ...] = field(default=())
+    workspace_bytes: Expr = field(default_factory=lambda: _zero())
 
     def kernel(self, name: str) -> Kernel:
         for k in self.kernels:
@@ -198,8 +199,20 @@ class Program:
                 return b
         raise KeyError(f"program @{self.name} has no buffer %{name}")
 
+    def temp_offset(self, name: str) -> Expr:
+        for n, off in self.temp_offsets:
+            if n == name:
+                return off
+        raise KeyError(f"program @{self.name}: temporary %{name} has no workspace offset")
+
     def with_kernels(self, kernels: tuple[Kernel, ...]) -> "Program":
         return replace(self, kernels=kernels)
+
+
+def _zero() -> Expr:
+    from .expr import Const
+
+    return Const(0)
 
 
 def block(*stmts: Stmt) -> Stmt:

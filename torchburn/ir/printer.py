@@ -222,7 +222,14 @@ class Printer:
         if p.symbols:
             head += " symbols(" + ", ".join(self.var_name(v.name) for v in p.symbols) + ")"
         lines = [head + " {"]
-        lines += [f"  temp {self.buffer(t)}" for t in p.temps]
+        offsets = dict(p.temp_offsets)
+        for t in p.temps:
+            line = f"  temp {self.buffer(t)}"
+            if t.name in offsets:
+                line += f" offset {self.expr(offsets[t.name])}"
+            lines.append(line)
+        if p.temps:
+            lines.append(f"  workspace {self.expr(p.workspace_bytes)}")
         for c in p.calls:
             lines.append(f"  call {self.func_name(c.kernel)}({', '.join(self.value_name(a) for a in c.args)})")
         lines.append("}")
