@@ -51,6 +51,15 @@ class TensorType:
 _value_ids = itertools.count()
 
 
+def normalize_attr(v: Any) -> Any:
+    """Store attributes in one canonical form: integer constants as ints, lists as tuples."""
+    if isinstance(v, Const) and v.type.dtype.name == "i64" and v.type.lanes == 1:
+        return int(v.value)
+    if isinstance(v, (list, tuple)):
+        return tuple(normalize_attr(x) for x in v)
+    return v
+
+
 @dataclass(eq=False)
 class Value:
     """An SSA tensor value: a graph input or an op result. Identity is the object."""
@@ -137,7 +146,7 @@ class Graph:
         from .ops import infer_types
 
         operands = list(operands)
-        attrs = dict(attrs or {})
+        attrs = {k: normalize_attr(v) for k, v in (attrs or {}).items()}
         if result_types is None:
             result_types = infer_types(name, [v.type for v in operands], attrs)
         op = Op(name, operands, attrs, [], loc)
@@ -195,6 +204,30 @@ class Graph:
                 while name in taken:
                     name = str(next(counter))
                 r.name = name
+
+    def substitute_symbols(self, mapping: dict[str, Expr]) -> None:
+        """Rename or replace symbolic dimensions everywhere: types, strides, attributes, inputs."""
+        from .expr import substitute
+
+        def sub(e: Any) -> Any:
+            if isinstance(e, Expr):
+                return substitute(e, mapping)
+            if isinstance(e, tuple):
+                return tuple(sub(x) for x in e)
+            return e
+
+        def retype(v: Value) -> None:
+            v.type = TensorType(v.type.dtype, sub(v.type.shape))
+            if v.strides is not None:
+                v.strides = sub(v.strides)
+
+        self.inputs = [sub(v) if isinstance(v, Var) else v for v in self.inputs]
+        for v in self.tensor_inputs():
+            retype(v)
+        for op in self.ops:
+            op.attrs = {k: normalize_attr(sub(a)) for k, a in op.attrs.items()}
+            for r in op.results:
+                retype(r)
 
     def __eq__(self, other: object) -> bool:
         """Structural equality: same ops, attributes, types, locations and value names."""

@@ -1,0 +1,42 @@
+"""Shared test helpers: compile with torchburn, compare with eager, and prove it compiled."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from torchburn import report as rep
+from torchburn.backend import torchburn_backend
+
+
+def run_compiled(fn: Callable[..., Any], *args: Any, dynamic: Optional[bool] = False,
+                 reset: bool = True) -> tuple[Any, list[rep.GraphReport]]:
+    """Compile `fn` with a fresh Dynamo cache, run it, and return (result, graph reports)."""
+    if reset:
+        torch._dynamo.reset()
+    records = rep.start_recording()
+    try:
+        out = torch.compile(fn, backend=torchburn_backend, dynamic=dynamic, fullgraph=True)(*args)
+    finally:
+        rep.stop_recording()
+    return out, list(records)
+
+
+def assert_fully_compiled(reports: list[rep.GraphReport]) -> None:
+    """At least one subgraph was compiled and nothing fell back to PyTorch."""
+    assert reports, "no graph reached the backend"
+    fallbacks = [op for r in reports for op in r.fallback_ops]
+    reasons = [(s.name, s.reason) for r in reports for s in r.subgraphs if not s.compiled]
+    assert not fallbacks, f"ops fell back to PyTorch: {fallbacks} {reasons} {[r.fallbacks for r in reports]}"
+    assert any(s.compiled for r in reports for s in r.subgraphs), "no subgraph was compiled"
+
+
+def check(fn: Callable[..., Any], *args: Any, rtol: Optional[float] = None, atol: Optional[float] = None,
+          dynamic: Optional[bool] = False, require_compiled: bool = True) -> Any:
+    """Compiled result equals eager's (with `assert_close`'s dtype-aware tolerances)."""
+    expected = fn(*args)
+    out, reports = run_compiled(fn, *args, dynamic=dynamic)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol, equal_nan=True)
+    if require_compiled:
+        assert_fully_compiled(reports)
+    return out

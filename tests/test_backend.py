@@ -1,0 +1,172 @@
+"""The spine end to end: the backend by name, the MLP forward and a training step, dynamic
+shapes, fallback, explain, and inputs that differ from the compiled ones."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchburn
+from torchburn.driver import memory_cache
+from tests.helpers import assert_fully_compiled, check, run_compiled
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256))
+
+
+def test_backend_found_by_name_after_plain_import_torch() -> None:
+    code = ("import torch\n"
+            "f = torch.compile(lambda x: x * 2 + 1, backend='torchburn')\n"
+            "x = torch.randn(5)\n"
+            "torch.testing.assert_close(f(x), x * 2 + 1)\n"
+            "import torchburn.report as r\n"
+            "assert any(s.compiled for g in r.recent_reports() for s in g.subgraphs)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_mlp_forward_matches_eager() -> None:
+    model = mlp()
+    x = torch.randn(32, 512)
+    with torch.no_grad():
+        check(model, x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_variants(approximate: str) -> None:
+    x = torch.randn(64, 33) * 4
+    check(lambda t: torch.nn.functional.gelu(t, approximate=approximate), x)
+
+
+def test_mlp_training_step_gradients_match_eager() -> None:
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(32, 512)
+    target = torch.randn(32, 256)
+
+    def loss_fn(m: nn.Module) -> torch.Tensor:
+        return ((m(x) - target) ** 2).mean()
+
+    compiled = torch.compile(model, backend="torchburn")
+    torch._dynamo.reset()
+    from torchburn import report as rep
+
+    records = rep.start_recording()
+    try:
+        loss = ((compiled(x) - target) ** 2).mean()
+        loss.backward()
+    finally:
+        rep.stop_recording()
+    ref_loss = loss_fn(ref)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    kinds = {r.kind for r in records}
+    assert {"forward", "backward"} <= kinds
+    assert_fully_compiled([r for r in records if r.kind == "backward"])
+
+
+def test_dynamic_batch_compiles_once() -> None:
+    torch._dynamo.reset()
+    model = mlp()
+    compiled = torch.compile(model, backend="torchburn", dynamic=True)
+    from torchburn import report as rep
+
+    records = rep.start_recording()
+    try:
+        with torch.no_grad():
+            for batch in (2, 3, 7, 32, 65):  # Dynamo specializes size 1 by design
+                x = torch.randn(batch, 512)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        rep.stop_recording()
+    assert len(records) == 1, f"expected one compilation, got {len(records)}"
+
+
+def test_unsupported_op_falls_back_and_is_explained() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.exp(x)
+        z = torch.fft.fft(y).real  # complex: no lowering
+        return z + 1
+
+    x = torch.randn(16)
+    out, reports = run_compiled(fn, x)
+    torch.testing.assert_close(out, fn(x))
+    report = torchburn.explain(fn, x)
+    assert report.fallback_ops, "the FFT must be reported as a fallback"
+    assert report.compiled_subgraphs, "the elementwise parts must still compile"
+    text = str(report)
+    assert "fft" in text
+
+
+def test_non_contiguous_input_never_reads_wrong_memory() -> None:
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: a * 2 + 1, backend="torchburn", dynamic=False)
+    x = torch.randn(8, 6)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    xt = torch.randn(6, 8).t()  # same shape, transposed strides
+    torch.testing.assert_close(f(xt), xt * 2 + 1)
+    xs = torch.randn(8, 12)[:, ::2]  # same shape, strided
+    torch.testing.assert_close(f(xs), xs * 2 + 1)
+
+
+def _compiled_launchers(fn, *args):
+    """Compile `fn` and return its launchers (the objects that guard and call native code)."""
+    from torchburn.backend import _Compiled
+
+    launchers = []
+    import torchburn.backend as be
+
+    original = be._install
+
+    def spy(module, name, sub, launcher):
+        launchers.append(launcher)
+        original(module, name, sub, launcher)
+
+    be._install = spy
+    try:
+        run_compiled(fn, *args)
+    finally:
+        be._install = original
+    assert launchers and all(isinstance(l, object) for l in launchers)
+    assert _Compiled
+    return launchers
+
+
+def test_launcher_guard_runs_eager_on_layout_mismatch() -> None:
+    x = torch.randn(4, 6)
+    (launcher,) = _compiled_launchers(lambda a: a.exp() + 1, x)
+    assert launcher.stats.eager_fallbacks == 0
+    # Reach the launcher directly with inputs Dynamo would have re-guarded on.
+    for bad in (torch.randn(6, 4).t(), torch.randn(4, 7), torch.randn(4, 6, dtype=torch.float64)):
+        before = launcher.stats.eager_fallbacks
+        (out,) = launcher(bad)
+        torch.testing.assert_close(out, bad.exp() + 1)
+        assert launcher.stats.eager_fallbacks == before + 1
+    (out,) = launcher(x)
+    torch.testing.assert_close(out, x.exp() + 1)
+
+
+def test_dtype_change_recompiles() -> None:
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: a + a, backend="torchburn")
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        x = torch.arange(10, dtype=dtype)
+        torch.testing.assert_close(f(x), x + x)
+
+
+def test_identical_graph_compiles_nothing_second_time() -> None:
+    cache = memory_cache()
+    x = torch.randn(10, 10)
+    run_compiled(lambda a: torch.tanh(a) * 3, x)
+    misses = cache.misses
+    hits = cache.hits
+    run_compiled(lambda b: torch.tanh(b) * 3, x)
+    assert cache.misses == misses
+    assert cache.hits == hits + 1

@@ -1,0 +1,97 @@
+"""Every TORCHBURN_* environment variable, read in this one place.
+
+| variable | meaning | default |
+|---|---|---|
+| TORCHBURN_DEVICE | cpu, gpu or auto | cpu |
+| TORCHBURN_ENGINE | llvm, wgpu or reference | llvm |
+| TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
+| TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
+| TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
+| TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
+| TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
+| TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+
+class ConfigError(ValueError):
+    """An environment variable has a value torchburn does not accept."""
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env.get(name, default).strip().lower() or default
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value}: must be >= {minimum}")
+    return value
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torchburn"
+
+
+@dataclass(frozen=True)
+class Config:
+    device: str
+    engine: str
+    wgpu_backend: Optional[str]
+    cache_size: int
+    cache_dir: Optional[Path]
+    num_threads: int
+    debug: bool
+    dump_dir: Optional[Path]
+
+    @staticmethod
+    def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
+        env = os.environ if env is None else env
+        backend = env.get("TORCHBURN_WGPU_BACKEND", "").strip().lower() or None
+        if backend is not None and backend not in ("vulkan", "metal", "dx12", "gl"):
+            raise ConfigError(f"TORCHBURN_WGPU_BACKEND={backend!r}: expected vulkan, metal, dx12 or gl")
+        cache_raw = env.get("TORCHBURN_CACHE_DIR", "").strip()
+        cache_dir = None if cache_raw.lower() in ("off", "0", "none") else Path(cache_raw) if cache_raw else _default_cache_dir()
+        dump = env.get("TORCHBURN_DUMP", "").strip()
+        return Config(
+            device=_choice(env, "TORCHBURN_DEVICE", "cpu", ("cpu", "gpu", "auto")),
+            engine=_choice(env, "TORCHBURN_ENGINE", "llvm", ("llvm", "wgpu", "reference")),
+            wgpu_backend=backend,
+            cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
+            cache_dir=cache_dir,
+            num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
+            debug=env.get("TORCHBURN_DEBUG", "0").strip() not in ("", "0", "false", "no"),
+            dump_dir=Path(dump) if dump else None,
+        )
+
+
+_config: Optional[Config] = None
+
+
+def get_config() -> Config:
+    """The configuration of this process (read once; `reload_config()` reads again)."""
+    global _config
+    if _config is None:
+        _config = Config.from_env()
+    return _config
+
+
+def reload_config() -> Config:
+    global _config
+    _config = Config.from_env()
+    return _config

@@ -1,0 +1,69 @@
+"""`torchburn.explain(fn, *args)`: compile and run `fn` once, then report what happened."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import report as rep
+from .driver import memory_cache
+
+
+@dataclass
+class ExplainReport:
+    """The graphs compiled for one call, as data (`graphs`) and as text (`str(report)`)."""
+
+    graphs: list[rep.GraphReport]
+    cache_hits: int
+    cache_misses: int
+
+    @property
+    def fallback_ops(self) -> list[str]:
+        return [op for g in self.graphs for op in g.fallback_ops]
+
+    @property
+    def compiled_subgraphs(self) -> list[rep.SubgraphReport]:
+        return [s for g in self.graphs for s in g.subgraphs if s.compiled]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"torchburn explain: {len(self.graphs)} graph(s), "
+                 f"{len(self.compiled_subgraphs)} compiled subgraph(s), "
+                 f"{len(self.fallback_ops)} op(s) in PyTorch; cache {self.cache_hits} hit(s), "
+                 f"{self.cache_misses} miss(es)"]
+        for g in self.graphs:
+            lines.append(f"[{g.kind} graph]")
+            for s in g.subgraphs:
+                if s.compiled:
+                    status = "cache hit" if s.cache_hit else "compiled " + ", ".join(
+                        f"{k} {v * 1e3:.1f} ms" for k, v in s.timings.items())
+                    lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) ({status})")
+                    for k in s.kernels:
+                        lines.append(f"    {k}")
+                else:
+                    lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch: {s.reason}")
+            for op, why in g.fallbacks:
+                lines.append(f"  fallback {op}: {why}")
+        return "\n".join(lines)
+
+
+def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
+    """Compile `fn` with the torchburn backend, run it on `args`, and report.
+
+    Dynamo's caches are reset first so that the report covers a full compilation.
+    """
+    import torch
+
+    from .backend import torchburn_backend
+
+    torch._dynamo.reset()
+    cache = memory_cache()
+    hits0, misses0 = cache.hits, cache.misses
+    records = rep.start_recording()
+    try:
+        torch.compile(fn, backend=torchburn_backend)(*args, **kwargs)
+    finally:
+        rep.stop_recording()
+    return ExplainReport(list(records), cache.hits - hits0, cache.misses - misses0)

@@ -1,0 +1,115 @@
+"""Import an FX graph of ATen ops into the tensor-level IR.
+
+Placeholders become graph inputs: tensors with their (possibly symbolic) shapes and, when not
+contiguous, their strides; SymInt placeholders become symbol inputs. Each call node goes
+through its registered lowering. Shapes come from the nodes' fake-tensor metadata, so the IR
+sees exactly what Dynamo guarded on.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..ir import expr as ex
+from ..ir.expr import Const, Expr, Var
+from ..ir.loop import contiguous_strides
+from ..ir.tensor import Graph, TensorType, Value
+from . import lowerings  # noqa: F401  (registers lowerings)
+from .builder import Builder
+from .dtypes import to_ir
+from .registry import Unsupported, get_lowering
+from .symbols import shape_to_exprs, size_to_expr
+
+
+def _input_strides(meta: torch.Tensor, shape: tuple[Expr, ...]) -> Optional[tuple[Expr, ...]]:
+    """None when the tensor is row-major contiguous (ignoring size-1 dims), else its strides."""
+    strides = shape_to_exprs(meta.stride())
+    expected = contiguous_strides(shape)
+    if all(s == e or d == Const(1) for s, e, d in zip(strides, expected, shape)):
+        return None
+    return strides
+
+
+def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
+    """Lower every node of `gm` (all must have lowerings) into a new tensor-IR graph."""
+    graph = Graph(name, [])
+    builder = Builder(graph)
+    env: dict[torch.fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                e = size_to_expr(val)
+                if not isinstance(e, Var):
+                    # A derived size such as `s0 * 2` passed as an argument: it is an expression
+                    # over symbols bound elsewhere, so no input needs it.
+                    env[node] = e
+                    graph.inputs.append(Var(f"_unused_{node.name}"))
+                    continue
+                env[node] = e
+                graph.inputs.append(e)
+            elif isinstance(val, torch.Tensor):
+                shape = shape_to_exprs(val.shape)
+                v = Value(node.name, TensorType(to_ir(val.dtype), shape), _input_strides(val, shape))
+                env[node] = v
+                graph.inputs.append(v)
+            elif isinstance(val, (int, float, bool)):
+                env[node] = val
+                graph.inputs.append(Var(f"_const_{node.name}"))
+            else:
+                raise Unsupported(f"input {node.name} of type {type(val).__name__}")
+        elif node.op == "call_function":
+            lw = get_lowering(node.target)
+            if lw is None:
+                raise Unsupported(f"no lowering for {node.target}")
+            builder.node = node
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            result = lw.fn(builder, *args, **kwargs)
+            _check_result(node, result)
+            env[node] = result
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            for o in outs:
+                v = env[o] if isinstance(o, torch.fx.Node) else o
+                if not isinstance(v, Value):
+                    raise Unsupported(f"graph output {o} is not a tensor")
+                graph.outputs.append(v)
+        else:
+            raise Unsupported(f"FX node kind {node.op}")
+    graph.remove_dead_ops()
+    graph.rename_canonically()
+    _rename_symbols(graph)
+    return graph
+
+
+def _rename_symbols(graph: Graph) -> None:
+    """Name symbols s0, s1, ... by first appearance among the inputs, so graphs that differ
+    only in Dynamo's symbol numbering are the same IR (and share compiled code)."""
+    order: list[str] = []
+    for v in graph.inputs:
+        exprs = [v] if isinstance(v, Var) else [*v.shape, *v.layout()]
+        for e in exprs:
+            for node in ex.walk(e):
+                if isinstance(node, Var) and node.name not in order and not node.name.startswith("_"):
+                    order.append(node.name)
+    mapping: dict[str, Expr] = {name: Var(f"s{i}") for i, name in enumerate(order)}
+    # Avoid capture: go through temporary names when a new name is an old one.
+    temp = {name: Var(f"__tmp_{i}") for i, name in enumerate(order)}
+    graph.substitute_symbols(temp)
+    graph.substitute_symbols({f"__tmp_{i}": mapping[name] for i, name in enumerate(order)})
+
+
+def _check_result(node: torch.fx.Node, result: Any) -> None:
+    """A lowering must produce the dtype and rank the node's metadata promises."""
+    meta = node.meta.get("val")
+    if isinstance(meta, torch.Tensor):
+        if not isinstance(result, Value):
+            raise Unsupported(f"lowering of {node.target} returned {type(result).__name__}")
+        if result.dtype != to_ir(meta.dtype) or result.type.rank != meta.dim():
+            raise Unsupported(
+                f"lowering of {node.target} produced {result.dtype}{list(map(str, result.shape))}, "
+                f"expected {meta.dtype}{list(meta.shape)}")

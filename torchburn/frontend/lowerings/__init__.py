@@ -1,0 +1,2 @@
+"""ATen lowerings, one module per op family. Importing this package registers them all."""
+from . import elementwise, factories, linalg, reductions, views  # noqa: F401

@@ -1,0 +1,267 @@
+"""Elementwise ATen ops: math, arithmetic with broadcasting and type promotion, comparisons,
+logical and bitwise ops, where, casts, and composite activations (gelu, silu, ...)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from ...ir import dtypes as dt
+from ...ir.tensor import Value
+from ..builder import PROMOTE, Builder, Operand
+from ..dtypes import to_ir
+from ..registry import Unsupported, lowering
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+#: ATen op -> IR op for unary math that promotes integers to float.
+FLOAT_UNARY = {
+    aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log", aten.log2: "log2",
+    aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
+    aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos",
+    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh",
+    aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh", aten.erf: "erf",
+    aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid", aten.reciprocal: "reciprocal",
+    aten.lgamma: "lgamma", aten.digamma: "digamma",
+}
+
+#: ATen op -> IR op for binary arithmetic with default promotion.
+ARITH_BINARY = {
+    aten.mul: "mul", aten.maximum: "max", aten.minimum: "min", aten.fmod: "fmod",
+    aten.remainder: "remainder", aten.copysign: "copysign", aten.nextafter: "nextafter",
+}
+FLOAT_BINARY = {aten.atan2: "atan2", aten.hypot: "hypot"}
+COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
+BITWISE = {aten.bitwise_and: "and", aten.bitwise_or: "or", aten.bitwise_xor: "xor",
+           aten.bitwise_left_shift: "shl", aten.bitwise_right_shift: "shr",
+           aten.__lshift__: "shl", aten.__rshift__: "shr"}
+LOGICAL = {aten.logical_and: "and", aten.logical_or: "or", aten.logical_xor: "xor"}
+
+
+def _register_table(table: dict[Any, str], kind: PROMOTE, arity: int) -> None:
+    for aten_op, ir_name in table.items():
+        def fn(b: Builder, *args: Operand, _n: str = ir_name, **kw: Any) -> Value:
+            return b.elementwise(_n, *args[:arity], kind=kind)
+        lowering(aten_op)(fn)
+
+
+_register_table(FLOAT_UNARY, PROMOTE.INT_TO_FLOAT, 1)
+_register_table(ARITH_BINARY, PROMOTE.DEFAULT, 2)
+_register_table(FLOAT_BINARY, PROMOTE.INT_TO_FLOAT, 2)
+_register_table(COMPARE, PROMOTE.ALWAYS_BOOL, 2)
+
+
+def _bitwise(name: str) -> Any:
+    def fn(b: Builder, x: Operand, y: Operand, **kw: Any) -> Value:
+        comp, res = b.promote(x, y)
+        if comp.is_float:
+            raise Unsupported("bitwise op on floating point tensors")
+        xs, ys = b.broadcast(b.as_tensor(x, comp), b.as_tensor(y, comp))
+        return b.op(name, xs, ys)
+    return fn
+
+
+for _op, _name in BITWISE.items():
+    lowering(_op)(_bitwise(_name))
+
+
+def _logical(name: str) -> Any:
+    def fn(b: Builder, x: Operand, y: Operand, **kw: Any) -> Value:
+        xs, ys = b.broadcast(b.as_tensor(x, dt.bool_), b.as_tensor(y, dt.bool_))
+        return b.op(name, xs, ys)
+    return fn
+
+
+for _op, _name in LOGICAL.items():
+    lowering(_op)(_logical(_name))
+
+
+@lowering(aten.logical_not)
+def logical_not(b: Builder, x: Value) -> Value:
+    return b.op("not", b.as_tensor(x, dt.bool_))
+
+
+@lowering(aten.bitwise_not)
+def bitwise_not(b: Builder, x: Value) -> Value:
+    if x.dtype.is_float:
+        raise Unsupported("bitwise_not of a floating point tensor")
+    return b.op("not", x)
+
+
+# ---- arithmetic with special arguments ---------------------------------------------------------
+
+def _scaled(b: Builder, y: Operand, alpha: Any) -> Operand:
+    if alpha is None or alpha == 1:
+        return y
+    if isinstance(y, Value):
+        return b.elementwise("mul", y, alpha)
+    return y * alpha  # type: ignore[operator]
+
+
+@lowering(aten.add)
+def add(b: Builder, x: Operand, y: Operand, alpha: Any = None) -> Value:
+    return b.elementwise("add", x, _scaled(b, y, alpha))
+
+
+@lowering(aten.sub, aten.rsub)
+def sub(b: Builder, x: Operand, y: Operand, alpha: Any = None) -> Value:
+    assert b.node is not None
+    if b.node.target in (aten.rsub.Tensor, aten.rsub.Scalar):
+        x, y = y, x
+        return b.elementwise("sub", _scaled(b, x, alpha), y)
+    return b.elementwise("sub", x, _scaled(b, y, alpha))
+
+
+@lowering(aten.div)
+def div(b: Builder, x: Operand, y: Operand, rounding_mode: Optional[str] = None) -> Value:
+    if rounding_mode is None:
+        return b.elementwise("div", x, y, kind=PROMOTE.INT_TO_FLOAT)
+    comp, res = b.promote(x, y)
+    xs, ys = b.broadcast(b.as_tensor(x, comp), b.as_tensor(y, comp))
+    if rounding_mode == "floor":
+        out = b.op("floor", b.op("div", xs, ys)) if comp.is_float else b.op("floordiv", xs, ys)
+    elif rounding_mode == "trunc":
+        out = b.op("trunc", b.op("div", xs, ys)) if comp.is_float else b.op("div", xs, ys)
+    else:
+        raise Unsupported(f"div rounding_mode={rounding_mode!r}")
+    return b.cast(out, res)
+
+
+@lowering(aten.floor_divide)
+def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
+    return div(b, x, y, rounding_mode="floor")
+
+
+@lowering(aten.pow)
+def pow_(b: Builder, x: Operand, y: Operand) -> Value:
+    return b.elementwise("pow", x, y)
+
+
+@lowering(aten.neg)
+def neg(b: Builder, x: Value) -> Value:
+    if x.dtype.is_bool:
+        raise Unsupported("negation of a bool tensor")
+    return b.elementwise("neg", x)
+
+
+@lowering(aten.abs)
+def abs_(b: Builder, x: Value) -> Value:
+    return x if x.dtype.is_bool else b.elementwise("abs", x)
+
+
+@lowering(aten.sign, aten.sgn)
+def sign(b: Builder, x: Value) -> Value:
+    return x if x.dtype.is_bool else b.elementwise("sign", x)
+
+
+def _rounding(name: str) -> Any:
+    def fn(b: Builder, x: Value, decimals: int = 0) -> Value:
+        if not x.dtype.is_float:
+            return x
+        if decimals:
+            scale = 10.0 ** decimals
+            return b.elementwise("div", b.elementwise(name, b.elementwise("mul", x, scale)), scale)
+        return b.elementwise(name, x)
+    return fn
+
+
+for _op, _name in ((aten.floor, "floor"), (aten.ceil, "ceil"), (aten.round, "round"), (aten.trunc, "trunc")):
+    lowering(_op)(_rounding(_name))
+
+
+def _predicate(name: str, for_ints: bool) -> Any:
+    def fn(b: Builder, x: Value) -> Value:
+        if not x.dtype.is_float:
+            return b.expand(b.full(for_ints, (), dt.bool_), x.shape)
+        return b.op(name, b.to_compute(x))
+    return fn
+
+
+lowering(aten.isnan)(_predicate("isnan", False))
+lowering(aten.isinf)(_predicate("isinf", False))
+lowering(aten.isfinite)(_predicate("isfinite", True))
+lowering(aten.signbit)(_predicate("signbit", False))
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(b: Builder, cond: Operand, x: Operand, y: Operand) -> Value:
+    comp, res = b.promote(x, y)
+    c = b.as_tensor(cond, dt.bool_)
+    cs, xs, ys = b.broadcast(c, b.as_tensor(x, res), b.as_tensor(y, res))
+    return b.op("where", cs, xs, ys)
+
+
+@lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
+def clamp(b: Builder, x: Value, lo: Operand = None, hi: Operand = None) -> Value:
+    assert b.node is not None
+    if b.node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo, hi = None, lo
+    out: Operand = x
+    if lo is not None:
+        out = b.elementwise("max", out, lo)
+    if hi is not None:
+        out = b.elementwise("min", out, hi)
+    if not isinstance(out, Value):
+        raise Unsupported("clamp without bounds")
+    return b.cast(out, b.out_dtype)
+
+
+@lowering(aten.relu)
+def relu(b: Builder, x: Value) -> Value:
+    if x.dtype.is_bool:
+        raise Unsupported("relu of a bool tensor")
+    return b.elementwise("max", x, 0)
+
+
+# ---- casts and identities ----------------------------------------------------------------------
+
+def _cpu_only(node: torch.fx.Node) -> Optional[str]:
+    dev = node.kwargs.get("device")
+    if dev is not None and torch.device(dev).type != "cpu":
+        return f"copy to device {dev}"
+    return None
+
+
+@lowering(aten._to_copy, supports=_cpu_only)
+def to_copy(b: Builder, x: Value, dtype: Any = None, **kw: Any) -> Value:
+    return _copy(b, x if dtype is None else b.cast(x, to_ir(dtype)))
+
+
+@lowering(prims.convert_element_type)
+def convert_element_type(b: Builder, x: Value, dtype: Any) -> Value:
+    return b.cast(x, to_ir(dtype))
+
+
+def _copy(b: Builder, x: Value) -> Value:
+    # A value computed in the graph is already fresh memory; the runtime copies graph inputs
+    # that are returned directly, so identity is a correct clone here.
+    return x
+
+
+@lowering(aten.clone, aten.alias, aten.lift_fresh_copy, aten.contiguous, aten.detach)
+def clone(b: Builder, x: Value, **kw: Any) -> Value:
+    return _copy(b, x)
+
+
+# ---- composite activations ---------------------------------------------------------------------
+
+@lowering(aten.gelu)
+def gelu(b: Builder, x: Value, approximate: str = "none") -> Value:
+    xc = b.to_compute(x)
+    if approximate == "tanh":
+        inner = b.elementwise("mul", b.elementwise("add", xc, b.elementwise("mul", b.elementwise("mul", xc, xc), b.elementwise("mul", xc, 0.044715))), math.sqrt(2.0 / math.pi))
+        out = b.elementwise("mul", b.elementwise("mul", xc, 0.5), b.elementwise("add", b.op("tanh", inner), 1.0))
+    elif approximate == "none":
+        cdf = b.elementwise("add", b.op("erf", b.elementwise("mul", xc, math.sqrt(0.5))), 1.0)
+        out = b.elementwise("mul", b.elementwise("mul", xc, 0.5), cdf)
+    else:
+        raise Unsupported(f"gelu approximate={approximate!r}")
+    return b.cast(out, x.dtype)
+
+
+@lowering(aten.silu)
+def silu(b: Builder, x: Value) -> Value:
+    xc = b.to_compute(x)
+    return b.cast(b.elementwise("mul", xc, b.op("sigmoid", xc)), x.dtype)

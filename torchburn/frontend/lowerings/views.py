@@ -1,0 +1,156 @@
+"""View and shape ops. In the IR they are index remappings: fusion folds them into the
+loads of their consumers, so a view never copies unless it is a graph output."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ...ir import expr as ex
+from ...ir.expr import Const, Expr
+from ...ir.tensor import Value
+from ..builder import Builder, normalize_dim, numel
+from ..registry import Unsupported, lowering
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _as_dims(sizes: Sequence[Any]) -> list[Expr]:
+    return [ex.as_expr(s) if isinstance(s, (int, Expr)) else ex.as_expr(int(s)) for s in sizes]
+
+
+def _infer_minus_one(x: Value, sizes: Sequence[Any]) -> tuple[Expr, ...]:
+    dims = _as_dims(sizes)
+    unknown = [i for i, d in enumerate(dims) if d == Const(-1)]
+    if len(unknown) > 1:
+        raise Unsupported("view with more than one -1")
+    if unknown:
+        known = numel([d for i, d in enumerate(dims) if i != unknown[0]])
+        dims[unknown[0]] = ex.floordiv(numel(x.shape), known)
+    return tuple(dims)
+
+
+@lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view_copy)
+def view(b: Builder, x: Value, sizes: Sequence[Any]) -> Value:
+    assert b.node is not None
+    if b.node.target == aten.view.dtype:
+        raise Unsupported("view as another dtype (bit reinterpretation)")
+    return b.reshape(x, _infer_minus_one(x, sizes))
+
+
+@lowering(aten.permute, aten.permute_copy)
+def permute(b: Builder, x: Value, dims: Sequence[int]) -> Value:
+    rank = x.type.rank
+    dims = tuple(normalize_dim(d, rank) for d in dims)
+    if dims == tuple(range(rank)):
+        return x
+    return b.op("permute", x, dims=dims)
+
+
+@lowering(aten.t)
+def t(b: Builder, x: Value) -> Value:
+    return x if x.type.rank < 2 else b.op("permute", x, dims=(1, 0))
+
+
+@lowering(aten.transpose.int)
+def transpose(b: Builder, x: Value, d0: int, d1: int) -> Value:
+    rank = x.type.rank
+    if rank == 0:
+        return x
+    d0, d1 = normalize_dim(d0, rank), normalize_dim(d1, rank)
+    dims = list(range(rank))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(b, x, dims)
+
+
+@lowering(aten.expand, aten.expand_copy)
+def expand(b: Builder, x: Value, sizes: Sequence[Any], implicit: bool = False) -> Value:
+    dims = _as_dims(sizes)
+    offset = len(dims) - x.type.rank
+    shape = tuple(x.shape[i - offset] if d == Const(-1) else d for i, d in enumerate(dims))
+    return b.expand(x, shape)
+
+
+@lowering(aten.squeeze, aten.squeeze_copy)
+def squeeze(b: Builder, x: Value, dims: Any = None) -> Value:
+    rank = x.type.rank
+    if dims is None:
+        sel = set(range(rank))
+    else:
+        sel = {normalize_dim(d, rank) for d in ([dims] if isinstance(dims, int) else dims)}
+    shape = tuple(d for i, d in enumerate(x.shape) if not (i in sel and d == Const(1)))
+    return b.reshape(x, shape)
+
+
+@lowering(aten.unsqueeze, aten.unsqueeze_copy)
+def unsqueeze(b: Builder, x: Value, dim: int) -> Value:
+    dim = normalize_dim(dim, x.type.rank + 1)
+    shape = list(x.shape)
+    shape.insert(dim, Const(1))
+    return b.reshape(x, shape)
+
+
+def _clamp_index(v: Any, size: Expr, default: Any) -> Expr:
+    """Python slice semantics for a start/end bound: negative counts from the end, clamp."""
+    if v is None:
+        return ex.as_expr(default)
+    if isinstance(v, int):
+        if isinstance(size, Const):
+            n = int(size.value)
+            v = v + n if v < 0 else v
+            return Const(min(max(v, 0), n))
+        if v >= 0:
+            return ex.minimum(Const(v), size) if v < 2**62 else size
+        return ex.maximum(ex.add(size, Const(v)), Const(0))
+    # A symbolic bound: assume it is within range (Dynamo guards sizes it derives bounds from).
+    return ex.minimum(ex.as_expr(v), size)
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(b: Builder, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+    if x.type.rank == 0:
+        raise Unsupported("slice of a 0-d tensor")
+    dim = normalize_dim(dim, x.type.rank)
+    if step is None:
+        step = 1
+    if not isinstance(step, int) or step <= 0:
+        raise Unsupported("slice step must be a positive integer")
+    size = x.shape[dim]
+    lo = _clamp_index(start, size, 0)
+    hi = _clamp_index(end, size, size)
+    hi = ex.maximum(hi, lo) if not (isinstance(hi, Const) and isinstance(lo, Const)) else Const(max(int(hi.value), int(lo.value)))
+    if lo == Const(0) and hi == size and step == 1:
+        return x
+    return b.op("slice", x, dim=dim, start=lo, end=hi, step=step)
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def select(b: Builder, x: Value, dim: int, index: Any) -> Value:
+    dim = normalize_dim(dim, x.type.rank)
+    size = x.shape[dim]
+    if isinstance(index, int):
+        if isinstance(size, Const):
+            n = int(size.value)
+            if not -n <= index < n:
+                raise Unsupported(f"select index {index} out of range for size {n}")
+            index = index % n
+        elif index < 0:
+            index = ex.add(size, Const(index))
+    start = ex.as_expr(index)
+    sliced = b.op("slice", x, dim=dim, start=start, end=ex.add(start, Const(1)), step=1)
+    shape = tuple(d for i, d in enumerate(sliced.shape) if i != dim)
+    return b.reshape(sliced, shape)
+
+
+@lowering(aten.cat)
+def cat(b: Builder, tensors: Sequence[Value], dim: int = 0) -> Value:
+    out_dtype = b.out_dtype
+    parts = [t for t in tensors if not (t.type.rank == 1 and t.shape[0] == Const(0))]
+    if not parts:
+        raise Unsupported("cat of only empty tensors")
+    dim = normalize_dim(dim, parts[0].type.rank)
+    parts = [b.cast(t, out_dtype) for t in parts]
+    if len(parts) == 1:
+        return parts[0]
+    return b.op("concat", *parts, dim=dim)

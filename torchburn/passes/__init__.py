@@ -1,0 +1,9 @@
+"""Passes over both IR levels, the pass manager and the built-in pipeline.
+
+Importing this package registers every built-in pass."""
+from . import base, fusion, lower_to_loops, memory_plan  # noqa: F401
+from .base import (Instrument, LoopPass, Pass, PassError, PassManager, PrintAfterAll, TensorPass,
+                   TimePasses, VerifyAfterEach, get_pass, parse_pipeline, register_pass)
+
+__all__ = ["Instrument", "LoopPass", "Pass", "PassError", "PassManager", "PrintAfterAll",
+           "TensorPass", "TimePasses", "VerifyAfterEach", "get_pass", "parse_pipeline", "register_pass"]

@@ -1,0 +1,126 @@
+"""Fusion: decide which tensor values get memory and which are computed inside the kernels
+that read them.
+
+Each op either becomes the root of a kernel (`kernel = k`: its result is written to a buffer)
+or is inlined into the kernels of its consumers (`fused_into = [k, ...]`): elementwise chains
+become one loop nest, views become index arithmetic in the loads, and elementwise producers
+fold into reductions. A value is materialized when it is a graph output, when recomputing it
+in several consumers would duplicate expensive work, or when it feeds a matrix product (which
+reads each element many times).
+
+Before:
+
+    graph @main(%x: f32[8, 16], %b: f32[16]) {
+      %0 = expand(%b) {shape = [8, 16]} : f32[8, 16]
+      %1 = add(%x, %0) : f32[8, 16]
+      %2 = exp(%1) : f32[8, 16]
+      %3 = reduce_sum(%2) {dims = [1], keepdim = false} : f32[8]
+      return %3
+    }
+
+After `fuse` (one kernel; nothing but the output is stored):
+
+    graph @main(%x: f32[8, 16], %b: f32[16]) {
+      %0 = expand(%b) {shape = [8, 16], fused_into = [0]} : f32[8, 16]
+      %1 = add(%x, %0) {fused_into = [0]} : f32[8, 16]
+      %2 = exp(%1) {fused_into = [0]} : f32[8, 16]
+      %3 = reduce_sum(%2) {dims = [1], keepdim = false, kernel = 0} : f32[8]
+      return %3
+    }
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..ir.ops import get_op
+from ..ir.tensor import Graph, Op, Value
+from .base import TensorPass, register_pass
+
+#: Elementwise ops whose recomputation costs more than a memory round trip.
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sigmoid",
+    "pow", "atan2", "lgamma", "digamma", "hypot", "fmod", "remainder",
+})
+ROOT_ONLY = frozenset({"matmul"})
+
+FUSION_ATTRS = ("kernel", "fused_into")
+
+
+def category(op: Op) -> str:
+    return get_op(op.name).category
+
+
+def inline_cost(op: Op, inlined: set[Op]) -> int:
+    """Rough cost of recomputing `op` with everything inlined into it."""
+    cost = 10 if op.name in EXPENSIVE else 1 if category(op) == "elementwise" else 0
+    for v in op.operands:
+        p = v.producer
+        if p is not None and p in inlined:
+            cost += inline_cost(p, inlined)
+    return cost
+
+
+@register_pass
+@dataclass(frozen=True)
+class Fuse(TensorPass):
+    """Group ops into kernels (see the module docstring for the rules and an example)."""
+
+    name: ClassVar[str] = "fuse"
+    #: Largest inline cost (1 per cheap op, 10 per transcendental) recomputed per extra user.
+    max_recompute_cost: int = 4
+
+    def run(self, graph: Graph) -> Graph:
+        for op in graph.ops:
+            for a in FUSION_ATTRS:
+                op.attrs.pop(a, None)
+        users = graph.users()
+        outputs = set(graph.outputs)
+        inlined: set[Op] = set()
+        reread: set[Op] = set()  # ops whose operands are read many times per output element
+        # Decide from the consumers back, so an op knows how its users are computed.
+        for op in reversed(graph.ops):
+            if self._inline(op, users, outputs, inlined, reread):
+                inlined.add(op)
+        kernels: dict[Op, set[int]] = {}
+        next_id = 0
+        for op in graph.ops:
+            if op not in inlined:
+                op.attrs["kernel"] = next_id
+                next_id += 1
+        for op in reversed(graph.ops):
+            if op in inlined:
+                ids: set[int] = set()
+                for user in users.get(op.result, []):
+                    ids |= kernels.get(user, set()) if user in inlined else {user.attrs["kernel"]}
+                kernels[op] = ids
+                op.attrs["fused_into"] = tuple(sorted(ids))
+        return graph
+
+    def _inline(self, op: Op, users: dict[Value, list[Op]], outputs: set[Value],
+                inlined: set[Op], reread: set[Op]) -> bool:
+        if op.name in ROOT_ONLY:
+            reread.add(op)
+        if len(op.results) != 1:
+            return False
+        result = op.result
+        cat = category(op)
+        if result in outputs or op.name in ROOT_ONLY or cat in ("reduction", "contraction"):
+            return False
+        consumers = users.get(result, [])
+        if not consumers:
+            return False
+        feeds_reread = any(u in reread for u in consumers)
+        if cat == "view":
+            # A view is index arithmetic: free to repeat anywhere.
+            if feeds_reread:
+                reread.add(op)
+            return True
+        if feeds_reread:
+            # A matrix product reads each element many times: compute it once, unless it is
+            # a constant.
+            return cat == "factory"
+        if len(consumers) == 1:
+            return True
+        return inline_cost(op, inlined) * (len(consumers) - 1) <= self.max_recompute_cost

@@ -1,0 +1,293 @@
+"""Build the loop nest of one kernel from its root op and the ops fused into it.
+
+Every element is computed as a chain of `let`s (one per op, so values used twice are computed
+once), views become index arithmetic, and loads go to the buffers of materialized values.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.ops import get_op
+from ...ir.tensor import Op, Value
+from . import scalar_ops
+from .views import VIEW_INDEX
+
+Index = tuple[Expr, ...]
+
+#: Identity element and combining function of each reduction.
+REDUCE_INIT: dict[str, Callable[[dt.DType], Expr]] = {
+    "reduce_sum": lambda d: Const(0, ScalarType(d)),
+    "reduce_prod": lambda d: Const(1, ScalarType(d)),
+    "reduce_max": lambda d: Const(float("-inf"), ScalarType(d)) if d.is_float else Const(_int_min(d), ScalarType(d)),
+    "reduce_min": lambda d: Const(float("inf"), ScalarType(d)) if d.is_float else Const(_int_max(d), ScalarType(d)),
+    "reduce_any": lambda d: Const(False, ScalarType(d)),
+    "reduce_all": lambda d: Const(True, ScalarType(d)),
+}
+REDUCE_COMBINE = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",
+                  "reduce_min": "min", "reduce_any": "or", "reduce_all": "and"}
+
+
+def _int_min(d: dt.DType) -> int:
+    if d.is_bool:
+        return 0
+    return 0 if d.kind == "u" else -(1 << (d.bits - 1))
+
+
+def _int_max(d: dt.DType) -> int:
+    if d.is_bool:
+        return 1
+    return (1 << d.bits) - 1 if d.kind == "u" else (1 << (d.bits - 1)) - 1
+
+
+class KernelBuilder:
+    """Lowers one kernel. `buffers` maps every materialized value to its buffer."""
+
+    def __init__(self, name: str, buffers: dict[Value, lp.Buffer]) -> None:
+        self.name = name
+        self.buffers = buffers
+        self._names = itertools.count()
+        self._scopes: list[dict[tuple[int, Index], Expr]] = [{}]
+        self._stmts: list[list[lp.Stmt]] = [[]]
+        self.used_buffers: dict[str, lp.Buffer] = {}
+        self.origins: list[str] = []
+
+    # ---- naming, scopes ------------------------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        return f"{prefix}{next(self._names)}"
+
+    def emit(self, s: lp.Stmt) -> None:
+        self._stmts[-1].append(s)
+
+    def bind(self, e: Expr, prefix: str = "t") -> Expr:
+        """Name `e` with a let unless it is trivial."""
+        if isinstance(e, (Const, Var)):
+            return e
+        v = Var(self.fresh(prefix), e.type)
+        self.emit(lp.Let(v, e))
+        return v
+
+    def push(self) -> None:
+        self._scopes.append({})
+        self._stmts.append([])
+
+    def pop(self) -> lp.Stmt:
+        self._scopes.pop()
+        return lp.block(*self._stmts.pop()) if self._stmts[-1] else lp.Block(())
+
+    def _memo_get(self, key: tuple[int, Index]) -> Optional[Expr]:
+        for scope in reversed(self._scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def loops(self, extents: tuple[Expr, ...], prefix: str) -> tuple[Var, ...]:
+        return tuple(Var(self.fresh(prefix)) for _ in extents)
+
+    @staticmethod
+    def nest(vars_: tuple[Var, ...], extents: tuple[Expr, ...], body: lp.Stmt,
+             annotations: tuple[tuple[str, str], ...] = ()) -> lp.Stmt:
+        for k in range(len(vars_) - 1, -1, -1):
+            body = lp.For(vars_[k], Const(0), extents[k], "serial", body, annotations if k == 0 else ())
+        return body
+
+    # ---- element expressions -------------------------------------------------------------------------
+    def load(self, v: Value, idx: Index) -> Expr:
+        buf = self.buffers[v]
+        self.used_buffers[buf.name] = buf
+        return self.bind(ex.Load(buf.name, idx, ScalarType(buf.dtype)), "x")
+
+    def value_at(self, v: Value, idx: Index) -> Expr:
+        """The element `v[idx]`, computing inlined producers as needed."""
+        key = (id(v), idx)
+        hit = self._memo_get(key)
+        if hit is not None:
+            return hit
+        op = v.producer
+        if v in self.buffers or op is None:
+            e = self.load(v, idx)
+        else:
+            if op.loc and op.loc not in self.origins:
+                self.origins.append(op.loc)
+            e = self._compute(op, idx)
+        self._scopes[-1][key] = e
+        return e
+
+    def _compute(self, op: Op, idx: Index) -> Expr:
+        name = op.name
+        view = VIEW_INDEX.get(name)
+        if view is not None:
+            return self.value_at(op.operands[0], view(op, idx))
+        category = get_op(name).category
+        if category == "elementwise":
+            args = [self.value_at(v, idx) for v in op.operands]
+            if name == "cast":
+                return self.bind(ex.cast(args[0], op.attrs["dtype"]))
+            if name == "where":
+                return self.bind(scalar_ops.where(*args))
+            if name in ex.BINARY_OPS:
+                return self.bind(scalar_ops.binary(name, args[0], args[1]))
+            return self.bind(scalar_ops.unary(name, args[0]))
+        if name == "full":
+            return scalar_ops.constant(op.attrs["value"], op.attrs["dtype"])
+        if name == "iota":
+            d = op.attrs["dtype"]
+            pos = idx[op.attrs["dim"]]
+            start, step = op.attrs["start"], op.attrs["step"]
+            if d.is_float or isinstance(start, float) or isinstance(step, float):
+                val = ex.Binary("add", ex.Binary("mul", ex.cast(pos, dt.f64), ex.Const(step, ScalarType(dt.f64)), ScalarType(dt.f64)),
+                                ex.Const(start, ScalarType(dt.f64)), ScalarType(dt.f64))
+                return self.bind(ex.cast(val, d))
+            return self.bind(ex.cast(ex.add(ex.mul(pos, ex.as_expr(step)), ex.as_expr(start)), d))
+        if name == "concat":
+            return self._concat(op, idx)
+        if category == "reduction":
+            return self._reduction(op, idx)
+        raise NotImplementedError(f"lower-to-loops: no loop form for op {name!r} inlined in a kernel")
+
+    def _concat(self, op: Op, idx: Index) -> Expr:
+        """Select among the operands; each operand's index is clamped into its own bounds so
+        no load ever leaves its buffer (a select evaluates both sides)."""
+        dim = op.attrs["dim"]
+        pos = idx[dim]
+        offsets: list[Expr] = []
+        off: Expr = Const(0)
+        for v in op.operands:
+            offsets.append(off)
+            off = ex.add(off, v.shape[dim])
+        result: Optional[Expr] = None
+        for v, start in reversed(list(zip(op.operands, offsets))):
+            local = ex.sub(pos, start)
+            clamped = ex.minimum(ex.maximum(local, Const(0)), ex.sub(v.shape[dim], Const(1)))
+            sub_idx = tuple(clamped if k == dim else i for k, i in enumerate(idx))
+            val = self.value_at(v, sub_idx)
+            if result is None:
+                result = val
+            else:
+                cond = self.bind(ex.binary("lt", pos, ex.add(start, v.shape[dim])))
+                result = self.bind(ex.select(cond, val, result))
+        assert result is not None
+        return result
+
+    # ---- reductions ------------------------------------------------------------------------------------
+    def _reduced_index(self, op: Op, out_idx: Index, red_vars: tuple[Var, ...]) -> Index:
+        """The operand index for an output index and the reduction loop variables."""
+        src_rank = op.operands[0].type.rank
+        dims = tuple(op.attrs["dims"]) if "dims" in op.attrs else (op.attrs["dim"],)
+        keep = bool(op.attrs.get("keepdim", False))
+        it_out = iter(out_idx)
+        it_red = iter(red_vars)
+        src: list[Expr] = []
+        for d in range(src_rank):
+            if d in dims:
+                src.append(next(it_red))
+                if keep:
+                    next(it_out)
+            else:
+                src.append(next(it_out))
+        return tuple(src)
+
+    def _reduction(self, op: Op, out_idx: Index) -> Expr:
+        """Emit the accumulation loops for one output element; return the result."""
+        src = op.operands[0]
+        dims = tuple(op.attrs["dims"]) if "dims" in op.attrs else (op.attrs["dim"],)
+        extents = tuple(src.shape[d] for d in dims)
+        red_vars = self.loops(extents, "r")
+        if op.name in ("argmax", "argmin"):
+            return self._arg_reduction(op, out_idx, red_vars, extents)
+        acc_t = op.result.dtype
+        acc = lp.Buffer(self.fresh("acc"), acc_t, (Const(1),), (Const(1),), "local")
+        self.emit(lp.Alloc(acc))
+        self.emit(lp.Store(acc.name, (Const(0),), REDUCE_INIT[op.name](acc_t)))
+        self.push()
+        val = self.value_at(src, self._reduced_index(op, out_idx, red_vars))
+        cur = ex.Load(acc.name, (Const(0),), ScalarType(acc_t))
+        self.emit(lp.Store(acc.name, (Const(0),), scalar_ops.binary(REDUCE_COMBINE[op.name], cur, val)))
+        body = self.pop()
+        self.emit(self.nest(red_vars, extents, body))
+        return self.bind(ex.Load(acc.name, (Const(0),), ScalarType(acc_t)))
+
+    def _arg_reduction(self, op: Op, out_idx: Index, red_vars: tuple[Var, ...], extents: tuple[Expr, ...]) -> Expr:
+        src = op.operands[0]
+        vt = src.dtype
+        best = lp.Buffer(self.fresh("acc"), vt, (Const(1),), (Const(1),), "local")
+        where = lp.Buffer(self.fresh("acc"), dt.i64, (Const(1),), (Const(1),), "local")
+        self.emit(lp.Alloc(best))
+        self.emit(lp.Alloc(where))
+        is_max = op.name == "argmax"
+        init = REDUCE_INIT["reduce_max" if is_max else "reduce_min"](vt)
+        self.emit(lp.Store(best.name, (Const(0),), init))
+        self.emit(lp.Store(where.name, (Const(0),), Const(-1)))
+        self.push()
+        val = self.value_at(src, self._reduced_index(op, out_idx, red_vars))
+        cur = self.bind(ex.Load(best.name, (Const(0),), ScalarType(vt)))
+        better = scalar_ops.binary("gt" if is_max else "lt", val, cur)
+        if vt.is_float:
+            # NaN wins (torch treats NaN as the extreme) and the first NaN is kept.
+            val_nan = ex.call("isnan", val)
+            cur_nan = ex.call("isnan", cur)
+            better = ex.Binary("or", ex.Binary("and", better, ex.call("not", cur_nan), ex.BOOL),
+                               ex.Binary("and", val_nan, ex.call("not", cur_nan), ex.BOOL), ex.BOOL)
+        # The first element always wins (covers all -inf/+inf rows).
+        first = ex.binary("eq", ex.Load(where.name, (Const(0),), ex.INDEX), Const(-1))
+        take = self.bind(ex.Binary("or", better, first, ex.BOOL))
+        flat: Expr = Const(0)
+        for v, n in zip(red_vars, extents):
+            flat = ex.add(ex.mul(flat, n), v)
+        self.emit(lp.Store(best.name, (Const(0),), ex.select(take, val, cur)))
+        self.emit(lp.Store(where.name, (Const(0),), ex.select(take, flat, ex.Load(where.name, (Const(0),), ex.INDEX))))
+        body = self.pop()
+        self.emit(self.nest(red_vars, extents, body))
+        result = ex.Load(where.name, (Const(0),), ex.INDEX)
+        # An empty reduction leaves -1; torch raises there, so keep 0 as a defined value.
+        return self.bind(ex.maximum(result, Const(0)))
+
+    # ---- kernel roots ------------------------------------------------------------------------------------
+    def element_root(self, op: Op, out: lp.Buffer) -> lp.Stmt:
+        """Loops over the result; each element computed in place (elementwise ops, views,
+        factories, and reductions, whose accumulation loops sit inside)."""
+        shape = op.result.shape
+        vars_ = self.loops(shape, "i")
+        if op.loc and op.loc not in self.origins:
+            self.origins.append(op.loc)
+        self.push()
+        val = self._compute(op, vars_)
+        self.used_buffers[out.name] = out
+        self.emit(lp.Store(out.name, vars_, val))
+        body = self.pop()
+        return self.nest(vars_, shape, body, self._origin_annotation())
+
+    def matmul_root(self, op: Op, out: lp.Buffer) -> lp.Stmt:
+        """`out[b, i, j] = sum_k a[b, i, k] * b[b, k, j]`, looping b, i, k, j so the innermost loop
+        runs along rows of `b` and `out` (contiguous, vectorizable)."""
+        a, bmat = op.operands
+        if op.loc and op.loc not in self.origins:
+            self.origins.append(op.loc)
+        shape = op.result.shape
+        batch = shape[:-2]
+        m, n, k = shape[-2], shape[-1], a.shape[-1]
+        bvars = self.loops(batch, "b")
+        iv, jv, kv, jv2 = (Var(self.fresh(p)) for p in ("i", "j", "k", "j"))
+        zero = Const(0, ScalarType(out.dtype))
+        init = lp.For(jv, Const(0), n, "serial", lp.Store(out.name, (*bvars, iv, jv), zero))
+        self.push()
+        av = self.value_at(a, (*bvars, iv, kv))
+        self.push()
+        bv = self.value_at(bmat, (*bvars, kv, jv2))
+        prod = self.bind(scalar_ops.binary("mul", av, bv))
+        cur = ex.Load(out.name, (*bvars, iv, jv2), ScalarType(out.dtype))
+        self.emit(lp.Store(out.name, (*bvars, iv, jv2), scalar_ops.binary("add", cur, prod)))
+        inner = lp.For(jv2, Const(0), n, "serial", self.pop())
+        self.emit(inner)
+        kloop = lp.For(kv, Const(0), k, "serial", self.pop())
+        row = lp.For(iv, Const(0), m, "serial", lp.block(init, kloop))
+        self.used_buffers[out.name] = out
+        return self.nest(bvars, batch, row, self._origin_annotation()) if batch else \
+            lp.For(iv, Const(0), m, "serial", lp.block(init, kloop), self._origin_annotation())
+
+    def _origin_annotation(self) -> tuple[tuple[str, str], ...]:
+        return (("origin", "; ".join(self.origins)),) if self.origins else ()
