@@ -43,7 +43,6 @@ EXPENSIVE = frozenset({
     "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sigmoid",
     "pow", "atan2", "lgamma", "digamma", "hypot", "fmod", "remainder",
 })
-ROOT_ONLY = frozenset({"matmul"})
 
 FUSION_ATTRS = ("kernel", "fused_into")
 
@@ -100,13 +99,13 @@ class Fuse(TensorPass):
 
     def _inline(self, op: Op, users: dict[Value, list[Op]], outputs: set[Value],
                 inlined: set[Op], reread: set[Op]) -> bool:
-        if op.name in ROOT_ONLY:
+        if category(op) == "contraction":
             reread.add(op)
         if len(op.results) != 1:
             return False
         result = op.result
         cat = category(op)
-        if result in outputs or op.name in ROOT_ONLY or cat in ("reduction", "contraction"):
+        if result in outputs or cat in ("reduction", "contraction"):
             return False
         consumers = users.get(result, [])
         if not consumers:
@@ -118,8 +117,8 @@ class Fuse(TensorPass):
                 reread.add(op)
             return True
         if feeds_reread:
-            # A matrix product reads each element many times: compute it once, unless it is
-            # a constant.
+            # A contraction (matmul, convolution) reads each element many times: compute it
+            # once, unless it is a constant.
             return cat == "factory"
         if len(consumers) == 1:
             return True

@@ -110,7 +110,7 @@ class LowerToLoops(Pass):
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...]) -> lp.Kernel:
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
-        if get_op(op.name).category == "contraction":
+        if op.name == "matmul":
             body = kb.matmul_root(op, out)
         else:
             body = kb.element_root(op, out)

@@ -44,6 +44,25 @@ def _int_max(d: dt.DType) -> int:
     return (1 << d.bits) - 1 if d.kind == "u" else (1 << (d.bits - 1)) - 1
 
 
+#: Rules computing one element of an op's result: `rule(builder, op, index) -> Expr`. A rule
+#: may emit statements first (loops, allocations) through the builder. Op families living in
+#: other modules register theirs with `@element_rule("name")`.
+ElementRule = Callable[["KernelBuilder", Op, Index], Expr]
+ELEMENT_RULES: dict[str, ElementRule] = {}
+
+
+def element_rule(*names: str) -> Callable[[ElementRule], ElementRule]:
+    def deco(fn: ElementRule) -> ElementRule:
+        for n in names:
+            ELEMENT_RULES[n] = fn
+        return fn
+    return deco
+
+
+class LoweringError(ValueError):
+    """The loop lowering has no rule for an op (a missing `element_rule`)."""
+
+
 class KernelBuilder:
     """Lowers one kernel. `buffers` maps every materialized value to its buffer."""
 
@@ -119,6 +138,9 @@ class KernelBuilder:
 
     def _compute(self, op: Op, idx: Index) -> Expr:
         name = op.name
+        rule = ELEMENT_RULES.get(name)
+        if rule is not None:
+            return rule(self, op, idx)
         view = VIEW_INDEX.get(name)
         if view is not None:
             return self.value_at(op.operands[0], view(op, idx))
@@ -147,7 +169,7 @@ class KernelBuilder:
             return self._concat(op, idx)
         if category == "reduction":
             return self._reduction(op, idx)
-        raise NotImplementedError(f"lower-to-loops: no loop form for op {name!r} inlined in a kernel")
+        raise LoweringError(f"lower-to-loops: no loop form for op {name!r} inlined in a kernel")
 
     def _concat(self, op: Op, idx: Index) -> Expr:
         """Select among the operands; each operand's index is clamped into its own bounds so
