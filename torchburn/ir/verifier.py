@@ -1,0 +1,431 @@
+"""Checks that IR is well formed, so that a broken pass fails at the pass, not in codegen.
+
+`verify(ir)` accepts a `Graph`, `Kernel` or `Program` and raises `VerificationError` naming
+the first problem found (which graph, kernel, op or statement, and what is wrong).
+
+Graph: SSA (every value defined once, before use), known ops, result types equal to
+`ops.infer_types`, outputs defined.
+
+Kernel: buffers of loads and stores are parameters or allocations in scope, with as many
+indices as dimensions; variables are bound (symbols, loop variables, lets) before use and
+never rebound while in scope; every node's type is the one the builders give it (operands of
+binary ops agree, select conditions are bool with the operands' lanes, stores write the
+buffer's dtype with the index's lanes); loop bounds and variables are i64; `vectorized` and
+`unrolled` loops have constant extents (a vector width and an unroll factor are static) and
+nothing parallel or vectorized runs inside a vectorized loop.
+
+Program: unique buffer and kernel names, calls name existing kernels with arguments matching
+the parameters in count, dtype and rank, every symbol a kernel or buffer uses is a program
+symbol, and the workspace is planned for every temporary or for none: passes before memory
+planning produce temporaries without offsets, so only `verify(p, planned=True)` (what codegen
+needs) demands offsets; a partial plan is always an error.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Union
+
+from . import dtypes as dt
+from . import expr as ex
+from . import loop as lp
+from .ops import OPS, infer_types
+from .printer import Printer, print_expr
+from .tensor import Graph, Op, Value
+
+
+class VerificationError(ValueError):
+    """IR that breaks an invariant; the message says where and what."""
+
+
+#: Vector reductions the codegen implements.
+VECTOR_REDUCE_OPS = frozenset({"add", "mul", "min", "max", "and", "or"})
+_PREDICATES = frozenset({"isnan", "isinf", "isfinite", "signbit"})
+_RESERVED_CALLS = frozenset({"cast", "bitcast", "select", "ramp", "broadcast"}) | ex.NAMED_BINARY_OPS
+_BITWISE = frozenset({"and", "or", "xor"})
+_SHIFTS = frozenset({"shl", "shr"})
+
+
+def verify(ir: Union[Graph, lp.Kernel, lp.Program], planned: bool = False) -> None:
+    """Raise `VerificationError` unless `ir` is well formed. `planned` (programs only) also
+    demands a workspace offset for every temporary, as codegen does."""
+    if isinstance(ir, Graph):
+        verify_graph(ir)
+    elif isinstance(ir, lp.Kernel):
+        verify_kernel(ir)
+    elif isinstance(ir, lp.Program):
+        verify_program(ir, planned)
+    else:
+        raise TypeError(f"cannot verify {type(ir).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor level
+
+def _op_text(op: Op) -> str:
+    try:
+        return Printer().op(op)
+    except Exception:  # an op too broken to print still gets named
+        return f"{op.name}(...)"
+
+
+def verify_graph(g: Graph) -> None:
+    where = f"graph @{g.name}"
+    names: set[str] = set()  # `%name`s of values, `name`s of symbols: two namespaces, as printed
+    defined: set[int] = set()
+
+    def define(name: str, obj: object, what: str) -> None:
+        spelled = name if what == "symbol" else "%" + name
+        if id(obj) in defined:
+            raise VerificationError(f"{where}: {what} {spelled} (one object) is defined twice")
+        if spelled in names:
+            raise VerificationError(f"{where}: {what} {spelled} is defined twice")
+        names.add(spelled)
+        defined.add(id(obj))
+
+    for v in g.inputs:
+        if isinstance(v, Value):
+            if v.strides is not None and len(v.strides) != v.type.rank:
+                raise VerificationError(f"{where}: input %{v.name} has {v.type.rank} dims but "
+                                        f"{len(v.strides)} strides")
+            define(v.name, v, "input")
+        elif isinstance(v, ex.Var):
+            if v.type != ex.INDEX:
+                raise VerificationError(f"{where}: symbol {v.name} must be i64, not {v.type}")
+            define(v.name, v, "symbol")
+        else:
+            raise VerificationError(f"{where}: input {v!r} is neither a Value nor a symbol Var")
+
+    for op in g.ops:
+        at = f"{where}: op `{_op_text(op)}`"
+        if op.name not in OPS:
+            raise VerificationError(f"{at}: unknown op {op.name!r}")
+        for v in op.operands:
+            if id(v) not in defined:
+                raise VerificationError(f"{at}: operand %{v.name} is not defined before use")
+        try:
+            expected = infer_types(op.name, [v.type for v in op.operands], op.attrs)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            detail = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
+            raise VerificationError(f"{at}: {detail}") from None
+        actual = [r.type for r in op.results]
+        if actual != expected:
+            p = Printer()
+            raise VerificationError(
+                f"{at}: result types {', '.join(p.tensor_type(t) for t in actual) or 'none'} but "
+                f"the op gives {', '.join(p.tensor_type(t) for t in expected) or 'none'}")
+        for r in op.results:
+            define(r.name, r, "value")
+
+    for v in g.outputs:
+        if id(v) not in defined:
+            raise VerificationError(f"{where}: output %{v.name} is not defined")
+
+
+# --------------------------------------------------------------------------------------------
+# Loop level
+
+class _Scope:
+    """What is visible at one point of a kernel: variables with their types, and buffers."""
+
+    def __init__(self, parent: Optional["_Scope"] = None) -> None:
+        self.parent = parent
+        self.vars: dict[str, ex.ScalarType] = {}
+        self.buffers: dict[str, lp.Buffer] = {}
+
+    def var(self, name: str) -> Optional[ex.ScalarType]:
+        s: Optional[_Scope] = self
+        while s is not None:
+            if name in s.vars:
+                return s.vars[name]
+            s = s.parent
+        return None
+
+    def buffer(self, name: str) -> Optional[lp.Buffer]:
+        s: Optional[_Scope] = self
+        while s is not None:
+            if name in s.buffers:
+                return s.buffers[name]
+            s = s.parent
+        return None
+
+
+class _KernelVerifier:
+    def __init__(self, k: lp.Kernel) -> None:
+        self.k = k
+        self.where = f"kernel @{k.name}"
+
+    def fail(self, message: str, stmt: Optional[lp.Stmt] = None) -> VerificationError:
+        at = ""
+        if stmt is not None:
+            lines = Printer().stmt(stmt, 0) if not isinstance(stmt, lp.Block) else []
+            head = lines[0].strip() if lines else ""
+            at = f": in `{head}`" if head else ""
+        return VerificationError(f"{self.where}{at}: {message}")
+
+    # ---- binding -------------------------------------------------------------------------
+    def bind(self, scope: _Scope, var: ex.Var, stmt: Optional[lp.Stmt]) -> None:
+        if scope.var(var.name) is not None:
+            raise self.fail(f"variable {var.name} is bound again while already in scope", stmt)
+        scope.vars[var.name] = var.type
+
+    def declare(self, scope: _Scope, b: lp.Buffer, stmt: Optional[lp.Stmt]) -> None:
+        if scope.buffer(b.name) is not None:
+            raise self.fail(f"buffer %{b.name} is declared again while already in scope", stmt)
+        for e in (*b.shape, *b.strides):
+            self.index_expr(e, scope, stmt, f"shape or stride of %{b.name}")
+        scope.buffers[b.name] = b
+
+    # ---- the kernel --------------------------------------------------------------------------
+    def run(self) -> None:
+        top = _Scope()
+        for s in self.k.symbols:
+            if s.type != ex.INDEX:
+                raise self.fail(f"symbol {s.name} must be i64, not {s.type}")
+            self.bind(top, s, None)
+        for b in self.k.params:
+            self.declare(top, b, None)
+        self.stmt(self.k.body, _Scope(top), in_vector=False)
+
+    def stmt(self, s: lp.Stmt, scope: _Scope, in_vector: bool) -> None:
+        if isinstance(s, lp.Block):
+            for x in s.stmts:
+                self.stmt(x, scope, in_vector)
+        elif isinstance(s, lp.Store):
+            b = self.buffer(s.buffer, scope, s)
+            lanes = self.index(b, s.index, scope, s)
+            self.expr(s.value, scope, s)
+            if s.value.dtype != b.dtype:
+                raise self.fail(f"stores {s.value.type} into %{b.name} of dtype {b.dtype}", s)
+            if s.value.lanes != lanes:
+                raise self.fail(f"stores a value of {s.value.lanes} lanes at an index of {lanes} lanes", s)
+        elif isinstance(s, lp.Let):
+            self.expr(s.value, scope, s)
+            if s.var.type != s.value.type:
+                raise self.fail(f"let {s.var.name} has type {s.var.type} but its value is {s.value.type}", s)
+            self.bind(scope, s.var, s)
+        elif isinstance(s, lp.Alloc):
+            if s.buffer.scope != "local":
+                raise self.fail(f"alloc %{s.buffer.name} must have local scope", s)
+            self.declare(scope, s.buffer, s)
+        elif isinstance(s, lp.For):
+            self.for_stmt(s, scope, in_vector)
+        elif isinstance(s, lp.If):
+            self.expr(s.cond, scope, s)
+            if s.cond.type != ex.BOOL:
+                raise self.fail(f"if condition must be a scalar bool, not {s.cond.type}", s)
+            self.stmt(s.then, _Scope(scope), in_vector)
+            if s.orelse is not None:
+                self.stmt(s.orelse, _Scope(scope), in_vector)
+        else:
+            raise self.fail(f"unknown statement {type(s).__name__}")
+
+    def for_stmt(self, s: lp.For, scope: _Scope, in_vector: bool) -> None:
+        if s.kind not in lp.LOOP_KINDS:
+            raise self.fail(f"unknown loop kind {s.kind!r}", s)
+        for what, e in (("start", s.start), ("extent", s.extent)):
+            self.expr(e, scope, s)
+            if e.type != ex.INDEX:
+                raise self.fail(f"loop {what} must be i64, not {e.type}", s)
+        if s.var.type != ex.INDEX:
+            raise self.fail(f"loop variable {s.var.name} must be i64, not {s.var.type}", s)
+        if in_vector and s.kind in ("parallel", "vectorized"):
+            raise self.fail(f"{s.kind} loop inside a vectorized loop", s)
+        if s.kind in ("vectorized", "unrolled") and not isinstance(s.extent, ex.Const):
+            raise self.fail(f"{s.kind} loop needs a constant extent, not {print_expr(s.extent)}", s)
+        inner = _Scope(scope)
+        self.bind(inner, s.var, s)
+        self.stmt(s.body, _Scope(inner), in_vector or s.kind == "vectorized")
+
+    # ---- buffers and indices -----------------------------------------------------------------
+    def buffer(self, name: str, scope: _Scope, stmt: Optional[lp.Stmt]) -> lp.Buffer:
+        b = scope.buffer(name)
+        if b is None:
+            raise self.fail(f"%{name} is neither a parameter nor an allocation in scope", stmt)
+        return b
+
+    def index(self, b: lp.Buffer, index: tuple[ex.Expr, ...], scope: _Scope, stmt: Optional[lp.Stmt],
+              visit: bool = True) -> int:
+        """Check an index into `b`; returns its lanes (1, or the lanes of its vector parts)."""
+        if len(index) != b.ndim:
+            raise self.fail(f"%{b.name} has {b.ndim} dims but is indexed with {len(index)}", stmt)
+        lanes = 1
+        for i in index:
+            if visit:
+                self.expr(i, scope, stmt)
+            if not i.dtype.is_int:
+                raise self.fail(f"index {print_expr(i)} of %{b.name} is {i.type}, not an integer", stmt)
+            if i.lanes != 1:
+                if lanes not in (1, i.lanes):
+                    raise self.fail(f"index of %{b.name} mixes vectors of {lanes} and {i.lanes} lanes", stmt)
+                lanes = i.lanes
+        return lanes
+
+    def index_expr(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt], what: str) -> None:
+        self.expr(e, scope, stmt)
+        if e.type.lanes != 1 or not e.dtype.is_int:
+            raise self.fail(f"{what} must be a scalar integer, not {e.type}", stmt)
+
+    # ---- expressions -----------------------------------------------------------------------
+    def expr(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> None:
+        for c in e.children():
+            self.expr(c, scope, stmt)
+        expected = self.expected_type(e, scope, stmt)
+        if e.type != expected:
+            raise self.fail(f"{print_expr(e)} has type {e.type} but should have {expected}", stmt)
+
+    def expected_type(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> ex.ScalarType:
+        """The type the builders give `e`, after checking its operands fit together."""
+        def bad(message: str) -> VerificationError:
+            return self.fail(f"{print_expr(e)}: {message}", stmt)
+
+        if isinstance(e, ex.Const):
+            if e.lanes != 1:
+                raise bad("vector constants are written broadcast(c, lanes)")
+            return e.type
+        if isinstance(e, ex.Var):
+            t = scope.var(e.name)
+            if t is None:
+                raise self.fail(f"variable {e.name} is not bound here", stmt)
+            return t
+        if isinstance(e, ex.Binary):
+            if e.op not in ex.BINARY_OPS:
+                raise bad(f"unknown binary op {e.op!r}")
+            if e.a.type != e.b.type:
+                raise bad(f"operands of {e.op} differ in type: {e.a.type} vs {e.b.type}")
+            if e.op in _BITWISE and not (e.a.dtype.is_int or e.a.dtype.is_bool):
+                raise bad(f"{e.op} needs integer or bool operands, not {e.a.type}")
+            if e.op in _SHIFTS and not e.a.dtype.is_int:
+                raise bad(f"{e.op} needs integer operands, not {e.a.type}")
+            return ex.ScalarType(dt.bool_, e.a.lanes) if e.op in ex.COMPARISONS else e.a.type
+        if isinstance(e, ex.Call):
+            if e.name in _RESERVED_CALLS or e.name.startswith("vreduce_"):
+                raise bad(f"{e.name} must be its own node, not a Call")
+            if not e.args:
+                raise bad("a call needs at least one argument")
+            if e.name in ex.UNARY_FUNCS and len(e.args) != 1:
+                raise bad(f"{e.name} takes one argument, got {len(e.args)}")
+            if any(a.type != e.args[0].type for a in e.args):
+                raise bad("arguments differ in type")
+            t = e.args[0].type
+            return ex.ScalarType(dt.bool_, t.lanes) if e.name in _PREDICATES else t
+        if isinstance(e, ex.Cast):
+            return ex.ScalarType(e.type.dtype, e.value.lanes)
+        if isinstance(e, ex.Bitcast):
+            if e.type.dtype.bits != e.value.dtype.bits:
+                raise bad(f"bitcast between {e.value.dtype} and {e.type.dtype} of different widths")
+            return ex.ScalarType(e.type.dtype, e.value.lanes)
+        if isinstance(e, ex.Select):
+            if e.cond.dtype != dt.bool_:
+                raise bad(f"select condition must be bool, not {e.cond.type}")
+            if e.a.type != e.b.type:
+                raise bad(f"select operands differ in type: {e.a.type} vs {e.b.type}")
+            if e.cond.lanes != e.a.lanes:
+                raise bad(f"select condition has {e.cond.lanes} lanes but operands {e.a.lanes}")
+            return e.a.type
+        if isinstance(e, ex.Load):
+            b = scope.buffer(e.buffer)
+            if b is None:
+                raise bad(f"%{e.buffer} is neither a parameter nor an allocation in scope")
+            # The index expressions were visited as children already.
+            lanes = self.index(b, e.index, scope, stmt, visit=False)
+            return ex.ScalarType(b.dtype, lanes)
+        if isinstance(e, ex.Ramp):
+            if e.base.lanes != 1 or e.base.type != e.stride.type:
+                raise bad(f"ramp base and stride must be scalars of one type, not {e.base.type} and {e.stride.type}")
+            if e.lanes < 2:
+                raise bad("a ramp needs at least 2 lanes")
+            return ex.ScalarType(e.base.dtype, e.lanes)
+        if isinstance(e, ex.Broadcast):
+            if e.value.lanes != 1:
+                raise bad(f"broadcast of a vector ({e.value.type})")
+            if e.lanes < 1:
+                raise bad("a broadcast needs at least 1 lane")
+            return ex.ScalarType(e.value.dtype, e.lanes)
+        if isinstance(e, ex.VectorReduce):
+            if e.op not in VECTOR_REDUCE_OPS:
+                raise bad(f"unknown vector reduction {e.op!r}")
+            if e.value.lanes < 2:
+                raise bad("vector reduction of a scalar")
+            return ex.ScalarType(e.value.dtype)
+        raise bad(f"unknown expression node {type(e).__name__}")
+
+
+def verify_kernel(k: lp.Kernel) -> None:
+    _KernelVerifier(k).run()
+
+
+# --------------------------------------------------------------------------------------------
+# Program
+
+def _unique(names: Iterable[str], where: str, what: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise VerificationError(f"{where}: {what} {n} is declared twice")
+        seen.add(n)
+
+
+def verify_program(p: lp.Program, planned: bool = False) -> None:
+    where = f"program @{p.name}"
+    buffers = (*p.inputs, *p.outputs, *p.temps)
+    _unique((f"%{b.name}" for b in buffers), where, "buffer")
+    _unique((v.name for v in p.symbols), where, "symbol")
+    _unique((f"@{k.name}" for k in p.kernels), where, "kernel")
+    symbols = {v.name for v in p.symbols}
+    for v in p.symbols:
+        if v.type != ex.INDEX:
+            raise VerificationError(f"{where}: symbol {v.name} must be i64, not {v.type}")
+
+    def symbolic(e: ex.Expr, what: str) -> None:
+        if e.type != ex.INDEX:
+            raise VerificationError(f"{where}: {what} must be an i64 expression, not {e.type}")
+        for n in ex.walk(e):
+            if isinstance(n, ex.Var) and n.name not in symbols:
+                raise VerificationError(f"{where}: {what} uses {n.name}, which is not a program symbol")
+            if isinstance(n, ex.Load):
+                raise VerificationError(f"{where}: {what} reads a buffer")
+
+    for b in buffers:
+        if b.scope != "global":
+            raise VerificationError(f"{where}: buffer %{b.name} must have global scope")
+        for d in (*b.shape, *b.strides):
+            symbolic(d, f"shape or stride of %{b.name}")
+
+    temp_names = {t.name for t in p.temps}
+    _unique((f"%{n}" for n, _ in p.temp_offsets), where, "offset of")
+    for name, off in p.temp_offsets:
+        if name not in temp_names:
+            raise VerificationError(f"{where}: offset given for %{name}, which is not a temporary")
+        symbolic(off, f"offset of %{name}")
+    offsets = dict(p.temp_offsets)
+    if planned or offsets:
+        for t in p.temps:
+            if t.name not in offsets:
+                raise VerificationError(f"{where}: temporary %{t.name} has no workspace offset")
+    symbolic(p.workspace_bytes, "workspace size")
+
+    kernels = {k.name: k for k in p.kernels}
+    for k in p.kernels:
+        verify_kernel(k)
+        for s in k.symbols:
+            if s.name not in symbols:
+                raise VerificationError(f"{where}: kernel @{k.name} uses symbol {s.name}, "
+                                        "which is not a program symbol")
+
+    by_name = {b.name: b for b in buffers}
+    for c in p.calls:
+        at = f"{where}: call @{c.kernel}"
+        k = kernels.get(c.kernel)
+        if k is None:
+            raise VerificationError(f"{at}: no kernel @{c.kernel} in the program")
+        if len(c.args) != len(k.params):
+            raise VerificationError(f"{at}: {len(c.args)} arguments for {len(k.params)} parameters")
+        for a, param in zip(c.args, k.params):
+            b = by_name.get(a)
+            if b is None:
+                raise VerificationError(f"{at}: argument %{a} is not a buffer of the program")
+            if b.dtype != param.dtype:
+                raise VerificationError(f"{at}: argument %{a} is {b.dtype} but parameter "
+                                        f"%{param.name} is {param.dtype}")
+            if b.ndim != param.ndim:
+                raise VerificationError(f"{at}: argument %{a} has rank {b.ndim} but parameter "
+                                        f"%{param.name} has rank {param.ndim}")
