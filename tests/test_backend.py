@@ -118,8 +118,6 @@ def test_non_contiguous_input_never_reads_wrong_memory() -> None:
 
 def _compiled_launchers(fn, *args):
     """Compile `fn` and return its launchers (the objects that guard and call native code)."""
-    from torchburn.backend import _Compiled
-
     launchers = []
     import torchburn.backend as be
 
@@ -134,8 +132,7 @@ def _compiled_launchers(fn, *args):
         run_compiled(fn, *args)
     finally:
         be._install = original
-    assert launchers and all(isinstance(l, object) for l in launchers)
-    assert _Compiled
+    assert launchers, "nothing was compiled"
     return launchers
 
 

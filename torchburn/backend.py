@@ -7,7 +7,9 @@ subgraphs go through the compiler and are replaced by launchers; the rest stays 
 from __future__ import annotations
 
 import logging
+import operator
 import time
+import types
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -74,28 +76,63 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     if report.fallback_ops:
         log.info("torchburn: %d op(s) run in PyTorch: %s", len(report.fallback_ops),
                  ", ".join(sorted(set(report.fallback_ops))))
-    module.recompile()
-    return make_boxed_func(module.forward)
-
-
-class _Compiled(torch.nn.Module):
-    """Stands in for a partition submodule; returns what the submodule returned."""
-
-    def __init__(self, launcher: Launcher, single: bool) -> None:
-        super().__init__()
-        self.launcher = launcher
-        self.launch = launcher.launch
-        self.single = single
-
-    def forward(self, *args: Any) -> Any:
-        out = self.launch(*args)
-        return out[0] if self.single else out
+    return make_boxed_func(_fast_callable(module))
 
 
 def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule, launcher: Launcher) -> None:
+    """Replace the call of submodule `name` by a direct call of the launcher's function, so a
+    call costs no nn.Module dispatch."""
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     single = not isinstance(out_node.args[0], (tuple, list))
-    setattr(module, name, _Compiled(launcher, single))
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == name:
+            with graph.inserting_before(node):
+                call = graph.call_function(launcher.launch, node.args, node.kwargs)
+                call.meta = dict(node.meta)
+                replacement = call
+                if single:
+                    with graph.inserting_after(call):
+                        replacement = graph.call_function(operator.getitem, (call, 0))
+                        replacement.meta = dict(node.meta)
+            node.replace_all_uses_with(replacement)
+            graph.erase_node(node)
+    delattr(module, name)
+
+
+def _fast_callable(module: torch.fx.GraphModule) -> Callable[..., Any]:
+    """The graph as a plain function. When the whole graph is one launcher call taking the
+    graph's inputs in order, that launcher's function itself."""
+    module.graph.lint()
+    nodes = list(module.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_function"]
+    output = nodes[-1]
+    if (len(calls) == 1 and isinstance(calls[0].target, types.FunctionType)
+            and calls[0].target.__name__ == "launch" and list(calls[0].args) == placeholders
+            and not calls[0].kwargs and isinstance(output.args[0], (tuple, list))
+            and all(isinstance(o, torch.fx.Node) for o in output.args[0])):
+        # outputs are `getitem(call, k)` nodes or the call itself in order
+        return _direct(calls[0].target, output.args[0], calls[0])
+    plain = torch.fx.GraphModule(module, module.graph)
+    return plain.forward
+
+
+def _direct(launch: Callable[..., Any], outputs: Sequence[torch.fx.Node], call: torch.fx.Node) -> Callable[..., Any]:
+    picks = []
+    for o in outputs:
+        if o.op == "call_function" and o.target is operator.getitem and o.args[0] is call:
+            picks.append(o.args[1])
+        else:
+            return torch.fx.GraphModule(torch.nn.Module(), call.graph).forward
+    if picks == list(range(len(picks))):
+        return launch
+
+    def pick(*args: Any) -> Any:
+        out = launch(*args)
+        return tuple(out[k] for k in picks)
+
+    return pick
 
 
 def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:

@@ -85,6 +85,7 @@ class Launcher:
         dtypes = {f"_dt{i}": to_torch(v.dtype) for i, v in enumerate(self.graph.inputs) if isinstance(v, Value)}
         out_dtypes = {f"_odt{i}": to_torch(b.dtype) for i, b in enumerate(self.program.outputs)}
         return {
+            "__name__": __name__,
             "_entry": self.entry, "_empty": torch.empty, "_slow": self._slow, "_ws": self._workspace,
             "_P": ctypes.c_void_p, "_I": ctypes.c_int64, "min": min, "max": max,
             **dtypes, **out_dtypes,

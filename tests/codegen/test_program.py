@@ -1,0 +1,123 @@
+"""Whole programs: several kernels, workspace temporaries, the entry ABI, parameter attributes."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from torchburn.codegen import CodegenError, emit_program, entry_name
+from torchburn.ir import loop as lp
+
+from .util import TARGET, Compiled, Const, Var, buf, dt, ex, load, loop, store
+
+
+def two_kernel_program() -> lp.Program:
+    """t = exp(x) (kernel a, into a workspace temporary); out = t + y (kernel b)."""
+    s0 = Var("s0")
+    x, y, out = buf("x", dt.f32, (s0,)), buf("y", dt.f32, (s0,)), buf("out", dt.f32, (s0,))
+    t = buf("t", dt.f32, (s0,))
+    i = Var("i")
+    ka = lp.Kernel("a", (x, t), (s0,), loop(i, s0, store(t, (i,), ex.call("exp", load(x, i)))))
+    kb = lp.Kernel("b", (t, y, out), (s0,), loop(i, s0, store(out, (i,), ex.add(load(t, i), load(y, i)))))
+    return lp.Program(
+        "two", (x, y), (out,), (t,), (s0,),
+        (lp.KernelCall("a", ("x", "t")), lp.KernelCall("b", ("t", "y", "out"))),
+        (ka, kb),
+        temp_offsets=(("t", ex.mul(s0, 0) + 64),),  # offset 64 bytes: the code must honour it
+        workspace_bytes=ex.add(ex.mul(s0, 4), 64),
+    )
+
+
+def test_two_kernels_with_workspace_temporary() -> None:
+    prog = two_kernel_program()
+    k = Compiled(prog)
+    n = 100
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    ws = torch.zeros(64 + 4 * n, dtype=torch.uint8)
+    k(x, y, out, symbols=[n], workspace=ws)
+    torch.testing.assert_close(out, torch.exp(x) + y)
+    assert torch.equal(ws[:64], torch.zeros(64, dtype=torch.uint8))
+    torch.testing.assert_close(ws[64:].view(torch.float32), torch.exp(x))
+
+
+def test_entry_name_and_signature() -> None:
+    prog = two_kernel_program()
+    text = emit_program(prog, TARGET)
+    assert entry_name(prog) == "torchburn_two"
+    assert re.search(r'define void @"torchburn_two"\(ptr %"buffers", ptr %"symbols", ptr %"workspace"\)', text)
+    assert 'define internal void @"two.a"' in text
+
+
+def test_parameter_attributes() -> None:
+    text = emit_program(two_kernel_program(), TARGET)
+    head_a = next(line for line in text.splitlines() if line.startswith('define internal void @"two.a"'))
+    assert 'ptr noalias readonly %"x"' in head_a
+    assert 'ptr noalias %"t"' in head_a
+
+
+def test_in_place_call_drops_noalias() -> None:
+    """call @k(%x, %x) where the kernel reads one parameter and writes the other."""
+    s0 = Var("s0")
+    a, b = buf("a", dt.f32, (s0,)), buf("b", dt.f32, (s0,))
+    i = Var("i")
+    k = lp.Kernel("k", (a, b), (s0,), loop(i, s0, store(b, (i,), ex.mul(load(a, i), load(a, i)))))
+    prog = lp.Program("inplace", (), (a,), (), (s0,), (lp.KernelCall("k", ("a", "a")),), (k,))
+    c = Compiled(prog)
+    assert "noalias" not in next(l for l in c.llvm_ir.splitlines() if "define internal" in l)
+    x = torch.arange(6, dtype=torch.float32)
+    c(x, symbols=[6])
+    assert torch.equal(x, torch.arange(6, dtype=torch.float32) ** 2)
+
+
+def test_program_without_symbols_or_temps() -> None:
+    x, out = buf("x", dt.i32, (3,)), buf("out", dt.i32, (3,))
+    i = Var("i")
+    k = lp.Kernel("k", (x, out), (), loop(i, 3, store(out, (i,), ex.add(load(x, i), ex.const(1, dt.i32)))))
+    prog = lp.Program("nosym", (x,), (out,), (), (), (lp.KernelCall("k", ("x", "out")),), (k,))
+    c = Compiled(prog)
+    xv, res = torch.tensor([1, 2, 3], dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    c(xv, res)
+    assert res.tolist() == [2, 3, 4]
+
+
+def test_errors_name_the_problem() -> None:
+    prog = two_kernel_program()
+    bad_arity = lp.Program(prog.name, prog.inputs, prog.outputs, prog.temps, prog.symbols,
+                           (lp.KernelCall("a", ("x",)),), prog.kernels, prog.temp_offsets, prog.workspace_bytes)
+    with pytest.raises(CodegenError, match="passes 1 buffers to 2 parameters"):
+        emit_program(bad_arity, TARGET)
+    no_sym = lp.Program(prog.name, prog.inputs, prog.outputs, prog.temps, (), prog.calls, prog.kernels,
+                        prog.temp_offsets, prog.workspace_bytes)
+    with pytest.raises(CodegenError, match="symbol s0"):
+        emit_program(no_sym, TARGET)
+    no_offset = lp.Program(prog.name, prog.inputs, prog.outputs, prog.temps, prog.symbols, prog.calls,
+                           prog.kernels)
+    with pytest.raises(CodegenError, match="no workspace offset"):
+        emit_program(no_offset, TARGET)
+
+
+def test_type_errors_are_codegen_errors() -> None:
+    x, out = buf("x", dt.f32, (3,)), buf("out", dt.i32, (3,))
+    i = Var("i")
+    body = loop(i, 3, store(out, (i,), load(x, i)))
+    k = lp.Kernel("k", (x, out), (), body)
+    prog = lp.Program("bad", (x,), (out,), (), (), (lp.KernelCall("k", ("x", "out")),), (k,))
+    with pytest.raises(CodegenError, match="store of a f32 value into %out"):
+        emit_program(prog, TARGET)
+    body2 = loop(i, 3, store(out, (i, Const(0)), ex.const(1, dt.i32)))
+    prog2 = lp.Program("bad", (x,), (out,), (), (), (lp.KernelCall("k", ("x", "out")),),
+                       (lp.Kernel("k", (x, out), (), body2),))
+    with pytest.raises(CodegenError, match="indexed with 2"):
+        emit_program(prog2, TARGET)
+
+
+def test_contract_fastmath_attr() -> None:
+    s0 = Var("s0")
+    x, out = buf("x", dt.f32, (s0,)), buf("out", dt.f32, (s0,))
+    i = Var("i")
+    body = loop(i, s0, store(out, (i,), ex.add(ex.mul(load(x, i), load(x, i)), load(x, i))))
+    k = lp.Kernel("k", (x, out), (s0,), body, attrs=(("fastmath", "contract"),))
+    prog = lp.Program("fm", (x,), (out,), (), (s0,), (lp.KernelCall("k", ("x", "out")),), (k,))
+    text = emit_program(prog, TARGET)
+    assert "fmul contract" in text and "fadd contract" in text

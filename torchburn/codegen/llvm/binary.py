@@ -1,0 +1,214 @@
+"""Binary operators: one table per kind of operand (float, signed, unsigned, bool).
+
+Semantics (see `ir/expr.py`):
+- `floordiv` and `mod`/`remainder` round toward negative infinity (Python); on floats they
+  follow torch's `div_floor_floating` and `remainder` exactly (sign of zero included).
+- `div` is `fdiv` on floats and truncating (`sdiv`/`udiv`) on integers; `fmod` is C's fmod.
+- `min`/`max` on floats propagate NaN (`llvm.minimum`/`llvm.maximum`, like torch.minimum).
+- Comparisons are ordered, except `ne`, which is true when either side is NaN.
+- Shifts by the bit width or more give 0 (`>>` of a negative signed value gives -1), as torch
+  does, instead of LLVM's poison.
+- Integer `pow` is repeated squaring in a helper (`helpers.ipow`); float `pow` is `llvm.pow`.
+- f16/bf16 operands are computed in f32 and rounded back: exact for + - * / (f32 has more
+  than twice the precision) and what torch does for everything else.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import llvmlite.ir as ir
+
+from ..errors import CodegenError
+from . import helpers
+from .opcontext import OpContext, is_half, per_lane_call
+from .types import F32, scalar_of
+
+BinaryFn = Callable[[OpContext, ir.Value, ir.Value], ir.Value]
+
+_CMP_SYMBOLS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+# ---- floats --------------------------------------------------------------------------------------
+
+def _fcmp(op: str) -> BinaryFn:
+    sym = _CMP_SYMBOLS[op]
+    if op == "ne":
+        return lambda cx, a, b: cx.b.fcmp_unordered(sym, a, b)
+    return lambda cx, a, b: cx.b.fcmp_ordered(sym, a, b)
+
+
+def _float_floordiv(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    """torch's div_floor_floating: floor((a - fmod(a, b)) / b), corrected for rounding."""
+    bb = cx.b
+    zero, one = cx.const(0.0), cx.const(1.0)
+    mod = bb.frem(a, b)
+    div = bb.fdiv(bb.fsub(a, mod), b)
+    mod_nonzero = bb.fcmp_unordered("!=", mod, zero)
+    signs_differ = bb.xor(bb.fcmp_ordered("<", b, zero), bb.fcmp_ordered("<", mod, zero))
+    div = bb.select(bb.and_(mod_nonzero, signs_differ), bb.fsub(div, one), div)
+    floor = cx.intrinsic("llvm.floor", div)
+    floor = bb.select(bb.fcmp_ordered(">", bb.fsub(div, floor), cx.const(0.5)), bb.fadd(floor, one), floor)
+    zero_result = cx.intrinsic("llvm.copysign", zero, bb.fdiv(a, b))
+    result = bb.select(bb.fcmp_unordered("!=", div, zero), floor, zero_result)
+    return bb.select(bb.fcmp_ordered("==", b, zero), bb.fdiv(a, b), result)
+
+
+def _float_mod(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    """torch.remainder: fmod, then add the divisor when the signs of result and divisor differ."""
+    bb = cx.b
+    zero = cx.const(0.0)
+    mod = bb.frem(a, b)
+    nonzero = bb.fcmp_ordered("!=", mod, zero)
+    signs_differ = bb.xor(bb.fcmp_ordered("<", b, zero), bb.fcmp_ordered("<", mod, zero))
+    return bb.select(bb.and_(nonzero, signs_differ), bb.fadd(mod, b), mod)
+
+
+def _intrinsic2(name: str) -> BinaryFn:
+    return lambda cx, a, b: cx.intrinsic(name, a, b)
+
+
+def _libm2(name: str) -> BinaryFn:
+    """A two-argument libm function (`hypotf`/`hypot`), called lane by lane for vectors."""
+    def emit(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+        elem = scalar_of(cx.type)
+        symbol = name + "f" if elem == F32 else name
+        fn = cx.ctx.declare(symbol, elem, [elem, elem])
+        return per_lane_call(cx.b, fn, [a, b])
+    return emit
+
+
+FLOAT_OPS: dict[str, BinaryFn] = {
+    "add": lambda cx, a, b: cx.b.fadd(a, b, flags=cx.fastmath),
+    "sub": lambda cx, a, b: cx.b.fsub(a, b, flags=cx.fastmath),
+    "mul": lambda cx, a, b: cx.b.fmul(a, b, flags=cx.fastmath),
+    "div": lambda cx, a, b: cx.b.fdiv(a, b),
+    "floordiv": _float_floordiv,
+    "mod": _float_mod,
+    "remainder": _float_mod,
+    "fmod": lambda cx, a, b: cx.b.frem(a, b),
+    "min": _intrinsic2("llvm.minimum"),
+    "max": _intrinsic2("llvm.maximum"),
+    "pow": _intrinsic2("llvm.pow"),
+    "atan2": _intrinsic2("llvm.atan2"),
+    "copysign": _intrinsic2("llvm.copysign"),
+    "hypot": _libm2("hypot"),
+    "nextafter": _libm2("nextafter"),
+    **{op: _fcmp(op) for op in _CMP_SYMBOLS},
+}
+
+
+# ---- integers ------------------------------------------------------------------------------------
+
+def _floor_adjust(cx: OpContext, r: ir.Value, b: ir.Value) -> ir.Value:
+    """True where a truncating remainder `r` needs the floor correction (r != 0, sign(r) != sign(b))."""
+    bb = cx.b
+    zero = cx.const(0)
+    return bb.and_(bb.icmp_signed("!=", r, zero), bb.icmp_signed("<", bb.xor(r, b), zero))
+
+
+def _int_floordiv(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    q, r = cx.b.sdiv(a, b), cx.b.srem(a, b)
+    return cx.b.select(_floor_adjust(cx, r, b), cx.b.sub(q, cx.const(1)), q)
+
+
+def _int_mod(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    r = cx.b.srem(a, b)
+    return cx.b.select(_floor_adjust(cx, r, b), cx.b.add(r, b), r)
+
+
+def _shift_too_far(cx: OpContext, amount: ir.Value) -> ir.Value:
+    width = scalar_of(cx.type).width
+    return cx.b.icmp_unsigned(">=", amount, cx.const(width))
+
+
+def _shl(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    return cx.b.select(_shift_too_far(cx, b), cx.const(0), cx.b.shl(a, b))
+
+
+def _ashr(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    width = scalar_of(cx.type).width
+    clamped = cx.b.select(_shift_too_far(cx, b), cx.const(width - 1), b)
+    return cx.b.ashr(a, clamped)
+
+
+def _lshr(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    return cx.b.select(_shift_too_far(cx, b), cx.const(0), cx.b.lshr(a, b))
+
+
+def _ipow(signed: bool) -> BinaryFn:
+    def emit(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+        return per_lane_call(cx.b, helpers.ipow(cx.ctx, scalar_of(cx.type), signed), [a, b])
+    return emit
+
+
+def _icmp(op: str, signed: bool) -> BinaryFn:
+    sym = _CMP_SYMBOLS[op]
+    if signed:
+        return lambda cx, a, b: cx.b.icmp_signed(sym, a, b)
+    return lambda cx, a, b: cx.b.icmp_unsigned(sym, a, b)
+
+
+_INT_COMMON: dict[str, BinaryFn] = {
+    "add": lambda cx, a, b: cx.b.add(a, b),
+    "sub": lambda cx, a, b: cx.b.sub(a, b),
+    "mul": lambda cx, a, b: cx.b.mul(a, b),
+    "and": lambda cx, a, b: cx.b.and_(a, b),
+    "or": lambda cx, a, b: cx.b.or_(a, b),
+    "xor": lambda cx, a, b: cx.b.xor(a, b),
+    "shl": _shl,
+}
+
+SIGNED_OPS: dict[str, BinaryFn] = {
+    **_INT_COMMON,
+    "div": lambda cx, a, b: cx.b.sdiv(a, b),
+    "floordiv": _int_floordiv,
+    "mod": _int_mod,
+    "remainder": _int_mod,
+    "fmod": lambda cx, a, b: cx.b.srem(a, b),
+    "min": _intrinsic2("llvm.smin"),
+    "max": _intrinsic2("llvm.smax"),
+    "shr": _ashr,
+    "pow": _ipow(signed=True),
+    **{op: _icmp(op, signed=True) for op in _CMP_SYMBOLS},
+}
+
+UNSIGNED_OPS: dict[str, BinaryFn] = {
+    **_INT_COMMON,
+    "div": lambda cx, a, b: cx.b.udiv(a, b),
+    "floordiv": lambda cx, a, b: cx.b.udiv(a, b),
+    "mod": lambda cx, a, b: cx.b.urem(a, b),
+    "remainder": lambda cx, a, b: cx.b.urem(a, b),
+    "fmod": lambda cx, a, b: cx.b.urem(a, b),
+    "min": _intrinsic2("llvm.umin"),
+    "max": _intrinsic2("llvm.umax"),
+    "shr": _lshr,
+    "pow": _ipow(signed=False),
+    **{op: _icmp(op, signed=False) for op in _CMP_SYMBOLS},
+}
+
+#: Bools are i1: `add` is logical or and `mul` logical and (as torch's bool arithmetic).
+BOOL_OPS: dict[str, BinaryFn] = {
+    "and": lambda cx, a, b: cx.b.and_(a, b),
+    "or": lambda cx, a, b: cx.b.or_(a, b),
+    "xor": lambda cx, a, b: cx.b.xor(a, b),
+    "add": lambda cx, a, b: cx.b.or_(a, b),
+    "mul": lambda cx, a, b: cx.b.and_(a, b),
+    "min": lambda cx, a, b: cx.b.and_(a, b),
+    "max": lambda cx, a, b: cx.b.or_(a, b),
+    **{op: _icmp(op, signed=False) for op in _CMP_SYMBOLS},
+}
+
+_TABLES: dict[str, dict[str, BinaryFn]] = {"f": FLOAT_OPS, "i": SIGNED_OPS, "u": UNSIGNED_OPS, "b": BOOL_OPS}
+
+
+def emit_binary(cx: OpContext, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    """`a op b` for operands of `cx.dtype`; half floats are computed in f32."""
+    fn = _TABLES[cx.dtype.kind].get(op)
+    if fn is None:
+        raise CodegenError(f"binary op {op!r} is not defined on {cx.dtype}")
+    if not is_half(cx.dtype):
+        return fn(cx, a, b)
+    wide = cx.widened()
+    result = fn(wide, cx.to_f32(a), cx.to_f32(b))
+    return cx.from_f32(result) if result.type == wide.type else result
+

@@ -1,0 +1,157 @@
+"""Expression emission: one IR expression tree -> LLVM SSA values in the current block.
+
+`ExprEmitter.emit` dispatches on the node class through a table; operators and functions are
+themselves tables (`binary.py`, `mathfuncs.py`, `reduce.py`, `casts.py`). Every node's result
+is checked against the LLVM type its IR type maps to, so a type error in the IR surfaces here
+with the node's name rather than as an LLVM verifier message later.
+
+An emitter lives for one statement: within it, a node object reached twice (shared subtrees)
+is emitted once. Expressions have no side effects and emit no control flow, so this reuse is
+always valid; across statements a store could change what a load reads, so the memo is not
+kept.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import llvmlite.ir as ir
+
+from ...ir import expr as ex
+from ...ir.expr import ScalarType
+from ..errors import CodegenError
+from . import memory
+from .binary import emit_binary
+from .casts import emit_bitcast, emit_cast
+from .function import FunctionState, Scope
+from .mathfuncs import emit_call
+from .opcontext import OpContext
+from .reduce import emit_reduce
+from .types import I32, I64, const, lanes_of, reg_type
+
+
+class ExprEmitter:
+    """Emits expressions of one statement into `fs`'s current block, names from `scope`."""
+
+    def __init__(self, fs: FunctionState, scope: Scope) -> None:
+        self.fs = fs
+        self.scope = scope
+        self.b = fs.builder
+        self._memo: dict[int, tuple[ex.Expr, ir.Value]] = {}
+
+    def emit(self, e: ex.Expr) -> ir.Value:
+        hit = self._memo.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        handler = _HANDLERS.get(type(e))
+        if handler is None:
+            raise CodegenError(f"cannot generate code for expression {type(e).__name__}")
+        value = handler(self, e)
+        expected = reg_type(e.type)
+        if value.type != expected:
+            raise CodegenError(f"{type(e).__name__} of IR type {e.type} produced LLVM {value.type}, "
+                               f"expected {expected}")
+        self._memo[id(e)] = (e, value)
+        return value
+
+    # ---- helpers shared with memory.py and stmt.py ------------------------------------------
+    def index_value(self, e: ex.Expr) -> ir.Value:
+        """An integer expression widened to i64 (vectors stay vectors)."""
+        v = self.emit(e)
+        if not (e.dtype.is_int or e.dtype.is_bool):
+            raise CodegenError(f"index expression of type {e.type}")
+        if e.dtype.bits == 64:
+            return v
+        target = I64 if e.lanes == 1 else ir.VectorType(I64, e.lanes)
+        return self.b.sext(v, target) if e.dtype.kind == "i" else self.b.zext(v, target)
+
+    def splat(self, v: ir.Value, lanes: int) -> ir.Value:
+        """A scalar repeated in `lanes` lanes."""
+        if lanes_of(v.type) == lanes:
+            return v
+        if isinstance(v.type, ir.VectorType):
+            raise CodegenError(f"cannot broadcast a {v.type} to {lanes} lanes")
+        vt = ir.VectorType(v.type, lanes)
+        one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+        mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+
+    def op_context(self, st: ScalarType) -> OpContext:
+        return OpContext(self.b, self.fs.ctx, st.dtype, reg_type(st), self.fs.fastmath)
+
+    # ---- node kinds ----------------------------------------------------------------------------
+    def _const(self, e: ex.Const) -> ir.Value:
+        return const(e.type, e.value)
+
+    def _var(self, e: ex.Var) -> ir.Value:
+        v = self.scope.var(e.name)
+        if v.type != reg_type(e.type):
+            raise CodegenError(f"variable {e.name} is used as {e.type} but bound to an LLVM {v.type}")
+        return v
+
+    def _binary(self, e: ex.Binary) -> ir.Value:
+        if e.a.dtype != e.b.dtype:
+            raise CodegenError(f"binary {e.op} on different dtypes {e.a.type} and {e.b.type}")
+        lanes = max(e.a.lanes, e.b.lanes)
+        a, b = self.splat(self.emit(e.a), lanes), self.splat(self.emit(e.b), lanes)
+        return emit_binary(self.op_context(e.a.type.with_lanes(lanes)), e.op, a, b)
+
+    def _call(self, e: ex.Call) -> ir.Value:
+        if not e.args:
+            raise CodegenError(f"call {e.name}() has no arguments")
+        dtype = e.args[0].dtype
+        for a in e.args:
+            if a.dtype != dtype:
+                raise CodegenError(f"call {e.name} mixes argument dtypes {dtype} and {a.dtype}")
+        lanes = max(a.lanes for a in e.args)
+        args = [self.splat(self.emit(a), lanes) for a in e.args]
+        return emit_call(self.op_context(ScalarType(dtype, lanes)), e.name, args)
+
+    def _cast(self, e: ex.Cast) -> ir.Value:
+        return emit_cast(self.b, self.emit(e.value), e.value.type, e.type)
+
+    def _bitcast(self, e: ex.Bitcast) -> ir.Value:
+        return emit_bitcast(self.b, self.emit(e.value), e.value.type, e.type)
+
+    def _select(self, e: ex.Select) -> ir.Value:
+        if not e.cond.dtype.is_bool:
+            raise CodegenError(f"select condition has type {e.cond.type}, expected bool")
+        lanes = e.type.lanes
+        cond = self.emit(e.cond)
+        if e.cond.lanes not in (1, lanes):
+            raise CodegenError(f"select condition has {e.cond.lanes} lanes, values {lanes}")
+        a, b = self.splat(self.emit(e.a), lanes), self.splat(self.emit(e.b), lanes)
+        return self.b.select(cond, a, b)
+
+    def _load(self, e: ex.Load) -> ir.Value:
+        return memory.emit_load(self, e)
+
+    def _ramp(self, e: ex.Ramp) -> ir.Value:
+        lanes = e.type.lanes
+        base = self.splat(self.emit(e.base), lanes)
+        stride = self.splat(self.emit(e.stride), lanes)
+        cx = self.op_context(e.type)
+        iota = ir.Constant(cx.type, [float(i) if e.dtype.is_float else i for i in range(lanes)])
+        return emit_binary(cx, "add", base, emit_binary(cx, "mul", stride, iota))
+
+    def _broadcast(self, e: ex.Broadcast) -> ir.Value:
+        return self.splat(self.emit(e.value), e.type.lanes)
+
+    def _vreduce(self, e: ex.VectorReduce) -> ir.Value:
+        if e.type.lanes != 1:
+            raise CodegenError(f"vreduce_{e.op} must produce a scalar, not {e.type}")
+        return emit_reduce(self.op_context(e.value.type), e.op, self.emit(e.value))
+
+
+_HANDLERS: dict[type, Callable[[ExprEmitter, Any], ir.Value]] = {
+    ex.Const: ExprEmitter._const,
+    ex.Var: ExprEmitter._var,
+    ex.Binary: ExprEmitter._binary,
+    ex.Call: ExprEmitter._call,
+    ex.Cast: ExprEmitter._cast,
+    ex.Bitcast: ExprEmitter._bitcast,
+    ex.Select: ExprEmitter._select,
+    ex.Load: ExprEmitter._load,
+    ex.Ramp: ExprEmitter._ramp,
+    ex.Broadcast: ExprEmitter._broadcast,
+    ex.VectorReduce: ExprEmitter._vreduce,
+}

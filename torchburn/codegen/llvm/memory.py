@@ -1,0 +1,220 @@
+"""Loads and stores: from an n-d index and a buffer's strides to memory accesses.
+
+The address of `%buf[i0, ..., in]` is `base + sum(i_d * stride_d)` elements, in i64. For a
+vector access the flattened offset is analysed symbolically first (`lane_affine`): when it is
+`offset0 + lane * 1` the access is one contiguous vector load/store, when the lane step is 0
+it is a scalar access (broadcast on load), and otherwise it becomes a gather/scatter
+(`llvm.masked.gather/scatter` with an all-true mask) over a vector of addresses. Alignment is
+always the element's natural alignment: nothing more is known about tensor storage.
+
+Bools live in memory as bytes (0/1) and in registers as i1; conversion happens here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import llvmlite.ir as ir
+
+from ...ir import expr as ex
+from ...ir.loop import Buffer
+from ..errors import CodegenError
+from .types import I1, I32, I64, PTR, lanes_of, splat_const, storage_type, vector_of
+
+if TYPE_CHECKING:
+    from .expr import ExprEmitter
+
+_ZERO = ex.Const(0)
+_ONE = ex.Const(1)
+
+
+@dataclass(frozen=True)
+class LaneAffine:
+    """A vector of offsets `base + lane * stride` with scalar index expressions."""
+
+    base: ex.Expr
+    stride: ex.Expr
+
+
+def lane_affine(e: ex.Expr) -> Optional[LaneAffine]:
+    """Describe an integer (vector) expression as `base + lane * stride`, or None if it is not
+    affine in the lane number (for example a loaded index vector)."""
+    if e.lanes == 1:
+        return LaneAffine(e, _ZERO)
+    if isinstance(e, ex.Ramp):
+        return LaneAffine(e.base, e.stride)
+    if isinstance(e, ex.Broadcast) and e.value.lanes == 1:
+        return LaneAffine(e.value, _ZERO)
+    if isinstance(e, ex.Binary) and e.op in ("add", "sub", "mul"):
+        a, b = lane_affine(e.a), lane_affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return LaneAffine(ex.add(a.base, b.base), ex.add(a.stride, b.stride))
+        if e.op == "sub":
+            return LaneAffine(ex.sub(a.base, b.base), ex.sub(a.stride, b.stride))
+        if b.stride == _ZERO:
+            return LaneAffine(ex.mul(a.base, b.base), ex.mul(a.stride, b.base))
+        if a.stride == _ZERO:
+            return LaneAffine(ex.mul(a.base, b.base), ex.mul(a.base, b.stride))
+    return None
+
+
+def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
+    """The flattened element offset of a (vector) index as `base + lane * stride`, if affine."""
+    base: ex.Expr = _ZERO
+    stride: ex.Expr = _ZERO
+    for i, s in zip(index, buf.strides):
+        if i.dtype != ex.INDEX.dtype:
+            return None
+        aff = lane_affine(i)
+        if aff is None:
+            return None
+        base = ex.add(base, ex.mul(aff.base, s))
+        stride = ex.add(stride, ex.mul(aff.stride, s))
+    return LaneAffine(base, stride)
+
+
+def _check_index(buf: Buffer, index: Sequence[ex.Expr]) -> int:
+    """Validate an index against its buffer; return the access's lane count."""
+    if len(index) != buf.ndim:
+        raise CodegenError(f"%{buf.name} has {buf.ndim} dimensions but is indexed with {len(index)}")
+    lanes = {i.lanes for i in index} - {1}
+    if len(lanes) > 1:
+        raise CodegenError(f"%{buf.name} indexed with vectors of different widths {sorted(lanes)}")
+    for i in index:
+        if not i.dtype.is_int:
+            raise CodegenError(f"%{buf.name} indexed with a {i.type} expression")
+    return lanes.pop() if lanes else 1
+
+
+def _gep(b: ir.IRBuilder, base: ir.Value, offset: ir.Value, elem: ir.Type) -> ir.Value:
+    """`getelementptr inbounds elem, base, offset`; a vector offset gives a vector of pointers
+    (llvmlite types every GEP as a scalar `ptr`, so the type is corrected here)."""
+    gep = b.gep(base, [offset], inbounds=True, source_etype=elem)
+    if isinstance(offset.type, ir.VectorType):
+        gep.type = ir.VectorType(PTR, offset.type.count)
+    return gep
+
+
+class Access:
+    """One load or store: resolves the buffer and computes the address(es)."""
+
+    def __init__(self, em: "ExprEmitter", buffer: str, index: Sequence[ex.Expr]) -> None:
+        self.em = em
+        self.ref = em.scope.buffer(buffer)
+        self.buf = self.ref.buffer
+        self.lanes = _check_index(self.buf, index)
+        self.index = tuple(index)
+        self.elem = storage_type(self.buf.dtype)
+        self.align = self.buf.dtype.itemsize
+        self.affine = flat_affine(self.buf, index) if self.lanes > 1 else None
+
+    @property
+    def kind(self) -> str:
+        """`scalar`, `contiguous` (one vector access), `uniform` (all lanes one address) or
+        `gather` (lane-wise addresses)."""
+        if self.lanes == 1:
+            return "scalar"
+        if self.affine is not None and self.affine.stride == _ONE:
+            return "contiguous"
+        if self.affine is not None and self.affine.stride == _ZERO:
+            return "uniform"
+        return "gather"
+
+    def scalar_pointer(self) -> ir.Value:
+        """Address of the first lane (for scalar, contiguous and uniform accesses)."""
+        offset = self._scalar_offset() if self.affine is None else self.em.index_value(self.affine.base)
+        return _gep(self.em.b, self.ref.ptr, offset, self.elem)
+
+    def vector_pointers(self) -> ir.Value:
+        return _gep(self.em.b, self.ref.ptr, self._vector_offsets(), self.elem)
+
+    def _scalar_offset(self) -> ir.Value:
+        off: ex.Expr = _ZERO
+        for i, s in zip(self.index, self.buf.strides):
+            off = ex.add(off, ex.mul(_as_index(i), s))
+        return self.em.index_value(off)
+
+    def _vector_offsets(self) -> ir.Value:
+        """The offsets of all lanes as an `<N x i64>` (general gather/scatter path)."""
+        b = self.em.b
+        vt = ir.VectorType(I64, self.lanes)
+        total: ir.Value = splat_const(vt, 0)
+        for i, s in zip(self.index, self.buf.strides):
+            iv = self.em.index_value(i)
+            if lanes_of(iv.type) == 1:
+                iv = self.em.splat(iv, self.lanes)
+            stride = self.em.splat(self.em.index_value(s), self.lanes)
+            total = b.add(total, b.mul(iv, stride))
+        return total
+
+
+def _as_index(e: ex.Expr) -> ex.Expr:
+    return e if e.dtype == ex.INDEX.dtype else ex.cast(e, ex.INDEX.dtype)
+
+
+def _all_true(lanes: int) -> ir.Constant:
+    return splat_const(ir.VectorType(I1, lanes), 1)
+
+
+def emit_load(em: "ExprEmitter", e: ex.Load) -> ir.Value:
+    acc = Access(em, e.buffer, e.index)
+    if e.type.dtype != acc.buf.dtype:
+        raise CodegenError(f"load of %{e.buffer} ({acc.buf.dtype}) typed as {e.type}")
+    if e.type.lanes != acc.lanes and acc.lanes != 1:
+        raise CodegenError(f"load of %{e.buffer}: index has {acc.lanes} lanes, value {e.type.lanes}")
+    b = em.b
+    kind = acc.kind
+    if kind in ("scalar", "uniform"):
+        value = b.load(acc.scalar_pointer(), typ=acc.elem, align=acc.align)
+        value = _from_storage(b, value, acc.buf)
+        return em.splat(value, e.type.lanes) if e.type.lanes > 1 else value
+    vt = ir.VectorType(acc.elem, acc.lanes)
+    if kind == "contiguous":
+        value = b.load(acc.scalar_pointer(), typ=vt, align=acc.align)
+    else:
+        ptrs = acc.vector_pointers()
+        fn = em.fs.ctx.intrinsic("llvm.masked.gather", vt, [ptrs.type, I32, ir.VectorType(I1, acc.lanes), vt],
+                                 [vt, ptrs.type])
+        value = b.call(fn, [ptrs, ir.Constant(I32, acc.align), _all_true(acc.lanes), ir.Constant(vt, ir.Undefined)])
+    return _from_storage(b, value, acc.buf)
+
+
+def emit_store(em: "ExprEmitter", buffer: str, index: Sequence[ex.Expr], value: ex.Expr) -> None:
+    acc = Access(em, buffer, index)
+    if value.dtype != acc.buf.dtype:
+        raise CodegenError(f"store of a {value.type} value into %{buffer} ({acc.buf.dtype})")
+    if value.lanes != acc.lanes and value.lanes != 1:
+        raise CodegenError(f"store into %{buffer}: index has {acc.lanes} lanes, value {value.lanes}")
+    b = em.b
+    v = _to_storage(b, em.emit(value), acc.buf)
+    kind = acc.kind
+    if kind == "scalar":
+        b.store(v, acc.scalar_pointer(), align=acc.align)
+        return
+    if value.lanes == 1:
+        v = em.splat(v, acc.lanes)
+    if kind == "uniform":
+        # Every lane writes the same element: the last lane's write is the one that remains.
+        last = b.extract_element(v, ir.Constant(I32, acc.lanes - 1))
+        b.store(last, acc.scalar_pointer(), align=acc.align)
+    elif kind == "contiguous":
+        b.store(v, acc.scalar_pointer(), align=acc.align)
+    else:
+        ptrs = acc.vector_pointers()
+        fn = em.fs.ctx.intrinsic("llvm.masked.scatter", ir.VoidType(),
+                                 [v.type, ptrs.type, I32, ir.VectorType(I1, acc.lanes)], [v.type, ptrs.type])
+        b.call(fn, [v, ptrs, ir.Constant(I32, acc.align), _all_true(acc.lanes)])
+
+
+def _from_storage(b: ir.IRBuilder, v: ir.Value, buf: Buffer) -> ir.Value:
+    if not buf.dtype.is_bool:
+        return v
+    return b.icmp_unsigned("!=", v, splat_const(v.type, 0))
+
+
+def _to_storage(b: ir.IRBuilder, v: ir.Value, buf: Buffer) -> ir.Value:
+    if not buf.dtype.is_bool:
+        return v
+    return b.zext(v, vector_of(storage_type(buf.dtype), lanes_of(v.type)))

@@ -1,0 +1,154 @@
+"""Program -> LLVM module: one internal function per kernel and one exported entry function.
+
+Entry ABI (the runtime calls this, once per compiled graph):
+
+    void <entry_name(program)>(ptr buffers, ptr symbols, ptr workspace)
+
+- `buffers`: array of data pointers, `program.inputs` then `program.outputs`, in order;
+- `symbols`: array of i64, one per `program.symbols`, in order;
+- `workspace`: at least `program.workspace_bytes` bytes; temporary `t` lives at
+  `workspace + temp_offset(t)` (byte offsets, index expressions in the symbols). May be null
+  when the program has no temporaries.
+
+The entry loads the pointers and symbols and calls the kernels in `program.calls` order.
+
+Kernel functions take their parameters as pointers followed by their `symbols` as i64, bound
+by name to the program's symbols. Aliasing contract: a buffer a kernel writes never overlaps
+any other buffer passed to the same call (outputs and temps never alias inputs; memory
+planning never hands the same bytes to two buffers one kernel touches). Under that contract
+every parameter is `noalias`: LLVM's noalias only constrains memory that is *modified*, so two
+read-only parameters bound to the same tensor are still fine. Where a call passes one program
+buffer to two parameters and one of them is written (an in-place kernel), those parameters
+lose `noalias`. Parameters a kernel never writes are marked `readonly`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import llvmlite.ir as ir
+
+from ...ir import loop as lp
+from ..errors import CodegenError
+from ..target import Target
+from .context import ModuleContext, symbol_name
+from .expr import ExprEmitter
+from .function import BufferRef, FunctionState, Scope
+from .stmt import StmtEmitter
+from .types import I8, I64, PTR, VOID, reg_type
+
+
+def entry_name(program: lp.Program) -> str:
+    """The exported symbol of a program's entry function."""
+    return f"torchburn_{symbol_name(program.name)}"
+
+
+def kernel_function_name(program: lp.Program, kernel: lp.Kernel) -> str:
+    return f"{symbol_name(program.name)}.{symbol_name(kernel.name)}"
+
+
+def emit_program(program: lp.Program, target: Target) -> str:
+    """LLVM IR text of one module holding all kernels of `program` and its entry function."""
+    return str(build_module(program, target).module)
+
+
+def build_module(program: lp.Program, target: Target) -> ModuleContext:
+    """Build the llvmlite module (kept for callers that inspect it before printing)."""
+    ctx = ModuleContext(program.name, target)
+    unsafe = _aliased_params(program)
+    functions = {k.name: _emit_kernel(ctx, program, k, unsafe[k.name]) for k in program.kernels}
+    _emit_entry(ctx, program, functions)
+    return ctx
+
+
+def written_buffers(body: lp.Stmt) -> set[str]:
+    """Names of the buffers a statement tree stores to."""
+    return {s.buffer for s in lp.walk_stmts(body) if isinstance(s, lp.Store)}
+
+
+def _aliased_params(program: lp.Program) -> dict[str, set[int]]:
+    """Per kernel, the parameter positions that may share memory with a parameter being written
+    (the same program buffer passed twice to one call) and so must not be `noalias`."""
+    unsafe: dict[str, set[int]] = defaultdict(set)
+    for call in program.calls:
+        kernel = program.kernel(call.kernel)
+        written = written_buffers(kernel.body)
+        positions: dict[str, list[int]] = defaultdict(list)
+        for pos, arg in enumerate(call.args):
+            positions[arg].append(pos)
+        for same in positions.values():
+            if len(same) > 1 and any(kernel.params[p].name in written for p in same if p < len(kernel.params)):
+                unsafe[kernel.name].update(same)
+    return unsafe
+
+
+def _emit_kernel(ctx: ModuleContext, program: lp.Program, kernel: lp.Kernel, unsafe: set[int]) -> ir.Function:
+    arg_types = [PTR] * len(kernel.params) + [reg_type(v.type) for v in kernel.symbols]
+    fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), kernel_function_name(program, kernel))
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    attrs = dict(kernel.attrs)
+    fs = FunctionState(ctx, fn, contract="contract" in attrs.get("fastmath", ""))
+    written = written_buffers(kernel.body)
+    scope = Scope()
+    for pos, (param, arg) in enumerate(zip(kernel.params, fn.args)):
+        if param.scope != "global":
+            raise CodegenError(f"kernel @{kernel.name}: parameter %{param.name} has scope {param.scope!r}")
+        arg.name = param.name
+        noalias = pos not in unsafe
+        readonly = param.name not in written
+        if noalias:
+            arg.attributes.add("noalias")
+        if readonly:
+            set.add(arg.attributes, "readonly")  # llvmlite's list of parameter attributes lacks it
+        scope.buffers[param.name] = BufferRef(param, arg, noalias, readonly)
+    for sym, arg in zip(kernel.symbols, fn.args[len(kernel.params):]):
+        arg.name = sym.name
+        scope.vars[sym.name] = arg
+    StmtEmitter(fs).emit(kernel.body, scope)
+    fs.finish()
+    return fn
+
+
+def _emit_entry(ctx: ModuleContext, program: lp.Program, functions: dict[str, ir.Function]) -> None:
+    fn = ir.Function(ctx.module, ir.FunctionType(VOID, [PTR, PTR, PTR]), entry_name(program))
+    fn.attributes.add("nounwind")
+    buffers_arg, symbols_arg, workspace_arg = fn.args
+    buffers_arg.name, symbols_arg.name, workspace_arg.name = "buffers", "symbols", "workspace"
+    fs = FunctionState(ctx, fn)
+    b = fs.builder
+    scope = Scope()
+    for k, sym in enumerate(program.symbols):
+        if reg_type(sym.type) != I64:
+            raise CodegenError(f"program symbol {sym.name} has type {sym.type}; symbols are i64")
+        ptr = b.gep(symbols_arg, [ir.Constant(I64, k)], inbounds=True, source_etype=I64)
+        scope.vars[sym.name] = b.load(ptr, name=symbol_name(sym.name), typ=I64, align=8)
+
+    pointers: dict[str, ir.Value] = {}
+    for k, buf in enumerate((*program.inputs, *program.outputs)):
+        ptr = b.gep(buffers_arg, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR)
+        pointers[buf.name] = b.load(ptr, name=symbol_name(buf.name), typ=PTR, align=8)
+    offsets = dict(program.temp_offsets)
+    for buf in program.temps:
+        if buf.name not in offsets:
+            raise CodegenError(f"temporary %{buf.name} has no workspace offset (run memory planning)")
+        offset = ExprEmitter(fs, scope).index_value(offsets[buf.name])
+        pointers[buf.name] = b.gep(workspace_arg, [offset], inbounds=True, source_etype=I8,
+                                   name=symbol_name(buf.name))
+
+    for call in program.calls:
+        kernel = program.kernel(call.kernel)
+        if len(call.args) != len(kernel.params):
+            raise CodegenError(f"call @{call.kernel} passes {len(call.args)} buffers to "
+                               f"{len(kernel.params)} parameters")
+        args = []
+        for name in call.args:
+            if name not in pointers:
+                raise CodegenError(f"call @{call.kernel}: %{name} is not a buffer of program @{program.name}")
+            args.append(pointers[name])
+        for sym in kernel.symbols:
+            if sym.name not in scope.vars:
+                raise CodegenError(f"kernel @{kernel.name} needs symbol {sym.name}, which program "
+                                   f"@{program.name} does not have")
+            args.append(scope.vars[sym.name])
+        b.call(functions[kernel.name], args)
+    fs.finish()

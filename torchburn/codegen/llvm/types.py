@@ -1,0 +1,161 @@
+"""IR dtypes as LLVM types, and LLVM constants of IR types.
+
+Two views of each dtype: the *register* type an SSA value has (bool is `i1`) and the *storage*
+type its memory has (bool is one byte, `i8`, holding 0 or 1, as in torch). Vector expressions
+(`lanes > 1`) become LLVM vectors of the register type.
+
+llvmlite has no `bfloat`; `BFloatType` adds it with the same constant spelling LLVM accepts
+for `half` (a double-precision hex literal whose value the narrow type represents exactly),
+so constants are rounded to the narrow type here first.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Union
+
+import llvmlite.ir as ir
+from llvmlite.ir.types import _BaseFloatType, _format_double
+
+from ...ir import dtypes as dt
+from ...ir.dtypes import DType
+from ...ir.expr import ScalarType
+from ..errors import CodegenError
+
+
+class BFloatType(_BaseFloatType):
+    """LLVM's `bfloat` (brain float 16), missing from llvmlite."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value: float) -> str:
+        return _format_double(round_bf16(value))
+
+
+BFloatType._create_instance()
+
+
+class _HalfType(ir.HalfType):
+    """`half` whose constants round (llvmlite's raise on values beyond the f16 range)."""
+
+    def format_constant(self, value: float) -> str:
+        return _format_double(round_f16(value))
+
+
+_HalfType._create_instance()
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+F32 = ir.FloatType()
+F64 = ir.DoubleType()
+HALF = _HalfType()
+BFLOAT = BFloatType()
+PTR = ir.PointerType()
+VOID = ir.VoidType()
+
+_REGISTER_TYPES: dict[DType, ir.Type] = {
+    dt.bool_: I1, dt.i8: I8, dt.u8: I8, dt.i16: ir.IntType(16), dt.i32: I32, dt.i64: I64,
+    dt.f16: HALF, dt.bf16: BFLOAT, dt.f32: F32, dt.f64: F64,
+}
+
+
+def elem_type(dtype: DType) -> ir.Type:
+    """The register type of one element (bool is `i1`)."""
+    try:
+        return _REGISTER_TYPES[dtype]
+    except KeyError:
+        raise CodegenError(f"dtype {dtype} has no LLVM type") from None
+
+
+def storage_type(dtype: DType) -> ir.Type:
+    """The in-memory type of one element (bool is a byte)."""
+    return I8 if dtype.is_bool else elem_type(dtype)
+
+
+def reg_type(st: ScalarType) -> ir.Type:
+    """The register type of an expression type: a scalar or an LLVM vector."""
+    e = elem_type(st.dtype)
+    return e if st.lanes == 1 else ir.VectorType(e, st.lanes)
+
+
+def vector_of(t: ir.Type, lanes: int) -> ir.Type:
+    return t if lanes == 1 else ir.VectorType(t, lanes)
+
+
+def scalar_of(t: ir.Type) -> ir.Type:
+    """The element type of a vector type, or the type itself."""
+    return t.element if isinstance(t, ir.VectorType) else t
+
+
+def lanes_of(t: ir.Type) -> int:
+    return t.count if isinstance(t, ir.VectorType) else 1
+
+
+def round_f16(v: float) -> float:
+    """Round to the nearest half-precision value (overflow gives a signed infinity)."""
+    if math.isnan(v) or math.isinf(v):
+        return v
+    try:
+        return struct.unpack("<e", struct.pack("<e", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def round_bf16(v: float) -> float:
+    """Round to the nearest bfloat16 value (via float32, ties to even)."""
+    if math.isnan(v) or math.isinf(v):
+        return v
+    try:
+        bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def const(st: ScalarType, value: Union[int, float, bool]) -> ir.Constant:
+    """An LLVM constant of an IR type; vectors are splats."""
+    e = elem_type(st.dtype)
+    if st.dtype.is_bool:
+        v: Union[int, float] = int(bool(value))
+    elif st.dtype.is_float:
+        v = float(value)
+    else:
+        v = _wrap_int(int(value), st.dtype)
+    c = ir.Constant(e, v)
+    return c if st.lanes == 1 else ir.Constant(ir.VectorType(e, st.lanes), [c] * st.lanes)
+
+
+def splat_const(t: ir.Type, value: Union[int, float]) -> ir.Constant:
+    """A constant of LLVM type `t` (scalar or vector) with every lane `value`."""
+    if isinstance(t, ir.VectorType):
+        return ir.Constant(t, [ir.Constant(t.element, value)] * t.count)
+    return ir.Constant(t, value)
+
+
+def _wrap_int(v: int, dtype: DType) -> int:
+    """Two's-complement wrap to the dtype's width (LLVM prints integer constants signed)."""
+    bits = dtype.bits
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+
+def mangle(t: ir.Type) -> str:
+    """The overload suffix LLVM intrinsics use for a type: `f32`, `v16f32`, `i64`, `p0`."""
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{mangle(t.element)}"
+    if isinstance(t, ir.PointerType):
+        return "p0"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    names = {F32: "f32", F64: "f64", HALF: "f16", BFLOAT: "bf16"}
+    for k, name in names.items():
+        if t == k:
+            return name
+    raise CodegenError(f"no intrinsic suffix for LLVM type {t}")

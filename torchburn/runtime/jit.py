@@ -1,0 +1,228 @@
+"""From LLVM IR text to callable native code, and the OpenMP runtime it runs on.
+
+    obj = compile_llvm_ir(llvm_ir, target)      # O3 (new pass manager) + object emission
+    native = load_object(obj)                   # MCJIT engine holding the object, kept alive
+    entry = native.entry("torchburn_main")      # ctypes: void(ptr buffers, ptr symbols, ptr ws)
+
+Compilation and loading are separate so the object code (`ObjectCode.data`) can be cached on
+disk and loaded in another process without compiling again. Every engine is created after
+libgomp is loaded into the process with `load_library_permanently`, so generated code that
+calls `GOMP_parallel` resolves it to the same OpenMP runtime torch uses (torch ships one in
+`torch/lib`), sharing its thread pool. libm symbols (`erff`, `expm1f`, ...) resolve from the
+process the same way.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import importlib.util
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+import llvmlite.binding as llvm
+
+from ..codegen.target import Target
+
+#: The C type of every entry function: void(ptr buffers, ptr symbols, ptr workspace).
+ENTRY_FUNCTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+_lock = threading.Lock()
+
+
+class JITError(RuntimeError):
+    """Native code could not be compiled or loaded."""
+
+
+@dataclass(frozen=True)
+class ObjectCode:
+    """A relocatable object file for one target, ready for `load_object` or the disk cache."""
+
+    data: bytes
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def uses_openmp(self) -> bool:
+        """Whether the code calls into libgomp (it has parallel loops)."""
+        return b"GOMP_parallel" in self.data
+
+
+# ---- LLVM and OpenMP set-up (once per process) ------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _init_llvm() -> None:
+    """Initialize LLVM's native target, and make the C and math libraries' symbols visible to
+    the JIT's resolver (Python loads them privately, so `erff` or `memset` would not be found)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    for lib in ("m", "c"):
+        path = ctypes.util.find_library(lib)
+        if path is not None:
+            llvm.load_library_permanently(path)
+
+
+def find_libgomp() -> Optional[str]:
+    """Path of the libgomp to use: torch's bundled copy if torch has one, else the system's."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            found = sorted(glob.glob(os.path.join(root, "lib", "libgomp*.so*")))
+            if found:
+                return found[0]
+    return ctypes.util.find_library("gomp")
+
+
+@functools.lru_cache(maxsize=1)
+def _libgomp() -> Optional[ctypes.CDLL]:
+    """Load libgomp into the process for the JIT's symbol resolution; None if there is none."""
+    path = find_libgomp()
+    if path is None:
+        return None
+    llvm.load_library_permanently(path)
+    return ctypes.CDLL(path)
+
+
+def _openmp(required: bool) -> Optional[ctypes.CDLL]:
+    lib = _libgomp()
+    if lib is None and required:
+        raise JITError("this program has parallel loops but no OpenMP runtime (libgomp) was "
+                       "found: torch/lib has none and ctypes.util.find_library('gomp') failed")
+    return lib
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for parallel loops (libgomp's `omp_set_num_threads`; torch shares the setting)."""
+    if n < 1:
+        raise ValueError(f"number of threads must be at least 1, got {n}")
+    lib = _openmp(required=True)
+    assert lib is not None
+    lib.omp_set_num_threads(ctypes.c_int(n))
+
+
+def get_num_threads() -> int:
+    """The number of threads a parallel loop will use (`omp_get_max_threads`)."""
+    lib = _openmp(required=False)
+    return 1 if lib is None else int(lib.omp_get_max_threads())
+
+
+def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
+    """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
+    _init_llvm()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=opt_level, reloc="default", codemodel="jitdefault")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
+    return _target_machine(target, opt_level)
+
+
+# ---- compile ---------------------------------------------------------------------------------
+
+def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
+    tm = _cached_target_machine(target, opt_level)
+    try:
+        mod = llvm.parse_assembly(llvm_ir)
+        mod.verify()
+    except RuntimeError as e:
+        raise JITError(f"LLVM rejected the generated IR: {e}") from e
+    mod.triple = target.triple
+    mod.data_layout = str(tm.target_data)
+    if opt_level > 0:
+        pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+    return mod, tm
+
+
+def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3) -> ObjectCode:
+    """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
+    object file for `target`."""
+    with _lock:  # LLVM target machines are not safe to share across threads
+        mod, tm = _optimized_module(llvm_ir, target, opt_level)
+        _check_external_symbols(mod)
+        data = tm.emit_object(mod)
+    return ObjectCode(bytes(data), target.triple, target.cpu, target.features)
+
+
+def _check_external_symbols(mod: llvm.ModuleRef) -> None:
+    """Fail now, with names, if the code calls functions this process cannot provide: MCJIT
+    would otherwise bind them to address 0 and the first call would crash."""
+    _init_llvm()
+    external = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
+    if any(n.startswith(("GOMP_", "omp_")) for n in external):
+        _openmp(required=True)
+    missing = [n for n in external if not llvm.address_of_symbol(n)]
+    if missing:
+        raise JITError(f"generated code calls functions this process does not provide: {missing}")
+
+
+def optimized_ir(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+    """The LLVM IR after optimization (for dumps and tests)."""
+    with _lock:
+        mod, _ = _optimized_module(llvm_ir, target, opt_level)
+        return str(mod)
+
+
+def assembly(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+    """Assembly of the optimized module (for `TORCHBURN_DUMP`)."""
+    with _lock:
+        mod, tm = _optimized_module(llvm_ir, target, opt_level)
+        return tm.emit_assembly(mod)
+
+
+# ---- load --------------------------------------------------------------------------------------
+
+class NativeModule:
+    """Loaded machine code. Callables from `entry` keep it alive; raw `address`es do not."""
+
+    def __init__(self, engine: llvm.ExecutionEngine, obj: ObjectCode) -> None:
+        self._engine = engine
+        self.object = obj
+        self._entries: dict[str, Callable[..., None]] = {}
+
+    def address(self, name: str) -> int:
+        """Address of an exported function; raises KeyError if there is none of that name."""
+        addr = self._engine.get_function_address(name)
+        if not addr:
+            raise KeyError(f"native module has no function {name!r}")
+        return addr
+
+    def entry(self, name: str) -> Callable[..., None]:
+        """The entry function `name` as a ctypes callable (buffers, symbols, workspace)."""
+        fn = self._entries.get(name)
+        if fn is None:
+            fn = ENTRY_FUNCTYPE(self.address(name))
+            fn.native_module = self  # the code lives as long as a callable into it
+            self._entries[name] = fn
+        return fn
+
+
+def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
+    """Link an object file into the process (MCJIT: an empty module, then the object).
+    Plain bytes are taken as an object for the host."""
+    if not isinstance(obj, ObjectCode):
+        host = Target.host()
+        obj = ObjectCode(bytes(obj), host.triple, host.cpu, host.features)
+    _init_llvm()
+    _openmp(required=obj.uses_openmp)
+    target = Target.from_features(obj.triple, obj.cpu, obj.features)
+    with _lock:
+        holder = llvm.parse_assembly("")
+        holder.triple = obj.triple
+        engine = llvm.create_mcjit_compiler(holder, _target_machine(target, 3))
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj.data))
+        engine.finalize_object()
+    return NativeModule(engine, obj)
+
+
+def compile_and_load(llvm_ir: str, target: Target, opt_level: int = 3) -> NativeModule:
+    """`load_object(compile_llvm_ir(...))`, for tests and one-off use."""
+    return load_object(compile_llvm_ir(llvm_ir, target, opt_level))
