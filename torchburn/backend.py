@@ -24,6 +24,7 @@ from .frontend.decompositions import decomposition_table
 from .frontend.importer import import_graph
 from .frontend.partition import partition
 from .frontend.registry import Unsupported
+from .gpu_launcher import compile_subgraph, gpu_requested
 from .launcher import Launcher
 from .passes.pipeline import Pipeline
 
@@ -52,10 +53,16 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     result = partition(gm)
     report.fallbacks = result.fallbacks
     module = result.module
+    use_gpu = gpu_requested()
     for name in result.subgraphs:
         sub: torch.fx.GraphModule = getattr(module, name)
         sub_report = rep.SubgraphReport(name, _op_names(sub))
         report.subgraphs.append(sub_report)
+        if use_gpu:  # the wgpu engine; what it cannot run goes on to the CPU engine below
+            gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
+            if gpu_launcher is not None:
+                _install(module, name, sub, gpu_launcher)
+                continue
         try:
             graph = import_graph(sub, name=name)
             launcher_graph = graph

@@ -6,10 +6,11 @@ everything else that changes the code (pipeline and user passes, target, version
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .codegen.llvm.module import emit_program, entry_name
 from .codegen.target import Target
@@ -17,13 +18,17 @@ from .config import get_config
 from .dump import DumpFolder, make_dump
 from .ir.hashing import hash_key, structural_hash
 from .ir.loop import Program
+from .ir.parser import parse_program
 from .ir.printer import print_ir
 from .ir.tensor import Graph
 from .passes.base import PassManager, TimePasses
 from .passes.pipeline import Pipeline
 from .runtime import jit
+from .runtime.disk_cache import CacheEntry, disk_cache, llvm_version, source_digest
 
 VERSION = "0.1.0"
+
+log = logging.getLogger("torchburn")
 
 
 @dataclass
@@ -38,6 +43,21 @@ class CompiledProgram:
     timings: dict[str, float] = field(default_factory=dict)
     pass_times: list[tuple[str, float]] = field(default_factory=list)
     llvm_ir: str = ""
+    #: "compiled" (passes, codegen and LLVM ran in this process) or "disk" (loaded from the
+    #: disk cache).
+    origin: str = "compiled"
+
+
+@dataclass
+class CompileStats:
+    """What `compile_graph` did in this process (tests and benchmarks read it)."""
+
+    compiled: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+
+
+STATS = CompileStats()
 
 
 class ModuleCache:
@@ -80,25 +100,40 @@ def memory_cache() -> ModuleCache:
 
 
 def cache_key(graph: Graph, pipeline: Pipeline, target: Target) -> str:
-    import llvmlite
-
-    return hash_key(structural_hash(graph), pipeline.key(), target.cpu, target.features,
-                    f"torchburn={VERSION}", f"llvmlite={llvmlite.__version__}")
+    """Everything that changes the compiled code: the graph's structure, the passes (user
+    passes by their `uuid()`), the target, and the versions of torchburn (and its source),
+    llvmlite and LLVM."""
+    return hash_key(structural_hash(graph), pipeline.key(), target.triple, target.cpu, target.features,
+                    f"torchburn={VERSION}", source_digest(), llvm_version())
 
 
 def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
-                  dump: Optional[DumpFolder] = None) -> tuple[CompiledProgram, bool]:
-    """Compile `graph` (or fetch it from the cache). Returns (compiled, cache_hit)."""
+                  dump: Optional[DumpFolder] = None,
+                  fx_source: Optional[Callable[[], str]] = None) -> tuple[CompiledProgram, bool]:
+    """Compile `graph`, or fetch it from the memory cache, then the disk cache. Returns
+    (compiled, cache_hit). `fx_source` gives the FX graph's code for `TORCHBURN_DUMP`; while
+    dumping, the disk cache is not read (so every stage is written) but still filled."""
     pipeline = pipeline or Pipeline.default()
     target = Target.host()
     key = cache_key(graph, pipeline, target)
     cache = memory_cache()
     hit = cache.get(key)
     if hit is not None:
+        STATS.memory_hits += 1
         return hit, True
+    config = get_config()
+    disk = disk_cache(config.cache_dir)
     if dump is None:
-        dump = make_dump(get_config().dump_dir, key)
+        dump = make_dump(config.dump_dir, key)
+    if disk is not None and dump is None:
+        loaded = _load_from_disk(disk, key)
+        if loaded is not None:
+            STATS.disk_hits += 1
+            cache.put(key, loaded)
+            return loaded, True
     if dump is not None:
+        if fx_source is not None:
+            dump.write("00_fx_graph.py", fx_source())
         dump.write("01_tensor_ir.tbir", print_ir(graph))
     timer = TimePasses()
     instruments: list[Any] = [timer] + ([dump] if dump is not None else [])
@@ -119,5 +154,38 @@ def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
         dump.write("module.ll", llvm_ir)
         dump.write("module.s", jit.assembly(llvm_ir, target))
     compiled = CompiledProgram(key, program, native, entry, timings, timer.times, llvm_ir)
+    STATS.compiled += 1
     cache.put(key, compiled)
+    if disk is not None:
+        _store_to_disk(disk, key, program, obj)
     return compiled, False
+
+
+def _load_from_disk(disk: Any, key: str) -> Optional[CompiledProgram]:
+    """The program and its object code from the disk cache, loaded: no pass, no codegen."""
+    t0 = time.perf_counter()
+    entry = disk.load(key)
+    if entry is None:
+        return None
+    try:
+        program = parse_program(entry.program_text, f"<disk cache {key[:16]}>")
+        native = jit.load_object(entry.object)
+        fn = native.entry(entry_name(program))
+    except Exception as err:  # an entry that passed its digest but does not load
+        log.warning("torchburn: disk cache entry %s does not load (%s); compiling again", key[:16], err)
+        return None
+    timings = {"disk_load": time.perf_counter() - t0}
+    log.debug("torchburn: loaded %s from the disk cache in %.1f ms", program.name, timings["disk_load"] * 1e3)
+    return CompiledProgram(key, program, native, fn, timings, origin="disk")
+
+
+def _store_to_disk(disk: Any, key: str, program: Program, obj: jit.ObjectCode) -> None:
+    text = print_ir(program)
+    try:
+        same = parse_program(text) == program
+    except Exception:
+        same = False
+    if not same:  # the launcher is rebuilt from this text: never store what does not round-trip
+        log.warning("torchburn: program %s does not survive print and parse; not cached on disk", program.name)
+        return
+    disk.store(CacheEntry(key, text, obj))

@@ -39,7 +39,9 @@ class ExplainReport:
                 if s.compiled:
                     status = "cache hit" if s.cache_hit else "compiled " + ", ".join(
                         f"{k} {v * 1e3:.1f} ms" for k, v in s.timings.items())
-                    lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) ({status})")
+                    lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) on {s.engine} ({status})")
+                    if s.engine_note:
+                        lines.append(f"    note: {s.engine_note}")
                     for k in s.kernels:
                         lines.append(f"    {k}")
                 else:

@@ -11,6 +11,8 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from .nn_decompositions import nn_decompositions
+
 aten = torch.ops.aten
 
 #: Ops we lower directly even though core ATen decomposes them.
@@ -23,6 +25,10 @@ EXTRA: tuple[Any, ...] = (
     aten.native_layer_norm, aten.native_layer_norm_backward, aten._softmax_backward_data,
     aten._log_softmax_backward_data, aten.gelu_backward, aten.silu_backward, aten.threshold_backward,
     aten.sigmoid_backward, aten.tanh_backward, aten.mse_loss, aten.mse_loss_backward,
+    # norms: batch norm (all variants) and group norm become reductions, var_mean and
+    # elementwise ops; their backwards are core decompositions already.
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional, aten.native_group_norm,
 )
 
 
@@ -40,6 +46,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The table passed to AOTAutograd."""
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(list(EXTRA)))
+    table.update(nn_decompositions())
     for op in _overloads(KEEP):
         table.pop(op, None)
     return table

@@ -64,8 +64,8 @@ def unsupported_reason(node: torch.fx.Node) -> Optional[str]:
     if lw is None:
         return f"no lowering for {node.target}"
     out = node.meta.get("val")
-    if not isinstance(out, torch.Tensor):
-        return f"result of {name} is not a single tensor"
+    if not isinstance(out, torch.Tensor) and not _is_tensor_tuple(out):
+        return f"result of {name} is not a tensor or a tuple of tensors"
     problem = _tensor_problem(out, "result")
     if problem:
         return problem
@@ -76,6 +76,13 @@ def unsupported_reason(node: torch.fx.Node) -> Optional[str]:
     if lw.supports is not None:
         return lw.supports(node)
     return None
+
+
+def _is_tensor_tuple(val: Any) -> bool:
+    """Results of multi-result ops (max pooling, sort, var_mean...): their lowerings return a
+    tuple of values, and `getitem` nodes pick them out."""
+    return (isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in val)
+            and all(v is None or isinstance(v, torch.Tensor) for v in val))
 
 
 class _Support(OperatorSupport):

@@ -310,7 +310,7 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
     a, b = as_expr(a), as_expr(b)
     if op not in BINARY_OPS:
         raise ValueError(f"unknown binary op {op!r}")
-    ta = a.type
+    ta = a.type if a.type.lanes >= b.type.lanes else b.type
     ca, cb = _int_const(a), _int_const(b)
     if ca is not None and cb is not None and a.type == b.type:
         folded = _fold_int(op, ca, cb)

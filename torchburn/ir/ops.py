@@ -305,3 +305,272 @@ def numel(shape: tuple[Expr, ...]) -> Expr:
     for d in shape:
         n = mul(n, d)
     return n
+
+
+# =============================================================================================
+# Neural-network ops: convolutions and pooling (element rules in passes/loopgen/nn_rules.py).
+# Spatial attributes (`stride`, `padding`, `dilation`, `window`...) are tuples with one entry
+# per spatial dim; the spatial dims are the trailing ones.
+# =============================================================================================
+
+def _ints(attrs: dict[str, Any], key: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in attrs[key])
+
+
+def _conv_out_size(size: Expr, k: Expr, s: int, p: int, d: int) -> Expr:
+    """`(size + 2p - d (k - 1) - 1) // s + 1`, the output length of a convolution or pool."""
+    span = mul(as_expr(d), sub(k, 1))
+    return floordiv(sub(sub(size + as_expr(2 * p), span), 1), as_expr(s)) + as_expr(1)
+
+
+@define("conv", "contraction", -1, """
+Convolution of `x: [N, C, *in]` with `w: [Cout, C / groups, *k]` (and an optional bias
+`[Cout]`), cross-correlation as in PyTorch. Out-of-range taps (padding) contribute zero.
+One output element accumulates over `C / groups` and the kernel window.
+
+    %3 = conv(%x, %w, %b) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1} : f32[2, 8, 16, 16]
+    # %x: f32[2, 3, 16, 16], %w: f32[8, 3, 3, 3], %b: f32[8]
+""")
+def _conv(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    if len(types) not in (2, 3):
+        raise OpError(f"conv: expected 2 or 3 operands, got {len(types)}")
+    x, w = types[0], types[1]
+    stride, padding, dilation = _ints(attrs, "stride"), _ints(attrs, "padding"), _ints(attrs, "dilation")
+    nsp = len(stride)
+    if x.rank != nsp + 2 or w.rank != nsp + 2 or len(padding) != nsp or len(dilation) != nsp:
+        raise OpError(f"conv: ranks of x ({x.rank}), w ({w.rank}) and attributes ({nsp} spatial dims) differ")
+    _same_dtype("conv", types)
+    if len(types) == 3 and (types[2].rank != 1 or types[2].shape[0] != w.shape[0]):
+        raise OpError("conv: bias must be [Cout]")
+    out = tuple(_conv_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                for i in range(nsp))
+    return [TensorType(x.dtype, (x.shape[0], w.shape[0], *out))]
+
+
+@define("conv_grad_input", "contraction", 2, """
+The gradient of `conv` with respect to its input (a transposed convolution): from
+`grad: [N, Cout, *out]` and `w: [Cout, C / groups, *k]` to `[N, C, *in_size]`. Each element
+sums over the output positions and channels its taps reach.
+
+    %2 = conv_grad_input(%g, %w) {stride = [2], padding = [1], dilation = [1], groups = 1, in_size = [9]} : f32[2, 3, 9]
+    # %g: f32[2, 8, 5], %w: f32[8, 3, 3]
+""")
+def _conv_grad_input(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    g, w = types
+    _same_dtype("conv_grad_input", types)
+    in_size = tuple(as_expr(d) for d in attrs["in_size"])
+    if g.rank != len(in_size) + 2 or w.rank != g.rank:
+        raise OpError("conv_grad_input: ranks of grad, w and in_size differ")
+    groups = int(attrs["groups"])
+    return [TensorType(g.dtype, (g.shape[0], mul(w.shape[1], as_expr(groups)), *in_size))]
+
+
+@define("conv_grad_weight", "contraction", 2, """
+The gradient of `conv` with respect to its weight: from `grad: [N, Cout, *out]` and the
+input `x: [N, C, *in]` to `[Cout, C / groups, *window]` (`window`: the kernel's spatial
+size); each element sums over the batch and the output positions.
+
+    %2 = conv_grad_weight(%g, %x) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1, window = [3, 3]} : f32[8, 3, 3, 3]
+""")
+def _conv_grad_weight(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    g, x = types
+    _same_dtype("conv_grad_weight", types)
+    kernel = tuple(as_expr(d) for d in attrs["window"])
+    if g.rank != len(kernel) + 2 or x.rank != g.rank:
+        raise OpError("conv_grad_weight: ranks of grad, x and window differ")
+    groups = int(attrs["groups"])
+    return [TensorType(g.dtype, (g.shape[1], floordiv(x.shape[1], as_expr(groups)), *kernel))]
+
+
+POOL_KINDS = ("max", "argmax", "avg")
+
+
+@define("pool", "reduction", 1, """
+Pooling over the trailing spatial dims, one window per element of `out_size`. `kind` is `max`,
+`avg` or `argmax` (the i64 position of the maximum inside the input's spatial plane, row
+major; NaN wins, the first maximum is kept). Fixed windows use `window` (the kernel size),
+`stride`, `padding`, `dilation` (padding never takes part in a max; `avg` divides by
+`divisor_override`, or the window clipped to the padded input when `count_include_pad`, or
+the window clipped to the input). `adaptive = true` uses PyTorch's adaptive windows
+`[floor(i * in / out), ceil((i + 1) * in / out))` instead.
+
+    %1 = pool(%x) {kind = "max", window = [2, 2], stride = [2, 2], padding = [0, 0], dilation = [1, 1], out_size = [4, 4], adaptive = false, count_include_pad = true, divisor_override = none} : f32[2, 3, 4, 4]
+""")
+def _pool(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    x = types[0]
+    if attrs["kind"] not in POOL_KINDS:
+        raise OpError(f"pool: unknown kind {attrs['kind']!r}")
+    out_size = tuple(as_expr(d) for d in attrs["out_size"])
+    if x.rank < len(out_size):
+        raise OpError("pool: operand has fewer dims than out_size")
+    dtype = dt.i64 if attrs["kind"] == "argmax" else x.dtype
+    return [TensorType(dtype, (*x.shape[:x.rank - len(out_size)], *out_size))]
+
+
+@define("pool_grad", "reduction", -1, """
+The gradient of `pool` with respect to its input, gathered per input element: `kind = "max"`
+takes `(grad, indices)` (the `argmax` of the forward pool) and sums the gradients of the
+windows whose maximum is this element; `kind = "avg"` takes `(grad)` and sums each covering
+window's gradient divided by its divisor. Attributes as for `pool`, plus `in_size`.
+
+    %2 = pool_grad(%g, %i) {kind = "max", window = [2, 2], stride = [2, 2], padding = [0, 0], dilation = [1, 1], in_size = [8, 8], adaptive = false, count_include_pad = true, divisor_override = none} : f32[2, 3, 8, 8]
+""")
+def _pool_grad(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    g = types[0]
+    kind = attrs["kind"]
+    if kind not in ("max", "avg") or len(types) != (2 if kind == "max" else 1):
+        raise OpError(f"pool_grad: kind {kind!r} with {len(types)} operands")
+    in_size = tuple(as_expr(d) for d in attrs["in_size"])
+    if kind == "max" and (types[1].shape != g.shape or not types[1].dtype.is_int):
+        raise OpError("pool_grad: indices must be integers of the gradient's shape")
+    return [TensorType(g.dtype, (*g.shape[:g.rank - len(in_size)], *in_size))]
+
+
+# =============================================================================================
+# Indexing, scatter, sorting and scan ops (rules in passes/loopgen/indexing_rules.py).
+# Index operands are i64; out-of-range indices are clamped into range (PyTorch raises there),
+# so no kernel ever reads or writes outside a buffer.
+#
+# Ops of category `ordered` are always the root of their own kernel, built by a root rule:
+# their result is written in a data-dependent or sequential order (a copy followed by
+# updates through indices, a scan along a dim, a sort), not element by element.
+# =============================================================================================
+
+@define("gather", "data", 2, """
+`out[i] = src[i with dim replaced by index[i]]`; the result has the index's shape.
+
+    %2 = gather(%src, %idx) {dim = 1} : f32[4, 3]   # %src: f32[4, 6], %idx: i64[4, 3]
+""")
+def _gather(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    src, idx = types
+    if not idx.dtype.is_int or idx.rank != src.rank:
+        raise OpError("gather: index must be an integer tensor of the source's rank")
+    if not 0 <= attrs["dim"] < max(src.rank, 1):
+        raise OpError(f"gather: dim {attrs['dim']} out of range")
+    return [TensorType(src.dtype, idx.shape)]
+
+
+def _indexed_shape(name: str, src: TensorType, idx: list[TensorType], attrs: dict[str, Any]) -> tuple[Expr, ...]:
+    dims, pos = tuple(attrs["dims"]), int(attrs["pos"])
+    if len(dims) != len(idx) or not idx:
+        raise OpError(f"{name}: {len(dims)} indexed dims but {len(idx)} index tensors")
+    if any(not 0 <= d < src.rank for d in dims) or list(dims) != sorted(set(dims)):
+        raise OpError(f"{name}: indexed dims {list(dims)} invalid for rank {src.rank}")
+    for t in idx:
+        if not t.dtype.is_int or t.shape != idx[0].shape:
+            raise OpError(f"{name}: index tensors must be integers of one shape")
+    rest = [d for i, d in enumerate(src.shape) if i not in dims]
+    if not 0 <= pos <= len(rest):
+        raise OpError(f"{name}: pos {pos} out of range")
+    return (*rest[:pos], *idx[0].shape, *rest[pos:])
+
+
+@define("index", "data", -1, """
+Advanced indexing `src[..., i0, ..., i1, ...]`: operands `(src, i0, i1, ...)`, the index
+tensors (one shape) picking along `dims` of `src`; negative indices count from the end. The
+result is the non-indexed dims of `src` with the index shape inserted at `pos`.
+
+    %3 = index(%x, %i) {dims = [0], pos = 0} : f32[3, 4]   # %x: f32[5, 4], %i: i64[3]
+""")
+def _index(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    return [TensorType(types[0].dtype, _indexed_shape("index", types[0], types[1:], attrs))]
+
+
+@define("flip", "view", 1, """
+Reverse the order of elements along `dims`.
+
+    %1 = flip(%0) {dims = [1]} : f32[4, 6]
+""")
+def _flip(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    _norm_dims("flip", attrs["dims"], types[0].rank)
+    return [types[0]]
+
+
+@define("pad", "data", 1, """
+Constant padding: `low[d]` elements before and `high[d]` after each dim (negative values
+crop), filled with `value`.
+
+    %1 = pad(%0) {low = [0, 1], high = [0, 2], value = 0.0} : f32[4, 9]   # %0: f32[4, 6]
+""")
+def _pad(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    t = types[0]
+    low, high = tuple(attrs["low"]), tuple(attrs["high"])
+    if len(low) != t.rank or len(high) != t.rank:
+        raise OpError(f"pad: low/high need {t.rank} entries")
+    shape = tuple(d + as_expr(lo) + as_expr(hi) for d, lo, hi in zip(t.shape, low, high))
+    return [TensorType(t.dtype, shape)]
+
+
+@define("slice_scatter", "data", 2, """
+`self` with the slice `start, start + step, ...` along `dim` replaced by `src` (as many
+elements as `src` has along `dim`).
+
+    %2 = slice_scatter(%x, %s) {dim = 0, start = 1, step = 2} : f32[6, 4]   # %s: f32[2, 4]
+""")
+def _slice_scatter(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    _same_dtype("slice_scatter", types)
+    if types[0].rank != types[1].rank:
+        raise OpError("slice_scatter: self and src ranks differ")
+    return [types[0]]
+
+
+SCATTER_REDUCES = ("none", "add", "mul", "max", "min")
+
+
+@define("scatter", "ordered", 3, """
+Copy `self`, then for every element `i` of `index` in row-major order combine `src[i]` into
+`out[i with dim replaced by index[i]]` with `reduce` (`none` overwrites, `add`, `mul`, `max`,
+`min`). With `include_self = false` the targeted elements start from the reduction's identity
+instead of `self`. Duplicate indices are applied in order.
+
+    %3 = scatter(%x, %idx, %src) {dim = 1, reduce = "add", include_self = true} : f32[4, 6]
+""")
+def _scatter(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    x, idx, src = types
+    if attrs["reduce"] not in SCATTER_REDUCES:
+        raise OpError(f"scatter: unknown reduce {attrs['reduce']!r}")
+    if not idx.dtype.is_int or idx.rank != x.rank or src.rank != x.rank:
+        raise OpError("scatter: index and src must have self's rank (index integer)")
+    _same_dtype("scatter", [x, src])
+    return [x]
+
+
+@define("index_put", "ordered", -1, """
+Copy `self`, then write (or with `accumulate`, add) `values` through advanced indices:
+operands `(self, values, i0, i1, ...)`, `dims` and `pos` as for `index`, and `values` has the
+shape `index` would return. Duplicate indices are applied in order.
+
+    %3 = index_put(%x, %v, %i) {dims = [0], pos = 0, accumulate = true} : f32[5, 4]   # %v: f32[3, 4], %i: i64[3]
+""")
+def _index_put(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    x, vals = types[0], types[1]
+    _same_dtype("index_put", [x, vals])
+    if vals.shape != _indexed_shape("index_put", x, types[2:], attrs):
+        raise OpError("index_put: values do not have the indexed shape")
+    return [x]
+
+
+@define("argsort", "ordered", 1, """
+The permutation (i64) that sorts each lane along `dim`, ascending or `descending`; NaN sorts
+above every number and equal elements keep their order (a stable sort).
+
+    %1 = argsort(%x) {dim = 1, descending = false} : i64[4, 6]
+""")
+def _argsort(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    _norm_dims("argsort", [attrs["dim"]], types[0].rank)
+    return [types[0].with_dtype(dt.i64)]
+
+
+SCAN_KINDS = ("add", "mul", "max", "min")
+
+
+@define("scan", "ordered", 1, """
+Inclusive scan along `dim` with `kind` (`add`: cumsum, `mul`: cumprod, `max`, `min`).
+
+    %1 = scan(%x) {dim = 1, kind = "add"} : f32[4, 6]
+""")
+def _scan(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    if attrs["kind"] not in SCAN_KINDS:
+        raise OpError(f"scan: unknown kind {attrs['kind']!r}")
+    _norm_dims("scan", [attrs["dim"]], types[0].rank)
+    return [types[0]]

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import inspect
 import time
+import types
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Optional, Sequence, TextIO, Union
 
@@ -71,11 +72,33 @@ class Pass:
         parts = [self.name, self.version, repr(sorted(self.options().items()))]
         module = type(self).__module__
         if not module.startswith("torchburn."):
-            try:
-                parts.append(hashlib.sha256(inspect.getsource(type(self)).encode()).hexdigest())
-            except (OSError, TypeError):
-                parts.append(module + "." + type(self).__qualname__)
+            parts.append(source_digest(type(self)))
         return "|".join(parts)
+
+
+def source_digest(cls: type) -> str:
+    """SHA-256 of a class's source code; where the source cannot be read (a class typed into
+    a REPL or built by `exec`), of its methods' bytecode and constants instead, so that a
+    changed pass never reuses code compiled for the old one."""
+    try:
+        return hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+    except (OSError, TypeError):
+        h = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}".encode())
+        for name, value in sorted(vars(cls).items()):
+            h.update(name.encode())
+            _digest_value(h, getattr(value, "__func__", value))
+        return h.hexdigest()
+
+
+def _digest_value(h: Any, value: Any) -> None:
+    code = getattr(value, "__code__", value)
+    if isinstance(code, types.CodeType):
+        h.update(code.co_code)
+        h.update(repr(code.co_names).encode())
+        for c in code.co_consts:
+            _digest_value(h, c)
+    elif isinstance(value, (str, int, float, bool, bytes, tuple, frozenset, type(None))):
+        h.update(repr(value).encode())
 
 
 class TensorPass(Pass):

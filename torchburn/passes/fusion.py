@@ -105,7 +105,7 @@ class Fuse(TensorPass):
             return False
         result = op.result
         cat = category(op)
-        if result in outputs or cat in ("reduction", "contraction"):
+        if result in outputs or cat in ("reduction", "contraction", "ordered"):
             return False
         consumers = users.get(result, [])
         if not consumers:

@@ -41,7 +41,7 @@ from ..ir.loop import contiguous_strides
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, register_pass
-from .loopgen.kernel_builder import KernelBuilder
+from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
 
 
 def _is_root(op: Op, fused: bool) -> bool:
@@ -112,6 +112,8 @@ class LowerToLoops(Pass):
         out = buffers[op.result]
         if op.name == "matmul":
             body = kb.matmul_root(op, out)
+        elif op.name in ROOT_RULES:
+            body = ROOT_RULES[op.name](kb, op, out)
         else:
             body = kb.element_root(op, out)
         params = tuple(kb.used_buffers.values())

@@ -350,11 +350,10 @@ class GpuProgram:
                 cp.dispatch_workgroups(gx, gy, gz)
         cp.end()
 
-    def run(self, env: dict[str, int], inputs: Sequence[InputSpec],
-            sink: Callable[[int, memoryview], None]) -> None:
-        """Upload what changed, run every kernel, and hand each output's bytes to `sink`
-        (valid only during the call). `inputs[i]` is (owner, stamp, data_fn): the upload is
-        skipped while `owner` is the object last uploaded to that slot with an equal stamp."""
+    def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec]) -> list[memoryview]:
+        """Upload what changed, run every kernel in one submission, and return a copy of each
+        output's bytes. `inputs[i]` is (owner, stamp, data_fn): the upload is skipped while
+        `owner` is the object last uploaded to that slot and its stamp is equal."""
         with self._lock:
             bset = self._buffer_set(env)
             self._write_inputs(bset, inputs)
@@ -365,14 +364,12 @@ class GpuProgram:
                 if size:
                     encoder.copy_buffer_to_buffer(bset.buffers[b.name], 0, bset.staging, off, _round4(size))
             self.dev.queue.submit([encoder.finish()])
-            if not self.program.outputs:
-                return
+            if not any(size for _, size in bset.out_offsets):
+                return [memoryview(b"") for _ in bset.out_offsets]
             bset.staging.map_sync(self.dev.wgpu.MapMode.READ)
             try:
-                view = bset.staging.read_mapped(copy=False)
-                mv = memoryview(view).cast("B")
-                for k, (off, size) in enumerate(bset.out_offsets):
-                    sink(k, mv[off:off + size])
+                return [bset.staging.read_mapped(off, _round4(size), copy=True) if size else memoryview(bytearray())
+                        for off, size in bset.out_offsets]
             finally:
                 bset.staging.unmap()
 

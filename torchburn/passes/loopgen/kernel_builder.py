@@ -59,6 +59,22 @@ def element_rule(*names: str) -> Callable[[ElementRule], ElementRule]:
     return deco
 
 
+#: Rules building the whole body of a kernel whose root op is not computed element by element
+#: (ops of category `ordered`: scatters copy and then update through indices, scans carry a
+#: value along a dim, sorts write each element at its rank): `rule(builder, op, out) -> Stmt`,
+#: storing the op's result into the buffer `out`. Registered with `@root_rule("name")`.
+RootRule = Callable[["KernelBuilder", Op, lp.Buffer], lp.Stmt]
+ROOT_RULES: dict[str, RootRule] = {}
+
+
+def root_rule(*names: str) -> Callable[[RootRule], RootRule]:
+    def deco(fn: RootRule) -> RootRule:
+        for n in names:
+            ROOT_RULES[n] = fn
+        return fn
+    return deco
+
+
 class LoweringError(ValueError):
     """The loop lowering has no rule for an op (a missing `element_rule`)."""
 
@@ -103,6 +119,21 @@ class KernelBuilder:
             if key in scope:
                 return scope[key]
         return None
+
+    def pending(self) -> tuple[lp.Stmt, ...]:
+        """The statements emitted into the current scope so far."""
+        return tuple(self._stmts[-1])
+
+    def define(self, v: Value, idx: Index, e: Expr) -> None:
+        """Make `v[idx]` read as `e` in the current scope (a GEMM's accumulator, for the
+        epilogue ops computed from it)."""
+        self._scopes[-1][(id(v), idx)] = e
+
+    def compute(self, op: Op, idx: Index) -> Expr:
+        """The element `idx` of `op`'s result, computed here even if it has a buffer."""
+        if op.loc and op.loc not in self.origins:
+            self.origins.append(op.loc)
+        return self._compute(op, idx)
 
     def loops(self, extents: tuple[Expr, ...], prefix: str) -> tuple[Var, ...]:
         return tuple(Var(self.fresh(prefix)) for _ in extents)
@@ -284,32 +315,19 @@ class KernelBuilder:
         return self.nest(vars_, shape, body, self._origin_annotation())
 
     def matmul_root(self, op: Op, out: lp.Buffer) -> lp.Stmt:
-        """`out[b, i, j] = sum_k a[b, i, k] * b[b, k, j]`, looping b, i, k, j so the innermost loop
-        runs along rows of `b` and `out` (contiguous, vectorizable)."""
-        a, bmat = op.operands
+        """A GEMM kernel (`loopgen/matmul.py`): `op` is a matmul, or the last elementwise op of
+        an epilogue computed from one (fused by `fuse`)."""
+        from .matmul import build_gemm, fused_matmul
+
         if op.loc and op.loc not in self.origins:
             self.origins.append(op.loc)
-        shape = op.result.shape
-        batch = shape[:-2]
-        m, n, k = shape[-2], shape[-1], a.shape[-1]
-        bvars = self.loops(batch, "b")
-        iv, jv, kv, jv2 = (Var(self.fresh(p)) for p in ("i", "j", "k", "j"))
-        zero = Const(0, ScalarType(out.dtype))
-        init = lp.For(jv, Const(0), n, "serial", lp.Store(out.name, (*bvars, iv, jv), zero))
-        self.push()
-        av = self.value_at(a, (*bvars, iv, kv))
-        self.push()
-        bv = self.value_at(bmat, (*bvars, kv, jv2))
-        prod = self.bind(scalar_ops.binary("mul", av, bv))
-        cur = ex.Load(out.name, (*bvars, iv, jv2), ScalarType(out.dtype))
-        self.emit(lp.Store(out.name, (*bvars, iv, jv2), scalar_ops.binary("add", cur, prod)))
-        inner = lp.For(jv2, Const(0), n, "serial", self.pop())
-        self.emit(inner)
-        kloop = lp.For(kv, Const(0), k, "serial", self.pop())
-        row = lp.For(iv, Const(0), m, "serial", lp.block(init, kloop))
+        mm = fused_matmul(op, set(self.buffers))
+        if mm is None:
+            raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused matmul")
+        if mm.loc and mm.loc not in self.origins:
+            self.origins.append(mm.loc)
         self.used_buffers[out.name] = out
-        return self.nest(bvars, batch, row, self._origin_annotation()) if batch else \
-            lp.For(iv, Const(0), m, "serial", lp.block(init, kloop), self._origin_annotation())
+        return build_gemm(self, op, mm, out)
 
     def _origin_annotation(self) -> tuple[tuple[str, str], ...]:
         return (("origin", "; ".join(self.origins)),) if self.origins else ()
