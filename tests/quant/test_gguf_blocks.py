@@ -1,0 +1,63 @@
+"""GGUF Q8_0/Q4_0/Q4_1 import: bit-exact against the format description (pure numpy, one
+block at a time). test_gguf_package.py also checks against the `gguf` package."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from torchburn.quant import import_gguf_q4_0, import_gguf_q4_1, import_gguf_q8_0
+
+from .ggml_blocks import (
+    FORMATS,
+    assert_bit_equal,
+    dequantize,
+    random_blocks,
+    reference_dequantize,
+)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(1, 32), (5, 96), (16, 256)])
+def test_import_is_bit_exact_to_format_description(fmt, shape):
+    data = random_blocks(fmt, shape, seed=zlib.crc32(f"{fmt}{shape}".encode()))
+    weight = FORMATS[fmt][0](data, shape)
+    assert_bit_equal(dequantize(weight), reference_dequantize(data, fmt, shape))
+
+
+def test_imported_layout_keeps_the_file_bytes():
+    data = random_blocks("Q4_1", (3, 64), seed=0)
+    weight = import_gguf_q4_1(data, (3, 64))
+    blocks = data.reshape(3, 2, 20)
+    assert weight.group_size == 32 and not weight.symmetric
+    assert weight.scales.dtype == weight.mins.dtype == torch.float16
+    assert np.array_equal(weight.packed.numpy(), blocks[:, :, 4:].reshape(3, 32))
+    assert np.array_equal(weight.scales.numpy().view(np.uint8).reshape(3, 2, 2), blocks[:, :, 0:2])
+    assert np.array_equal(weight.mins.numpy().view(np.uint8).reshape(3, 2, 2), blocks[:, :, 2:4])
+    q8 = import_gguf_q8_0(random_blocks("Q8_0", (2, 32), seed=1), (2, 32))
+    assert q8.qweight.dtype == torch.int8 and q8.scales.shape == (2, 1) and q8.group_size == 32
+
+
+def test_import_owns_its_memory():
+    data = random_blocks("Q8_0", (2, 64), seed=2)
+    weight = import_gguf_q8_0(data, (2, 64))
+    before = dequantize(weight).copy()
+    data[:] = 0
+    assert_bit_equal(dequantize(weight), before)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: import_gguf_q8_0(np.zeros(34, dtype=np.uint8), (1, 64)), "needs 68"),
+        (lambda: import_gguf_q8_0(np.zeros(34, dtype=np.int8), (1, 32)), "uint8"),
+        (lambda: import_gguf_q4_0(np.zeros(18, dtype=np.uint8), (1, 16)), "multiple of the block"),
+        (lambda: import_gguf_q4_1(np.zeros(20, dtype=np.uint8), (20,)), "out_features, in_"),
+        (lambda: import_gguf_q4_1(b"\0" * 20, (1, 32)), "numpy array"),
+    ],
+)
+def test_bad_input_raises_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
