@@ -66,7 +66,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         try:
             graph = import_graph(sub, name=name)
             launcher_graph = graph
-            compiled, hit = compile_graph(graph, pipeline)
+            compiled, hit = compile_graph(graph, pipeline, fx_source=lambda sub=sub: _fx_source(sub))
         except Unsupported as err:
             sub_report.compiled = False
             sub_report.reason = str(err)
@@ -84,6 +84,11 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         log.info("torchburn: %d op(s) run in PyTorch: %s", len(report.fallback_ops),
                  ", ".join(sorted(set(report.fallback_ops))))
     return make_boxed_func(_fast_callable(module))
+
+
+def _fx_source(sub: torch.fx.GraphModule) -> str:
+    """The ATen subgraph as Python, with each node's source line (for `00_fx_graph.py`)."""
+    return sub.print_readable(print_output=False, include_stride=True, include_device=True)
 
 
 def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule, launcher: Launcher) -> None:

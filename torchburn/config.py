@@ -13,7 +13,9 @@
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
@@ -81,6 +83,21 @@ class Config:
 
 
 _config: Optional[Config] = None
+_log_handler: Optional[logging.Handler] = None
+
+
+def setup_logging(config: Config) -> None:
+    """`TORCHBURN_DEBUG=1`: the `torchburn` logger logs everything (DEBUG and up) to stderr
+    through one handler, installed once per process. Without it logging is left to the
+    application (warnings still reach stderr through Python's last-resort handler)."""
+    global _log_handler
+    if not config.debug or _log_handler is not None:
+        return
+    logger = logging.getLogger("torchburn")
+    _log_handler = logging.StreamHandler(sys.stderr)
+    _log_handler.setFormatter(logging.Formatter("[torchburn %(levelname)s] %(message)s"))
+    logger.addHandler(_log_handler)
+    logger.setLevel(logging.DEBUG)
 
 
 def get_config() -> Config:
@@ -88,10 +105,12 @@ def get_config() -> Config:
     global _config
     if _config is None:
         _config = Config.from_env()
+        setup_logging(_config)
     return _config
 
 
 def reload_config() -> Config:
     global _config
     _config = Config.from_env()
+    setup_logging(_config)
     return _config

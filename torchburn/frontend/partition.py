@@ -19,17 +19,54 @@ from . import lowerings  # noqa: F401  (registers lowerings)
 from .dtypes import is_supported
 from .registry import get_lowering
 
-#: Ops that are deliberately left to PyTorch, with the reason (data-dependent shapes, RNG...).
+#: Ops that are deliberately left to PyTorch, with the reason. This is the one list: the
+#: OpInfo test expects exactly these (and tensors of dtypes or layouts the compiler never takes,
+#: see `is_deliberate`) to fall back, and checks that the results still equal eager's.
 NOT_COMPILED: dict[str, str] = {
-    "aten.nonzero": "output shape depends on the data",
-    "aten.masked_select": "output shape depends on the data",
-    "aten.unique": "output shape depends on the data",
+    # Output shape depends on the values.
+    **dict.fromkeys(("aten.nonzero", "aten.nonzero_static", "aten.masked_select", "aten.masked_scatter",
+                     "aten.unique", "aten._unique", "aten._unique2", "aten.unique_dim",
+                     "aten.unique_consecutive", "aten.repeat_interleave", "aten.bincount",
+                     "aten.histc", "aten.histogram", "aten._histogramdd_bin_edges",
+                     "aten._histogramdd_from_bin_cts", "aten._histogramdd_from_bin_tensors",
+                     "aten.segment_reduce"),
+                    "output shape or layout depends on the data"),
     "aten._local_scalar_dense": "reads a tensor value into Python",
-    "aten.native_dropout": "random numbers are drawn by PyTorch",
-    "aten.rand": "random numbers are drawn by PyTorch",
-    "aten.randn": "random numbers are drawn by PyTorch",
-    "aten.bernoulli": "random numbers are drawn by PyTorch",
+    "aten.equal": "returns a Python bool",
+    # Random numbers: PyTorch's generator draws them, so seeded runs match eager.
+    **dict.fromkeys(("aten.native_dropout", "aten.rand", "aten.randn", "aten.randint", "aten.rand_like",
+                     "aten.randn_like", "aten.randint_like", "aten.randperm", "aten.bernoulli",
+                     "aten.normal", "aten.normal_functional", "aten.uniform", "aten.exponential",
+                     "aten.geometric", "aten.log_normal", "aten.cauchy", "aten.random", "aten.multinomial",
+                     "aten.poisson", "aten.binomial", "aten._standard_gamma", "aten._sample_dirichlet",
+                     "aten.rrelu_with_noise", "aten.rrelu_with_noise_functional", "aten._fused_dropout"),
+                    "random numbers are drawn by PyTorch"),
+    # Factorizations and solvers: PyTorch calls LAPACK.
+    **dict.fromkeys(("aten._linalg_svd", "aten._linalg_eigh", "aten.linalg_eig", "aten._linalg_eigvals",
+                     "aten.linalg_eigvals", "aten.linalg_qr", "aten.geqrf", "aten.ormqr",
+                     "aten.linalg_householder_product", "aten.linalg_cholesky_ex", "aten.cholesky",
+                     "aten.cholesky_inverse", "aten.cholesky_solve", "aten.linalg_lu", "aten.linalg_lu_factor_ex",
+                     "aten.linalg_lu_solve", "aten.lu_unpack", "aten._lu_with_info", "aten.lu_solve",
+                     "aten.linalg_ldl_factor_ex", "aten.linalg_ldl_solve", "aten.linalg_inv_ex",
+                     "aten._linalg_solve_ex", "aten.linalg_solve_triangular", "aten.triangular_solve",
+                     "aten._linalg_det", "aten._linalg_slogdet", "aten.linalg_matrix_exp",
+                     "aten.linalg_lstsq", "aten.linalg_pinv", "aten._linalg_check_errors"),
+                    "a LAPACK factorization or solver"),
+    "with_effects": "an op with side effects (LAPACK's error checks) that must run in order",
+    # Complex numbers and FFTs (complex results).
+    **dict.fromkeys(("aten._fft_r2c", "aten._fft_c2c", "aten._fft_c2r", "aten.view_as_complex",
+                     "aten.view_as_real", "aten.complex", "aten.polar", "aten._conj", "aten._conj_physical"),
+                    "complex numbers are not compiled"),
 }
+
+
+def is_deliberate(target: str, reason: str) -> bool:
+    """Whether a node left to PyTorch (`target` such as `aten.nonzero.default`, with the
+    reason the partitioner gave) stays there by design: its op is in NOT_COMPILED, or it
+    touches a tensor the compiler never takes (complex, float8 or quantized dtypes, sparse)."""
+    packet = target.rsplit(".", 1)[0]
+    return (target in NOT_COMPILED or packet in NOT_COMPILED
+            or " has unsupported dtype " in reason or " has layout " in reason)
 
 
 def _tensor_problem(val: Any, what: str) -> Optional[str]:
@@ -121,10 +158,19 @@ def partition(gm: torch.fx.GraphModule) -> PartitionResult:
     parts = [p for p in parts if any(str(getattr(n.target, "_overloadpacket", n.target)) not in VIEW_ONLY
                                      for n in p.nodes)]
     fallbacks = [(str(n.target), r) for n, r in reasons.items()
-                 if n.op == "call_function" and not _is_python_scalar_op(n)]
+                 if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)]
     module = partitioner.fuse_partitions(parts) if parts else gm
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
     return PartitionResult(module, names, fallbacks)
+
+
+def _is_input_writeback(node: torch.fx.Node) -> bool:
+    """AOTAutograd's write-back of a mutated graph input (batch norm's running statistics):
+    `copy_(input, new_value)` with the new value computed in the graph. It copies a result
+    into the caller's tensor, as AOTAutograd's own epilogue would; it computes nothing, so it
+    is not a fallback."""
+    return (node.target is torch.ops.aten.copy_.default and not node.users
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder")
 
 
 def _is_python_scalar_op(node: torch.fx.Node) -> bool:

@@ -27,6 +27,37 @@ After `fuse` (one kernel; nothing but the output is stored):
       %3 = reduce_sum(%2) {dims = [1], keepdim = false, kernel = 0} : f32[8]
       return %3
     }
+
+**Epilogues.** A matrix product is always computed in a kernel of its own making (a GEMM, see
+`loopgen/matmul.py`), but the elementwise ops computed from its result join that kernel when
+they read it only at the same index, through elementwise ops only, and all end in one kernel
+whose root is elementwise: bias adds, activations, residual adds, casts are then applied to the
+accumulator tile before the only store, and the product is never written to memory. The
+matmul gets `fused_into` that kernel, whose root is the last op of the epilogue. A kernel takes
+at most one matmul this way (the first, in graph order); a product read by two kernels, or
+through a view or a reduction, keeps its own kernel.
+
+Before:
+
+    graph @main(%x: f32[32, 512], %w: f32[1024, 512], %b: f32[1024]) {
+      %0 = permute(%w) {dims = [1, 0]} : f32[512, 1024]
+      %1 = matmul(%x, %0) : f32[32, 1024]
+      %2 = expand(%b) {shape = [32, 1024]} : f32[32, 1024]
+      %3 = add(%1, %2) : f32[32, 1024]
+      %4 = tanh(%3) : f32[32, 1024]
+      return %4
+    }
+
+After `fuse` (one kernel: the GEMM with a bias and tanh epilogue):
+
+    graph @main(%x: f32[32, 512], %w: f32[1024, 512], %b: f32[1024]) {
+      %0 = permute(%w) {dims = [1, 0], fused_into = [0]} : f32[512, 1024]
+      %1 = matmul(%x, %0) {fused_into = [0]} : f32[32, 1024]
+      %2 = expand(%b) {shape = [32, 1024], fused_into = [0]} : f32[32, 1024]
+      %3 = add(%1, %2) {fused_into = [0]} : f32[32, 1024]
+      %4 = tanh(%3) {kernel = 0} : f32[32, 1024]
+      return %4
+    }
 """
 from __future__ import annotations
 
@@ -69,6 +100,8 @@ class Fuse(TensorPass):
     name: ClassVar[str] = "fuse"
     #: Largest inline cost (1 per cheap op, 10 per transcendental) recomputed per extra user.
     max_recompute_cost: int = 4
+    #: Let elementwise consumers of a matmul join its kernel (see the module docstring).
+    epilogues: bool = True
 
     def run(self, graph: Graph) -> Graph:
         for op in graph.ops:
@@ -82,6 +115,8 @@ class Fuse(TensorPass):
         for op in reversed(graph.ops):
             if self._inline(op, users, outputs, inlined, reread):
                 inlined.add(op)
+        if self.epilogues:
+            inlined |= self._epilogue_matmuls(graph, users, outputs, inlined)
         kernels: dict[Op, set[int]] = {}
         next_id = 0
         for op in graph.ops:
@@ -96,6 +131,43 @@ class Fuse(TensorPass):
                 kernels[op] = ids
                 op.attrs["fused_into"] = tuple(sorted(ids))
         return graph
+
+    def _epilogue_matmuls(self, graph: Graph, users: dict[Value, list[Op]], outputs: set[Value],
+                          inlined: set[Op]) -> set[Op]:
+        """The matmuls to compute inside the kernel of their elementwise consumers."""
+        taken: set[Op] = set()  # epilogue roots that already hold a matmul
+        fused: set[Op] = set()
+        for op in graph.ops:
+            if op.name != "matmul" or op.result in outputs:
+                continue
+            root = self._epilogue_root(op, users, inlined)
+            if root is not None and root not in taken:
+                taken.add(root)
+                fused.add(op)
+        return fused
+
+    @staticmethod
+    def _epilogue_root(mm: Op, users: dict[Value, list[Op]], inlined: set[Op]) -> Op | None:
+        """The one elementwise kernel root that every path from `mm`'s result reaches through
+        elementwise ops of the same shape, or None."""
+        roots: set[Op] = set()
+        stack = [mm]
+        seen: set[Op] = set()
+        while stack:
+            op = stack.pop()
+            consumers = users.get(op.result, [])
+            if not consumers:
+                return None
+            for user in consumers:
+                if category(user) != "elementwise" or user.result.shape != mm.result.shape:
+                    return None
+                if user in inlined:
+                    if user not in seen:
+                        seen.add(user)
+                        stack.append(user)
+                else:
+                    roots.add(user)
+        return roots.pop() if len(roots) == 1 else None
 
     def _inline(self, op: Op, users: dict[Value, list[Op]], outputs: set[Value],
                 inlined: set[Op], reread: set[Op]) -> bool:

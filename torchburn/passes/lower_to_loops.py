@@ -42,6 +42,7 @@ from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
+from .loopgen.matmul import fused_matmul
 
 
 def _is_root(op: Op, fused: bool) -> bool:
@@ -110,7 +111,7 @@ class LowerToLoops(Pass):
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...]) -> lp.Kernel:
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
-        if op.name == "matmul":
+        if op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = kb.matmul_root(op, out)
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)

@@ -168,6 +168,7 @@ class GpuDevice:
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
         self._pipelines: dict[str, _Pipeline] = {}
         self.pipeline_hits = 0
+        self._fence: Optional[tuple[Any, Any]] = None
 
     def cache_tag(self) -> str:
         """What the device contributes to compile-cache keys."""
@@ -195,6 +196,20 @@ class GpuDevice:
         entry = _Pipeline(pipe, layout)
         self._pipelines[key] = entry
         return entry
+
+    def wait(self) -> None:
+        """Block until the queue's submitted work is done (a tiny copy and map; wgpu 0.32's
+        `on_submitted_work_done_sync` fails)."""
+        if self._fence is None:
+            usage = self.wgpu.BufferUsage
+            self._fence = (self.device.create_buffer(size=16, usage=usage.COPY_SRC),
+                           self.device.create_buffer(size=16, usage=usage.MAP_READ | usage.COPY_DST))
+        src, dst = self._fence
+        encoder = self.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(src, 0, dst, 0, 16)
+        self.queue.submit([encoder.finish()])
+        dst.map_sync(self.wgpu.MapMode.READ)
+        dst.unmap()
 
     def storage_buffer(self, nbytes: int, label: str = "") -> Any:
         usage = self.wgpu.BufferUsage
@@ -385,7 +400,7 @@ class GpuProgram:
                 self._encode(encoder, bset, repeat)
                 t0 = time.perf_counter()
                 self.dev.queue.submit([encoder.finish()])
-                self.dev.queue.on_submitted_work_done_sync()
+                self.dev.wait()
                 dt = time.perf_counter() - t0
             return dt / iters
 

@@ -265,3 +265,67 @@ def gelu(b: Builder, x: Value, approximate: str = "none") -> Value:
 def silu(b: Builder, x: Value) -> Value:
     xc = b.to_compute(x)
     return b.cast(b.elementwise("mul", xc, b.op("sigmoid", xc)), x.dtype)
+
+
+@lowering(aten.elu)
+def elu(b: Builder, x: Value, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Value:
+    """`x > 0 ? scale * x : alpha * scale * expm1(input_scale * x)` (also selu and celu)."""
+    xc = b.to_compute(x)
+    neg = b.elementwise("mul", b.op("expm1", b.elementwise("mul", xc, input_scale)), alpha * scale)
+    pos = b.elementwise("mul", xc, scale)
+    return b.cast(b.op("where", _positive(b, xc), pos, neg), x.dtype)
+
+
+@lowering(aten.leaky_relu)
+def leaky_relu(b: Builder, x: Value, negative_slope: Any = 0.01) -> Value:
+    xc = b.to_compute(x)
+    neg = b.elementwise("mul", xc, negative_slope)
+    return b.cast(b.op("where", _positive(b, xc), xc, b.cast(neg, xc.dtype)), x.dtype)
+
+
+def _positive(b: Builder, x: Value) -> Value:
+    return b.op("gt", x, b.scalar_like(0, x))
+
+
+@lowering(aten.hardtanh)
+def hardtanh(b: Builder, x: Value, min_val: Any = -1.0, max_val: Any = 1.0) -> Value:
+    """clamp(x, min_val, max_val) in x's own dtype (relu6 is hardtanh(0, 6))."""
+    xc = b.to_compute(x)
+    lo = b.expand(b.as_tensor(min_val, xc.dtype), xc.shape)
+    hi = b.expand(b.as_tensor(max_val, xc.dtype), xc.shape)
+    return b.cast(b.op("min", b.op("max", xc, lo), hi), x.dtype)
+
+
+def _nan_ignoring(name: str) -> Any:
+    """fmax/fmin: like max/min, but a NaN operand yields the other one."""
+    def fn(b: Builder, x: Operand, y: Operand) -> Value:
+        comp, res = b.promote(x, y)
+        xs, ys = b.broadcast(b.as_tensor(x, comp), b.as_tensor(y, comp))
+        out = b.op(name, xs, ys)
+        if comp.is_float:
+            out = b.op("where", b.op("isnan", xs), ys, b.op("where", b.op("isnan", ys), xs, out))
+        return b.cast(out, res)
+    return fn
+
+
+lowering(aten.fmax)(_nan_ignoring("max"))
+lowering(aten.fmin)(_nan_ignoring("min"))
+
+
+@lowering(aten.angle)
+def angle(b: Builder, x: Value) -> Value:
+    """For real tensors: pi where x < 0, else 0; NaN stays NaN."""
+    comp, res = b.promote(x, kind=PROMOTE.INT_TO_FLOAT)
+    xc = b.cast(x, comp)
+    zero = b.scalar_like(0.0, xc)
+    out = b.op("where", b.op("lt", xc, zero), b.scalar_like(math.pi, xc), zero)
+    out = b.op("where", b.op("isnan", xc), xc, out)
+    return b.cast(out, res)
+
+
+@lowering(aten.ldexp.Tensor)
+def ldexp(b: Builder, x: Operand, other: Operand) -> Value:
+    """x * 2**other, computed in the promoted float dtype."""
+    comp, res = b.promote(x, other, kind=PROMOTE.INT_TO_FLOAT)
+    xs, os = b.broadcast(b.as_tensor(x, comp), b.as_tensor(other, comp))
+    return b.cast(b.op("mul", xs, b.op("exp2", os)), res)

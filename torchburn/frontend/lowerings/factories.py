@@ -38,7 +38,8 @@ def scalar_tensor(b: Builder, value: Any, **kw: Any) -> Value:
     return b.full(value, (), b.out_dtype)
 
 
-@lowering(aten.zeros.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default, supports=_cpu)
+@lowering(aten.zeros.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default,
+          aten.empty_permuted.default, supports=_cpu)
 def zeros(b: Builder, *args: Any, **kw: Any) -> Value:
     size = args[1] if isinstance(args[0], Value) else args[0]
     return b.expand(b.full(0, (), b.out_dtype), tuple(ex.as_expr(s) for s in size))

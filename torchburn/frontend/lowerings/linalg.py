@@ -54,3 +54,26 @@ def dot(b: Builder, x: Value, y: Value) -> Value:
     col = b.reshape(y, (*y.shape, 1))
     out = _matmul(b, row, col)
     return b.cast(b.reshape(out, ()), x.dtype)
+
+
+@lowering(aten.addmv)
+def addmv(b: Builder, bias: Value, x: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    """beta * bias + alpha * (x @ v); with beta == 0 the bias is ignored (NaN included)."""
+    col = b.reshape(v, (*v.shape, 1))
+    prod = _matmul(b, x, col)
+    prod = _scale(b, b.reshape(prod, prod.shape[:-1]), alpha)
+    return _add_bias(b, prod, bias, beta, x.dtype)
+
+
+@lowering(aten.addbmm)
+def addbmm(b: Builder, bias: Value, x: Value, y: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    """beta * bias + alpha * sum over the batch of x[i] @ y[i]."""
+    prod = b.op("reduce_sum", _matmul(b, x, y), dims=(0,), keepdim=False)
+    return _add_bias(b, _scale(b, prod, alpha), bias, beta, x.dtype)
+
+
+def _add_bias(b: Builder, prod: Value, bias: Value, beta: Any, dtype: Any) -> Value:
+    if beta == 0:
+        return b.cast(prod, dtype)
+    bias_c = _scale(b, b.to_compute(bias), beta)
+    return b.cast(b.elementwise("add", prod, bias_c), dtype)

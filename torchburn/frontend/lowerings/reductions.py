@@ -128,3 +128,41 @@ def softmax(b: Builder, x: Value, dim: int, half_to_float: bool) -> Value:
     else:
         res = b.op("div", e, b.expand(s, xc.shape))
     return b.cast(res, out)
+
+
+@lowering(aten.linalg_vector_norm)
+def vector_norm(b: Builder, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                dtype: Any = None) -> Value:
+    """The p-norm over `dim`: max/min of |x| for +-inf, the count of non-zeros for 0,
+    (sum |x|^p)^(1/p) otherwise (sqrt of the sum of squares for 2). Computed in f32 for halves."""
+    out = b.out_dtype
+    acc = dt.compute_dtype(out)
+    xc = b.cast(x, acc)
+    return b.cast(_norm(b, xc, float(ord), _dims(x, dim), bool(keepdim)), out)
+
+
+def _norm(b: Builder, xc: Value, p: float, dims: tuple[int, ...], keepdim: bool) -> Value:
+    if p == 0:
+        nonzero = b.cast(b.op("ne", xc, b.scalar_like(0, xc)), xc.dtype)
+        return _reduce(b, "sum", nonzero, dims, keepdim, xc.dtype)
+    mag = b.op("abs", xc)
+    if p == float("inf"):
+        return _reduce(b, "max", mag, dims, keepdim, xc.dtype)
+    if p == float("-inf"):
+        return _reduce(b, "min", mag, dims, keepdim, xc.dtype)
+    if p == 1:
+        return _reduce(b, "sum", mag, dims, keepdim, xc.dtype)
+    if p == 2:
+        return b.op("sqrt", _reduce(b, "sum", b.op("mul", xc, xc), dims, keepdim, xc.dtype))
+    total = _reduce(b, "sum", b.op("pow", mag, b.scalar_like(p, mag)), dims, keepdim, xc.dtype)
+    return b.op("pow", total, b.scalar_like(1.0 / p, total))
+
+
+@lowering(aten.dist)
+def dist(b: Builder, x: Value, y: Value, p: Any = 2) -> Value:
+    """The p-norm of x - y over all elements."""
+    out = b.out_dtype
+    acc = dt.compute_dtype(out)
+    xs, ys = b.broadcast(b.cast(x, acc), b.cast(y, acc))
+    diff = b.op("sub", xs, ys)
+    return b.cast(_norm(b, diff, float(p), tuple(range(diff.type.rank)), False), out)

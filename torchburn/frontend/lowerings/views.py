@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir.expr import Const, Expr
 from ...ir.tensor import Value
@@ -154,3 +155,96 @@ def cat(b: Builder, tensors: Sequence[Value], dim: int = 0) -> Value:
     if len(parts) == 1:
         return parts[0]
     return b.op("concat", *parts, dim=dim)
+
+
+@lowering(aten.narrow_copy)
+def narrow_copy(b: Builder, x: Value, dim: int, start: Any, length: Any) -> Value:
+    if isinstance(start, int) and isinstance(length, int):
+        return slice_(b, x, dim, start, start + length)
+    return slice_(b, x, dim, start, ex.add(ex.as_expr(start), ex.as_expr(length)))
+
+
+@lowering(aten.split_with_sizes, aten.split_with_sizes_copy)
+def split_with_sizes(b: Builder, x: Value, sizes: Sequence[Any], dim: int = 0) -> tuple[Value, ...]:
+    dim = normalize_dim(dim, x.type.rank)
+    parts = []
+    start: Expr = Const(0)
+    for s in sizes:
+        end = ex.add(start, ex.as_expr(s))
+        parts.append(b.op("slice", x, dim=dim, start=start, end=end, step=1))
+        start = end
+    return tuple(parts)
+
+
+@lowering(aten.unbind_copy.int)
+def unbind_copy(b: Builder, x: Value, dim: int = 0) -> tuple[Value, ...]:
+    size = x.shape[normalize_dim(dim, x.type.rank)]
+    if not isinstance(size, Const):
+        raise Unsupported("unbind of a symbolic dimension")
+    return tuple(select(b, x, dim, i) for i in range(int(size.value)))
+
+
+@lowering(aten.diagonal, aten.diagonal_copy)
+def diagonal(b: Builder, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    """The diagonal as a strided slice of the two dims flattened: element (i, i + offset) of
+    an [n1, n2] matrix is at `start + i * (n2 + 1)` of its row-major flattening."""
+    rank = x.type.rank
+    d1, d2 = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
+    if d1 == d2:
+        raise Unsupported("diagonal with dim1 == dim2")
+    others = [d for d in range(rank) if d not in (d1, d2)]
+    y = permute(b, x, [*others, d1, d2])
+    n1, n2 = x.shape[d1], x.shape[d2]
+    if offset >= 0:
+        length = ex.maximum(ex.minimum(n1, ex.sub(n2, Const(offset))), Const(0))
+        start = Const(offset)
+    else:
+        length = ex.maximum(ex.minimum(ex.add(n1, Const(offset)), n2), Const(0))
+        start = ex.mul(Const(-offset), n2)
+    step = ex.add(n2, Const(1))
+    flat = b.reshape(y, (*y.shape[:-2], ex.mul(n1, n2)))
+    # The slice stops right after its last element (or at its start when it is empty).
+    end = ex.add(start, ex.maximum(ex.sub(ex.mul(length, step), n2), Const(0)))
+    return b.op("slice", flat, dim=len(others), start=start, end=end, step=step)
+
+
+@lowering(aten.repeat)
+def repeat(b: Builder, x: Value, repeats: Sequence[Any]) -> Value:
+    """Tile: each dim `d` of size `s` repeated `r` times is a new [r, s] pair expanded from
+    [1, s] and merged into `r * s`."""
+    reps = _as_dims(repeats)
+    if len(reps) < x.type.rank:
+        raise Unsupported("repeat with fewer repeats than dims")
+    shape = (Const(1),) * (len(reps) - x.type.rank) + x.shape
+    paired = b.reshape(x, [d for s in shape for d in (Const(1), s)])
+    expanded = b.expand(paired, [d for r, s in zip(reps, shape) for d in (r, s)])
+    return b.reshape(expanded, [ex.mul(r, s) for r, s in zip(reps, shape)])
+
+
+@lowering(aten.unfold, aten.unfold_copy)
+def unfold(b: Builder, x: Value, dimension: int, size: int, step: int) -> Value:
+    """Windows of `size` every `step` along `dimension`, as a new last dim: a gather along
+    the unfolded dim (moved last) with indices `w * step + j`."""
+    if x.type.rank == 0:
+        return b.reshape(x, (Const(1),))
+    rank = x.type.rank
+    d = normalize_dim(dimension, rank)
+    n = x.shape[d]
+    windows = ex.add(ex.floordiv(ex.sub(n, Const(size)), Const(step)), Const(1))
+    others = [i for i in range(rank) if i != d]
+    y = permute(b, x, [*others, d])
+    grid = (windows, Const(size))
+    idx = b.op("add", b.op("iota", shape=grid, dim=0, start=0, step=step, dtype=dt.i64),
+               b.op("iota", shape=grid, dim=1, start=0, step=1, dtype=dt.i64))
+    lead = y.shape[:-1]
+    idx = b.expand(b.reshape(idx, (ex.mul(windows, Const(size)),)), (*lead, ex.mul(windows, Const(size))))
+    picked = b.reshape(b.op("gather", y, idx, dim=rank - 1), (*lead, windows, Const(size)))
+    # picked is [others..., windows, size]; put `windows` back at position d.
+    order = [*range(d), rank - 1, *range(d, rank - 1), rank]
+    return permute(b, picked, order)
+
+
+@lowering(aten.copy)
+def copy(b: Builder, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    """The functional copy: `src` cast to `dst`'s dtype and broadcast to its shape."""
+    return b.expand(b.cast(src, dst.dtype), dst.shape)
