@@ -6,22 +6,29 @@
 """
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-from .explain import ExplainReport, explain
+#: Public names and the modules that define them; imported on first use so that
+#: `import torchburn` (and `import torchburn.quant`) stays cheap.
+_LAZY = {
+    "explain": ("torchburn.explain", "explain"),
+    "ExplainReport": ("torchburn.explain", "ExplainReport"),
+    "backend": ("torchburn.backend", "torchburn_backend"),
+    **{name: ("torchburn.runtime.gpu", name) for name in ("gpu_available", "gpu_info", "active_engine")},
+    **{name: ("torchburn.quant", name) for name in (
+        "QuantizedLinear", "quantize_", "quantize_weight_int8", "quantize_weight_int4_grouped",
+        "dequantize_int8", "dequantize_int4", "Int8Weight", "Int4Weight")},
+}
 
-__all__ = ["__version__", "explain", "ExplainReport", "backend", "gpu_available", "gpu_info", "active_engine"]
-
-_GPU_EXPORTS = ("gpu_available", "gpu_info", "active_engine")
+__all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str):  # lazy: importing torchburn stays cheap
-    if name == "backend":
-        from .backend import torchburn_backend
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
 
-        return torchburn_backend
-    if name in _GPU_EXPORTS:
-        from .runtime import gpu
-
-        return getattr(gpu, name)
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")
