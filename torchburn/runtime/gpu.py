@@ -271,6 +271,8 @@ class GpuProgram:
         self._uniform_env: Optional[tuple[int, ...]] = None
         self._sets: OrderedDict[tuple[int, ...], _BufferSet] = OrderedDict()
         self._lock = threading.Lock()
+        #: Input uploads so far (resident inputs are not uploaded again).
+        self.uploads = 0
 
     # ---- sizes and buffers ---------------------------------------------------------------------------
     def nbytes(self, name: str, env: dict[str, int]) -> int:
@@ -340,6 +342,7 @@ class GpuProgram:
                 data = data_fn()
                 self.dev.queue.write_buffer(bset.buffers[b.name], 0, data)
                 uploaded += 1
+                self.uploads += 1
             try:
                 slot.owner = weakref.ref(owner) if stamp is not None else None
             except TypeError:

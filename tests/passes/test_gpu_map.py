@@ -1,0 +1,132 @@
+"""`gpu-map`: the annotations each kind of kernel gets (IR text in, IR text out)."""
+from __future__ import annotations
+
+from torchburn.passes.base import parse_pipeline
+from torchburn.passes.gpu_map import GpuMap
+from tests.passes.util import assert_ir, kernel, run_pass
+
+
+def test_elementwise_gets_a_vectorized_grid() -> None:
+    k = kernel("""
+        kernel @k0(%x: f32[64, 256] strides [256, 1], %out: f32[64, 256] strides [256, 1]) {
+          for i0 in 0..64 {
+            for i1 in 0..256 {
+              let x2 = %x[i0, i1]
+              %out[i0, i1] = x2 * 2.0:f32
+            }
+          }
+        }
+    """)
+    assert_ir(run_pass(GpuMap(), k), """
+        kernel @k0(%x: f32[64, 256] strides [256, 1], %out: f32[64, 256] strides [256, 1]) {
+          for i0 in 0..64 attrs {gpu = "grid", gpu_wg = "256", gpu_vec = "4"} {
+            for i1 in 0..256 attrs {gpu = "grid"} {
+              let x2 = %x[i0, i1]
+              %out[i0, i1] = x2 * 2.0:f32
+            }
+          }
+        }
+    """)
+
+
+def test_odd_extent_is_not_vectorized_and_options_apply() -> None:
+    k = kernel("""
+        kernel @k0(%x: f32[s0, 7] strides [7, 1], %out: f32[s0, 7] strides [7, 1]) symbols(s0) {
+          for i0 in 0..s0 {
+            for i1 in 0..7 {
+              %out[i0, i1] = %x[i0, i1]
+            }
+          }
+        }
+    """)
+    (p,) = parse_pipeline("gpu-map{workgroup=128}")
+    out = run_pass(p, k)
+    assert out.body.annotations == (("gpu", "grid"), ("gpu_wg", "128"))
+
+
+REDUCTION = """
+    kernel @k0(%x: f32[s0, {n}] strides [{n}, 1], %out: f32[s0] strides [1]) symbols(s0) {{
+      for i0 in 0..s0 {{
+        alloc %acc1: f32[1] strides [1] local
+        %acc1[0] = 0.0:f32
+        for r2 in 0..{n} {{
+          let x3 = %x[i0, r2]
+          %acc1[0] = %acc1[0] + x3
+        }}
+        let t4 = %acc1[0]
+        %out[i0] = t4
+      }}
+    }}
+"""
+
+
+def test_long_reduction_gets_a_workgroup_per_row() -> None:
+    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=1024)))
+    assert_ir(out, """
+        kernel @k0(%x: f32[s0, 1024] strides [1024, 1], %out: f32[s0] strides [1]) symbols(s0) {
+          for i0 in 0..s0 attrs {gpu = "block"} {
+            alloc %acc1: f32[1] strides [1] local
+            %acc1[0] = 0.0:f32
+            for r2 in 0..1024 attrs {gpu = "threads", gpu_reduce = "add", gpu_acc = "acc1", gpu_wg = "256"} {
+              let x3 = %x[i0, r2]
+              %acc1[0] = %acc1[0] + x3
+            }
+            let t4 = %acc1[0]
+            %out[i0] = t4
+          }
+        }
+    """)
+
+
+def test_short_reduction_gets_a_thread_per_row() -> None:
+    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=8)))
+    assert out.body.annotations == (("gpu", "grid"), ("gpu_wg", "256"))
+    assert "gpu" not in dict(out.body.body.stmts[2].annotations)  # type: ignore[union-attr]
+
+
+def test_workgroup_shrinks_to_the_reduction() -> None:
+    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=100)))
+    red = out.body.body.stmts[2]  # type: ignore[union-attr]
+    assert red.annotation("gpu_wg") == "128"
+
+
+GEMM = """
+    kernel @k0(%a: f32[{m}, 64] strides [64, 1], %b: f32[64, {n}] strides [{n}, 1], %out: f32[{m}, {n}] strides [{n}, 1]) {{
+      for i0 in 0..{m} {{
+        for i1 in 0..{n} {{
+          alloc %acc2: f32[1] strides [1] local
+          %acc2[0] = 0.0:f32
+          for k3 in 0..64 {{
+            let x4 = %a[i0, k3]
+            let x5 = %b[k3, i1]
+            let t6 = x4 * x5
+            %acc2[0] = %acc2[0] + t6
+          }}
+          let x7 = %acc2[0]
+          %out[i0, i1] = x7
+        }}
+      }}
+    }}
+"""
+
+
+def test_matrix_product_gets_a_gemm_tile_that_fills_the_device() -> None:
+    big = run_pass(GpuMap(), kernel(GEMM.format(m=4096, n=4096)))
+    assert big.body.annotations == (("gpu", "gemm"), ("gpu_tile", "128x128x16/8x8"))
+    small = run_pass(GpuMap(), kernel(GEMM.format(m=32, n=256)))
+    assert small.body.annotation("gpu_tile") == "32x32x16/4x4"
+    forced = run_pass(GpuMap(gemm_tile="64x64x16/4x4"), kernel(GEMM.format(m=4096, n=4096)))
+    assert forced.body.annotation("gpu_tile") == "64x64x16/4x4"
+
+
+def test_a_sequential_loop_is_not_parallelized() -> None:
+    """A loop whose iterations all write the same element is not a grid loop."""
+    k = kernel("""
+        kernel @k0(%x: f32[16] strides [1], %out: f32[1] strides [1]) {
+          for i0 in 0..16 {
+            %out[0] = %out[0] + %x[i0]
+          }
+        }
+    """)
+    out = run_pass(GpuMap(), k)
+    assert "gpu" not in dict(out.body.annotations)  # type: ignore[union-attr]

@@ -1,0 +1,323 @@
+"""The GPU engine's side of the backend: compile a subgraph to WGSL and call it with tensors.
+
+`compile_subgraph` is the one hook `backend.py` calls when the wgpu engine is active
+(`TORCHBURN_DEVICE=gpu`, or `auto` with an adapter). It returns a `GpuLauncher`, or None when
+the GPU engine cannot run the subgraph (an f64 or i64 tensor, an op without a WGSL form, a
+device limit); the backend then compiles it for the CPU engine and `explain()` reports why.
+
+The launcher checks inputs against the compiled sizes and strides (as the CPU launcher does),
+binds the symbols, copies inputs to the device (converting dtypes the device stores
+differently, see `codegen/wgsl/types.py`), and copies outputs back. An input tensor is
+uploaded again only when it is a different tensor object or its `_version` (bumped by every
+in-place change) or data pointer changed, so parameters stay resident on the device.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import report as rep
+from .codegen.wgsl import WgslUnsupported, emit_program, host_dtype, storage_itemsize
+from .config import get_config
+from .dump import DumpFolder, make_dump
+from .frontend.dtypes import to_torch
+from .ir import expr as ex
+from .ir import loop as lp
+from .ir.expr import Const, Var
+from .ir.hashing import hash_key, structural_hash
+from .ir.printer import print_ir
+from .ir.tensor import Graph, Value
+from .passes.base import PassManager, TimePasses
+from .passes.gpu_lower import LowerToLoopsGpu
+from .passes.gpu_map import GpuMap
+from .passes.lower_to_loops import LowerToLoops
+from .passes.pipeline import Pipeline
+from .runtime.gpu import GpuError, GpuProgram, get_device, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
+
+log = logging.getLogger("torchburn")
+
+VERSION = "0.1.0"
+def gpu_pipeline(p: Pipeline) -> Pipeline:
+    """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
+    of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as
+    plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
+    builtin = [x.spelling() for x in Pipeline.default().loop]
+    loop = []
+    for x in p.loop:
+        if x.spelling() in builtin:
+            builtin.remove(x.spelling())
+        else:
+            loop.append(x)
+    if not any(x.name == GpuMap.name for x in loop):
+        loop.append(GpuMap())
+    lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
+    return Pipeline(tensor=list(p.tensor), lowering=lowering, loop=loop, final=[])
+
+
+@dataclass
+class CompiledGpu:
+    key: str
+    program: lp.Program
+    gpu: GpuProgram
+    kernels: list[str]
+    timings: dict[str, float] = field(default_factory=dict)
+    pass_times: list[tuple[str, float]] = field(default_factory=list)
+
+
+_cache: "OrderedDict[str, CompiledGpu]" = OrderedDict()
+
+
+def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None,
+                      dump: Optional[DumpFolder] = None) -> tuple[CompiledGpu, bool]:
+    """Compile `graph` for the wgpu engine, or fetch it from the cache (keyed by structural
+    hash, pipeline and device). Raises `WgslUnsupported` or `GpuError`."""
+    dev = get_device()
+    pipeline = gpu_pipeline(pipeline or Pipeline.default())
+    key = hash_key(structural_hash(graph), pipeline.key(), dev.cache_tag(), f"torchburn-wgsl={VERSION}")
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        return hit, True
+    if dump is None:
+        dump = make_dump(get_config().dump_dir, key)
+    if dump is not None:
+        dump.write("01_tensor_ir.tbir", print_ir(graph))
+    timer = TimePasses()
+    t0 = time.perf_counter()
+    program = PassManager(pipeline.passes(), [timer] + ([dump] if dump is not None else [])).run(graph)
+    assert isinstance(program, lp.Program)
+    t1 = time.perf_counter()
+    shaders = emit_program(program, dev.caps)
+    t2 = time.perf_counter()
+    if dump is not None:
+        dump.write("program.tbir", print_ir(program))
+        for s in shaders:
+            dump.write(f"kernel_{s.name}.wgsl", s.source)
+    try:
+        gpu = GpuProgram(dev, program, shaders)
+    except Exception as err:  # a shader the WGSL front end rejects: report, run on the CPU
+        if isinstance(err, GpuError):
+            raise
+        raise WgslUnsupported(f"the device rejected a shader: {str(err).strip()[:400]}") from err
+    t3 = time.perf_counter()
+    kernels = [f"{s.name}: {s.summary}; {dict(k.attrs).get('origin', '')}" for s, k in zip(shaders, program.kernels)]
+    compiled = CompiledGpu(key, program, gpu, kernels, {"passes": t1 - t0, "wgsl": t2 - t1, "pipelines": t3 - t2},
+                           timer.times)
+    _cache[key] = compiled
+    while len(_cache) > get_config().cache_size:
+        _cache.popitem(last=False)
+    return compiled, False
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+@dataclass
+class _Input:
+    position: int
+    value: Value
+    torch_dtype: torch.dtype
+    #: dtype the device stores (None: upload as is).
+    upload_dtype: Optional[torch.dtype]
+    itemsize: int
+    buffer: lp.Buffer
+
+
+_recent: "list[weakref.ref[GpuLauncher]]" = []
+
+
+def recent_launchers() -> list["GpuLauncher"]:
+    """Live launchers, oldest first (benchmarks find the kernels of a compiled function here)."""
+    return [x for x in (r() for r in _recent) if x is not None]
+
+
+class GpuLauncher:
+    """Callable for one compiled subgraph on the GPU engine: `launcher(*args) -> tuple`."""
+
+    #: Keep the arguments of the last call in `last_args` (for benchmarks).
+    record_args = False
+    last_args: tuple[Any, ...] = ()
+
+    def __init__(self, graph: Graph, compiled: CompiledGpu, eager: Callable[..., Any]) -> None:
+        self.graph = graph
+        self.compiled = compiled
+        self.program = compiled.program
+        self.eager = eager
+        self.calls = 0
+        self.eager_fallbacks = 0
+        self.uploads = 0
+        caps = compiled.gpu.dev.caps
+        self.inputs: list[_Input] = []
+        tensor_inputs = [v for v in graph.inputs if isinstance(v, Value)]
+        for b, v in zip(self.program.inputs, tensor_inputs):
+            hd = host_dtype(v.dtype, caps)
+            self.inputs.append(_Input(graph.inputs.index(v), v, to_torch(v.dtype),
+                                      None if hd == v.dtype else to_torch(hd), storage_itemsize(v.dtype, caps), b))
+        self.outputs = [(b, to_torch(b.dtype), to_torch(host_dtype(b.dtype, caps))) for b in self.program.outputs]
+
+        def launch(*args: Any) -> tuple[Any, ...]:
+            return self(*args)
+
+        #: A plain function, as the backend installs it in the graph.
+        self.launch = launch
+        _recent.append(weakref.ref(self))
+        del _recent[:-64]
+
+    # ---- binding -----------------------------------------------------------------------------------
+    def _bind(self, args: tuple[Any, ...]) -> Optional[dict[str, int]]:
+        env: dict[str, int] = {}
+        for i, v in enumerate(self.graph.inputs):
+            if isinstance(v, Var) and not v.name.startswith("_"):
+                env[v.name] = int(args[i])
+        checks: list[tuple[ex.Expr, int]] = []
+        for inp in self.inputs:
+            t = args[inp.position]
+            v = inp.value
+            if not isinstance(t, torch.Tensor) or t.dtype is not inp.torch_dtype or t.dim() != v.type.rank or not t.is_cpu:
+                return None
+            for size, actual in zip(v.shape, t.shape):
+                if isinstance(size, Var) and size.name not in env:
+                    env[size.name] = int(actual)
+                else:
+                    checks.append((size, int(actual)))
+            for size, stride, actual, n in zip(v.shape, v.layout(), t.stride(), t.shape):
+                if size == Const(1) or n <= 1:
+                    continue
+                if isinstance(stride, Var) and stride.name not in env:
+                    env[stride.name] = int(actual)
+                else:
+                    checks.append((stride, int(actual)))
+        try:
+            if any(ex.evaluate_index(e, env) != actual for e, actual in checks):
+                return None
+        except KeyError:
+            return None
+        if any(s.name not in env for s in self.program.symbols):
+            return None
+        return env
+
+    # ---- the call ----------------------------------------------------------------------------------
+    def _specs(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
+        specs = []
+        for inp in self.inputs:
+            t = args[inp.position]
+            try:
+                stamp: Any = (t._version, t.data_ptr(), tuple(t.shape), t.stride())
+            except RuntimeError:  # inference tensors have no version counter: always upload
+                stamp = None
+            specs.append((t, stamp, _uploader(t, inp, env)))
+        return specs
+
+    def benchmark(self, *args: Any, iters: int = 20) -> float:
+        """Seconds per run of the kernels alone on `args` (inputs resident, no copies)."""
+        env = self._bind(args)
+        if env is None:
+            raise GpuError("arguments differ from the compiled ones")
+        return self.compiled.gpu.benchmark(env, self._specs(args, env), iters)
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        env = self._bind(args)
+        if env is None:
+            return self._slow(args, "sizes, strides, dtype or device differ from the compiled ones")
+        specs = self._specs(args, env)
+        if self.record_args:
+            self.last_args = args
+        try:
+            views = self.compiled.gpu.run_copy(env, specs)
+        except GpuError as err:
+            return self._slow(args, str(err))
+        self.calls += 1
+        outs = []
+        for (b, final, stored), view in zip(self.outputs, views):
+            shape = tuple(ex.evaluate_index(d, env) for d in b.shape)
+            n = 1
+            for s in shape:
+                n *= s
+            t = torch.frombuffer(view, dtype=stored, count=n) if n else torch.empty(0, dtype=stored)
+            t = t.reshape(shape)
+            outs.append(t if stored is final else t.to(final))
+        return self._results(args, outs)
+
+    def _results(self, args: tuple[Any, ...], outs: list[torch.Tensor]) -> tuple[Any, ...]:
+        input_pos = {v: i for i, v in enumerate(self.graph.inputs) if isinstance(v, Value)}
+        results: list[Any] = []
+        assigned: dict[Value, torch.Tensor] = {}
+        k = 0
+        for v in self.graph.outputs:
+            if v in assigned:
+                results.append(assigned[v])
+            elif v in input_pos:
+                results.append(args[input_pos[v]].clone())
+            else:
+                assigned[v] = outs[k]
+                results.append(outs[k])
+                k += 1
+        return tuple(results)
+
+    def _slow(self, args: tuple[Any, ...], why: str) -> tuple[Any, ...]:
+        self.eager_fallbacks += 1
+        log.info("torchburn: %s on the GPU engine: %s; running this call in PyTorch", self.program.name, why)
+        out = self.eager(*args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+
+
+def _uploader(t: torch.Tensor, inp: _Input, env: dict[str, int]) -> Callable[[], Any]:
+    """The bytes of `t`'s span in the device's storage dtype (strides kept as compiled)."""
+
+    def data() -> Any:
+        src = t
+        if inp.upload_dtype is not None:
+            src = torch.empty_strided(tuple(t.shape), t.stride(), dtype=inp.upload_dtype)
+            src.copy_(t)
+        n = span_elements(inp.buffer, env) * inp.itemsize
+        raw = (ctypes.c_char * n).from_address(src.data_ptr()) if n else b""
+        if n % 4:
+            return bytes(raw) + b"\0" * (4 - n % 4)
+        if src is not t:
+            return bytes(raw)  # the converted copy dies with this function
+        return memoryview(raw)
+
+    return data
+
+
+def gpu_requested() -> bool:
+    """Whether the configuration asks for the GPU engine (`TORCHBURN_DEVICE=gpu|auto`,
+    `TORCHBURN_ENGINE=wgpu`); with `auto`, only when an adapter exists."""
+    if not wants_gpu():
+        return False
+    return get_config().device != "auto" or gpu_available()
+
+
+def compile_subgraph(sub: torch.fx.GraphModule, name: str, pipeline: Pipeline,
+                     report: rep.SubgraphReport) -> Optional[GpuLauncher]:
+    """Compile a partition for the GPU engine; None (with `report.engine_note` saying why)
+    when it must run on the CPU engine."""
+    from .frontend.importer import import_graph
+    from .frontend.registry import Unsupported
+
+    if not gpu_available():
+        report.engine_note = f"GPU engine asked for, CPU engine instead: {gpu_unavailable_reason()}"
+        return None
+    try:
+        graph = import_graph(sub, name=name)
+        compiled, hit = compile_graph_gpu(graph, pipeline)
+    except Unsupported:
+        return None  # the CPU path meets the same reason and reports it
+    except (WgslUnsupported, GpuError) as err:
+        report.engine_note = f"GPU engine cannot run it, CPU engine instead: {err}"
+        log.info("torchburn: %s: %s", name, report.engine_note)
+        return None
+    report.engine = "wgpu"
+    report.cache_hit = hit
+    report.kernels = list(compiled.kernels)
+    report.timings = dict(compiled.timings)
+    report.pass_times = list(compiled.pass_times)
+    return GpuLauncher(graph, compiled, sub.forward)

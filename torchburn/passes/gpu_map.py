@@ -1,0 +1,299 @@
+"""`gpu-map`: decide how each kernel's loops map onto a GPU dispatch, as loop annotations.
+
+WGSL codegen (`codegen/wgsl/`) follows the annotations; the loops themselves do not change.
+Three mappings:
+
+- **grid** (elementwise kernels, and reductions too short to share): the outer perfect nest
+  of parallel loops becomes the invocation grid, one invocation per element
+  (`gpu = "grid"`, the outermost loop also carries `gpu_wg`, the workgroup size). When the
+  innermost extent is a multiple of 4 and the body is straight-line, `gpu_vec = "4"` asks for
+  four elements per invocation with vec4 loads and stores (codegen checks contiguity and
+  alignment and falls back to scalars where they fail).
+- **block** (reductions of at least `reduce_threshold` elements, or of symbolic length): the
+  output loops map to workgroups (`gpu = "block"`), the reduction nest is shared by the
+  workgroup's invocations (`gpu = "threads"`), combined by a tree reduction in workgroup
+  memory (`gpu_reduce` the operator, `gpu_acc` the accumulator, `gpu_wg` the size).
+- **gemm** (matrix products): the whole nest becomes a tiled GEMM (`gpu = "gemm"`,
+  `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device.
+
+Before:
+
+    kernel @k0(%x: f32[s0, 1024] strides [1024, 1], %out0: f32[s0] strides [1]) symbols(s0) {
+      for i0 in 0..s0 {
+        alloc %acc1: f32[1] strides [1] local
+        %acc1[0] = 0.0:f32
+        for r2 in 0..1024 {
+          let x3 = %x[i0, r2]
+          %acc1[0] = %acc1[0] + x3
+        }
+        let t4 = %acc1[0]
+        %out0[i0] = t4
+      }
+    }
+
+After `gpu-map`:
+
+    kernel @k0(%x: f32[s0, 1024] strides [1024, 1], %out0: f32[s0] strides [1]) symbols(s0) {
+      for i0 in 0..s0 attrs {gpu = "block"} {
+        alloc %acc1: f32[1] strides [1] local
+        %acc1[0] = 0.0:f32
+        for r2 in 0..1024 attrs {gpu = "threads", gpu_reduce = "add", gpu_acc = "acc1", gpu_wg = "256"} {
+          let x3 = %x[i0, r2]
+          %acc1[0] = %acc1[0] + x3
+        }
+        let t4 = %acc1[0]
+        %out0[i0] = t4
+      }
+    }
+
+An elementwise kernel `for i0 in 0..64 { for i1 in 0..256 { %out0[i0, i1] = ... } }` becomes
+`for i0 ... attrs {gpu = "grid", gpu_wg = "256", gpu_vec = "4"} { for i1 ... attrs {gpu = "grid"} {...} }`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Optional
+
+from ..ir import dtypes as dt
+from ..ir import expr as ex
+from ..ir import loop as lp
+from ..ir.expr import Const, Expr
+from .base import LoopPass, register_pass
+
+#: Reduction combiners a workgroup can tree-reduce.
+COMBINERS = ("add", "mul", "min", "max", "and", "or")
+#: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device).
+GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
+#: Workgroups a GEMM grid should have to keep a large GPU busy.
+GEMM_MIN_GROUPS = 96
+
+Annotations = tuple[tuple[str, str], ...]
+
+
+def _static(e: Expr) -> Optional[int]:
+    return int(e.value) if isinstance(e, Const) else None
+
+
+def _stmts(s: lp.Stmt) -> tuple[lp.Stmt, ...]:
+    return s.stmts if isinstance(s, lp.Block) else (s,)
+
+
+def _annotate(s: lp.Stmt, depth: int, extra: Callable[[int], Annotations]) -> lp.Stmt:
+    """Add `extra(level)` to the annotations of the first `depth` loops of a perfect nest."""
+    if depth == 0:
+        return s
+    assert isinstance(s, lp.For)
+    body = _annotate(s.body, depth - 1, lambda level: extra(level + 1))
+    return replace(s, body=body, annotations=s.annotations + extra(0))
+
+
+def _perfect_nest(s: lp.Stmt) -> tuple[list[lp.For], lp.Stmt]:
+    loops: list[lp.For] = []
+    while isinstance(s, lp.For):
+        loops.append(s)
+        s = s.body
+    return loops, s
+
+
+def _global_accesses(s: lp.Stmt, params: set[str]) -> tuple[list[lp.Store], list[ex.Load]]:
+    stores = [x for x in lp.walk_stmts(s) if isinstance(x, lp.Store) and x.buffer in params]
+    loads = [n for x in lp.walk_stmts(s) for e in lp.stmt_exprs(x) for n in ex.walk(e)
+             if isinstance(n, ex.Load) and n.buffer in params]
+    return stores, loads
+
+
+def _parallel_prefix(loops: list[lp.For], params: set[str]) -> int:
+    """How many outer loops of the nest are parallel: each global store names every such
+    loop variable as a whole index, and written buffers are read only where they are written."""
+    if not loops:
+        return 0
+    stores, loads = _global_accesses(loops[0], params)
+    written = {st.buffer: st.index for st in stores}
+    for ld in loads:
+        if ld.buffer in written and ld.index not in {st.index for st in stores if st.buffer == ld.buffer}:
+            return 0
+    n = 0
+    for f in loops:
+        if not stores or not all(f.var in st.index for st in stores):
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    loops: list[lp.For]
+    op: str
+    acc: str
+    extent: Optional[int]
+
+
+def _reduction(s: lp.Stmt, locals_: set[str]) -> Optional[_Reduction]:
+    """A reduction nest `for r.. { lets; %acc[0] = %acc[0] <op> x }` over a scalar local."""
+    if not isinstance(s, lp.For):
+        return None
+    loops, body = _perfect_nest(s)
+    stores = [x for x in lp.walk_stmts(body) if isinstance(x, lp.Store)]
+    if len(stores) != 1 or any(not isinstance(x, (lp.Let, lp.Store)) for x in _stmts(body)):
+        return None
+    st = stores[0]
+    if st.buffer not in locals_ or st.index != (Const(0),):
+        return None
+    cur = ex.Load(st.buffer, st.index, st.value.type)
+    v = st.value
+    if not (isinstance(v, ex.Binary) and v.op in COMBINERS and cur in (v.a, v.b)):
+        return None
+    other = v.b if v.a == cur else v.a
+    reads_acc = [n for x in _stmts(body) for e in lp.stmt_exprs(x) for n in ex.walk(e)
+                 if isinstance(n, ex.Load) and n.buffer == st.buffer]
+    if any(n is not v.a and n is not v.b for n in reads_acc) or any(
+            isinstance(n, ex.Load) and n.buffer == st.buffer for n in ex.walk(other)):
+        return None
+    total: Optional[int] = 1
+    for f in loops:
+        e = _static(f.extent)
+        total = None if e is None or total is None else total * e
+    return _Reduction(loops, v.op, st.buffer, total)
+
+
+def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
+    """The variables `e` reads, looking through `let`s."""
+    out: set[str] = set()
+    todo = list(ex.free_vars(e))
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        if name in lets:
+            todo.extend(ex.free_vars(lets[name]))
+    return out
+
+
+def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
+    """Loops of the nest a matrix product (as `lower-to-loops-gpu` writes it) maps onto, or 0:
+    parallel output loops (batch.., i, j) around `alloc %acc; %acc[0] = 0; for k { %acc[0] =
+    %acc[0] + A * B }; epilogue`, where A does not read j and B does not read i."""
+    loops, inner = _perfect_nest(s)
+    if len(loops) < 2 or _parallel_prefix(loops, params) != len(loops) or not isinstance(inner, lp.Block):
+        return 0
+    stmts = inner.stmts
+    if len(stmts) < 4 or not isinstance(stmts[0], lp.Alloc) or stmts[0].buffer.dtype != dt.f32:
+        return 0
+    red = _reduction(stmts[2], {stmts[0].buffer.name})
+    if red is None or red.op != "add" or len(red.loops) != 1:
+        return 0
+    body = _stmts(red.loops[0].body)
+    lets = {x.var.name: x.value for x in body if isinstance(x, lp.Let)}
+    upd = body[-1]
+    assert isinstance(upd, lp.Store) and isinstance(upd.value, ex.Binary)
+    prod = upd.value.b if isinstance(upd.value.a, ex.Load) and upd.value.a.buffer == upd.buffer else upd.value.a
+    if isinstance(prod, ex.Var):
+        prod = lets.get(prod.name, prod)
+    if not (isinstance(prod, ex.Binary) and prod.op == "mul"):
+        return 0
+    i, j = loops[-2].var.name, loops[-1].var.name
+    ca, cb = _closure(prod.a, lets), _closure(prod.b, lets)
+    if (j not in ca and i not in cb) or (i not in ca and j not in cb):
+        return len(loops)
+    return 0
+
+
+def _pow2_at_least(n: int, lo: int, hi: int) -> int:
+    p = lo
+    while p < n and p < hi:
+        p *= 2
+    return p
+
+
+@register_pass
+@dataclass(frozen=True)
+class GpuMap(LoopPass):
+    """Annotate each kernel's loops with its GPU mapping (module docstring)."""
+
+    name: ClassVar[str] = "gpu-map"
+    #: Invocations per workgroup for elementwise kernels and shared reductions.
+    workgroup: int = 256
+    #: Reductions at least this long get a workgroup per output element.
+    reduce_threshold: int = 64
+    #: GEMM tile `BMxBNxBK/TMxTN`, or "auto".
+    gemm_tile: str = "auto"
+    #: Ask for vec4 elementwise code where the innermost extent allows it.
+    vectorize: bool = True
+
+    def run(self, program: lp.Program) -> lp.Program:
+        return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))
+
+    def map_kernel(self, k: lp.Kernel) -> lp.Kernel:
+        body = k.body
+        params = {b.name for b in k.params}
+        if _gemm_depth(body, params):
+            return replace(k, body=self._gemm(body))
+        loops, _ = _perfect_nest(body)
+        n = _parallel_prefix(loops, params)
+        inner = loops[n - 1].body if n else body
+        locals_ = {x.buffer.name for x in _stmts(inner) if isinstance(x, lp.Alloc)
+                   and all(d == Const(1) for d in x.buffer.shape)}
+        reductions = [r for r in (_reduction(x, locals_) for x in _stmts(inner)) if r is not None]
+        long = [r for r in reductions if r.extent is None or r.extent >= self.reduce_threshold]
+        if long:
+            return replace(k, body=self._block(body, n, inner, reductions))
+        if n == 0:
+            return k
+        straight = all(isinstance(x, (lp.Let, lp.Store)) for x in _stmts(inner))
+        last = _static(loops[n - 1].extent)
+        vec = self.vectorize and straight and last is not None and last % 4 == 0
+
+        def grid(level: int) -> Annotations:
+            if level > 0:
+                return (("gpu", "grid"),)
+            return (("gpu", "grid"), ("gpu_wg", str(self.workgroup))) + ((("gpu_vec", "4"),) if vec else ())
+
+        return replace(k, body=_annotate(body, n, grid))
+
+    def _block(self, body: lp.Stmt, n: int, inner: lp.Stmt, reductions: list[_Reduction]) -> lp.Stmt:
+        longest = max((r.extent or 1 << 30) for r in reductions)
+        wg = _pow2_at_least(longest, 32, self.workgroup)
+        by_loop = {id(r.loops[0]): r for r in reductions}
+
+        def mark(s: lp.Stmt) -> lp.Stmt:
+            r = by_loop.get(id(s))
+            if r is None:
+                return s
+
+            def threads(level: int) -> Annotations:
+                if level > 0:
+                    return (("gpu", "threads"),)
+                return (("gpu", "threads"), ("gpu_reduce", r.op), ("gpu_acc", r.acc), ("gpu_wg", str(wg)))
+
+            return _annotate(s, len(r.loops), threads)
+
+        new_inner = lp.block(*(mark(x) for x in _stmts(inner)))
+        if n == 0:
+            return new_inner
+
+        def rebuild(s: lp.Stmt, depth: int) -> lp.Stmt:
+            assert isinstance(s, lp.For)
+            b = new_inner if depth == 1 else rebuild(s.body, depth - 1)
+            return replace(s, body=b, annotations=s.annotations + (("gpu", "block"),))
+
+        return rebuild(body, n)
+
+    def _gemm(self, body: lp.Stmt) -> lp.Stmt:
+        tile = self.gemm_tile if self.gemm_tile != "auto" else self._auto_tile(body)
+        assert isinstance(body, lp.For)
+        return replace(body, annotations=body.annotations + (("gpu", "gemm"), ("gpu_tile", tile)))
+
+    @staticmethod
+    def _auto_tile(body: lp.Stmt) -> str:
+        loops, _ = _perfect_nest(body)
+        *batch_loops, iloop, jloop = loops
+        batch = 1
+        for f in batch_loops:
+            batch *= _static(f.extent) or 64
+        m, n = _static(iloop.extent), _static(jloop.extent)
+        for tile in GEMM_TILES:
+            bm, bn = (int(x) for x in tile.split("/")[0].split("x")[:2])
+            if m is None or n is None or batch * -(-m // bm) * -(-n // bn) >= GEMM_MIN_GROUPS:
+                return tile
+        return GEMM_TILES[-1]
