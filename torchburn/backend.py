@@ -73,7 +73,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             log.info("torchburn: %s stays in PyTorch: %s", name, err)
             continue
         sub_report.cache_hit = hit
-        sub_report.kernels = [f"{k.name}: {dict(k.attrs).get('origin', '')}" for k in compiled.program.kernels]
+        sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
         launcher = Launcher(launcher_graph, compiled.program, compiled.entry, sub.forward, keepalive=compiled)

@@ -12,7 +12,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .codegen.llvm.module import emit_program, entry_name
 from .codegen.target import Target
 from .config import get_config
 from .dump import DumpFolder, make_dump
@@ -21,7 +20,7 @@ from .ir.loop import Program
 from .ir.parser import parse_program
 from .ir.printer import print_ir
 from .ir.tensor import Graph
-from .passes.base import PassManager, TimePasses
+from .passes.base import PassError, PassManager, TimePasses
 from .passes.pipeline import Pipeline
 from .runtime import jit
 from .runtime.disk_cache import CacheEntry, disk_cache, llvm_version, source_digest
@@ -36,6 +35,9 @@ class CompiledProgram:
     """A program and its loaded native code."""
 
     key: str
+    #: The final loop IR. Loaded from the disk cache, only its signature (buffers, symbols,
+    #: workspace, calls: what the launcher needs) without kernel bodies; `full_program()`
+    #: parses the rest on demand.
     program: Program
     native: Any
     entry: Any
@@ -46,6 +48,25 @@ class CompiledProgram:
     #: "compiled" (passes, codegen and LLVM ran in this process) or "disk" (loaded from the
     #: disk cache).
     origin: str = "compiled"
+    #: The printed program, kept for entries loaded from disk (see `full_program`).
+    program_text: str = ""
+    #: `(kernel name, origin)` of each kernel.
+    kernels: tuple[tuple[str, str], ...] = ()
+
+    def kernel_summary(self) -> list[str]:
+        """`name: origin` of each kernel, as `explain()` lists them."""
+        return [f"{name}: {origin}" for name, origin in self.kernels]
+
+    def full_program(self) -> Program:
+        """The whole program, kernels included (parsed from the disk cache's text if needed)."""
+        if self.program.kernels or not self.program_text:
+            return self.program
+        self.program = parse_program(self.program_text, f"<disk cache {self.key[:16]}>")
+        return self.program
+
+
+def kernel_origins(program: Program) -> tuple[tuple[str, str], ...]:
+    return tuple((k.name, dict(k.attrs).get("origin", "")) for k in program.kernels)
 
 
 @dataclass
@@ -140,6 +161,9 @@ def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     program = PassManager(pipeline.passes(), instruments).run(graph)
+    if not isinstance(program, Program):
+        raise PassError(f"the pipeline ended with {type(program).__name__}, not a loop Program")
+    from .codegen.llvm.module import emit_program, entry_name  # not needed on cache hits
     t1 = time.perf_counter()
     llvm_ir = emit_program(program, target)
     t2 = time.perf_counter()
@@ -153,33 +177,40 @@ def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
         dump.write("program.tbir", print_ir(program))
         dump.write("module.ll", llvm_ir)
         dump.write("module.s", jit.assembly(llvm_ir, target))
-    compiled = CompiledProgram(key, program, native, entry, timings, timer.times, llvm_ir)
+    compiled = CompiledProgram(key, program, native, entry, timings, timer.times, llvm_ir,
+                               kernels=kernel_origins(program))
     STATS.compiled += 1
+    log.debug("torchburn: compiled %s in %.1f ms (%s)", program.name, (t4 - t0) * 1e3,
+              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in timings.items()))
     cache.put(key, compiled)
     if disk is not None:
-        _store_to_disk(disk, key, program, obj)
+        _store_to_disk(disk, key, program, obj, entry_name(program))
     return compiled, False
 
 
 def _load_from_disk(disk: Any, key: str) -> Optional[CompiledProgram]:
-    """The program and its object code from the disk cache, loaded: no pass, no codegen."""
+    """The program and its object code from the disk cache, loaded: no pass, no codegen. Only
+    the program's signature is parsed (the kernels' bodies are compiled already)."""
     t0 = time.perf_counter()
     entry = disk.load(key)
     if entry is None:
         return None
     try:
-        program = parse_program(entry.program_text, f"<disk cache {key[:16]}>")
+        end = entry.program_text.find("\nkernel @")
+        signature = entry.program_text if end < 0 else entry.program_text[:end + 1]
+        program = parse_program(signature, f"<disk cache {key[:16]}>")
         native = jit.load_object(entry.object)
-        fn = native.entry(entry_name(program))
+        fn = native.entry(entry.entry_name)
     except Exception as err:  # an entry that passed its digest but does not load
         log.warning("torchburn: disk cache entry %s does not load (%s); compiling again", key[:16], err)
         return None
     timings = {"disk_load": time.perf_counter() - t0}
     log.debug("torchburn: loaded %s from the disk cache in %.1f ms", program.name, timings["disk_load"] * 1e3)
-    return CompiledProgram(key, program, native, fn, timings, origin="disk")
+    return CompiledProgram(key, program, native, fn, timings, origin="disk", program_text=entry.program_text,
+                           kernels=entry.kernels)
 
 
-def _store_to_disk(disk: Any, key: str, program: Program, obj: jit.ObjectCode) -> None:
+def _store_to_disk(disk: Any, key: str, program: Program, obj: jit.ObjectCode, entry_name: str) -> None:
     text = print_ir(program)
     try:
         same = parse_program(text) == program
@@ -188,4 +219,4 @@ def _store_to_disk(disk: Any, key: str, program: Program, obj: jit.ObjectCode) -
     if not same:  # the launcher is rebuilt from this text: never store what does not round-trip
         log.warning("torchburn: program %s does not survive print and parse; not cached on disk", program.name)
         return
-    disk.store(CacheEntry(key, text, obj))
+    disk.store(CacheEntry(key, text, obj, entry_name, kernel_origins(program)))

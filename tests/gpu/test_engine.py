@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torchburn
 from torchburn import report as rep
 from torchburn.backend import torchburn_backend
-from torchburn.explain import explain
+from torchburn.explainer import explain
 from tests.gpu.conftest import check_gpu, engines
 from tests.helpers import run_compiled
 

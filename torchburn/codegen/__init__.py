@@ -3,8 +3,19 @@
     from torchburn.codegen import Target, emit_program, entry_name
     llvm_ir = emit_program(program, Target.host())
 """
+from typing import Any
+
 from .errors import CodegenError
-from .llvm import emit_program, entry_name
 from .target import Target
 
 __all__ = ["CodegenError", "Target", "emit_program", "entry_name"]
+
+
+def __getattr__(name: str) -> Any:
+    # The LLVM emitter (and llvmlite.ir) loads on first use: a process whose programs all come
+    # from the disk cache needs only `Target`, and is spared importing it.
+    if name in ("emit_program", "entry_name"):
+        from . import llvm
+
+        return getattr(llvm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,7 @@
 half-precision compute (f16/bf16 are computed in f32 and stored in their own type)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -30,6 +31,9 @@ class Builder:
     # ---- basics ---------------------------------------------------------------------------------
     @property
     def loc(self) -> Optional[str]:
+        """Where the node came from: `aten.op @ file:line` when Dynamo recorded the user's
+        source line, else `aten.op @ module.path (Class)` from the module stack (a model made
+        only of torch.nn modules has no user line in the traced frames), else `aten.op`."""
         if self.node is None:
             return None
         target = str(self.node.target)
@@ -39,6 +43,11 @@ class Builder:
             if lines:
                 where = lines[-1].replace("File ", "").split(", in ")[0].replace('"', "").replace(", line ", ":")
                 return f"{target} @ {where}"
+        stack = self.node.meta.get("nn_module_stack") or self.node.meta.get("fwd_nn_module_stack")
+        if stack:
+            path, cls = list(stack.values())[-1]
+            path = re.sub(r"^L\['[^']*'\]\.?", "", str(path))
+            return f"{target} @ {path or 'self'} ({getattr(cls, '__name__', cls)})"
         return target
 
     def op(self, name: str, *operands: Value, **attrs: Any) -> Value:

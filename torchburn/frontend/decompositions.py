@@ -18,6 +18,7 @@ aten = torch.ops.aten
 #: Ops we lower directly even though core ATen decomposes them.
 KEEP: tuple[Any, ...] = (
     aten.addmm, aten.mv, aten.dot, aten.silu, aten.gelu,
+    aten.take,  # its decomposition reads a 0-d index into Python; `index` handles it
 )
 
 #: Extra decompositions (ops that are not core ATen and have a good decomposition in torch).
@@ -28,7 +29,8 @@ EXTRA: tuple[Any, ...] = (
     # norms: batch norm (all variants) and group norm become reductions, var_mean and
     # elementwise ops; their backwards are core decompositions already.
     aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-    aten._native_batch_norm_legit_functional, aten.native_group_norm,
+    aten._native_batch_norm_legit_functional, aten.native_group_norm, aten._batch_norm_with_update,
+    aten._batch_norm_with_update_functional, aten._batch_norm_no_update,
 )
 
 

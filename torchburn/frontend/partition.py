@@ -24,13 +24,22 @@ from .registry import get_lowering
 #: see `is_deliberate`) to fall back, and checks that the results still equal eager's.
 NOT_COMPILED: dict[str, str] = {
     # Output shape depends on the values.
-    **dict.fromkeys(("aten.nonzero", "aten.nonzero_static", "aten.masked_select", "aten.masked_scatter",
-                     "aten.unique", "aten._unique", "aten._unique2", "aten.unique_dim",
-                     "aten.unique_consecutive", "aten.repeat_interleave", "aten.bincount",
-                     "aten.histc", "aten.histogram", "aten._histogramdd_bin_edges",
-                     "aten._histogramdd_from_bin_cts", "aten._histogramdd_from_bin_tensors",
-                     "aten.segment_reduce"),
-                    "output shape or layout depends on the data"),
+    **dict.fromkeys(("aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique", "aten._unique2",
+                     "aten.unique_dim", "aten.unique_consecutive", "aten.repeat_interleave",
+                     "aten.bincount"),
+                    "output shape depends on the data"),
+    # Per-element loops whose trip count is read from the data (a recurrence to degree n, a
+    # series summed until it converges): an elementwise kernel has no such loop.
+    **dict.fromkeys(("aten.polygamma", "aten.special_zeta", "aten.igamma", "aten.igammac",
+                     "aten.special_chebyshev_polynomial_t", "aten.special_chebyshev_polynomial_u",
+                     "aten.special_chebyshev_polynomial_v", "aten.special_chebyshev_polynomial_w",
+                     "aten.special_shifted_chebyshev_polynomial_t",
+                     "aten.special_shifted_chebyshev_polynomial_u",
+                     "aten.special_shifted_chebyshev_polynomial_v",
+                     "aten.special_shifted_chebyshev_polynomial_w",
+                     "aten.special_hermite_polynomial_h", "aten.special_hermite_polynomial_he",
+                     "aten.special_laguerre_polynomial_l", "aten.special_legendre_polynomial_p"),
+                    "a per-element loop whose trip count depends on the data"),
     "aten._local_scalar_dense": "reads a tensor value into Python",
     "aten.equal": "returns a Python bool",
     # Random numbers: PyTorch's generator draws them, so seeded runs match eager.
@@ -99,7 +108,8 @@ def unsupported_reason(node: torch.fx.Node) -> Optional[str]:
         return NOT_COMPILED[str(packet)]
     lw = get_lowering(node.target)
     if lw is None:
-        return f"no lowering for {node.target}"
+        # A result of a dtype the compiler never takes (uint64, complex) says more than that.
+        return _tensor_problem(node.meta.get("val"), "result") or f"no lowering for {node.target}"
     out = node.meta.get("val")
     if not isinstance(out, torch.Tensor) and not _is_tensor_tuple(out):
         return f"result of {name} is not a tensor or a tuple of tensors"
@@ -168,8 +178,9 @@ def _is_input_writeback(node: torch.fx.Node) -> bool:
     """AOTAutograd's write-back of a mutated graph input (batch norm's running statistics):
     `copy_(input, new_value)` with the new value computed in the graph. It copies a result
     into the caller's tensor, as AOTAutograd's own epilogue would; it computes nothing, so it
-    is not a fallback."""
-    return (node.target is torch.ops.aten.copy_.default and not node.users
+    is not a fallback. An in-place op on an input (`x.mul_(2)`) returns the write-back too."""
+    return (node.target is torch.ops.aten.copy_.default
+            and all(u.op == "output" for u in node.users)
             and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder")
 
 

@@ -25,7 +25,7 @@ class OpError(ValueError):
 @dataclass(frozen=True)
 class OpDef:
     """One tensor op: its category (`elementwise`, `view`, `reduction`, `contraction`,
-    `factory`, `data`), its type rule, and a doc with an IR example."""
+    `factory`, `data`, `ordered`), its type rule, and a doc with an IR example."""
 
     name: str
     category: str
@@ -561,11 +561,13 @@ def _argsort(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]
     return [types[0].with_dtype(dt.i64)]
 
 
-SCAN_KINDS = ("add", "mul", "max", "min")
+SCAN_KINDS = ("add", "mul", "max", "min", "logaddexp", "argmax", "argmin")
 
 
 @define("scan", "ordered", 1, """
-Inclusive scan along `dim` with `kind` (`add`: cumsum, `mul`: cumprod, `max`, `min`).
+Inclusive scan along `dim` with `kind`: `add` (cumsum), `mul` (cumprod), `max`, `min`,
+`logaddexp` (logcumsumexp), or `argmax`/`argmin`: the i64 position of the running maximum
+(minimum), the last one among equals, NaN winning (cummax/cummin's indices).
 
     %1 = scan(%x) {dim = 1, kind = "add"} : f32[4, 6]
 """)
@@ -573,4 +575,4 @@ def _scan(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     if attrs["kind"] not in SCAN_KINDS:
         raise OpError(f"scan: unknown kind {attrs['kind']!r}")
     _norm_dims("scan", [attrs["dim"]], types[0].rank)
-    return [types[0]]
+    return [types[0].with_dtype(dt.i64) if attrs["kind"] in ("argmax", "argmin") else types[0]]

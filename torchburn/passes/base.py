@@ -141,15 +141,56 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     if not dataclasses.is_dataclass(cls):
         raise PassError(f"pass {cls.name}: decorate the class with @dataclass(frozen=True)")
     PASSES[cls.name] = cls
+    if _discovering:
+        DISCOVERED_ONLY.add(cls.name)
     return cls
 
 
+#: Modules of `torchburn.passes` that failed to import during discovery, with the error.
+DISCOVERY_FAILURES: dict[str, str] = {}
+#: Passes registered only by discovery (their module is not imported by the package): usable
+#: by name, but not pulled into the default pipeline, which must not depend on whether some
+#: lookup happened to trigger discovery first.
+DISCOVERED_ONLY: set[str] = set()
+_discovered = False
+_discovering = False
+
+
+def discover_passes() -> dict[str, str]:
+    """Import every module of `torchburn.passes` once, so each built-in pass is registered
+    even where `passes/__init__.py` does not import its file (a new pass is one new file).
+    A module that fails to import is skipped; returns those, with the error."""
+    global _discovered, _discovering
+    if not _discovered:
+        _discovered = _discovering = True
+        import importlib
+        import pkgutil
+        import sys
+
+        package = __name__.rsplit(".", 1)[0]
+        for info in pkgutil.iter_modules(sys.modules[package].__path__):
+            module = f"{package}.{info.name}"
+            if module in sys.modules:
+                continue
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # a module under construction must not break the others
+                DISCOVERY_FAILURES[module] = f"{type(err).__name__}: {err}"
+        _discovering = False
+    return dict(DISCOVERY_FAILURES)
+
+
 def get_pass(name: str) -> type[Pass]:
+    """The pass class registered as `name` (built-in pass modules are imported on demand)."""
+    if name not in PASSES:
+        discover_passes()
     try:
         return PASSES[name]
     except KeyError:
         known = ", ".join(sorted(PASSES))
-        raise PassError(f"unknown pass {name!r}; registered passes: {known}") from None
+        failed = f"; modules that failed to import: {', '.join(sorted(DISCOVERY_FAILURES))}" \
+            if DISCOVERY_FAILURES else ""
+        raise PassError(f"unknown pass {name!r}; registered passes: {known}{failed}") from None
 
 
 def _convert_option(cls: type[Pass], key: str, text: str) -> Any:

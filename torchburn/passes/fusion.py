@@ -32,7 +32,9 @@ After `fuse` (one kernel; nothing but the output is stored):
 `loopgen/matmul.py`), but the elementwise ops computed from its result join that kernel when
 they read it only at the same index, through elementwise ops only, and all end in one kernel
 whose root is elementwise: bias adds, activations, residual adds, casts are then applied to the
-accumulator tile before the only store, and the product is never written to memory. The
+accumulator tile before the only store, and the product is never written to memory. (One
+reshape that regroups the rows, `[B*S, N] -> [B, S, N]`, may sit between them: the same
+element, at another index.) The
 matmul gets `fused_into` that kernel, whose root is the last op of the epilogue. A kernel takes
 at most one matmul this way (the first, in graph order); a product read by two kernels, or
 through a view or a reduction, keeps its own kernel.
@@ -80,6 +82,12 @@ FUSION_ATTRS = ("kernel", "fused_into")
 
 def category(op: Op) -> str:
     return get_op(op.name).category
+
+
+def _regroups_rows(reshape: Op) -> bool:
+    """A reshape that keeps the last dim and only splits or merges the dims before it."""
+    src, dst = reshape.operands[0].shape, reshape.result.shape
+    return len(src) >= 1 and len(dst) >= 2 and src[-1] == dst[-1]
 
 
 def inline_cost(op: Op, inlined: set[Op]) -> int:
@@ -149,17 +157,26 @@ class Fuse(TensorPass):
     @staticmethod
     def _epilogue_root(mm: Op, users: dict[Value, list[Op]], inlined: set[Op]) -> Op | None:
         """The one elementwise kernel root that every path from `mm`'s result reaches through
-        elementwise ops of the same shape, or None."""
+        elementwise ops of the same shape, or None. One reshape that only regroups the rows
+        (the last dim kept, as a linear layer on `[batch, seq, features]` does) may sit on the
+        way: ops after it have its shape, and each element still depends on one of the product."""
         roots: set[Op] = set()
         stack = [mm]
         seen: set[Op] = set()
+        after: Op | None = None  # a reshape passed on the way, which fixes the shape after it
         while stack:
             op = stack.pop()
             consumers = users.get(op.result, [])
             if not consumers:
                 return None
             for user in consumers:
-                if category(user) != "elementwise" or user.result.shape != mm.result.shape:
+                if user.name == "reshape" and op.result.shape == mm.result.shape:
+                    if user not in inlined or not _regroups_rows(user):
+                        return None
+                    if after is not None and after.result.shape != user.result.shape:
+                        return None
+                    after = user
+                elif category(user) != "elementwise" or user.result.shape != op.result.shape:
                     return None
                 if user in inlined:
                     if user not in seen:

@@ -128,5 +128,6 @@ class LowerToLoops(Pass):
             for e in lp.stmt_exprs(s):
                 used |= ex.free_vars(e)
         kernel_symbols = tuple(v for v in symbols if v.name in used)
-        attrs = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
+        attrs: tuple[tuple[str, str], ...] = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
+        attrs += tuple(kb.attrs.items())
         return lp.Kernel(name, params, kernel_symbols, body, attrs)

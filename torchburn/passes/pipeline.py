@@ -35,9 +35,9 @@ def _instantiate(specs: Sequence[PassSpec]) -> list[Pass]:
 
 
 def _available(names: Sequence[str]) -> list[Pass]:
-    from .base import PASSES
+    from .base import DISCOVERED_ONLY, PASSES
 
-    return [get_pass(n)() for n in names if n in PASSES]
+    return [get_pass(n)() for n in names if n in PASSES and n not in DISCOVERED_ONLY]
 
 
 @dataclass

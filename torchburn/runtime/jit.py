@@ -61,6 +61,11 @@ def _init_llvm() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     for lib in ("m", "c"):
+        try:  # the usual soname first: find_library spawns `ldconfig -p`, slow on a warm start
+            llvm.load_library_permanently(f"lib{lib}.so.6")
+            continue
+        except RuntimeError:
+            pass
         path = ctypes.util.find_library(lib)
         if path is not None:
             llvm.load_library_permanently(path)

@@ -1,5 +1,7 @@
 """Elementwise ATen ops: math, arithmetic with broadcasting and type promotion, comparisons,
-logical and bitwise ops, where, casts, and composite activations (gelu, silu, ...)."""
+logical and bitwise ops, where, casts, composite activations (gelu, silu, elu, leaky_relu,
+hardtanh; the others decompose to these), NaN-ignoring fmax/fmin, angle, ldexp and frexp.
+Special functions (Bessel, erfcx, ndtri...) are in `special.py`."""
 from __future__ import annotations
 
 import math
@@ -329,3 +331,25 @@ def ldexp(b: Builder, x: Operand, other: Operand) -> Value:
     comp, res = b.promote(x, other, kind=PROMOTE.INT_TO_FLOAT)
     xs, os = b.broadcast(b.as_tensor(x, comp), b.as_tensor(other, comp))
     return b.cast(b.op("mul", xs, b.op("exp2", os)), res)
+
+
+@lowering(aten.frexp.Tensor)
+def frexp(b: Builder, x: Value) -> tuple[Value, Value]:
+    """(mantissa, exponent) with x = mantissa * 2**exponent and 0.5 <= |mantissa| < 1; zero,
+    inf and NaN give (x, 0). Computed in f64, where scaling by a power of two is exact (in two
+    steps, so that 2**-exponent of a subnormal does not overflow)."""
+    if not x.dtype.is_float:
+        raise Unsupported("frexp of a non-floating tensor")
+    xd = b.cast(x, dt.f64)
+    e = b.elementwise("add", b.op("floor", b.op("log2", b.op("abs", xd))), 1.0)
+    half = b.op("floor", b.elementwise("mul", e, -0.5))
+    m = b.op("mul", b.op("mul", xd, b.op("exp2", half)), b.op("exp2", b.op("sub", b.op("neg", e), half)))
+    mag = b.op("abs", m)
+    too_big = b.op("ge", mag, b.scalar_like(1.0, mag))
+    too_small = b.op("lt", mag, b.scalar_like(0.5, mag))
+    m = b.op("where", too_big, b.elementwise("mul", m, 0.5), b.op("where", too_small, b.elementwise("mul", m, 2.0), m))
+    e = b.op("where", too_big, b.elementwise("add", e, 1.0), b.op("where", too_small, b.elementwise("sub", e, 1.0), e))
+    plain = b.op("or", b.op("eq", xd, b.scalar_like(0.0, xd)), b.op("not", b.op("isfinite", xd)))
+    m = b.op("where", plain, xd, m)
+    e = b.op("where", plain, b.scalar_like(0.0, e), e)
+    return b.cast(m, x.dtype), b.cast(e, dt.i32)

@@ -39,8 +39,10 @@ def scalar_tensor(b: Builder, value: Any, **kw: Any) -> Value:
 
 
 @lowering(aten.zeros.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default,
-          aten.empty_permuted.default, supports=_cpu)
+          aten.empty_permuted.default, aten.empty_strided.default, aten.new_empty_strided.default, supports=_cpu)
 def zeros(b: Builder, *args: Any, **kw: Any) -> Value:
+    """zeros, and the `empty` family, whose contents are undefined: zeros too. Requested
+    strides or layouts are not kept (graph outputs are contiguous)."""
     size = args[1] if isinstance(args[0], Value) else args[0]
     return b.expand(b.full(0, (), b.out_dtype), tuple(ex.as_expr(s) for s in size))
 

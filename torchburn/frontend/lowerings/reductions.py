@@ -1,4 +1,5 @@
-"""Reductions: sum, prod, mean, amax/amin, any/all, argmax/argmin, softmax, log_softmax.
+"""Reductions: sum, prod, mean, amax/amin, any/all, argmax/argmin, softmax, log_softmax,
+vector norms and dist, histc, segment_reduce.
 
 Half-precision inputs reduce in f32; integer and bool sums accumulate in i64 (torch's rule).
 """
@@ -9,6 +10,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...ir import dtypes as dt
+from ...ir import expr as ex
 from ...ir.expr import Const
 from ...ir.tensor import Value
 from ..builder import Builder, normalize_dim, numel
@@ -166,3 +168,108 @@ def dist(b: Builder, x: Value, y: Value, p: Any = 2) -> Value:
     xs, ys = b.broadcast(b.cast(x, acc), b.cast(y, acc))
     diff = b.op("sub", xs, ys)
     return b.cast(_norm(b, diff, float(p), tuple(range(diff.type.rank)), False), out)
+
+
+@lowering(aten.histc)
+def histc(b: Builder, x: Value, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:
+    """Counts in `bins` equal bins between min and max (the data's extremes when min == max),
+    by PyTorch's rule: bin = trunc((x - left) * bins / (right - left)), the last bin closed,
+    values outside [left, right] and NaN not counted. Each bin sums a one-hot [N, bins]."""
+    if not x.dtype.is_float:
+        raise Unsupported("histc of a non-floating tensor")
+    out = b.out_dtype
+    t = dt.compute_dtype(x.dtype)
+    flat = b.cast(b.reshape(x, (numel(x.shape),)), t)
+    if min == max:
+        if flat.shape[0] == Const(0):
+            left, right = b.full(float(min), (), t), b.full(float(max), (), t)
+        else:
+            left = b.op("reduce_min", flat, dims=(0,), keepdim=False)
+            right = b.op("reduce_max", flat, dims=(0,), keepdim=False)
+        same = b.op("eq", left, right)
+        left = b.op("where", same, b.elementwise("sub", left, 1.0), left)
+        right = b.op("where", same, b.elementwise("add", right, 1.0), right)
+    else:
+        # Edges are stored in the tensor's dtype, as `linspace(min, max, bins + 1)` would.
+        left = b.cast(b.full(float(min), (), x.dtype), t)
+        right = b.cast(b.full(float(max), (), x.dtype), t)
+    lo, hi = b.expand(left, flat.shape), b.expand(right, flat.shape)
+    scaled = b.op("div", b.op("mul", b.op("sub", flat, lo), b.scalar_like(float(bins), flat)), b.op("sub", hi, lo))
+    pos = b.cast(scaled, dt.i64)
+    last = b.scalar_like(bins - 1, pos)
+    pos = b.op("min", pos, last)  # the rightmost bin includes its right edge
+    inside = b.op("and", b.op("ge", flat, lo), b.op("le", flat, hi))
+    n = flat.shape[0]
+    grid = (n, Const(bins))
+    ids = b.op("iota", shape=grid, dim=1, start=0, step=1, dtype=dt.i64)
+    hit = b.op("and", b.op("eq", b.expand(b.reshape(pos, (n, Const(1))), grid), ids),
+               b.expand(b.reshape(inside, (n, Const(1))), grid))
+    counts = b.op("reduce_sum", b.cast(hit, t), dims=(0,), keepdim=False)
+    return b.cast(counts, out)
+
+
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+@lowering(aten.segment_reduce)
+def segment_reduce(b: Builder, data: Value, reduce: str, *, lengths: Optional[Value] = None,
+                   indices: Any = None, offsets: Optional[Value] = None, axis: int = 0,
+                   unsafe: bool = False, initial: Any = None) -> Value:
+    """Reduce consecutive segments of `data` along `axis` (given by `lengths` or `offsets`).
+
+    Segment s covers [start_s, end_s); ends are a running sum of the lengths (a masked sum
+    over a triangle, [..., S, S]). Each segment reduces a masked view of the data
+    [..., S, N, ...] over N; `initial` joins every segment (and is an empty segment's value;
+    without it an empty segment is the reduction's identity, and NaN for mean)."""
+    if reduce not in _SEGMENT_IDENTITY or indices is not None:
+        raise Unsupported(f"segment_reduce {reduce!r} with indices={indices is not None}")
+    out_dtype = b.out_dtype
+    acc = dt.compute_dtype(out_dtype)
+    if offsets is not None:
+        off = b.cast(offsets, dt.i64)
+        segs = ex.sub(off.shape[-1], Const(1))
+        start = b.op("slice", off, dim=off.type.rank - 1, start=Const(0), end=segs, step=1)
+        end = b.op("slice", off, dim=off.type.rank - 1, start=Const(1), end=off.shape[-1], step=1)
+        lens = b.op("sub", end, start)
+    elif lengths is not None:
+        lens = b.cast(lengths, dt.i64)
+        segs = lens.shape[-1]
+        tri = (segs, segs)
+        below = b.op("le", b.op("iota", shape=tri, dim=1, start=0, step=1, dtype=dt.i64),
+                     b.op("iota", shape=tri, dim=0, start=0, step=1, dtype=dt.i64))
+        lead = lens.shape[:-1]
+        spread = b.expand(b.reshape(lens, (*lead, Const(1), segs)), (*lead, segs, segs))
+        masked = b.op("where", b.expand(below, spread.shape), spread, b.scalar_like(0, spread))
+        end = b.op("reduce_sum", masked, dims=(len(lead) + 1,), keepdim=False)
+        start = b.op("sub", end, lens)
+    else:
+        raise Unsupported("segment_reduce without lengths or offsets")
+    nb = lens.type.rank - 1  # batch dims before the segmented axis
+    if normalize_dim(axis, data.type.rank) != nb:
+        raise Unsupported("segment_reduce with axis other than lengths.dim() - 1")
+    n = data.shape[nb]
+    rest = data.shape[nb + 1:]
+    lead = data.shape[:nb]
+    full = (*lead, segs, n, *rest)
+    ones = (Const(1),) * len(rest)
+    pos = b.op("iota", shape=(segs, n), dim=1, start=0, step=1, dtype=dt.i64)
+    pos = b.expand(pos, (*lead, segs, n))
+    lo = b.expand(b.reshape(start, (*lead, segs, Const(1))), (*lead, segs, n))
+    hi = b.expand(b.reshape(end, (*lead, segs, Const(1))), (*lead, segs, n))
+    inside = b.op("and", b.op("ge", pos, lo), b.op("lt", pos, hi))
+    inside = b.expand(b.reshape(inside, (*lead, segs, n, *ones)), full)
+    values = b.expand(b.reshape(b.cast(data, acc), (*lead, Const(1), n, *rest)), full)
+    kind = {"mean": "sum"}.get(reduce, reduce)
+    picked = b.op("where", inside, values, b.scalar_like(_SEGMENT_IDENTITY[reduce], values))
+    out = b.op(f"reduce_{kind}", picked, dims=(nb + 1,), keepdim=False)
+    count = b.expand(b.reshape(b.cast(lens, acc), (*lead, segs, *ones)), out.shape)
+    if initial is not None:
+        init = b.scalar_like(float(initial), out)
+        combine = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}[reduce]
+        out = b.op(combine, out, init)
+        if reduce == "mean":
+            empty = b.op("eq", count, b.scalar_like(0.0, count))
+            out = b.op("where", empty, init, b.op("div", out, count))
+    elif reduce == "mean":
+        out = b.op("div", out, count)
+    return b.cast(out, out_dtype)

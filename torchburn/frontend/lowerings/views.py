@@ -1,5 +1,6 @@
 """View and shape ops. In the IR they are index remappings: fusion folds them into the
-loads of their consumers, so a view never copies unless it is a graph output."""
+loads of their consumers, so a view never copies unless it is a graph output. Diagonals are
+strided slices of the flattened pair of dims; `unfold` and `diagonal_scatter` gather."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -12,6 +13,7 @@ from ...ir.expr import Const, Expr
 from ...ir.tensor import Value
 from ..builder import Builder, normalize_dim, numel
 from ..registry import Unsupported, lowering
+from ..symbols import UnsupportedSymbolic, shape_to_exprs
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -37,6 +39,13 @@ def view(b: Builder, x: Value, sizes: Sequence[Any]) -> Value:
     assert b.node is not None
     if b.node.target == aten.view.dtype:
         raise Unsupported("view as another dtype (bit reinterpretation)")
+    # The traced result shape is exact and simplified (`s0 * s1 // s1` is already `s0`).
+    meta = b.node.meta.get("val")
+    if isinstance(meta, torch.Tensor):
+        try:
+            return b.reshape(x, shape_to_exprs(meta.shape))
+        except UnsupportedSymbolic:
+            pass
     return b.reshape(x, _infer_minus_one(x, sizes))
 
 
@@ -195,6 +204,7 @@ def diagonal(b: Builder, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1
     others = [d for d in range(rank) if d not in (d1, d2)]
     y = permute(b, x, [*others, d1, d2])
     n1, n2 = x.shape[d1], x.shape[d2]
+    start: Expr
     if offset >= 0:
         length = ex.maximum(ex.minimum(n1, ex.sub(n2, Const(offset))), Const(0))
         start = Const(offset)
@@ -248,3 +258,33 @@ def unfold(b: Builder, x: Value, dimension: int, size: int, step: int) -> Value:
 def copy(b: Builder, dst: Value, src: Value, non_blocking: bool = False) -> Value:
     """The functional copy: `src` cast to `dst`'s dtype and broadcast to its shape."""
     return b.expand(b.cast(src, dst.dtype), dst.shape)
+
+
+@lowering(aten.diagonal_scatter)
+def diagonal_scatter(b: Builder, x: Value, src: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    """`x` with the diagonal that `diagonal(x, offset, dim1, dim2)` views replaced by `src`:
+    with the two dims moved last, element (i, j) takes `src[..., i or j]` where j - i == offset."""
+    rank = x.type.rank
+    d1, d2 = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
+    if d1 == d2:
+        raise Unsupported("diagonal_scatter with dim1 == dim2")
+    length = src.shape[-1]
+    if length == Const(0):
+        return x
+    others = [d for d in range(rank) if d not in (d1, d2)]
+    order = [*others, d1, d2]
+    xp = permute(b, x, order)
+    n1, n2 = x.shape[d1], x.shape[d2]
+    grid = (n1, n2)
+    rows = b.op("iota", shape=grid, dim=0, start=0, step=1, dtype=dt.i64)
+    cols = b.op("iota", shape=grid, dim=1, start=0, step=1, dtype=dt.i64)
+    on_diagonal = b.op("eq", b.op("sub", cols, rows), b.scalar_like(offset, rows))
+    # Position along the diagonal, clamped so that off-diagonal elements index in range.
+    pos = rows if offset >= 0 else cols
+    pos = b.op("min", pos, b.scalar_like(ex.sub(length, Const(1)), pos))
+    lead = xp.shape[:-2]
+    source = b.expand(b.reshape(b.cast(src, x.dtype), (*lead, length, Const(1))), (*lead, length, n2))
+    picked = b.op("gather", source, b.expand(pos, xp.shape), dim=rank - 2)
+    out = b.op("where", b.expand(on_diagonal, xp.shape), picked, xp)
+    inverse = [order.index(d) for d in range(rank)]
+    return permute(b, out, inverse)

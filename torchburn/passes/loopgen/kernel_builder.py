@@ -90,6 +90,8 @@ class KernelBuilder:
         self._stmts: list[list[lp.Stmt]] = [[]]
         self.used_buffers: dict[str, lp.Buffer] = {}
         self.origins: list[str] = []
+        #: Kernel attributes besides `origin` (a GEMM records its blocking as `gemm`).
+        self.attrs: dict[str, str] = {}
 
     # ---- naming, scopes ------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:

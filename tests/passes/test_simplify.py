@@ -1,0 +1,206 @@
+"""`simplify`: the rewrite table on expressions, and the statement clean-ups."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from torchburn.ir import dtypes as dt
+from torchburn.ir.expr import Binary, Const, ScalarType, Var
+from torchburn.ir.parser import parse_expr
+from torchburn.ir.printer import print_expr
+from torchburn.passes.bounds import Bounds
+from torchburn.passes.simplify import Simplify, simplify_expr
+
+from .util import assert_ir, execute, kernel, run_pass
+
+
+def simp(text: str, bounds: Bounds | None = None) -> str:
+    return print_expr(simplify_expr(parse_expr(text), bounds))
+
+
+@pytest.mark.parametrize("before, after", [
+    # constant folding, in the operand dtype
+    ("3 + 4 * 2", "11"),
+    ("7 // -2", "-4"),
+    ("-7 % 3", "2"),
+    ("100:i8 + 100:i8", "-56:i8"),
+    ("1.5:f32 * 2.0:f32", "3.0:f32"),
+    ("0.1:f32 + 0.2:f32", "0.30000001192092896:f32"),
+    ("1.0:f32 / 0.0:f32", "inf:f32"),
+    ("2 < 3", "true"),
+    ("cast<f32>(0.1:f64)", "0.10000000149011612:f32"),
+    ("cast<i32>(-2.7:f32)", "-2:i32"),
+    # identities (float ones only where IEEE-exact)
+    ("x * 1", "x"),
+    ("x + 0", "x"),
+    ("x * 0", "0"),
+    ("x - x", "0"),
+    ("x // 1", "x"),
+    ("x % 1", "0"),
+    ("min(x, x)", "x"),
+    ("select(true, x, y)", "x"),
+    ("select(x < y, z, z)", "z"),
+    # polynomial normal form
+    ("(i0 + 1) * 4 - 4", "i0 * 4"),
+    ("(i0 * 4 + 1) * 2 - i0 * 8", "2"),
+    ("s0 - 1 - i0", "s0 - i0 - 1"),
+    ("i1 + i0 * s1 + 0", "i0 * s1 + i1"),
+    # division and remainder
+    ("(a * 8) // 4", "a * 2"),
+    ("(a * 8 + b) % 4", "b % 4"),
+    ("(x // 4) // 8", "x // 32"),
+    ("(x % 12) % 4", "x % 4"),
+    ("(x // 4) * 4 + x % 4", "x"),
+    ("(x // 4) * 8 + (x % 4) * 2 + 1", "x * 2 + 1"),
+    ("(a * 8 + b * 4 + 6) // 4", "a * 2 + b + 1"),
+    ("(a * s0) // s0", "a"),
+    ("(a * s0 + b) % s0", "b % s0"),
+])
+def test_expression_rules(before: str, after: str) -> None:
+    assert simp(before) == after
+
+
+def test_float_rules_respect_signed_zero() -> None:
+    x = Var("x", ScalarType(dt.f32))
+    assert simplify_expr(Binary("add", x, Const(-0.0, x.type), x.type)) == x
+    assert simplify_expr(Binary("sub", x, Const(0.0, x.type), x.type)) == x
+    assert simplify_expr(Binary("mul", x, Const(1.0, x.type), x.type)) == x
+    plus_zero = Binary("add", x, Const(0.0, x.type), x.type)
+    assert simplify_expr(plus_zero) == plus_zero  # -0.0 + 0.0 is +0.0, not x
+    times_zero = Binary("mul", x, Const(0.0, x.type), x.type)
+    assert simplify_expr(times_zero) == times_zero  # nan * 0 is nan
+
+
+def loop_bounds() -> Bounds:
+    b = Bounds(["s0", "s1"])
+    b = b.bind_loop(Var("i"), Const(0), Const(4))
+    b = b.bind_loop(Var("j"), Const(0), Var("s1"))
+    return b
+
+
+@pytest.mark.parametrize("before, after", [
+    ("(q * 4 + i) // 4", "q"),          # 0 <= i < 4
+    ("(q * 4 + i) % 4", "i"),
+    ("(i + 4) // 4", "1"),
+    ("(q * s1 + j) // s1", "q"),         # 0 <= j < s1, symbolic
+    ("(q * s1 + j) % s1", "j"),
+    ("i < 4", "true"),
+    ("i >= 4", "false"),
+    ("j < s1", "true"),
+    ("i == 5", "false"),
+    ("min(i, 7)", "i"),
+    ("max(i, 3)", "3"),
+    ("max(i, 2)", "max(i, 2)"),
+    ("max(j, s1)", "s1"),
+    ("select(i < 4, a, b)", "a"),
+])
+def test_rules_using_loop_bounds(before: str, after: str) -> None:
+    assert simp(before, loop_bounds()) == after
+
+
+def test_docstring_example() -> None:
+    k = kernel("""
+        kernel @k(%x: f32[64] strides [1], %out: f32[16, 4] strides [4, 1]) {
+          for i0 in 0..16 {
+            for i1 in 0..4 {
+              for i2 in 0..1 {
+                let t = 0
+                %out[(i0 * 4 + i1 + i2) // 4, (i0 * 4 + i1) % 4] = %x[i0 * 4 + i1 + t] * 1.0:f32
+              }
+            }
+          }
+        }
+    """)
+    out = run_pass(Simplify(), k)
+    assert_ir(out, """
+        kernel @k(%x: f32[64] strides [1], %out: f32[16, 4] strides [4, 1]) {
+          for i0 in 0..16 {
+            for i1 in 0..4 {
+              %out[i0, i1] = %x[i0 * 4 + i1]
+            }
+          }
+        }
+    """)
+    x = np.arange(64, dtype=np.float32)
+    for kk in (k, out):
+        r = execute(kk, {"x": x, "out": np.zeros((16, 4), np.float32)})
+        np.testing.assert_array_equal(r["out"].ravel(), x)
+
+
+def test_statement_cleanups() -> None:
+    k = kernel("""
+        kernel @k(%x: f32[s0] strides [1], %out: f32[s0] strides [1]) symbols(s0) {
+          for i in 0..s0 {
+            let unused = %x[i] * 2.0:f32
+            alloc %dead: f32[4] strides [1] local
+            let c = 3
+            for e in 0..0 {
+              %out[e] = 1.0:f32
+            }
+            for z in 0..s0 - s0 {
+              %out[z] = 1.0:f32
+            }
+            if i < s0 {
+              %out[i] = %x[i + c - 3]
+            } else {
+              %out[i] = 0.0:f32
+            }
+          }
+        }
+    """)
+    assert_ir(run_pass(Simplify(), k), """
+        kernel @k(%x: f32[s0] strides [1], %out: f32[s0] strides [1]) symbols(s0) {
+          for i in 0..s0 {
+            %out[i] = %x[i]
+          }
+        }
+    """)
+
+
+def test_extent_one_loop_keeps_its_names_local() -> None:
+    """Two one-iteration loops with a `let t` each dissolve into one block: the second `t` is
+    renamed (the verifier forbids binding a name twice in one scope)."""
+    k = kernel("""
+        kernel @k(%x: f32[4] strides [1], %out: f32[4, 2] strides [2, 1]) {
+          for i in 0..4 {
+            for j in 0..1 {
+              let t = %x[i] * 2.0:f32
+              %out[i, j] = t
+            }
+            for j in 1..+1 {
+              let t = %x[i] * 3.0:f32
+              %out[i, j] = t
+            }
+          }
+        }
+    """)
+    out = run_pass(Simplify(), k)
+    assert_ir(out, """
+        kernel @k(%x: f32[4] strides [1], %out: f32[4, 2] strides [2, 1]) {
+          for i in 0..4 {
+            let t = %x[i] * 2.0:f32
+            %out[i, 0] = t
+            let t_1 = %x[i] * 3.0:f32
+            %out[i, 1] = t_1
+          }
+        }
+    """)
+
+
+def test_idempotent_on_its_output() -> None:
+    k = kernel("""
+        kernel @k(%x: f32[s0, 8] strides [8, 1], %out: f32[s0, 8] strides [8, 1]) symbols(s0) {
+          for i in 0..s0 * 8 {
+            %out[i // 8, i % 8] = %x[(i // 8 * 8 + i % 8) // 8, i % 8]
+          }
+        }
+    """)
+    once = run_pass(Simplify(), k)
+    assert run_pass(Simplify(), once) == once
+    assert_ir(once, """
+        kernel @k(%x: f32[s0, 8] strides [8, 1], %out: f32[s0, 8] strides [8, 1]) symbols(s0) {
+          for i in 0..s0 * 8 {
+            %out[i // 8, i % 8] = %x[i // 8, i % 8]
+          }
+        }
+    """)

@@ -1,0 +1,193 @@
+"""`torchburn-opt`: in process through `main()` and as a subprocess, on the files in tests/data."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from torchburn.ir.parser import parse_all
+from torchburn.ir.verifier import verify
+from torchburn.opt import main
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
+
+
+def opt(*argv: str, stdin: str = "") -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(list(argv), stdin=io.StringIO(stdin), stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_no_passes_round_trips_the_input() -> None:
+    rc, out, err = opt(str(DATA / "pow.tbir"))
+    assert rc == 0, err
+    assert out.strip() == (DATA / "pow.tbir").read_text().strip()
+
+
+def test_pipeline_across_levels() -> None:
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--passes", "canonicalize,fuse,lower-to-loops,vectorize")
+    assert rc == 0, err
+    (program,) = parse_all(out)
+    verify(program)
+    assert out.startswith("program @mlp(")
+    assert "ramp(" in out  # vectorized
+    assert "full()" not in out and "1.0:f32" not in out  # x * 1 folded away by canonicalize
+
+
+def test_canonicalize_on_text() -> None:
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--passes", "canonicalize")
+    assert rc == 0, err
+    assert out.splitlines()[-3:] == [
+        '  %9 = tanh(%4) : f32[4, 8] loc("aten.tanh.default @ model.py:9")', "  return %9", "}"]
+
+
+def test_stdin_and_output_file(tmp_path: Path) -> None:
+    target = tmp_path / "out.tbir"
+    rc, out, err = opt("-", "--passes", "vectorize", "-o", str(target), stdin=(DATA / "kernel.tbir").read_text())
+    assert rc == 0, err
+    assert out == ""
+    text = target.read_text()
+    assert text.startswith("kernel @scale(") and "ramp(0, 1, 16)" in text
+
+
+def test_print_after_all_and_time_passes() -> None:
+    rc, out, err = opt(str(DATA / "pow.tbir"), "--passes", "canonicalize,fuse", "--print-after-all", "--time-passes")
+    assert rc == 0, err
+    assert "// ----- IR after canonicalize -----" in err and "// ----- IR after fuse -----" in err
+    assert "total" in err and "canonicalize" in err.split("// ----- IR after fuse -----")[-1]
+
+
+def test_list_passes_shows_options_types_and_defaults() -> None:
+    rc, out, err = opt("--list-passes")
+    assert rc == 0, err
+    lines = out.splitlines()
+    canon = next(i for i, ln in enumerate(lines) if ln.startswith("canonicalize "))
+    assert "[tensor]" in lines[canon] and "Fold identities" in lines[canon]
+    assert lines[canon + 1].split() == ["ignore_signed_zeros:", "bool", "=", "false"]
+    assert any(ln.startswith("fuse ") for ln in lines) and any(ln.startswith("lower-to-loops ") for ln in lines)
+    assert any("max_recompute_cost: int = 4" in ln for ln in lines)
+
+
+def test_parse_error_points_at_the_file_position() -> None:
+    rc, out, err = opt(str(DATA / "bad_syntax.tbir"))
+    assert rc == 1
+    assert err.startswith(f"{DATA / 'bad_syntax.tbir'}:3:3: expected ']'")
+    assert "^" in err
+
+
+def test_verifier_error_points_at_the_op() -> None:
+    rc, out, err = opt(str(DATA / "bad_type.tbir"))
+    assert rc == 1
+    first = err.splitlines()[0]
+    assert first.startswith(f"{DATA / 'bad_type.tbir'}:3:3: error: invalid IR:"), err
+    assert "f32[8]" in first
+
+
+@pytest.mark.parametrize("passes,message", [
+    ("vectorize", "pass 1 (vectorize) works on loop IR (a program), but the input @main is a tensor graph; "
+                  "lower it first with lower-to-loops"),
+    ("lower-to-loops,fuse", "pass 2 (fuse) works on a tensor graph, but the IR after lower-to-loops is loop IR"),
+    ("no-such-pass", "unknown pass 'no-such-pass'"),
+    ("fuse{bogus=1}", "pass fuse has no option 'bogus'"),
+    ("fuse{max_recompute_cost=many}", "is not a int"),
+])
+def test_usage_errors_exit_2(passes: str, message: str) -> None:
+    rc, out, err = opt(str(DATA / "pow.tbir"), "--passes", passes)
+    assert rc == 2
+    assert message in err, err
+
+
+def test_missing_file_and_bad_flag_exit_2() -> None:
+    assert opt("no/such/file.tbir")[0] == 2
+    rc, _, err = opt("--emit", "pdf", str(DATA / "pow.tbir"))
+    assert rc == 2 and "invalid choice" in err
+
+
+def test_emit_llvm_and_asm() -> None:
+    rc, out, err = opt(str(DATA / "pow.tbir"), "--passes", "canonicalize,fuse,lower-to-loops", "--emit", "llvm")
+    assert rc == 0, err
+    assert "define" in out and "target triple" in out
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--passes", "fuse,lower-to-loops", "--emit", "asm")
+    assert rc == 0, err  # the temporary is planned before codegen
+    assert "torchburn_mlp" in out and ".text" in out or ".section" in out
+
+
+def test_emit_llvm_needs_loop_ir() -> None:
+    rc, out, err = opt(str(DATA / "pow.tbir"), "--emit", "llvm")
+    assert rc == 2 and "add lower-to-loops" in err
+
+
+def test_emit_wgsl() -> None:
+    import importlib.util
+
+    rc, out, err = opt(str(DATA / "kernel.tbir"), "--passes", "gpu-map", "--emit", "wgsl")
+    if importlib.util.find_spec("torchburn.codegen.wgsl") is None:
+        assert rc == 2 and "no WGSL code generator" in err
+    else:
+        assert rc == 0, err
+        assert "@compute" in out
+
+
+def test_verify_each_catches_a_broken_pass(tmp_path: Path) -> None:
+    plugin = tmp_path / "broken.py"
+    plugin.write_text('''
+from dataclasses import dataclass
+from typing import ClassVar
+from torchburn.ir.tensor import TensorType
+from torchburn.passes import TensorPass, register_pass
+
+@register_pass
+@dataclass(frozen=True)
+class Broken(TensorPass):
+    "Gives the last op a wrong result type."
+    name: ClassVar[str] = "test-broken"
+
+    def run(self, graph):
+        r = graph.ops[-1].results[0]
+        r.type = TensorType(r.type.dtype, r.type.shape + r.type.shape)
+        return graph
+''')
+    rc, out, err = opt("--load-pass-plugin", str(plugin), str(DATA / "pow.tbir"), "--passes", "test-broken")
+    assert rc == 1 and "IR invalid after pass test-broken" in err
+    rc, out, err = opt("--load-pass-plugin", str(plugin), str(DATA / "pow.tbir"), "--passes", "test-broken",
+                       "--no-verify-each")
+    assert rc == 0
+
+
+def test_plugin_errors_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    rc, out, err = opt("--load-pass-plugin", str(bad), "--list-passes")
+    assert rc == 2 and "RuntimeError: boom" in err
+    assert opt("--load-pass-plugin", str(tmp_path / "missing.py"), "--list-passes")[0] == 2
+
+
+def run_cli(*argv: str, stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "torchburn.opt", *argv], input=stdin, capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_subprocess_with_plugin() -> None:
+    p = run_cli("--load-pass-plugin", str(DATA / "plugin_passes.py"), str(DATA / "pow.tbir"),
+                "--passes", "test-square")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "\n".join([
+        "graph @main(%x: f32[32, 512]) {",
+        '  %4 = mul(%x, %x) : f32[32, 512] loc("aten.pow.Tensor_Scalar @ model.py:6")',
+        "  return %4",
+        "}"])
+
+
+def test_subprocess_stdin_and_exit_codes() -> None:
+    p = run_cli("--passes", "canonicalize", stdin=(DATA / "pow.tbir").read_text())
+    assert p.returncode == 0 and p.stdout.startswith("graph @main")
+    assert run_cli(str(DATA / "bad_syntax.tbir")).returncode == 1
+    p = run_cli(str(DATA / "pow.tbir"), "--passes", "vectorize")
+    assert p.returncode == 2 and "lower-to-loops" in p.stderr

@@ -1,0 +1,313 @@
+"""Neural-network layers: convolution (forward, transposed, backward), pooling (max, average,
+adaptive; forward and backward), variance for the norms, and embedding.
+
+Batch norm and group norm reach us decomposed (see `decompositions.py`) into reductions and
+elementwise ops, plus `var_mean`, lowered here; layer norm and RMS norm decompose in PyTorch's
+core table. Convolutions and pools compute in f32 for half-precision inputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ...ir import dtypes as dt
+from ...ir.expr import Const, Expr
+from ...ir.tensor import Value
+from ..builder import Builder, normalize_dim, numel
+from ..registry import Unsupported, lowering
+from ..symbols import shape_to_exprs
+
+aten = torch.ops.aten
+
+
+def _spatial(v: Any, n: int, name: str, default: Optional[int] = None) -> tuple[int, ...]:
+    """An int or list attribute repeated to `n` spatial dims."""
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        if default is None:
+            raise Unsupported(f"missing {name}")
+        return (default,) * n
+    vals = [v] if isinstance(v, int) else list(v)
+    if len(vals) == 1:
+        vals = vals * n
+    if len(vals) != n or not all(isinstance(x, int) for x in vals):
+        raise Unsupported(f"{name} {v} for {n} spatial dims")
+    return tuple(int(x) for x in vals)
+
+
+def _float_compute(b: Builder, *vals: Value) -> list[Value]:
+    for v in vals:
+        if not v.dtype.is_float:
+            raise Unsupported(f"{b.node.target if b.node else 'op'} of a {v.dtype} tensor")
+    return [b.to_compute(v) for v in vals]
+
+
+def _out_spatial(b: Builder, nsp: int, i: Optional[int] = None) -> tuple[Expr, ...]:
+    meta = b.out_meta(i)
+    return shape_to_exprs(meta.shape)[meta.dim() - nsp:]
+
+
+# ---- convolution ----------------------------------------------------------------------------------
+
+def _conv_attrs(stride: Any, padding: Any, dilation: Any, nsp: int, groups: int) -> dict[str, Any]:
+    return dict(stride=_spatial(stride, nsp, "stride"), padding=_spatial(padding, nsp, "padding"),
+                dilation=_spatial(dilation, nsp, "dilation"), groups=int(groups))
+
+
+@lowering(aten.convolution.default)
+def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: Any, padding: Any,
+                dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Value:
+    nsp = w.type.rank - 2
+    if nsp < 1 or x.type.rank != nsp + 2:
+        raise Unsupported(f"convolution of a rank-{x.type.rank} input (batched input expected)")
+    out = b.out_dtype
+    xc, wc = _float_compute(b, x, w)
+    attrs = _conv_attrs(stride, padding, dilation, nsp, groups)
+    if transposed:
+        res = b.op("conv_grad_input", xc, wc, in_size=_out_spatial(b, nsp), **attrs)
+        if bias is not None:
+            bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
+            res = b.op("add", res, b.expand(bc, res.shape))
+    elif bias is not None:
+        res = b.op("conv", xc, wc, b.to_compute(bias), **attrs)
+    else:
+        res = b.op("conv", xc, wc, **attrs)
+    return b.cast(res, out)
+
+
+@lowering(aten.convolution_backward.default)
+def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes: Any, stride: Any,
+                         padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                         output_mask: Sequence[bool]) -> tuple[Optional[Value], ...]:
+    nsp = w.type.rank - 2
+    if nsp < 1 or x.type.rank != nsp + 2:
+        raise Unsupported("convolution_backward of an unbatched input")
+    gc, xc, wc = _float_compute(b, grad, x, w)
+    attrs = _conv_attrs(stride, padding, dilation, nsp, groups)
+    gi = gw = gb = None
+    if output_mask[0]:
+        if transposed:
+            gi = b.op("conv", gc, wc, **attrs)
+        else:
+            gi = b.op("conv_grad_input", gc, wc, in_size=x.shape[2:], **attrs)
+        gi = b.cast(gi, x.dtype)
+    if output_mask[1]:
+        if transposed:
+            gw = b.op("conv_grad_weight", xc, gc, window=w.shape[2:], **attrs)
+        else:
+            gw = b.op("conv_grad_weight", gc, xc, window=w.shape[2:], **attrs)
+        gw = b.cast(gw, w.dtype)
+    if output_mask[2]:
+        dims = (0, *range(2, grad.type.rank))
+        gb = b.cast(b.op("reduce_sum", gc, dims=dims, keepdim=False), grad.dtype)
+    return gi, gw, gb
+
+
+# ---- pooling --------------------------------------------------------------------------------------
+
+def _pool(b: Builder, x: Value, kind: str, out_size: tuple[Expr, ...], **attrs: Any) -> Value:
+    attrs.setdefault("window", ())
+    attrs.setdefault("stride", ())
+    attrs.setdefault("padding", ())
+    attrs.setdefault("dilation", ())
+    attrs.setdefault("adaptive", False)
+    attrs.setdefault("count_include_pad", True)
+    attrs.setdefault("divisor_override", None)
+    return b.op("pool", x, kind=kind, out_size=out_size, **attrs)
+
+
+def _pool_grad(b: Builder, operands: Sequence[Value], kind: str, in_size: tuple[Expr, ...], **attrs: Any) -> Value:
+    attrs.setdefault("window", ())
+    attrs.setdefault("stride", ())
+    attrs.setdefault("padding", ())
+    attrs.setdefault("dilation", ())
+    attrs.setdefault("adaptive", False)
+    attrs.setdefault("count_include_pad", True)
+    attrs.setdefault("divisor_override", None)
+    return b.op("pool_grad", *operands, kind=kind, in_size=in_size, **attrs)
+
+
+def _window(kernel: Any, stride: Any, padding: Any, dilation: Any, nsp: int) -> dict[str, tuple[int, ...]]:
+    k = _spatial(kernel, nsp, "kernel_size")
+    s = _spatial(stride, nsp, "stride") if stride not in (None, [], ()) else k
+    return dict(window=k, stride=s, padding=_spatial(padding, nsp, "padding", 0),
+                dilation=_spatial(dilation, nsp, "dilation", 1))
+
+
+def _max_pool(nsp: int) -> Any:
+    def fn(b: Builder, x: Value, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+           ceil_mode: bool = False) -> tuple[Value, Value]:
+        if x.dtype.is_bool:
+            raise Unsupported("max pooling of a bool tensor")
+        xc = b.to_compute(x)
+        win = _window(kernel, stride, padding, dilation, nsp)
+        out_size = _out_spatial(b, nsp, 0)
+        values = b.cast(_pool(b, xc, "max", out_size, **win), x.dtype)
+        return values, _pool(b, xc, "argmax", out_size, **win)
+    return fn
+
+
+lowering(aten.max_pool2d_with_indices.default)(_max_pool(2))
+lowering(aten.max_pool3d_with_indices.default)(_max_pool(3))
+
+
+def _max_pool_backward(nsp: int) -> Any:
+    def fn(b: Builder, grad: Value, x: Value, kernel: Any, stride: Any, padding: Any, dilation: Any,
+           ceil_mode: bool, indices: Value) -> Value:
+        (gc,) = _float_compute(b, grad)
+        win = _window(kernel, stride, padding, dilation, nsp)
+        res = _pool_grad(b, (gc, indices), "max", x.shape[x.type.rank - nsp:], **win)
+        return b.cast(res, grad.dtype)
+    return fn
+
+
+lowering(aten.max_pool2d_with_indices_backward.default)(_max_pool_backward(2))
+lowering(aten.max_pool3d_with_indices_backward.default)(_max_pool_backward(3))
+
+
+def _avg_pool(nsp: int) -> Any:
+    def fn(b: Builder, x: Value, kernel: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+           count_include_pad: bool = True, divisor_override: Optional[int] = None) -> Value:
+        (xc,) = _float_compute(b, x)
+        win = _window(kernel, stride, padding, 1, nsp)
+        res = _pool(b, xc, "avg", _out_spatial(b, nsp), count_include_pad=bool(count_include_pad),
+                    divisor_override=divisor_override, **win)
+        return b.cast(res, x.dtype)
+    return fn
+
+
+lowering(aten.avg_pool2d.default)(_avg_pool(2))
+lowering(aten.avg_pool3d.default)(_avg_pool(3))
+
+
+def _avg_pool_backward(nsp: int) -> Any:
+    def fn(b: Builder, grad: Value, x: Value, kernel: Any, stride: Any, padding: Any, ceil_mode: bool,
+           count_include_pad: bool, divisor_override: Optional[int]) -> Value:
+        (gc,) = _float_compute(b, grad)
+        win = _window(kernel, stride, padding, 1, nsp)
+        res = _pool_grad(b, (gc,), "avg", x.shape[x.type.rank - nsp:], count_include_pad=bool(count_include_pad),
+                         divisor_override=divisor_override, **win)
+        return b.cast(res, grad.dtype)
+    return fn
+
+
+lowering(aten.avg_pool2d_backward.default)(_avg_pool_backward(2))
+lowering(aten.avg_pool3d_backward.default)(_avg_pool_backward(3))
+
+
+def _adaptive_avg(nsp: int) -> Any:
+    def fn(b: Builder, x: Value, output_size: Any) -> Value:
+        (xc,) = _float_compute(b, x)
+        return b.cast(_pool(b, xc, "avg", _out_spatial(b, nsp), adaptive=True), x.dtype)
+    return fn
+
+
+lowering(aten._adaptive_avg_pool2d.default)(_adaptive_avg(2))
+lowering(aten._adaptive_avg_pool3d.default)(_adaptive_avg(3))
+
+
+def _adaptive_avg_backward(nsp: int) -> Any:
+    def fn(b: Builder, grad: Value, x: Value) -> Value:
+        (gc,) = _float_compute(b, grad)
+        res = _pool_grad(b, (gc,), "avg", x.shape[x.type.rank - nsp:], adaptive=True)
+        return b.cast(res, grad.dtype)
+    return fn
+
+
+lowering(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_backward(2))
+lowering(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_backward(3))
+
+
+def _adaptive_max(nsp: int) -> Any:
+    def fn(b: Builder, x: Value, output_size: Any) -> tuple[Value, Value]:
+        if x.dtype.is_bool:
+            raise Unsupported("max pooling of a bool tensor")
+        xc = b.to_compute(x)
+        out_size = _out_spatial(b, nsp, 0)
+        values = b.cast(_pool(b, xc, "max", out_size, adaptive=True), x.dtype)
+        return values, _pool(b, xc, "argmax", out_size, adaptive=True)
+    return fn
+
+
+lowering(aten.adaptive_max_pool2d.default)(_adaptive_max(2))
+lowering(aten.adaptive_max_pool3d.default)(_adaptive_max(3))
+
+
+def _adaptive_max_backward(nsp: int) -> Any:
+    def fn(b: Builder, grad: Value, x: Value, indices: Value) -> Value:
+        (gc,) = _float_compute(b, grad)
+        res = _pool_grad(b, (gc, indices), "max", x.shape[x.type.rank - nsp:], adaptive=True)
+        return b.cast(res, grad.dtype)
+    return fn
+
+
+lowering(aten.adaptive_max_pool2d_backward.default)(_adaptive_max_backward(2))
+lowering(aten.adaptive_max_pool3d_backward.default)(_adaptive_max_backward(3))
+
+
+# ---- variance (batch norm, group norm, layer norm, var/std) ---------------------------------------
+
+def _reduce_dims(x: Value, dims: Any) -> tuple[int, ...]:
+    rank = x.type.rank
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({normalize_dim(d, rank) for d in dims}))
+
+
+def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool) -> tuple[Value, Value]:
+    """Two passes in the compute dtype: the mean, then the mean squared deviation with
+    `N - correction` in the denominator (clamped at 0, as PyTorch does)."""
+    (xc,) = _float_compute(b, x)
+    if xc.type.rank == 0:
+        zero = b.full(0.0, (), xc.dtype)
+        return b.op("div", zero, b.full(0.0 if (correction or 0) else 1.0, (), xc.dtype)), xc
+    d = _reduce_dims(xc, dims)
+    count = numel([xc.shape[i] for i in d])
+    nf = b.cast(b.full(count, (), dt.i64), xc.dtype)
+    total = b.op("reduce_sum", xc, dims=d, keepdim=True)
+    mean_k = b.op("div", total, b.expand(nf, total.shape))
+    dev = b.op("sub", xc, b.expand(mean_k, xc.shape))
+    sq = b.op("reduce_sum", b.op("mul", dev, dev), dims=d, keepdim=bool(keepdim))
+    c = 1.0 if correction is None else float(correction)
+    denom = b.op("max", b.op("sub", nf, b.full(c, (), xc.dtype)), b.full(0.0, (), xc.dtype))
+    var = b.op("div", sq, b.expand(denom, sq.shape))
+    mean = mean_k if keepdim else b.reshape(mean_k, sq.shape)
+    return var, mean
+
+
+def _correction(b: Builder, unbiased: Any, kw: dict[str, Any]) -> Any:
+    """The correction of `var.correction` (keyword) or `var.dim` (`unbiased`)."""
+    assert b.node is not None
+    if b.node.target in (aten.var_mean.correction, aten.var.correction):
+        c = kw.get("correction")
+        return 1 if c is None else c
+    return 1 if unbiased is None or unbiased else 0
+
+
+@lowering(aten.var_mean.correction, aten.var_mean.dim)
+def var_mean(b: Builder, x: Value, dims: Any = None, unbiased: Any = None, keepdim: bool = False,
+             **kw: Any) -> tuple[Value, Value]:
+    var, mean = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim))
+    out = b.out_dtype
+    return b.cast(var, out), b.cast(mean, out)
+
+
+@lowering(aten.var.correction, aten.var.dim)
+def var(b: Builder, x: Value, dims: Any = None, unbiased: Any = None, keepdim: bool = False, **kw: Any) -> Value:
+    v, _ = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim))
+    return b.cast(v, b.out_dtype)
+
+
+# ---- embedding --------------------------------------------------------------------------------------
+
+@lowering(aten.embedding.default)
+def embedding(b: Builder, weight: Value, indices: Value, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+              sparse: bool = False) -> Value:
+    if indices.dtype.is_float or indices.dtype.is_bool:
+        raise Unsupported("embedding indices must be integers")
+    if indices.type.rank == 0:
+        row = b.op("index", weight, b.reshape(indices, (Const(1),)), dims=(0,), pos=0)
+        return b.reshape(row, weight.shape[1:])
+    return b.op("index", weight, indices, dims=(0,), pos=0)

@@ -1,0 +1,296 @@
+"""Loop forms of the indexing ops: gathers (`gather`, `index`), `flip`, `pad`,
+`slice_scatter` as element rules; scatters (`scatter`, `index_put`), `argsort` and `scan` as
+root rules (category `ordered`), which build their kernel's whole body.
+
+Index values read from tensors are wrapped (negative counts from the end, where PyTorch
+allows it) and clamped into the indexed dim, so no kernel reads or writes outside a buffer
+even for indices PyTorch would reject.
+
+A scatter kernel copies, then updates in the order of the index tensor, serially (duplicate
+indices accumulate in order, as in PyTorch's CPU kernels):
+
+    for i0 in 0..4 { for i1 in 0..6 { %out[i0, i1] = %x[i0, i1] } }
+    for j2 in 0..4 {
+      for j3 in 0..3 {
+        let x4 = %idx[j2, j3]
+        let t5 = min(max(x4, 0), 5)
+        %out[j2, t5] = %out[j2, t5] + %src[j2, j3]
+      }
+    }
+
+The update loops are not independent (two iterations may hit one element); `parallelize`
+and `vectorize` see the data-dependent store address and leave them serial.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType
+from ...ir.tensor import Op, Value
+from . import scalar_ops
+from .kernel_builder import REDUCE_INIT, Index, KernelBuilder, element_rule, root_rule
+from .nn_rules import Accumulator, clamp, in_range
+
+BOOL = ex.BOOL
+
+
+def index_value(kb: KernelBuilder, v: Value, idx: Index, size: Expr, wrap: bool) -> Expr:
+    """The index stored in `v[idx]`, as an i64 position in `[0, size)`."""
+    raw = kb.value_at(v, idx)
+    i = kb.bind(ex.cast(raw, dt.i64)) if raw.dtype != dt.i64 else raw
+    if wrap:
+        i = kb.bind(ex.select(ex.binary("lt", i, Const(0)), ex.add(i, size), i))
+    return kb.bind(clamp(i, size))
+
+
+# ---- gathers ----------------------------------------------------------------------------------
+
+@element_rule("gather")
+def gather(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
+    src, index = op.operands
+    dim = int(op.attrs["dim"])
+    pos = index_value(kb, index, idx, src.shape[dim], wrap=False)
+    return kb.value_at(src, tuple(pos if d == dim else i for d, i in enumerate(idx)))
+
+
+def indexed_source(kb: KernelBuilder, op: Op, src: Value, indices: Sequence[Value], idx: Index) -> Index:
+    """For `index`-style ops: the `src` index of result element `idx`."""
+    dims, pos = tuple(op.attrs["dims"]), int(op.attrs["pos"])
+    nb = indices[0].type.rank
+    b_idx = idx[pos:pos + nb]
+    rest = iter(idx[:pos] + idx[pos + nb:])
+    out: list[Expr] = []
+    for d in range(src.type.rank):
+        if d in dims:
+            out.append(index_value(kb, indices[dims.index(d)], b_idx, src.shape[d], wrap=True))
+        else:
+            out.append(next(rest))
+    return tuple(out)
+
+
+@element_rule("index")
+def index(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
+    src = op.operands[0]
+    return kb.value_at(src, indexed_source(kb, op, src, op.operands[1:], idx))
+
+
+@element_rule("flip")
+def flip(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
+    src = op.operands[0]
+    dims = {int(d) % max(src.type.rank, 1) for d in op.attrs["dims"]}
+    return kb.value_at(src, tuple(ex.sub(ex.sub(src.shape[d], Const(1)), i) if d in dims else i
+                                  for d, i in enumerate(idx)))
+
+
+@element_rule("pad")
+def pad(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
+    src = op.operands[0]
+    low, high = op.attrs["low"], op.attrs["high"]
+    pos: list[Expr] = []
+    valid: Optional[Expr] = None
+    for d, i in enumerate(idx):
+        p = ex.sub(i, ex.as_expr(low[d]))
+        if int(low[d]) > 0 or int(high[d]) > 0:
+            p = kb.bind(p, "t")
+            ok = in_range(p, src.shape[d])
+            valid = ok if valid is None else ex.Binary("and", valid, ok, BOOL)
+            p = clamp(p, src.shape[d])
+        pos.append(p)
+    v = kb.value_at(src, tuple(pos))
+    if valid is None:
+        return v
+    return kb.bind(ex.select(kb.bind(valid), v, scalar_ops.constant(op.attrs["value"], src.dtype)))
+
+
+@element_rule("slice_scatter")
+def slice_scatter(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
+    x, src = op.operands
+    dim = int(op.attrs["dim"])
+    start, step = ex.as_expr(op.attrs["start"]), int(op.attrs["step"])
+    rel = kb.bind(ex.sub(idx[dim], start), "t")
+    j = rel if step == 1 else kb.bind(ex.floordiv(rel, Const(step)), "t")
+    inside = in_range(j, src.shape[dim])
+    if step > 1:
+        inside = ex.Binary("and", inside, ex.binary("eq", ex.mod(rel, Const(step)), Const(0)), BOOL)
+    sv = kb.value_at(src, tuple(clamp(j, src.shape[dim]) if d == dim else i for d, i in enumerate(idx)))
+    xv = kb.value_at(x, idx)
+    return kb.bind(ex.select(kb.bind(inside), sv, xv))
+
+
+# ---- root rules: copy, then update --------------------------------------------------------------
+
+def _nest(kb: KernelBuilder, shape: tuple[Expr, ...], prefix: str, body_fn: Callable[[Index], None],
+          order: Optional[Sequence[int]] = None) -> lp.Stmt:
+    """A loop nest over `shape` (loops in `order` of dims, outermost first) whose body
+    `body_fn(index)` emits through the builder."""
+    vars_ = kb.loops(shape, prefix)
+    kb.push()
+    body_fn(vars_)
+    body = kb.pop()
+    order = list(order) if order is not None else list(range(len(shape)))
+    origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
+    return kb.nest(tuple(vars_[d] for d in order), tuple(shape[d] for d in order), body, origin)
+
+
+def copy_into(kb: KernelBuilder, src: Value, out: lp.Buffer) -> lp.Stmt:
+    """`out[i] = src[i]` over the whole result (fused producers of `src` are computed here)."""
+    kb.used_buffers[out.name] = out
+    return _nest(kb, out.shape, "i", lambda i: kb.emit(lp.Store(out.name, i, kb.value_at(src, i))))
+
+
+def _origin(kb: KernelBuilder, op: Op) -> None:
+    if op.loc and op.loc not in kb.origins:
+        kb.origins.append(op.loc)
+
+
+SCATTER_IDENTITY = {"add": "reduce_sum", "mul": "reduce_prod", "max": "reduce_max", "min": "reduce_min"}
+
+
+def _combine(reduce: str, cur: Expr, new: Expr) -> Expr:
+    if reduce == "none":
+        return new
+    return scalar_ops.binary(reduce, cur, new)
+
+
+@root_rule("scatter")
+def scatter(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
+    x, index, src = op.operands
+    dim = int(op.attrs["dim"])
+    reduce = op.attrs["reduce"]
+    _origin(kb, op)
+    phases = [copy_into(kb, x, out)]
+
+    def target(j: Index) -> Index:
+        t = index_value(kb, index, j, out.shape[dim], wrap=False)
+        return tuple(t if d == dim else i for d, i in enumerate(j))
+
+    if reduce != "none" and not op.attrs.get("include_self", True):
+        init = REDUCE_INIT[SCATTER_IDENTITY[reduce]](out.dtype)
+        phases.append(_nest(kb, index.shape, "j", lambda j: kb.emit(lp.Store(out.name, target(j), init))))
+
+    def update(j: Index) -> None:
+        tgt = target(j)
+        cur = ex.Load(out.name, tgt, ScalarType(out.dtype))
+        kb.emit(lp.Store(out.name, tgt, _combine(reduce, cur, kb.value_at(src, j))))
+
+    phases.append(_nest(kb, index.shape, "j", update))
+    return lp.block(*phases)
+
+
+@root_rule("index_put")
+def index_put(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
+    x, values = op.operands[0], op.operands[1]
+    indices = op.operands[2:]
+    accumulate = bool(op.attrs["accumulate"])
+    _origin(kb, op)
+    copy = copy_into(kb, x, out)
+
+    def update(j: Index) -> None:
+        tgt = indexed_source(kb, op, x, indices, j)
+        v = kb.value_at(values, j)
+        if accumulate:
+            v = scalar_ops.binary("add", ex.Load(out.name, tgt, ScalarType(out.dtype)), v)
+        kb.emit(lp.Store(out.name, tgt, v))
+
+    return lp.block(copy, _nest(kb, values.shape, "j", update))
+
+
+# ---- sorting and scans --------------------------------------------------------------------------
+
+def _before(a: Expr, b: Expr, descending: bool) -> Expr:
+    """Whether `a` sorts strictly before `b` (NaN above every number)."""
+    if descending:
+        first = scalar_ops.binary("gt", a, b)
+        if a.dtype.is_float:
+            first = ex.Binary("or", first, ex.Binary("and", ex.call("isnan", a), ex.call("not", ex.call("isnan", b)), BOOL), BOOL)
+        return first
+    first = scalar_ops.binary("lt", a, b)
+    if a.dtype.is_float:
+        first = ex.Binary("or", first, ex.Binary("and", ex.call("not", ex.call("isnan", a)), ex.call("isnan", b), BOOL), BOOL)
+    return first
+
+
+def _same(a: Expr, b: Expr) -> Expr:
+    eq = scalar_ops.binary("eq", a, b)
+    if a.dtype.is_float:
+        eq = ex.Binary("or", eq, ex.Binary("and", ex.call("isnan", a), ex.call("isnan", b), BOOL), BOOL)
+    return eq
+
+
+@root_rule("argsort")
+def argsort(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
+    """Each element's rank is the number of elements sorting before it (ties broken by
+    position, which makes the sort stable); the element's position is stored at its rank.
+    Quadratic in the sorted length: meant for the short rows of top-k and small sorts."""
+    x = op.operands[0]
+    dim = int(op.attrs["dim"])
+    descending = bool(op.attrs["descending"])
+    n = x.shape[dim]
+    _origin(kb, op)
+    kb.used_buffers[out.name] = out
+
+    def body(i: Index) -> None:
+        xi = kb.value_at(x, i)
+        count = Accumulator(kb, dt.i64, Const(0), "cnt")
+        (jv,) = kb.loops((n,), "r")
+        kb.push()
+        xj = kb.value_at(x, tuple(jv if d == dim else v for d, v in enumerate(i)))
+        tie = ex.Binary("and", _same(xj, xi), ex.binary("lt", jv, i[dim]), BOOL)
+        before = kb.bind(ex.Binary("or", _before(xj, xi, descending), tie, BOOL))
+        count.combine("add", ex.select(before, Const(1), Const(0)))
+        kb.emit(kb.nest((jv,), (n,), kb.pop()))
+        rank = kb.bind(clamp(count.result(), n))
+        kb.emit(lp.Store(out.name, tuple(rank if d == dim else v for d, v in enumerate(i)), i[dim]))
+
+    order = [d for d in range(x.type.rank) if d != dim] + [dim]
+    return _nest(kb, x.shape, "i", body, order)
+
+
+def _log_add_exp(a: Expr, b: Expr) -> Expr:
+    """`log(exp(a) + exp(b))` as PyTorch's logcumsumexp computes it: `max + log1p(exp(min -
+    max))`, except equal infinities (which give `a`); NaN propagates."""
+    lo, hi = ex.minimum(a, b), ex.maximum(a, b)
+    same_inf = ex.Binary("and", scalar_ops.binary("eq", lo, hi), ex.call("not", ex.call("isfinite", lo)), BOOL)
+    res = ex.select(same_inf, a, scalar_ops.binary("add", ex.call("log1p", ex.call("exp", scalar_ops.binary("sub", lo, hi))), hi))
+    any_nan = ex.Binary("or", ex.call("isnan", a), ex.call("isnan", b), BOOL)
+    return ex.select(any_nan, scalar_ops.binary("add", a, b), res)
+
+
+def _arg_step(kb: KernelBuilder, x: Value, i: Index, dim: int, prev: Expr, kind: str) -> Expr:
+    """cummax/cummin's index update: move to `i` when `x[i]` is NaN, or when the running
+    extreme `x[prev]` is not NaN and `x[i] >= x[prev]` (`<=` for argmin)."""
+    xi = kb.value_at(x, i)
+    best = kb.value_at(x, tuple(clamp(prev, x.shape[dim]) if d == dim else v for d, v in enumerate(i)))
+    take = scalar_ops.binary("ge" if kind == "argmax" else "le", xi, best)
+    if xi.dtype.is_float:
+        take = ex.Binary("or", ex.call("isnan", xi),
+                         ex.Binary("and", ex.call("not", ex.call("isnan", best)), take, BOOL), BOOL)
+    return ex.select(take, i[dim], prev)
+
+
+@root_rule("scan")
+def scan(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
+    """`out[.., i, ..] = out[.., i - 1, ..] op x[.., i, ..]`, with the scanned dim innermost."""
+    x = op.operands[0]
+    dim = int(op.attrs["dim"])
+    kind = op.attrs["kind"]
+    _origin(kb, op)
+    kb.used_buffers[out.name] = out
+
+    def body(i: Index) -> None:
+        prev_idx = tuple(ex.maximum(ex.sub(v, Const(1)), Const(0)) if d == dim else v for d, v in enumerate(i))
+        prev = kb.bind(ex.Load(out.name, prev_idx, ScalarType(out.dtype)))
+        first = ex.binary("eq", i[dim], Const(0))
+        if kind in ("argmax", "argmin"):
+            step = _arg_step(kb, x, i, dim, prev, kind)
+            kb.emit(lp.Store(out.name, i, ex.select(first, Const(0), step)))
+            return
+        xi = kb.value_at(x, i)
+        step = _log_add_exp(prev, xi) if kind == "logaddexp" else scalar_ops.binary(kind, prev, xi)
+        kb.emit(lp.Store(out.name, i, ex.select(first, xi, step)))
+
+    order = [d for d in range(x.type.rank) if d != dim] + [dim]
+    return _nest(kb, x.shape, "i", body, order)
