@@ -112,12 +112,17 @@ def _first(lines: list[str], n: int) -> str:
     return "\n".join(lines[:n] + (["..."] if len(lines) > n else []))
 
 
-def _kernel_excerpt(program: str, max_lines: int = 60) -> str:
-    """The program header and its last kernel (the output epilogue or the smallest one)."""
+def _kernel_excerpt(program: str, max_lines: int = 50) -> str:
+    """The program header, the head of one kernel, and its micro-kernel (the first `fma`)."""
     parts = re.split(r"(?m)^(?=kernel @)", program)
     header, kernels = parts[0], parts[1:]
-    smallest = min(kernels, key=len) if kernels else ""
-    return header.rstrip() + "\n" + _first(smallest.rstrip().splitlines(), max_lines)
+    kernel = kernels[-1] if kernels else ""
+    lines = kernel.rstrip().splitlines()
+    hit = next((i for i, l in enumerate(lines) if "fma(" in l), None)
+    if hit is None:
+        return header.rstrip() + "\n" + _first(lines, max_lines)
+    head = lines[:6]
+    return header.rstrip() + "\n" + "\n".join(head) + "\n  ...\n" + _first(lines[max(hit - 12, 6):], 30)
 
 
 def _llvm_excerpt(llvm: str) -> str:
@@ -127,7 +132,7 @@ def _llvm_excerpt(llvm: str) -> str:
 
 
 def _asm_excerpt(asm: str) -> str:
-    vec = [l for l in asm.splitlines() if "zmm" in l or "ymm" in l]
+    vec = [l for l in asm.splitlines() if "vfmadd" in l] or [l for l in asm.splitlines() if "zmm" in l or "ymm" in l]
     return _first([l.strip() for l in vec], 12) if vec else "(no vector instructions)"
 
 

@@ -13,6 +13,8 @@ in-place change) or data pointer changed, so parameters stay resident on the dev
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ctypes
 import logging
 import time
@@ -37,6 +39,7 @@ from .ir.tensor import Graph, Value
 from .passes.base import PassManager, TimePasses
 from .passes.gpu_lower import LowerToLoopsGpu
 from .passes.gpu_map import GpuMap
+from .passes.fusion import Fuse
 from .passes.lower_to_loops import LowerToLoops
 from .passes.pipeline import Pipeline
 from .runtime.gpu import GpuError, GpuProgram, get_device, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
@@ -58,7 +61,9 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    return Pipeline(tensor=list(p.tensor), lowering=lowering, loop=loop, final=[])
+    # The plain GPU GEMM nest computes epilogues at the product's own index only.
+    tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x for x in p.tensor]
+    return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])
 
 
 @dataclass

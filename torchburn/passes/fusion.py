@@ -110,6 +110,9 @@ class Fuse(TensorPass):
     max_recompute_cost: int = 4
     #: Let elementwise consumers of a matmul join its kernel (see the module docstring).
     epilogues: bool = True
+    #: Allow one row-regrouping reshape between a matmul and its epilogue (CPU GEMM handles it;
+    #: the GPU's plain GEMM nest does not).
+    epilogue_reshape: bool = True
 
     def run(self, graph: Graph) -> Graph:
         for op in graph.ops:
@@ -148,14 +151,15 @@ class Fuse(TensorPass):
         for op in graph.ops:
             if op.name != "matmul" or op.result in outputs:
                 continue
-            root = self._epilogue_root(op, users, inlined)
+            root = self._epilogue_root(op, users, inlined, self.epilogue_reshape)
             if root is not None and root not in taken:
                 taken.add(root)
                 fused.add(op)
         return fused
 
     @staticmethod
-    def _epilogue_root(mm: Op, users: dict[Value, list[Op]], inlined: set[Op]) -> Op | None:
+    def _epilogue_root(mm: Op, users: dict[Value, list[Op]], inlined: set[Op],
+                       allow_reshape: bool = True) -> Op | None:
         """The one elementwise kernel root that every path from `mm`'s result reaches through
         elementwise ops of the same shape, or None. One reshape that only regroups the rows
         (the last dim kept, as a linear layer on `[batch, seq, features]` does) may sit on the
@@ -171,7 +175,7 @@ class Fuse(TensorPass):
                 return None
             for user in consumers:
                 if user.name == "reshape" and op.result.shape == mm.result.shape:
-                    if user not in inlined or not _regroups_rows(user):
+                    if not allow_reshape or user not in inlined or not _regroups_rows(user):
                         return None
                     if after is not None and after.result.shape != user.result.shape:
                         return None

@@ -16,8 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...ir import dtypes as dt
-from ...ir import expr as ex
-from ...ir.expr import Const, Expr
+from ...ir.expr import Const
 from ...ir.tensor import Value
 from ..builder import Builder, numel
 from ..registry import Unsupported, lowering
@@ -87,7 +86,6 @@ def _hist(b: Builder, pts: Value, edges: Sequence[Value], weight: Optional[Value
     """The histogram of [M, D] points over per-dim edges, shaped [bins_0, ..., bins_D-1]."""
     m = pts.shape[0]
     t = pts.dtype
-    flat: Expr = Const(0)
     index: Optional[Value] = None
     inside: Optional[Value] = None
     sizes = []
@@ -109,7 +107,6 @@ def _hist(b: Builder, pts: Value, edges: Sequence[Value], weight: Optional[Value
         ok = b.op("and", b.op("ge", v, b.expand(first, (m,))), b.op("le", v, b.expand(last, (m,))))
         inside = ok if inside is None else b.op("and", inside, ok)
         index = pos if index is None else b.op("add", b.elementwise("mul", index, n_edges - 1), pos)
-        flat = ex.mul(flat, Const(n_edges - 1)) if d else Const(1)
     assert index is not None and inside is not None
     total = 1
     for s in sizes:
