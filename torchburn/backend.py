@@ -65,18 +65,25 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                 continue
         try:
             graph = import_graph(sub, name=name)
-            launcher_graph = graph
             compiled, hit = compile_graph(graph, pipeline, fx_source=lambda sub=sub: _fx_source(sub))
+            launcher = Launcher(graph, compiled.program, compiled.entry, sub.forward, keepalive=compiled)
         except Unsupported as err:
             sub_report.compiled = False
             sub_report.reason = str(err)
             log.info("torchburn: %s stays in PyTorch: %s", name, err)
             continue
+        except Exception as err:  # noqa: BLE001 - a compiler bug must not break the user's model
+            if get_config().debug:
+                raise
+            sub_report.compiled = False
+            sub_report.reason = f"internal compiler error ({type(err).__name__}: {err})"
+            log.warning("torchburn: %s stays in PyTorch after an internal error: %s: %s "
+                        "(TORCHBURN_DEBUG=1 raises it)", name, type(err).__name__, err)
+            continue
         sub_report.cache_hit = hit
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
-        launcher = Launcher(launcher_graph, compiled.program, compiled.entry, sub.forward, keepalive=compiled)
         _install(module, name, sub, launcher)
     report.import_seconds = time.perf_counter() - t0
     rep.record(report)
