@@ -52,8 +52,6 @@ PENDING: dict[str, str] = {
                     "nn.functional.conv_transpose3d")},
     "argsort|float16": "order of equal float16 keys differs from eager (sorting.py)",
     "sort|float16": "order of equal float16 keys differs from eager (sorting.py)",
-    "histogram": "bins by linear interpolation with a local search over linspace edges: not lowered yet",
-    "histogramdd": "as histogram",
     "item": "the result is a Python float made a tensor again (scalar_tensor of a SymFloat); "
             "the importer has no float symbols",
 }

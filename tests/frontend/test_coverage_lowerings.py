@@ -80,3 +80,14 @@ def test_histc() -> None:
     check(lambda t: torch.histc(t, bins=7), torch.randn(100))
     check(lambda t: torch.histc(t, bins=7), torch.ones(10))
     check(lambda t: torch.histc(t, bins=4, min=0, max=3), torch.tensor([0.0, 1.0, 2.0, 3.0, 3.0, -1.0, 4.0]))
+
+
+def test_histogram_and_histogramdd() -> None:
+    x = torch.randn(200)
+    check(lambda t: torch.histogram(t, bins=9), x)
+    check(lambda t: torch.histogram(t, bins=5, range=(-1.0, 1.0), density=True), x)
+    check(lambda t, w: torch.histogram(t, bins=torch.tensor([-2.0, -0.5, 0.0, 3.0]), weight=w), x, torch.rand(200))
+    pts = torch.randn(50, 2)
+    check(lambda t: torch.histogramdd(t, bins=[3, 4]), pts)
+    check(lambda t: torch.histogramdd(t, bins=[torch.linspace(-2, 2, 5), torch.tensor([-1.0, 0.0, 1.0])],
+                                      density=True), pts)

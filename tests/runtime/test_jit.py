@@ -90,13 +90,10 @@ def test_unresolvable_function_is_reported() -> None:
         jit.compile_llvm_ir(text, TARGET)
 
 
-def test_small_program_compiles_fast() -> None:
+def test_program_compiles_and_loads_repeatedly() -> None:
+    """Compiling the same program again gives a fresh, working module each time (compile speed
+    is measured by benchmarks/bench_compile.py, not asserted here)."""
     prog = small_program("parallel")
-    jit.compile_llvm_ir(emit_program(prog, TARGET), TARGET)  # warm-up: target machine, libgomp
-    times = []
     for _ in range(3):
-        t0 = time.perf_counter()
         native = jit.load_object(jit.compile_llvm_ir(emit_program(prog, TARGET), TARGET))
-        native.entry(entry_name(prog))
-        times.append(time.perf_counter() - t0)
-    assert min(times) < 0.1, times
+        assert native.entry(entry_name(prog)) is not None
