@@ -1,7 +1,7 @@
 """OpInfo forward pass rate of TorchBurn and of Inductor, measured by one procedure.
 
     python benchmarks/opinfo_pass_rate.py                     # both backends, float32, 2 samples/op
-    python benchmarks/opinfo_pass_rate.py --backend torchburn --json docs/opinfo_results.json
+    python benchmarks/opinfo_pass_rate.py --samples 1 --summary docs/opinfo_vs_inductor.json
 
 Every OpInfo of `op_db` that supports the dtype on CPU is run on its first `--samples`
 samples through `tests/opinfo_harness.py` (see its docstring for the procedure: one graph per
@@ -140,6 +140,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--samples", type=int, default=2, help="samples per op (the first N)")
     ap.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--json", help="write per-sample results and the summary here")
+    ap.add_argument("--summary", help="write the summaries alone here (docs/opinfo_vs_inductor.json, "
+                    "which tools/gen_ops_coverage.py shows on docs/ops_coverage.md)")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "torchburn_opinfo"))
     ap.add_argument("--only", default="", help="comma-separated OpInfo names (debugging)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -168,6 +170,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"fail only with inductor ({len(theirs - ours)}): {', '.join(sorted(theirs - ours))}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    if args.summary:
+        import torch
+
+        slim = {"torch": torch.__version__, "dtype": args.dtype, "samples_per_op": args.samples,
+                **{b: {k: v for k, v in report[b]["summary"].items() if k != "seconds"} for b in backends}}
+        Path(args.summary).write_text(json.dumps(slim, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "docs" / "opinfo_results.json"
+#: Float32 pass rate of TorchBurn and Inductor on one sample (`benchmarks/opinfo_pass_rate.py --summary`).
+VERSUS = ROOT / "docs" / "opinfo_vs_inductor.json"
 PAGE = ROOT / "docs" / "ops_coverage.md"
 #: The dtypes OpInfo runs in, in the order the page shows them.
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -56,6 +58,19 @@ def run_opinfo(workers: int, samples: int) -> dict[str, Any]:
             "results": {op: dict(sorted(v.items())) for op, v in sorted(table.items())}}
 
 
+def dump_results(results: dict[str, Any]) -> str:
+    """The JSON with one line per OpInfo (readable diffs); `detail` and `compiled` only when
+    they say something."""
+    lines = ["{", f' "torch": {json.dumps(results["torch"])},',
+             f' "samples_per_op": {json.dumps(results["samples_per_op"])},', ' "results": {']
+    items = sorted(results["results"].items())
+    for k, (op, by_dtype) in enumerate(items):
+        slim = {d: {key: v for key, v in e.items() if v or key == "status"} for d, e in by_dtype.items()}
+        sep = "," if k < len(items) - 1 else ""
+        lines.append(f"  {json.dumps(op)}: {json.dumps(slim, sort_keys=True, separators=(',', ':'))}{sep}")
+    return "\n".join(lines + [" }", "}"]) + "\n"
+
+
 # ---- the page -------------------------------------------------------------------------------------
 
 def _op_label(op: Any) -> str:
@@ -65,13 +80,59 @@ def _op_label(op: Any) -> str:
 def lowered_ops() -> list[tuple[str, str]]:
     """(ATen op, lowering family) for every registered lowering, sorted by op."""
     from torchburn.frontend import lowerings  # noqa: F401  (registers lowerings)
+    import torchburn.quant  # noqa: F401  (registers the quantized linears' lowering)
     from torchburn.frontend.registry import LOWERINGS
 
     rows = []
     for op, lw in LOWERINGS.items():
-        family = getattr(lw.fn, "__module__", "").rsplit(".", 1)[-1]
+        if not _returns_tensor(op):
+            continue
+        module = getattr(lw.fn, "__module__", "")
+        family = module.rsplit(".", 1)[-1] if ".lowerings." in module else module.split(".")[1]
         rows.append((_op_label(op), family))
     return sorted(rows)
+
+
+def _returns_tensor(op: Any) -> bool:
+    """Overloads on Python scalars (`aten.add.int`, `aten.acos.float`) come along when a
+    lowering registers a whole op; they never reach a lowering, so the page leaves them out."""
+    schema = getattr(op, "_schema", None)
+    return schema is None or any("Tensor" in str(r.type) for r in schema.returns)
+
+
+def _versus_inductor(versus: dict[str, Any]) -> list[str]:
+    """The section comparing our OpInfo pass rate with Inductor's on the same sample."""
+    if not versus:
+        return []
+    ours, theirs = versus["torchburn"], versus["inductor"]
+    lines = [
+        "", "## Against Inductor", "",
+        f"Same procedure, same sample (torch {versus['torch']}, {versus['dtype']}, the first "
+        f"{versus['samples_per_op']} sample of each OpInfo), measured by "
+        "`python benchmarks/opinfo_pass_rate.py --samples 1 --summary docs/opinfo_vs_inductor.json`. "
+        "Inductor passes a sample when its result equals eager's; TorchBurn also needs nothing "
+        "outside `NOT_COMPILED` to have run in PyTorch (a sample whose only fallbacks are in "
+        "`NOT_COMPILED` counts as `expected_fallback`).", "",
+        "| backend | OpInfos passing | statuses |", "|---|---|---|",
+    ]
+    for name, s in (("torchburn", ours), ("inductor", theirs)):
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
+        lines.append(f"| {name} | {s['ops_passed']} / {s['ops']} ({s['op_rate']:.1%}) | {statuses} |")
+    only_ours = sorted(set(ours["failing_ops"]) - set(theirs["failing_ops"]))
+    only_theirs = sorted(set(theirs["failing_ops"]) - set(ours["failing_ops"]))
+    lines += ["", f"Failing with TorchBurn only ({len(only_ours)}): {', '.join(only_ours) or 'none'}.", "",
+              f"Failing with Inductor only ({len(only_theirs)}): {', '.join(only_theirs) or 'none'}."]
+    random = [op for op in only_theirs if op.startswith(RANDOM_OPINFOS)]
+    if random:
+        lines += ["", f"Of these, {len(random)} ({', '.join(random)}) draw random numbers: Inductor's "
+                  "generated code draws other numbers than eager's generator from the same seed (valid "
+                  "samples, unequal values), where TorchBurn leaves the draw to PyTorch (`NOT_COMPILED`)."]
+    return lines
+
+
+#: OpInfo names of ops that draw random numbers.
+RANDOM_OPINFOS = ("bernoulli", "cauchy", "exponential", "geometric", "log_normal", "normal",
+                  "nn.functional.rrelu", "nn.functional.dropout", "rand", "multinomial", "uniform")
 
 
 def render(results: dict[str, Any]) -> str:
@@ -85,7 +146,7 @@ def render(results: dict[str, Any]) -> str:
     passing_users: dict[str, set[str]] = collections.defaultdict(set)
     for opinfo, by_dtype in per_op.items():
         for dtype, entry in by_dtype.items():
-            for aten in entry["compiled"]:
+            for aten in entry.get("compiled", ()):
                 users[aten].add(opinfo)
                 if entry["status"] in PASSING:
                     dtypes_seen[aten].add(dtype)
@@ -113,6 +174,7 @@ def render(results: dict[str, Any]) -> str:
         if entries:
             ok = sum(e["status"] in PASSING for e in entries)
             lines.append(f"| {dtype} | {ok} / {len(entries)} ({ok / len(entries):.0%}) |")
+    lines += _versus_inductor(json.loads(VERSUS.read_text()) if VERSUS.exists() else {})
     lines += [
         "",
         "## Lowered ops",
@@ -162,7 +224,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {opinfo} | " + " | ".join(cells) + " |")
     lines += ["", "### Failures", ""]
     for opinfo, dtype, entry in failures:
-        detail = entry["detail"].replace("|", "\\|").replace("\n", " ")
+        detail = entry.get("detail", "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"- {opinfo} ({dtype}): {entry['status']}: {detail}")
     return "\n".join(lines) + "\n"
 
@@ -174,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=1)
     args = ap.parse_args(argv)
     if args.run:
-        RESULTS.write_text(json.dumps(run_opinfo(args.workers, args.samples), indent=0, sort_keys=True) + "\n")
+        RESULTS.write_text(dump_results(run_opinfo(args.workers, args.samples)))
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     PAGE.write_text(render(results))
     print(f"wrote {PAGE.relative_to(ROOT)}")

@@ -74,6 +74,7 @@ def cache(args: argparse.Namespace) -> int:
     info = store.info()
     print(f"location: {info['location']}")
     print(f"entries:  {info['entries']}")
+    print(f"graphs:   {info['graphs']} (FX-graph manifests and decomposition recipes, for warm starts)")
     print(f"size:     {_human(int(info['bytes']))} (bound {_human(int(info['max_bytes']))}, least recently used go first)")  # type: ignore[arg-type]
     return 0
 

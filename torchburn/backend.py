@@ -3,55 +3,143 @@
 Dynamo hands us an FX graph; AOTAutograd turns it into functional ATen graphs (forward and,
 when training, backward) decomposed with our table. Each graph is partitioned: compilable
 subgraphs go through the compiler and are replaced by launchers; the rest stays PyTorch.
+
+A graph compiled before, in this process or another, comes from the FX-graph cache
+(`fx_cache.py`) instead: partition replayed, programs loaded, launchers rebuilt from their
+stored source. This module imports the compiler proper (IR, lowerings, passes, codegen) only on
+a miss, so a warm start pays for none of it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import time
 import types
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
+from . import fx_cache, inference_path
 from . import report as rep
 from .config import get_config
-from .driver import compile_graph
-from .frontend.decompositions import decomposition_table
-from .frontend.importer import import_graph
-from .frontend.partition import partition
-from .frontend.registry import Unsupported
-from .gpu_launcher import compile_subgraph, gpu_requested
 from .launcher import Launcher
-from .passes.pipeline import Pipeline
+
+if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_cache.py)
+    from .gpu_launcher import GpuLauncher
+    from .passes.pipeline import Pipeline
 
 log = logging.getLogger("torchburn")
 
 KNOWN_OPTIONS = ("passes",)
 
 
-def _pipeline(options: Optional[Mapping[str, Any]]) -> Pipeline:
+def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     options = dict(options or {})
     unknown = set(options) - set(KNOWN_OPTIONS)
     if unknown:
         raise ValueError(f"torchburn: unknown option(s) {sorted(unknown)}; known: {list(KNOWN_OPTIONS)}")
-    return Pipeline.default(options.get("passes"))
+    return options
+
+
+def _pipeline(options: Optional[Mapping[str, Any]]) -> "Pipeline":
+    from .passes.pipeline import Pipeline
+
+    return Pipeline.default(_check_options(options).get("passes"))
 
 
 def _op_names(gm: torch.fx.GraphModule) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
 
 
+class _LazyPipeline:
+    """The pipeline, built on the first compilation that needs it (a graph found in the
+    FX-graph cache needs none, and building it imports every pass)."""
+
+    def __init__(self, options: Optional[Mapping[str, Any]]) -> None:
+        self.user_passes = _check_options(options).get("passes")
+        self._pipeline: Optional["Pipeline"] = None
+        self._key: Optional[str] = None
+        if self.user_passes:  # user passes: build now, so a bad spec fails at torch.compile
+            self.get()
+
+    def get(self) -> "Pipeline":
+        if self._pipeline is None:
+            from .passes.pipeline import Pipeline
+
+            self._pipeline = Pipeline.default(self.user_passes)
+        return self._pipeline
+
+    def key(self) -> str:
+        if self._key is None:
+            self._key = fx_cache.pipeline_key(self.user_passes)
+        return self._key
+
+
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                     pipeline: Pipeline, kind: str) -> Callable[..., Any]:
-    """Compile an ATen graph: partition it and replace each compilable part by a launcher."""
+                     pipeline: "Pipeline | _LazyPipeline", kind: str) -> Callable[..., Any]:
+    """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
+    graph compiled before (in any process) comes from the FX-graph cache instead."""
+    from .frontend.item_fold import fold_item_round_trips
+
+    lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
     report = rep.GraphReport(kind)
     t0 = time.perf_counter()
+    fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
+    config = get_config()
+    key = None
+    disk = None
+    if fx_cache.enabled(config) and lazy is not None:  # a Pipeline handed in: program cache only
+        from .runtime.disk_cache import disk_cache
+
+        disk = disk_cache(config.cache_dir)
+        key = fx_cache.graph_key(gm, kind, config, lazy.key() if lazy else fx_cache.DEFAULT_PIPELINE_TAG)
+        report.stages["graph_key"] = time.perf_counter() - t0
+    module = None
+    if key is not None and disk is not None and config.dump_dir is None:  # dumping: run every stage
+        from .driver import load_program
+
+        t1 = time.perf_counter()
+        module = fx_cache.replay(gm, key, disk, report, _install, load_program)
+        report.stages["graph_cache_load"] = time.perf_counter() - t1
+        report.graph_cache_hit = module is not None
+    if module is None:
+        concrete = lazy.get() if lazy is not None else pipeline
+        assert not isinstance(concrete, _LazyPipeline)
+        module, manifest = _compile_partitioned(gm, concrete, report)
+        if key is not None and disk is not None and manifest is not None:
+            fx_cache.store(disk, key, manifest)
+    fn = _fast_callable(module)
+    if not getattr(fn, "_boxed_call", False):
+        fn = make_boxed_func(fn)
+    report.import_seconds = time.perf_counter() - t0
+    rep.record(report)
+    if report.fallback_ops:
+        log.info("torchburn: %d op(s) run in PyTorch: %s", len(report.fallback_ops),
+                 ", ".join(sorted(set(report.fallback_ops))))
+    return fn
+
+
+def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
+                         report: rep.GraphReport) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
+    """The full path: partition, then compile each subgraph (program cache first). Returns the
+    module and what the FX-graph cache should keep (None when a subgraph hit an internal error,
+    which must not be remembered)."""
+    from .driver import compile_graph
+    from .frontend.importer import import_graph
+    from .frontend.partition import partition
+    from .frontend.registry import Unsupported
+    from .gpu_launcher import compile_subgraph, gpu_requested
+    from .launcher_gen import launcher_spec
+
+    t0 = time.perf_counter()
     result = partition(gm)
+    report.stages["partition"] = time.perf_counter() - t0
     report.fallbacks = result.fallbacks
+    manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks))
     module = result.module
     use_gpu = gpu_requested()
     for name in result.subgraphs:
@@ -62,15 +150,19 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
             if gpu_launcher is not None:
                 _install(module, name, sub, gpu_launcher)
+                manifest = None
                 continue
         try:
             graph = import_graph(sub, name=name)
-            compiled, hit = compile_graph(graph, pipeline, fx_source=lambda sub=sub: _fx_source(sub))
-            launcher = Launcher(graph, compiled.program, compiled.entry, sub.forward, keepalive=compiled)
+            compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub))
+            spec = launcher_spec(graph, compiled.signature())
+            launcher = Launcher(spec, compiled.entry, sub.forward, keepalive=compiled)
         except Unsupported as err:
             sub_report.compiled = False
             sub_report.reason = str(err)
             log.info("torchburn: %s stays in PyTorch: %s", name, err)
+            if manifest is not None:
+                manifest.subgraphs.append({"name": name, "ops": sub_report.ops, "reason": sub_report.reason})
             continue
         except Exception as err:  # noqa: BLE001 - a compiler bug must not break the user's model
             if get_config().debug:
@@ -79,18 +171,18 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             sub_report.reason = f"internal compiler error ({type(err).__name__}: {err})"
             log.warning("torchburn: %s stays in PyTorch after an internal error: %s: %s "
                         "(TORCHBURN_DEBUG=1 raises it)", name, type(err).__name__, err)
+            manifest = None
             continue
         sub_report.cache_hit = hit
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
+        if manifest is not None:
+            manifest.subgraphs.append({"name": name, "ops": sub_report.ops, "program": compiled.key,
+                                       "launcher": spec.as_dict()})
         _install(module, name, sub, launcher)
-    report.import_seconds = time.perf_counter() - t0
-    rep.record(report)
-    if report.fallback_ops:
-        log.info("torchburn: %d op(s) run in PyTorch: %s", len(report.fallback_ops),
-                 ", ".join(sorted(set(report.fallback_ops))))
-    return make_boxed_func(_fast_callable(module))
+    report.stages["subgraphs"] = time.perf_counter() - t0 - report.stages["partition"]
+    return module, manifest
 
 
 def _fx_source(sub: torch.fx.GraphModule) -> str:
@@ -98,7 +190,8 @@ def _fx_source(sub: torch.fx.GraphModule) -> str:
     return sub.print_readable(print_output=False, include_stride=True, include_device=True)
 
 
-def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule, launcher: Launcher) -> None:
+def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule,
+             launcher: "Launcher | GpuLauncher") -> None:
     """Replace the call of submodule `name` by a direct call of the launcher's function, so a
     call costs no nn.Module dispatch."""
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
@@ -125,7 +218,10 @@ def _fast_callable(module: torch.fx.GraphModule) -> Callable[..., Any]:
     module.graph.lint()
     nodes = list(module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    calls = [n for n in nodes if n.op == "call_function"]
+    # the `getitem`s picking the launcher's results are part of the direct call
+    calls = [n for n in nodes if n.op == "call_function"
+             and not (n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node)
+                      and n.args[0].op == "call_function" and getattr(n.args[0].target, "__name__", "") == "launch")]
     output = nodes[-1]
     if (len(calls) == 1 and isinstance(calls[0].target, types.FunctionType)
             and calls[0].target.__name__ == "launch" and list(calls[0].args) == placeholders
@@ -144,8 +240,8 @@ def _direct(launch: Callable[..., Any], outputs: Sequence[torch.fx.Node], call: 
             picks.append(o.args[1])
         else:
             return torch.fx.GraphModule(torch.nn.Module(), call.graph).forward
-    if picks == list(range(len(picks))):
-        return launch
+    if picks == list(range(len(picks))) and getattr(launch, "n_results", None) == len(picks):
+        return getattr(launch, "boxed", launch)
 
     def pick(*args: Any) -> Any:
         out = launch(*args)
@@ -156,15 +252,26 @@ def _direct(launch: Callable[..., Any], outputs: Sequence[torch.fx.Node], call: 
 
 def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
     """The backend Dynamo calls (registered as "torchburn" through an entry point)."""
-    options = kwargs.get("options")
-    get_config()  # fail early on a bad TORCHBURN_* variable
-    pipeline = _pipeline(options)
+    t0 = time.perf_counter()
+    config = get_config()  # fail early on a bad TORCHBURN_* variable
+    pipeline = _LazyPipeline(kwargs.get("options"))
+    from .decomp_cache import decomposition_table
+
+    decompositions = decomposition_table(config)
+    rep.add_backend_setup(time.perf_counter() - t0)
+
+    compilations = inference_path.Compilations()
+    grad_enabled = torch.is_grad_enabled()
 
     def fw(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_fx_graph(g, inputs, pipeline=pipeline, kind="forward")
+        fn = compile_fx_graph(g, inputs, pipeline=pipeline, kind="forward")
+        compilations.forward.append((g, fn, inference_path.fw_metadata()))
+        return fn
 
     def bw(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        compilations.backward += 1
         return compile_fx_graph(g, inputs, pipeline=pipeline, kind="backward")
 
-    return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decomposition_table(),
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+    wrapped = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decompositions,
+                           keep_inference_input_mutations=True)(gm, example_inputs)
+    return inference_path.direct_callable(compilations, example_inputs, grad_enabled) or wrapped

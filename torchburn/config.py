@@ -10,6 +10,7 @@
 | TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
+| TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products) | auto |
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ class Config:
     num_threads: int
     debug: bool
     dump_dir: Optional[Path]
+    #: "int8", "f32" or "auto": the activations of `qlinear` kernels (docs/quantization.md).
+    qlinear_activations: str = "auto"
 
     @staticmethod
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -79,6 +82,7 @@ class Config:
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
             debug=env.get("TORCHBURN_DEBUG", "0").strip() not in ("", "0", "false", "no"),
             dump_dir=Path(dump) if dump else None,
+            qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
         )
 
 

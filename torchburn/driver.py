@@ -10,20 +10,18 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .codegen.target import Target
 from .config import get_config
-from .dump import DumpFolder, make_dump
-from .ir.hashing import hash_key, structural_hash
-from .ir.loop import Program
-from .ir.parser import parse_program
-from .ir.printer import print_ir
-from .ir.tensor import Graph
-from .passes.base import PassError, PassManager, TimePasses
-from .passes.pipeline import Pipeline
-from .runtime import jit
-from .runtime.disk_cache import CacheEntry, disk_cache, llvm_version, source_digest
+from .runtime.disk_cache import CacheEntry, DiskCache, disk_cache, llvm_version, source_digest
+
+if TYPE_CHECKING:  # the IR, the passes, the dumps and LLVM load on first compilation, not on cache hits
+    from .runtime import jit
+    from .dump import DumpFolder
+    from .ir.loop import Program
+    from .ir.tensor import Graph
+    from .passes.pipeline import Pipeline
 
 VERSION = "0.1.0"
 
@@ -35,10 +33,10 @@ class CompiledProgram:
     """A program and its loaded native code."""
 
     key: str
-    #: The final loop IR. Loaded from the disk cache, only its signature (buffers, symbols,
-    #: workspace, calls: what the launcher needs) without kernel bodies; `full_program()`
-    #: parses the rest on demand.
-    program: Program
+    #: The final loop IR. Loaded from the disk cache, None until `signature()` parses its
+    #: signature (buffers, symbols, workspace, calls: what a launcher is generated from) or
+    #: `full_program()` the whole text; a launcher stored in the FX-graph cache needs neither.
+    program: Optional["Program"]
     native: Any
     entry: Any
     #: Seconds per stage ("passes", "codegen", "llvm", "load") and per pass.
@@ -57,15 +55,29 @@ class CompiledProgram:
         """`name: origin` of each kernel, as `explain()` lists them."""
         return [f"{name}: {origin}" for name, origin in self.kernels]
 
-    def full_program(self) -> Program:
+    def signature(self) -> "Program":
+        """The program's buffers, symbols, workspace and calls (its kernels' bodies only if
+        they are at hand already)."""
+        if self.program is None:
+            from .ir.parser import parse_program
+
+            end = self.program_text.find("\nkernel @")
+            text = self.program_text if end < 0 else self.program_text[:end + 1]
+            self.program = parse_program(text, f"<disk cache {self.key[:16]}>")
+        return self.program
+
+    def full_program(self) -> "Program":
         """The whole program, kernels included (parsed from the disk cache's text if needed)."""
-        if self.program.kernels or not self.program_text:
-            return self.program
+        program = self.signature()
+        if program.kernels or not self.program_text:
+            return program
+        from .ir.parser import parse_program
+
         self.program = parse_program(self.program_text, f"<disk cache {self.key[:16]}>")
         return self.program
 
 
-def kernel_origins(program: Program) -> tuple[tuple[str, str], ...]:
+def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
     return tuple((k.name, dict(k.attrs).get("origin", "")) for k in program.kernels)
 
 
@@ -120,20 +132,48 @@ def memory_cache() -> ModuleCache:
     return _cache
 
 
-def cache_key(graph: Graph, pipeline: Pipeline, target: Target) -> str:
+def cache_key(graph: "Graph", pipeline: "Pipeline", target: Target) -> str:
     """Everything that changes the compiled code: the graph's structure, the passes (user
     passes by their `uuid()`), the target, and the versions of torchburn (and its source),
     llvmlite and LLVM."""
+    from .ir.hashing import hash_key, structural_hash
+
     return hash_key(structural_hash(graph), pipeline.key(), target.triple, target.cpu, target.features,
                     f"torchburn={VERSION}", source_digest(), llvm_version())
 
 
-def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
-                  dump: Optional[DumpFolder] = None,
+def load_program(key: str) -> Optional[CompiledProgram]:
+    """The compiled program of cache key `key` from the memory cache, else from the disk
+    cache (loaded, not parsed: an FX-graph cache hit brings its own launcher); None when
+    neither has it or the disk entry does not load."""
+    cache = memory_cache()
+    hit = cache.get(key)
+    if hit is not None:
+        STATS.memory_hits += 1
+        return hit
+    disk = disk_cache(get_config().cache_dir)
+    if disk is None:
+        return None
+    loaded = _load_from_disk(disk, key, parse=False)
+    if loaded is not None:
+        STATS.disk_hits += 1
+        cache.put(key, loaded)
+    return loaded
+
+
+def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
+                  dump: Optional["DumpFolder"] = None,
                   fx_source: Optional[Callable[[], str]] = None) -> tuple[CompiledProgram, bool]:
     """Compile `graph`, or fetch it from the memory cache, then the disk cache. Returns
     (compiled, cache_hit). `fx_source` gives the FX graph's code for `TORCHBURN_DUMP`; while
     dumping, the disk cache is not read (so every stage is written) but still filled."""
+    from .dump import make_dump
+    from .ir.loop import Program
+    from .ir.printer import print_ir
+    from .passes.base import PassError, PassManager, TimePasses
+    from .passes.pipeline import Pipeline
+    from .runtime import jit
+
     pipeline = pipeline or Pipeline.default()
     target = Target.host()
     key = cache_key(graph, pipeline, target)
@@ -167,7 +207,7 @@ def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
     t1 = time.perf_counter()
     llvm_ir = emit_program(program, target)
     t2 = time.perf_counter()
-    obj = jit.compile_llvm_ir(llvm_ir, target)
+    obj = jit.compile_llvm_ir(llvm_ir, target, shared=disk is not None)  # a later process loads the library
     t3 = time.perf_counter()
     native = jit.load_object(obj)
     entry = native.entry(entry_name(program))
@@ -188,29 +228,47 @@ def compile_graph(graph: Graph, pipeline: Optional[Pipeline] = None,
     return compiled, False
 
 
-def _load_from_disk(disk: Any, key: str) -> Optional[CompiledProgram]:
-    """The program and its object code from the disk cache, loaded: no pass, no codegen. Only
-    the program's signature is parsed (the kernels' bodies are compiled already)."""
+def _load_from_disk(disk: DiskCache, key: str, parse: bool = True) -> Optional[CompiledProgram]:
+    """The program and its object code from the disk cache, loaded: no pass, no codegen. With
+    `parse`, the program's signature is parsed (the kernels' bodies are compiled already)."""
     t0 = time.perf_counter()
     entry = disk.load(key)
     if entry is None:
         return None
+    compiled = CompiledProgram(key, None, None, None, {}, origin="disk", program_text=entry.program_text,
+                               kernels=entry.kernels)
     try:
-        end = entry.program_text.find("\nkernel @")
-        signature = entry.program_text if end < 0 else entry.program_text[:end + 1]
-        program = parse_program(signature, f"<disk cache {key[:16]}>")
-        native = jit.load_object(entry.object)
-        fn = native.entry(entry.entry_name)
+        if parse:
+            compiled.signature()
+        compiled.native = _load_native(entry.object)
+        compiled.entry = compiled.native.entry(entry.entry_name)
     except Exception as err:  # an entry that passed its digest but does not load
         log.warning("torchburn: disk cache entry %s does not load (%s); compiling again", key[:16], err)
         return None
-    timings = {"disk_load": time.perf_counter() - t0}
-    log.debug("torchburn: loaded %s from the disk cache in %.1f ms", program.name, timings["disk_load"] * 1e3)
-    return CompiledProgram(key, program, native, fn, timings, origin="disk", program_text=entry.program_text,
-                           kernels=entry.kernels)
+    compiled.timings["disk_load"] = time.perf_counter() - t0
+    log.debug("torchburn: loaded %s from the disk cache in %.1f ms", key[:16], compiled.timings["disk_load"] * 1e3)
+    return compiled
 
 
-def _store_to_disk(disk: Any, key: str, program: Program, obj: jit.ObjectCode, entry_name: str) -> None:
+def _load_native(obj: "jit.ObjectCode") -> Any:
+    """The shared library through the dynamic loader when there is one (no LLVM needed), else
+    the object through MCJIT."""
+    if obj.shared:
+        from .runtime.shared_lib import load_shared
+
+        try:
+            return load_shared(obj)
+        except OSError as err:
+            log.debug("torchburn: shared library does not load (%s); linking the object instead", err)
+    from .runtime import jit
+
+    return jit.load_object(obj)
+
+
+def _store_to_disk(disk: DiskCache, key: str, program: "Program", obj: jit.ObjectCode, entry_name: str) -> None:
+    from .ir.parser import parse_program
+    from .ir.printer import print_ir
+
     text = print_ir(program)
     try:
         same = parse_program(text) == program

@@ -252,19 +252,12 @@ class GpuLauncher:
         return self._results(args, outs)
 
     def _results(self, args: tuple[Any, ...], outs: list[torch.Tensor]) -> tuple[Any, ...]:
-        input_pos = {v: i for i, v in enumerate(self.graph.inputs) if isinstance(v, Value)}
+        # as the program says, not `self.graph.outputs` (see `Program.results`)
+        inputs = {inp.buffer.name: inp.position for inp in self.inputs}
+        computed = {b.name: out for (b, _, _), out in zip(self.outputs, outs)}
         results: list[Any] = []
-        assigned: dict[Value, torch.Tensor] = {}
-        k = 0
-        for v in self.graph.outputs:
-            if v in assigned:
-                results.append(assigned[v])
-            elif v in input_pos:
-                results.append(args[input_pos[v]].clone())
-            else:
-                assigned[v] = outs[k]
-                results.append(outs[k])
-                k += 1
+        for name in self.program.result_names():
+            results.append(computed[name] if name in computed else args[inputs[name]].clone())
         return tuple(results)
 
     def _slow(self, args: tuple[Any, ...], why: str) -> tuple[Any, ...]:

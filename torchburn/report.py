@@ -32,7 +32,14 @@ class GraphReport:
     kind: str  # "forward", "backward" or "inference"
     subgraphs: list[SubgraphReport] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    #: Seconds of all our work on this graph (the name is historical: partition, import to IR,
+    #: caches, passes, codegen, LLVM, loading, launchers).
     import_seconds: float = 0.0
+    #: Seconds per graph-level stage: "graph_key", "graph_cache_load" (FX-graph cache), and on a
+    #: miss "partition" and "subgraphs" (import, compile or program-cache load of each).
+    stages: dict[str, float] = field(default_factory=dict)
+    #: Whether the whole graph came from the FX-graph cache.
+    graph_cache_hit: bool = False
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -49,6 +56,14 @@ class _Recorder(threading.local):
 
 _recorder = _Recorder()
 _all_reports: list[GraphReport] = []
+#: Seconds spent in the backend's entry before AOTAutograd runs (options, decomposition
+#: table), summed over the process; benchmarks add it to our time.
+backend_setup_seconds = 0.0
+
+
+def add_backend_setup(seconds: float) -> None:
+    global backend_setup_seconds
+    backend_setup_seconds += seconds
 
 
 def record(report: GraphReport) -> None:

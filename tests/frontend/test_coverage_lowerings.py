@@ -91,3 +91,160 @@ def test_histogram_and_histogramdd() -> None:
     check(lambda t: torch.histogramdd(t, bins=[3, 4]), pts)
     check(lambda t: torch.histogramdd(t, bins=[torch.linspace(-2, 2, 5), torch.tensor([-1.0, 0.0, 1.0])],
                                       density=True), pts)
+
+
+def test_median_kthvalue_with_nan_and_ties() -> None:
+    x = torch.tensor([[3.0, float("nan"), 1.0, float("nan"), 2.0], [2.0, 1.0, 2.0, 3.0, 1.0]])
+    check(torch.median, x)
+    check(lambda t: torch.median(t, 1), x)
+    check(lambda t: torch.nanmedian(t, 1, keepdim=True), x)
+    check(lambda t: torch.kthvalue(t, 4, 1), x)
+    check(lambda t: torch.kthvalue(t, 2, 0), torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_and_bucketize(right: bool) -> None:
+    seq = torch.tensor([1.0, 2.0, 2.0, 4.0])
+    vals = torch.tensor([[0.5, 2.0, 2.5], [4.0, 9.0, float("nan")]])
+    check(lambda s, v: torch.searchsorted(s, v, right=right), seq, vals)
+    check(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left", out_int32=True),
+          torch.sort(torch.randn(2, 6))[0], torch.randn(2, 3))
+    check(lambda v, s: torch.bucketize(v, s, right=right), vals, seq)
+
+
+def test_mode_and_nonzero_static() -> None:
+    check(lambda t: torch.mode(t, 1), torch.tensor([[3, 1, 3, 1, 2], [2, 2, 5, 5, 5]]))
+    check(lambda t: torch.mode(t, 0, keepdim=True), torch.randint(0, 3, (7, 4)).float())
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    check(lambda t: torch.nonzero_static(t, size=5, fill_value=-7), x)
+    check(lambda t: torch.nonzero_static(t, size=2), x)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_3d(mode: str, padding: str, align: bool) -> None:
+    x = torch.randn(2, 3, 4, 5, 6)
+    grid = torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3  # some points outside the volume
+    check(lambda t, g: torch.nn.functional.grid_sample(t, g, mode=mode, padding_mode=padding, align_corners=align),
+          x, grid)
+
+
+def test_grid_sample_2d_bicubic() -> None:
+    check(lambda t, g: torch.nn.functional.grid_sample(t, g, mode="bicubic", align_corners=False),
+          torch.randn(2, 3, 6, 7), torch.rand(2, 4, 5, 2) * 2.4 - 1.2)
+
+
+@pytest.mark.parametrize("size, align", [((5, 9), False), ((20, 6), True), ((12, 17), False)])
+def test_upsample_bilinear_antialias(size: tuple[int, int], align: bool) -> None:
+    x = torch.randn(2, 3, 12, 17) * 5
+    check(lambda t: torch.nn.functional.interpolate(t, size=size, mode="bilinear", antialias=True,
+                                                    align_corners=align), x)
+    # (eager has no bfloat16 kernel for antialiased resizing; float64 is the other dtype it takes)
+    check(lambda t: torch.nn.functional.interpolate(t, size=size, mode="bilinear", antialias=True),
+          x.to(torch.float64))
+
+
+def test_as_strided_scatter_and_tri_indices() -> None:
+    x = torch.randn(4, 5)
+    check(lambda t, s: torch.as_strided_scatter(t, s, (2, 2), (5, 1), 3), x, torch.randn(2, 2))
+    check(lambda t, s: torch.as_strided_scatter(t * 2, s, (3,), (6,)), x, torch.randn(3))
+    check(lambda t, s: torch.as_strided_scatter(t, s, (2, 3), (1, 2)), x.long(), torch.arange(6).reshape(2, 3))
+    check(lambda: torch.tril_indices(0, 3))
+    check(lambda: torch.triu_indices(4, 3, 1) + torch.tril_indices(3, 4, -1)[:, :4])
+
+
+def test_merge_sort_is_stable_with_nan_and_long_rows() -> None:
+    x = torch.randn(3, 300)
+    x[0, ::7] = float("nan")
+    x[1, :150] = 0.5  # long runs of ties keep their order
+    check(lambda t: torch.sort(t, stable=True), x)
+    check(lambda t: torch.sort(t * 2, dim=1, descending=True, stable=True), x)
+    check(lambda t: torch.sort(t, dim=0, stable=True), x)
+    check(lambda t: torch.argsort(t, dim=-1, stable=True), torch.randint(0, 4, (2, 3, 1000)))
+    check(lambda t: torch.sort(t, stable=True), torch.randint(0, 2, (777,)).bool())
+    check(lambda t: torch.topk(t, 7, dim=0), torch.randn(129, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reductions_that_fold_to_their_input_after_a_cache_hit(dtype: torch.dtype) -> None:
+    """A reduction of a 0-d half tensor over dim 0 is `cast(cast(x))`, which the passes fold
+    to `x`: the program computes nothing and returns its input. `sum` and `amax` import to the
+    same graph, so the second compiles from the cache without the passes: its launcher must
+    read what the program returns, not the imported graph."""
+    x = torch.randn((), dtype=dtype)
+    check(lambda t: torch.amax(t, 0, keepdim=True), x)
+    check(lambda t: torch.sum(t, -1), x)
+    check(lambda t: torch.amin(t, (0,)), x)
+    check(lambda t: (torch.sum(t, 0), torch.amax(t, -1), t * 2), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_integer_copysign_signbit_any(dtype: torch.dtype) -> None:
+    """`copysign` of integers is a float32 tensor; `signbit` of an integer is `x < 0`; `any`
+    and `all` of uint8 stay uint8."""
+    if dtype is torch.bool:
+        x, y = torch.rand(4, 5) > 0.5, torch.rand(4, 5) > 0.5
+    else:
+        lo = 0 if dtype is torch.uint8 else -9
+        x, y = torch.randint(lo, 9, (4, 5), dtype=dtype), torch.randint(lo, 9, (4, 5), dtype=dtype)
+    check(lambda a, b: torch.copysign(a, b), x, y)
+    check(lambda a: torch.copysign(a, -2.5), x)
+    check(lambda a: torch.signbit(a), x)
+    check(lambda a: (torch.any(a), torch.all(a, 1), torch.any(a, 0, keepdim=True)), x)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reductions_of_bools(reduce: str, include_self: bool) -> None:
+    """Bools reduce as or (sum, amax) and and (prod, amin), with repeated indices."""
+    x = torch.rand(4, 6) > 0.5
+    src = torch.rand(4, 6) > 0.5
+    index = torch.randint(0, 6, (4, 6))
+    check(lambda t, i, s: torch.scatter_reduce(t, 1, i, s, reduce, include_self=include_self), x, index, src)
+    check(lambda t, i, s: torch.scatter_add(t, 1, i, s), x, index, src)
+
+
+def test_index_put_accumulate_on_bools() -> None:
+    x = torch.rand(5, 3) > 0.5
+    vals = torch.rand(7, 3) > 0.5
+    rows = torch.tensor([0, 2, 2, 4, 0, 0, 1])
+    check(lambda t, i, v: torch.index_put(t, (i,), v, accumulate=True), x, rows, vals)
+    check(lambda t, i, v: torch.index_add(t, 0, i, v), x, rows, vals)
+    mask = torch.tensor([True, False, True, False, True])
+    check(lambda t, m: torch.index_put(t, (m,), torch.tensor(True), accumulate=True), x, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_item_returned_as_a_tensor_is_compiled(dtype: torch.dtype) -> None:
+    """`t.item()` reads the value into Python and makes a tensor of it again; the pair folds
+    to a conversion of `t` (frontend/item_fold.py), so nothing falls back."""
+    x = torch.randn(1, 1, dtype=dtype)
+    out = check(lambda t: t.item(), x)
+    assert isinstance(out, float)
+    check(lambda t: (t * 3).sum().item(), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+def test_gcd_lcm_on_every_8_bit_pair(dtype: torch.dtype) -> None:
+    """Every pair of the dtype, its minimum included: the fixed number of Euclid steps is
+    enough, and the wrapping matches PyTorch's."""
+    info = torch.iinfo(dtype)
+    values = torch.arange(info.min, info.max + 1, dtype=torch.int64).to(dtype)
+    x, y = values.repeat_interleave(len(values)), values.repeat(len(values))
+    check(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b)), x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.int64])
+def test_gcd_lcm_wide_integers(dtype: torch.dtype) -> None:
+    info = torch.iinfo(dtype)
+    fib = [1, 2]
+    while fib[-1] + fib[-2] <= info.max:
+        fib.append(fib[-1] + fib[-2])
+    # consecutive Fibonacci numbers take the most steps; the extremes and zeros test the edges
+    x = torch.tensor([fib[-1], fib[-2], info.min, info.max, 0, 0, -12, 35, info.min, 7], dtype=dtype)
+    y = torch.tensor([fib[-2], fib[-1], 6, info.min, 0, -9, 18, -14, 0, info.max], dtype=dtype)
+    x = torch.cat([x, torch.randint(info.min, info.max, (200,), dtype=dtype)])
+    y = torch.cat([y, torch.randint(-1000, 1000, (200,), dtype=dtype)])
+    check(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b)), x, y)
+    check(lambda a, b: torch.gcd(a.view(-1, 1)[:10], b[:10]), x, y)

@@ -328,3 +328,25 @@ def test_parse_error_pickles() -> None:
     err = _error(parse_graph, "graph @g(%x: f32[4) {\n}")
     again = pickle.loads(pickle.dumps(err))
     assert str(again) == str(err) and again.line == 1
+
+
+def test_program_return_line_round_trips_and_is_verified() -> None:
+    from torchburn.ir.verifier import VerificationError, verify
+
+    text = ("program @f(%x: f16[] strides [], %y: f32[4] strides [1]) -> (%out0: f32[4] strides [1]) {\n"
+            "  call @k0(%y, %out0)\n"
+            "  return %x, %out0, %out0\n"
+            "}\n"
+            "kernel @k0(%y: f32[4] strides [1], %out0: f32[4] strides [1]) {\n"
+            "  for i0 in 0..4 {\n"
+            "    %out0[i0] = %y[i0]\n"
+            "  }\n"
+            "}\n")
+    p = parse_program(text)
+    assert p.results == ("x", "out0", "out0")
+    assert print_program(p) == text
+    verify(p)
+    plain = parse_program(text.replace("  return %x, %out0, %out0\n", ""))
+    assert plain.results == () and plain.result_names() == ("out0",)
+    with pytest.raises(VerificationError, match="returns %k0"):
+        verify(parse_program(text.replace("return %x,", "return %k0,")))

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..ir.dtypes import DType
+if TYPE_CHECKING:  # only annotations: a warm start loading cached code never imports the IR
+    from ..ir.dtypes import DType
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ exact form).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Mapping
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from .nn_decompositions import nn_decompositions
+from .sampling_decompositions import sampling_decompositions
+from .scatter_decompositions import scatter_decompositions
 
 aten = torch.ops.aten
 
@@ -31,6 +34,10 @@ EXTRA: tuple[Any, ...] = (
     aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
     aten._native_batch_norm_legit_functional, aten.native_group_norm, aten._batch_norm_with_update,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update,
+    # grid sampling becomes gathers and index arithmetic; `_upsample_bilinear2d_aa.vec` maps
+    # to the `.default` overload `sampling_decompositions` handles; tril/triu indices are
+    # aranges and arithmetic
+    aten.grid_sampler_2d, aten._upsample_bilinear2d_aa, aten.tril_indices, aten.triu_indices,
 )
 
 
@@ -44,11 +51,42 @@ def _overloads(ops: tuple[Any, ...]) -> set[Any]:
     return out
 
 
-def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    """The table passed to AOTAutograd."""
+#: Seconds spent in torch's `core_aten_decompositions()` in this process (it scans the
+#: dispatcher for composite ops, ~80 ms the first time); benchmarks report it apart from ours.
+torch_table_seconds = 0.0
+_table: dict[Any, Callable[..., Any]] | None = None
+
+
+def decomposition_table(core: Mapping[Any, Callable[..., Any]] | None = None) -> dict[Any, Callable[..., Any]]:
+    """The table passed to AOTAutograd (a copy: built once per process, since building it costs
+    tens of milliseconds and every `torch.compile` asks for it). `core` stands for torch's
+    core-ATen table when the caller has it already (`decomp_cache.py` rebuilds it from disk)."""
+    global _table
+    if _table is None:
+        _table = _build(core_table() if core is None else core)
+    return dict(_table)
+
+
+def is_built() -> bool:
+    """Whether this process has built the table already."""
+    return _table is not None
+
+
+def core_table() -> dict[Any, Callable[..., Any]]:
+    """torch's core-ATen decomposition table, timed (see `torch_table_seconds`)."""
+    global torch_table_seconds
+    t0 = time.perf_counter()
     table = dict(core_aten_decompositions())
+    torch_table_seconds += time.perf_counter() - t0
+    return table
+
+
+def _build(core: Mapping[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
+    table = dict(core)
     table.update(get_decompositions(list(EXTRA)))
     table.update(nn_decompositions())
+    table.update(sampling_decompositions())
+    table.update(scatter_decompositions())
     for op in _overloads(KEEP):
         table.pop(op, None)
     return table

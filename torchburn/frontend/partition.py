@@ -50,6 +50,9 @@ NOT_COMPILED: dict[str, str] = {
                      "aten.poisson", "aten.binomial", "aten._standard_gamma", "aten._sample_dirichlet",
                      "aten.rrelu_with_noise", "aten.rrelu_with_noise_functional", "aten._fused_dropout"),
                     "random numbers are drawn by PyTorch"),
+    # Pooling regions placed by random samples PyTorch draws (`aten.rand` above) right before.
+    **dict.fromkeys(("aten.fractional_max_pool2d", "aten.fractional_max_pool3d"),
+                    "its pooling regions come from random samples PyTorch draws"),
     # Factorizations and solvers: PyTorch calls LAPACK.
     **dict.fromkeys(("aten._linalg_svd", "aten._linalg_eigh", "aten.linalg_eig", "aten._linalg_eigvals",
                      "aten.linalg_eigvals", "aten.linalg_qr", "aten.geqrf", "aten.ormqr",
@@ -152,6 +155,9 @@ class PartitionResult:
     subgraphs: list[str]
     #: Nodes left to PyTorch: (op name, reason).
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    #: The partitions as fused, each as (node name, node order) pairs: replaying them on the
+    #: same graph (`fx_cache.py`) gives the same submodules without asking the lowerings again.
+    plan: list[list[tuple[str, Optional[int]]]] = field(default_factory=list)
 
 
 VIEW_ONLY = {"aten.view", "aten._unsafe_view", "aten.permute", "aten.t", "aten.expand",
@@ -169,9 +175,10 @@ def partition(gm: torch.fx.GraphModule) -> PartitionResult:
                                      for n in p.nodes)]
     fallbacks = [(str(n.target), r) for n, r in reasons.items()
                  if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)]
+    plan = [[(n.name, order) for n, order in p.nodes.items()] for p in parts]
     module = partitioner.fuse_partitions(parts) if parts else gm
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
-    return PartitionResult(module, names, fallbacks)
+    return PartitionResult(module, names, fallbacks, plan)
 
 
 def _is_input_writeback(node: torch.fx.Node) -> bool:

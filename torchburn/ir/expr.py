@@ -130,6 +130,8 @@ INFIX_OPS: dict[str, str] = {
 NAMED_BINARY_OPS: frozenset[str] = frozenset(
     {"min", "max", "pow", "atan2", "fmod", "remainder", "copysign", "hypot", "nextafter"}
 )
+#: The byte dot-product call (see `Call`): its arguments have three different types.
+DOT4_U8I8 = "dot4_u8i8_acc"
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
 
@@ -162,7 +164,23 @@ UNARY_FUNCS: frozenset[str] = frozenset({
 
 @dataclass(frozen=True)
 class Call(Expr):
-    """A named pure function: unary math (`exp(x)`), `fma(a, b, c)`. Text: `name(args...)`."""
+    """A named pure function: unary math (`exp(x)`), `fma(a, b, c)`. Text: `name(args...)`.
+
+    Arguments share one type, which is the result's, with one exception: `dot4_u8i8_acc(acc,
+    a, b)` takes `acc: i32 x L`, `a: u8 x 4L`, `b: i8 x 4L` and gives `i32 x L`, lane `i` being
+    `acc[i] + sum(i32(a[4i + j]) * i32(b[4i + j]) for j in 0..3)` (wrapping i32 sums; the
+    products cannot overflow). It is the byte dot product of quantized kernels: one
+    `vpdpbusd` on CPUs with AVX512-VNNI, a widening multiply and pairwise adds elsewhere.
+    The `qlinear` kernel with int8 activations replaces the f32 lane-wise products
+
+        let %wv = fma(cast<f32>(%q[n, ramp(c, 1, 16)] & broadcast(15, 16)), %dv, %mv)
+        %acc[ramp(0, 1, 16)] = fma(%wv, %x[i, ramp(k, 1, 16)], %acc[ramp(0, 1, 16)])
+
+    by integer dot products on x quantized to i8 (scales applied once per group):
+
+        let %lo = %q[n, ramp(c, 1, 32)] & broadcast(15, 32)
+        %iacc[ramp(0, 1, 8)] = dot4_u8i8_acc(%iacc[ramp(0, 1, 8)], %lo, %xq[i, ramp(k, 1, 32)])
+    """
 
     name: str
     args: tuple[Expr, ...]

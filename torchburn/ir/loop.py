@@ -172,7 +172,12 @@ class KernelCall:
 class Program:
     """A compiled graph: inputs and outputs (caller's memory), temporaries (workspace), and the
     kernels called in order. Symbols are bound from the inputs' sizes and strides, or passed as
-    scalar inputs (`symbol_inputs`), in the order of `symbols`.
+    scalar inputs (`symbol_inputs`), in the order of `symbols`. A final `return` line says
+    what the graph returns when it is not just `outputs` in order (see `results`):
+
+        program @f(%x: f16[] strides []) -> () {
+          return %x
+        }
     """
 
     name: str
@@ -186,6 +191,12 @@ class Program:
     #: workspace's total size in bytes; both are index expressions in the symbols.
     temp_offsets: tuple[tuple[str, Expr], ...] = field(default=())
     workspace_bytes: Expr = field(default_factory=lambda: _zero())
+    #: What the compiled graph returns, in its order: the name of an output buffer or of an
+    #: input buffer returned as is (printed `return %x, ...`). Empty means `outputs`, each once,
+    #: in order. The launcher reads it, not the graph: the tensor passes may have turned a
+    #: computed output into an input (`cast(cast(x))` -> `x`) or merged two, and a graph that
+    #: hits the compile cache never went through them.
+    results: tuple[str, ...] = field(default=())
 
     def kernel(self, name: str) -> Kernel:
         for k in self.kernels:
@@ -204,6 +215,10 @@ class Program:
             if n == name:
                 return off
         raise KeyError(f"program @{self.name}: temporary %{name} has no workspace offset")
+
+    def result_names(self) -> tuple[str, ...]:
+        """The buffer returned at each position of the graph's outputs (see `results`)."""
+        return self.results or tuple(b.name for b in self.outputs)
 
     def with_kernels(self, kernels: tuple[Kernel, ...]) -> "Program":
         return replace(self, kernels=kernels)

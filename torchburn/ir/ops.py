@@ -258,6 +258,75 @@ def _matmul(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     return [TensorType(a.dtype, (*a.shape[:-1], b.shape[-1]))]
 
 
+QLINEAR_KINDS = ("int8", "int4")
+
+
+@define("qlinear", "contraction", -1, """
+A linear layer on a quantized weight, dequantized on the fly: `y[..., n] = sum_k x[..., k] *
+W[n, k]` for `x: [..., K]` of any float dtype, the result in f32 (bias and the cast back are
+elementwise ops after it, which `fuse` puts in the same kernel). Operands are
+`(x, qweight, scales)`, plus `mins` when `symmetric = false`; the layouts are those of
+`torchburn/quant/layouts.py`:
+
+- `kind = "int8"`: `qweight: i8[N, K]`; `scales: [N]` with `group_size = K` (per channel)
+  or `[N, K / group_size]`; `W[n, k] = scales[n, k / group_size] * qweight[n, k]`.
+- `kind = "int4"`: `qweight: u8[N, K / 2]`, two codes per byte: byte `j` of group `G` holds
+  element `G g + j` in its low nibble and `G g + j + g / 2` in its high one (`g`:
+  `group_size`, even, dividing K); `scales` (and `mins`) `[N, K / g]`;
+  `W = scale * (q - 8)` when `symmetric`, else `W = scale * q + min`.
+
+Scales and mins are f32, f16 or bf16 and are widened to f32 before use.
+
+    %3 = qlinear(%x, %q, %s) {kind = "int4", group_size = 64, symmetric = true} : f32[16, 4096]
+    # %x: f32[16, 4096], %q: u8[4096, 2048], %s: f16[4096, 64]
+""")
+def _qlinear(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    kind, group, symmetric = attrs["kind"], attrs["group_size"], attrs["symmetric"]
+    if kind not in QLINEAR_KINDS:
+        raise OpError(f"qlinear: unknown kind {kind!r}; expected one of {QLINEAR_KINDS}")
+    if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+        raise OpError(f"qlinear: group_size must be a positive integer, got {group!r}")
+    if not isinstance(symmetric, bool) or (kind == "int8" and not symmetric):
+        raise OpError("qlinear: symmetric must be a bool, and true for int8")
+    expected = 3 if symmetric else 4
+    if len(types) != expected:
+        raise OpError(f"qlinear: expected {expected} operands (x, qweight, scales"
+                      f"{'' if symmetric else ', mins'}), got {len(types)}")
+    x, q, s = types[0], types[1], types[2]
+    if not x.dtype.is_float or x.rank < 1:
+        raise OpError(f"qlinear: x must be a float tensor of rank >= 1, got {x}")
+    if q.rank != 2 or q.dtype != (dt.i8 if kind == "int8" else dt.u8):
+        raise OpError(f"qlinear: {kind} qweight must be {'i8' if kind == 'int8' else 'u8'} of rank 2, got {q}")
+    n, k = q.shape[0], x.shape[-1]
+    packed_k = k if kind == "int8" else floordiv(k, as_expr(2))
+    _static_equal("qlinear: qweight's columns and x's last dim", q.shape[1], packed_k)
+    if kind == "int4" and group % 2:
+        raise OpError(f"qlinear: int4 group_size must be even, got {group}")
+    if isinstance(k, Const) and int(k.value) % group:
+        raise OpError(f"qlinear: group_size {group} does not divide K = {k}")
+    per_channel = kind == "int8" and s.rank == 1
+    if per_channel:
+        _static_equal("qlinear: group_size of per-channel scales and K", as_expr(group), k)
+    for name, t in (("scales", s), ("mins", types[3] if len(types) == 4 else None)):
+        if t is None:
+            continue
+        if not t.dtype.is_float or t.dtype == dt.f64:
+            raise OpError(f"qlinear: {name} must be f32, f16 or bf16, got {t.dtype}")
+        shape = (n,) if per_channel else (n, floordiv(k, as_expr(group)))
+        if t.rank != len(shape):
+            raise OpError(f"qlinear: {name} must have rank {len(shape)}, got {t}")
+        for a, b in zip(t.shape, shape):
+            _static_equal(f"qlinear: {name} shape", a, b)
+    return [TensorType(dt.f32, (*x.shape[:-1], n))]
+
+
+def _static_equal(what: str, a: Expr, b: Expr) -> None:
+    """Raise when two sizes are both known and differ (symbolic sizes are checked at run time
+    by the caller's guards)."""
+    if isinstance(a, Const) and isinstance(b, Const) and a != b:
+        raise OpError(f"{what} differ: {a} vs {b}")
+
+
 # ---- factories and data movement ---------------------------------------------------------------
 
 @define("full", "factory", 0, """

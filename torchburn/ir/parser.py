@@ -595,8 +595,13 @@ class _Parser:
         offsets: list[tuple[str, ex.Expr]] = []
         workspace: ex.Expr = ex.Const(0)
         calls: list[lp.KernelCall] = []
+        results: tuple[str, ...] = ()
         while not self.accept("}"):
             tok = self.peek()
+            if self.at_keyword("return"):
+                self.advance()
+                results = tuple(self.comma_list(lambda: self.expect("value", "a buffer name").text, "}"))
+                break
             if self.accept("ident", "temp"):
                 t = self.buffer_decl()
                 temps.append(t)
@@ -615,7 +620,7 @@ class _Parser:
         while self.at_keyword("kernel"):
             kernels.append(self.kernel())
         return lp.Program(name, inputs, outputs, tuple(temps), symbols, tuple(calls), tuple(kernels),
-                          tuple(offsets), workspace)
+                          tuple(offsets), workspace, results)
 
     # ---- tensor level ----------------------------------------------------------------------
     def value_ref(self) -> Value:

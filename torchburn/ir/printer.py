@@ -232,6 +232,8 @@ class Printer:
             lines.append(f"  workspace {self.expr(p.workspace_bytes)}")
         for c in p.calls:
             lines.append(f"  call {self.func_name(c.kernel)}({', '.join(self.value_name(a) for a in c.args)})")
+        if p.results:
+            lines.append("  return " + ", ".join(self.value_name(r) for r in p.results))
         lines.append("}")
         text = "\n".join(lines) + "\n"
         return text + "".join(self.kernel(k) for k in p.kernels)

@@ -16,13 +16,13 @@ nothing parallel or vectorized runs inside a vectorized loop.
 
 Program: unique buffer and kernel names, calls name existing kernels with arguments matching
 the parameters in count, dtype and rank, every symbol a kernel or buffer uses is a program
-symbol, and the workspace is planned for every temporary or for none: passes before memory
-planning produce temporaries without offsets, so only `verify(p, planned=True)` (what codegen
-needs) demands offsets; a partial plan is always an error.
+symbol, `return` names input or output buffers, and the workspace is planned for every
+temporary or for none: passes before memory planning produce temporaries without offsets, so
+only `verify(p, planned=True)` (what codegen needs) demands offsets; a partial plan is always an error.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 from . import dtypes as dt
 from . import expr as ex
@@ -301,6 +301,8 @@ class _KernelVerifier:
                 raise bad(f"{e.name} must be its own node, not a Call")
             if not e.args:
                 raise bad("a call needs at least one argument")
+            if e.name == ex.DOT4_U8I8:
+                return self.dot4_type(e, bad)
             if e.name in ex.UNARY_FUNCS and len(e.args) != 1:
                 raise bad(f"{e.name} takes one argument, got {len(e.args)}")
             if any(a.type != e.args[0].type for a in e.args):
@@ -348,6 +350,17 @@ class _KernelVerifier:
             return ex.ScalarType(e.value.dtype)
         raise bad(f"unknown expression node {type(e).__name__}")
 
+    @staticmethod
+    def dot4_type(e: ex.Call, bad: Callable[[str], VerificationError]) -> ex.ScalarType:
+        """`dot4_u8i8_acc(acc: i32 x L, a: u8 x 4L, b: i8 x 4L)` gives `i32 x L` (see `Call`)."""
+        if len(e.args) != 3:
+            raise bad(f"{ex.DOT4_U8I8} takes 3 arguments, got {len(e.args)}")
+        acc, a, b = (arg.type for arg in e.args)
+        if acc.dtype != dt.i32 or a.dtype != dt.u8 or b.dtype != dt.i8 or a.lanes != 4 * acc.lanes \
+                or b.lanes != a.lanes:
+            raise bad(f"{ex.DOT4_U8I8} needs i32 x L, u8 x 4L and i8 x 4L, not {acc}, {a} and {b}")
+        return acc
+
 
 def verify_kernel(k: lp.Kernel) -> None:
     _KernelVerifier(k).run()
@@ -389,6 +402,11 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
             raise VerificationError(f"{where}: buffer %{b.name} must have global scope")
         for d in (*b.shape, *b.strides):
             symbolic(d, f"shape or stride of %{b.name}")
+
+    returnable = {b.name for b in (*p.inputs, *p.outputs)}
+    for r in p.results:
+        if r not in returnable:
+            raise VerificationError(f"{where}: returns %{r}, which is not an input or output buffer")
 
     temp_names = {t.name for t in p.temps}
     _unique((f"%{n}" for n, _ in p.temp_offsets), where, "offset of")

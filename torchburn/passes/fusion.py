@@ -69,6 +69,7 @@ from typing import ClassVar
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import TensorPass, register_pass
+from .row_fusion import row_groups
 
 #: Elementwise ops whose recomputation costs more than a memory round trip.
 EXPENSIVE = frozenset({
@@ -78,6 +79,9 @@ EXPENSIVE = frozenset({
 })
 
 FUSION_ATTRS = ("kernel", "fused_into")
+#: Contractions whose kernels compute elementwise consumers on their finished tiles: the GEMM
+#: (`loopgen/matmul.py`) and the dequantizing linear (`loopgen/qlinear.py`).
+EPILOGUE_PRODUCTS = frozenset({"matmul", "qlinear"})
 
 
 def category(op: Op) -> str:
@@ -113,6 +117,12 @@ class Fuse(TensorPass):
     #: Allow one row-regrouping reshape between a matmul and its epilogue (CPU GEMM handles it;
     #: the GPU's plain GEMM nest does not).
     epilogue_reshape: bool = True
+    #: Compute row reductions (softmax, norms) inside the elementwise kernel that consumes them
+    #: (see `row_fusion.py`).
+    row_reductions: bool = True
+    #: Largest inline cost an elementwise op may be recomputed at inside one row kernel, per
+    #: extra use (`exp(x - max)` read by the sum's loop and by the normalizing loop costs 11).
+    max_row_recompute_cost: int = 24
 
     def run(self, graph: Graph) -> Graph:
         for op in graph.ops:
@@ -126,8 +136,15 @@ class Fuse(TensorPass):
         for op in reversed(graph.ops):
             if self._inline(op, users, outputs, inlined, reread):
                 inlined.add(op)
+        epilogue_roots: set[Op] = set()
         if self.epilogues:
-            inlined |= self._epilogue_matmuls(graph, users, outputs, inlined)
+            matmuls = self._epilogue_matmuls(graph, users, outputs, inlined)
+            inlined |= matmuls
+            epilogue_roots = {r for mm in matmuls
+                              if (r := self._epilogue_root(mm, users, inlined, self.epilogue_reshape)) is not None}
+        if self.row_reductions:
+            inlined |= row_groups(graph, users, outputs, inlined, epilogue_roots, inline_cost,
+                                  self.max_row_recompute_cost)
         kernels: dict[Op, set[int]] = {}
         next_id = 0
         for op in graph.ops:
@@ -149,9 +166,10 @@ class Fuse(TensorPass):
         taken: set[Op] = set()  # epilogue roots that already hold a matmul
         fused: set[Op] = set()
         for op in graph.ops:
-            if op.name != "matmul" or op.result in outputs:
+            if op.name not in EPILOGUE_PRODUCTS or op.result in outputs:
                 continue
-            root = self._epilogue_root(op, users, inlined, self.epilogue_reshape)
+            # `qlinear` kernels store at the product's own index: no reshape in between.
+            root = self._epilogue_root(op, users, inlined, self.epilogue_reshape and op.name == "matmul")
             if root is not None and root not in taken:
                 taken.add(root)
                 fused.add(op)

@@ -112,11 +112,13 @@ class LowerToLoopsGpu(LowerToLoops):
     """`lower-to-loops`, with matrix products as plain nests (module docstring)."""
 
     name: ClassVar[str] = "lower-to-loops-gpu"
+    simd_qlinear: ClassVar[bool] = False
 
-    def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...]) -> lp.Kernel:
+    def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
+                    temps: list[lp.Buffer]) -> lp.Kernel:
         mm = matmul_of(op, set(buffers))
         if mm is None:
-            return super()._lower_root(name, op, buffers, symbols)
+            return super()._lower_root(name, op, buffers, symbols, temps)
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
         body = build_plain_gemm(kb, op, mm, out)

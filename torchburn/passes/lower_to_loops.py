@@ -3,7 +3,8 @@
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
 it is a graph output and to a workspace temporary otherwise. Graph inputs keep their strides,
 so kernels read the caller's memory in place. Without a prior `fuse`, every op is its own
-kernel (correct, just slower).
+kernel (correct, just slower). A graph that returns an input as is, or one value twice, lists
+what it returns in the program's `return` line (`Program.results`).
 
 Before:
 
@@ -43,6 +44,7 @@ from ..ir.tensor import Graph, Op, Value
 from .base import Pass, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
 from .loopgen.matmul import fused_matmul
+from .loopgen.qlinear import build_qlinear, build_qlinear_plain, fused_qlinear
 
 
 def _is_root(op: Op, fused: bool) -> bool:
@@ -74,6 +76,9 @@ class LowerToLoops(Pass):
 
     name: ClassVar[str] = "lower-to-loops"
     level: ClassVar[str] = "lowering"
+    #: Lower `qlinear` to the SIMD dequantizing kernel (`loopgen/qlinear.py`); GPUs want the
+    #: plain per-element nest instead.
+    simd_qlinear: ClassVar[bool] = True
 
     def run(self, graph: Graph) -> lp.Program:
         fused = any("kernel" in op.attrs for op in graph.ops)
@@ -102,21 +107,30 @@ class LowerToLoops(Pass):
         kernels: list[lp.Kernel] = []
         calls: list[lp.KernelCall] = []
         for n, op in enumerate(roots):
-            kernel = self._lower_root(f"k{n}", op, buffers, symbols)
+            kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps)
             kernels.append(kernel)
             calls.append(lp.KernelCall(kernel.name, tuple(p.name for p in kernel.params)))
+        results = tuple(buffers[v].name for v in graph.outputs)
+        if results == tuple(b.name for b in outputs):
+            results = ()  # the common case, left implicit (see `Program.results`)
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
-                          tuple(calls), tuple(kernels))
+                          tuple(calls), tuple(kernels), results=results)
 
-    def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...]) -> lp.Kernel:
+    def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
+                    temps: list[lp.Buffer]) -> lp.Kernel:
+        """One kernel for `op`; workspace it asks for (`KernelBuilder.scratch`) joins `temps`."""
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
-        if op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
+        qop = fused_qlinear(op, set(buffers))
+        if qop is not None:
+            body = build_qlinear(kb, op, qop, out) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
+        elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = kb.matmul_root(op, out)
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)
         else:
             body = kb.element_root(op, out)
+        temps.extend(kb.scratch_buffers)
         params = tuple(kb.used_buffers.values())
         # Outputs last, inputs first: a stable, readable order.
         params = tuple(sorted(params, key=lambda b: b.name == out.name))

@@ -143,3 +143,6 @@ def _backward_int4(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
 
 linear_int8.register_autograd(_backward_int8, setup_context=_setup_int8)
 linear_int4.register_autograd(_backward_int4, setup_context=_setup_int4)
+
+# The compiler's lowering of these ops registers with the frontend now that they exist.
+from . import lowering  # noqa: E402,F401

@@ -5,13 +5,20 @@ One file per compiled program, `<TORCHBURN_CACHE_DIR>/v1/<key[:2]>/<key>.tbc`, w
 pipeline with every user pass's `uuid()`, the target CPU and features, the torchburn version and
 a digest of its source, and the llvmlite and LLVM versions. A file holds:
 
-    b"TBCACHE1" | u32 header length | header (JSON) | program text | object code | BLAKE3 digest
+    b"TBCACHE1" | u32 header length | header (JSON) | program text | object code
+                | shared library (may be empty, see `shared_lib.py`) | BLAKE3 digest
+
+Next to them, one small file per FX graph (`<key>.tbfx`, see `fx_cache.py`): the partition of
+the graph, the launcher of each compiled subgraph and the key of its program file, so a warm
+process goes from the ATen graph straight to loaded code, without importing the compiler:
+
+    b"TBGRAPH1" | manifest (JSON) | BLAKE3 digest
 
 The program text is the final loop IR as printed (`program.tbir`); on load its signature (buffers,
 symbols, workspace, calls) is parsed back to rebuild the launcher without running a pass, and the
 header names the entry function and the kernels (for reports). The 32-byte BLAKE3 digest covers everything before it;
-a file that is truncated, corrupted or written for another key is deleted and rebuilt, never
-loaded, and the event is logged on the `torchburn` logger.
+a file (of either kind) that is truncated, corrupted or written for another key is deleted and
+rebuilt, never loaded, and the event is logged on the `torchburn` logger.
 
 Writers never expose partial files: each writes a temporary file in the same folder and renames
 it into place with `os.replace` (atomic on POSIX and Windows), so concurrent processes compiling
@@ -32,17 +39,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from blake3 import blake3
 
-from .jit import ObjectCode
+from .shared_lib import ObjectCode
 
 log = logging.getLogger("torchburn")
+T = TypeVar("T")
 
 MAGIC = b"TBCACHE1"
 FORMAT = "v1"
 SUFFIX = ".tbc"
+GRAPH_MAGIC = b"TBGRAPH1"
+GRAPH_SUFFIX = ".tbfx"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -73,6 +83,8 @@ class DiskCacheStats:
     misses: int = 0
     stores: int = 0
     corrupt: int = 0
+    graph_hits: int = 0
+    graph_misses: int = 0
 
 
 def encode(entry: CacheEntry) -> bytes:
@@ -81,10 +93,12 @@ def encode(entry: CacheEntry) -> bytes:
     header = json.dumps({
         "key": entry.key, "triple": entry.object.triple, "cpu": entry.object.cpu,
         "features": entry.object.features, "program_bytes": len(program),
-        "object_bytes": len(entry.object.data), "entry": entry.entry_name,
+        "object_bytes": len(entry.object.data), "shared_bytes": len(entry.object.shared),
+        "entry": entry.entry_name,
         "kernels": [list(k) for k in entry.kernels],
     }, sort_keys=True).encode("utf-8")
-    body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, program, entry.object.data])
+    body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, program, entry.object.data,
+                     entry.object.shared])
     return body + blake3(body).digest()
 
 
@@ -104,17 +118,46 @@ def decode(data: bytes, key: str) -> CacheEntry:
         header = json.loads(body[pos:pos + header_len].decode("utf-8"))
         pos += header_len
         n_prog, n_obj = int(header["program_bytes"]), int(header["object_bytes"])
+        n_shared = int(header.get("shared_bytes", 0))
         entry_name = str(header["entry"])
         kernels = tuple((str(name), str(origin)) for name, origin in header.get("kernels", ()))
     except (ValueError, KeyError, TypeError) as err:
         raise CorruptEntry(f"bad header: {err}") from None
     if header.get("key") != key:
         raise CorruptEntry(f"written for key {str(header.get('key'))[:16]}...")
-    if pos + n_prog + n_obj != len(body):
+    if pos + n_prog + n_obj + n_shared != len(body):
         raise CorruptEntry("sizes in the header do not match the file")
     program = body[pos:pos + n_prog].decode("utf-8")
-    obj = ObjectCode(bytes(body[pos + n_prog:]), header["triple"], header["cpu"], header["features"])
+    start = pos + n_prog
+    obj = ObjectCode(bytes(body[start:start + n_obj]), header["triple"], header["cpu"], header["features"],
+                     bytes(body[start + n_obj:]))
     return CacheEntry(key, program, obj, entry_name, kernels)
+
+
+def encode_graph(key: str, manifest: dict[str, Any]) -> bytes:
+    """The bytes of an FX-graph file: the manifest as JSON (its key included) and a digest."""
+    body = GRAPH_MAGIC + json.dumps({"key": key, "manifest": manifest}, sort_keys=True).encode("utf-8")
+    return body + blake3(body).digest()
+
+
+def decode_graph(data: bytes, key: str) -> dict[str, Any]:
+    """Parse and check an FX-graph file's bytes; raises `CorruptEntry` saying what is wrong."""
+    if len(data) < len(GRAPH_MAGIC) + DIGEST_BYTES:
+        raise CorruptEntry(f"truncated ({len(data)} bytes)")
+    body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
+    if blake3(body).digest() != digest:
+        raise CorruptEntry("BLAKE3 digest mismatch")
+    if not body.startswith(GRAPH_MAGIC):
+        raise CorruptEntry("not a torchburn graph cache file")
+    try:
+        doc = json.loads(body[len(GRAPH_MAGIC):].decode("utf-8"))
+    except ValueError as err:
+        raise CorruptEntry(f"bad manifest: {err}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("manifest"), dict):
+        raise CorruptEntry("bad manifest: not an object")
+    if doc.get("key") != key:
+        raise CorruptEntry(f"written for key {str(doc.get('key'))[:16]}...")
+    return doc["manifest"]
 
 
 class DiskCache:
@@ -129,24 +172,49 @@ class DiskCache:
     def path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}{SUFFIX}"
 
+    def graph_path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}{GRAPH_SUFFIX}"
+
     # ---- load and store -------------------------------------------------------------------------
     def load(self, key: str) -> Optional[CacheEntry]:
         """The entry for `key`, or None (missing, or corrupt: then it is deleted and logged)."""
-        path = self.path(key)
+        entry = self._load(self.path(key), lambda data: decode(data, key))
+        if entry is None:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
+        return entry
+
+    def load_graph(self, key: str) -> Optional[dict[str, Any]]:
+        """The FX-graph manifest for `key`, or None (missing, or corrupt: deleted and logged)."""
+        manifest = self._load(self.graph_path(key), lambda data: decode_graph(data, key))
+        if manifest is None:
+            self.stats.graph_misses += 1
+        else:
+            self.stats.graph_hits += 1
+        return manifest
+
+    def store(self, entry: CacheEntry) -> Optional[Path]:
+        """Write `entry` atomically; returns its path, or None when the folder is not writable
+        (logged: a cache that cannot be written never fails a compilation)."""
+        return self._store(self.path(entry.key), entry.key, encode(entry))
+
+    def store_graph(self, key: str, manifest: dict[str, Any]) -> Optional[Path]:
+        """Write an FX-graph manifest atomically (see `store`)."""
+        return self._store(self.graph_path(key), key, encode_graph(key, manifest))
+
+    def _load(self, path: Path, decoder: Callable[[bytes], T]) -> Optional[T]:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            self.stats.misses += 1
             return None
         except OSError as err:
             log.warning("torchburn: cannot read disk cache entry %s: %s", path, err)
-            self.stats.misses += 1
             return None
         try:
-            entry = decode(data, key)
+            value = decoder(data)
         except CorruptEntry as err:
             self.stats.corrupt += 1
-            self.stats.misses += 1
             log.warning("torchburn: disk cache entry %s is corrupt (%s); deleting it and compiling again",
                         path, err)
             self._unlink(path)
@@ -155,19 +223,15 @@ class DiskCache:
             os.utime(path)  # least recently used goes first when pruning
         except OSError:
             pass
-        self.stats.hits += 1
-        return entry
+        return value
 
-    def store(self, entry: CacheEntry) -> Optional[Path]:
-        """Write `entry` atomically; returns its path, or None when the folder is not writable
-        (logged: a cache that cannot be written never fails a compilation)."""
-        path = self.path(entry.key)
+    def _store(self, path: Path, key: str, data: bytes) -> Optional[Path]:
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{entry.key[:16]}.", suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                f.write(encode(entry))
+                f.write(data)
             os.chmod(tmp, 0o644)  # mkstemp makes it private; entries hold nothing secret
             os.replace(tmp, path)
         except OSError as err:
@@ -182,15 +246,22 @@ class DiskCache:
 
     # ---- maintenance ---------------------------------------------------------------------------
     def files(self) -> list[Path]:
+        """The program files (object code)."""
         if not self.folder.is_dir():
             return []
         return sorted(self.folder.glob(f"*/*{SUFFIX}"))
 
+    def graph_files(self) -> list[Path]:
+        """The FX-graph manifests."""
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob(f"*/*{GRAPH_SUFFIX}"))
+
     def info(self) -> dict[str, object]:
-        files = self.files()
-        sizes = [_size(p) for p in files]
-        return {"location": str(self.folder), "entries": len(files), "bytes": sum(sizes),
-                "max_bytes": self.max_bytes}
+        files, graphs = self.files(), self.graph_files()
+        sizes = [_size(p) for p in files + graphs]
+        return {"location": str(self.folder), "entries": len(files), "graphs": len(graphs),
+                "bytes": sum(sizes), "max_bytes": self.max_bytes}
 
     def prune(self, max_bytes: int) -> int:
         """Delete least recently used entries (and stale temporaries) until the folder holds
@@ -203,7 +274,7 @@ class DiskCache:
             except OSError:
                 pass
         entries = []
-        for p in self.files():
+        for p in self.files() + self.graph_files():
             try:
                 st = p.stat()
             except OSError:
@@ -222,9 +293,10 @@ class DiskCache:
         return removed
 
     def clear(self) -> int:
-        """Delete every entry and temporary file; returns how many entries were deleted."""
+        """Delete every entry (programs and graphs) and temporary file; returns how many
+        program entries were deleted."""
         files = self.files()
-        for p in files:
+        for p in files + self.graph_files():
             self._unlink(p)
         if self.folder.is_dir():
             for tmp in self.folder.glob("*/.*.tmp"):

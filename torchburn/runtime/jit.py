@@ -16,40 +16,25 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import glob
-import importlib.util
+import logging
 import os
+import shutil
+import subprocess
+import tempfile
 import threading
-from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import llvmlite.binding as llvm
 
 from ..codegen.target import Target
-
-#: The C type of every entry function: void(ptr buffers, ptr symbols, ptr workspace).
-ENTRY_FUNCTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp  # noqa: F401  (re-exported)
 
 _lock = threading.Lock()
+log = logging.getLogger("torchburn")
 
 
 class JITError(RuntimeError):
     """Native code could not be compiled or loaded."""
-
-
-@dataclass(frozen=True)
-class ObjectCode:
-    """A relocatable object file for one target, ready for `load_object` or the disk cache."""
-
-    data: bytes
-    triple: str
-    cpu: str
-    features: str
-
-    @property
-    def uses_openmp(self) -> bool:
-        """Whether the code calls into libgomp (it has parallel loops)."""
-        return b"GOMP_parallel" in self.data
 
 
 # ---- LLVM and OpenMP set-up (once per process) ------------------------------------------------
@@ -69,17 +54,6 @@ def _init_llvm() -> None:
         path = ctypes.util.find_library(lib)
         if path is not None:
             llvm.load_library_permanently(path)
-
-
-def find_libgomp() -> Optional[str]:
-    """Path of the libgomp to use: torch's bundled copy if torch has one, else the system's."""
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            found = sorted(glob.glob(os.path.join(root, "lib", "libgomp*.so*")))
-            if found:
-                return found[0]
-    return ctypes.util.find_library("gomp")
 
 
 @functools.lru_cache(maxsize=1)
@@ -147,14 +121,52 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llv
     return mod, tm
 
 
-def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3) -> ObjectCode:
+def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3, shared: bool = False) -> ObjectCode:
     """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
-    object file for `target`."""
+    object file for `target`. With `shared`, also link the optimized code (emitted again,
+    position independent) into a shared library, which a later process loads without LLVM
+    (`shared_lib.load_shared`); left empty when there is no linker or linking fails."""
     with _lock:  # LLVM target machines are not safe to share across threads
         mod, tm = _optimized_module(llvm_ir, target, opt_level)
         _check_external_symbols(mod)
         data = tm.emit_object(mod)
-    return ObjectCode(bytes(data), target.triple, target.cpu, target.features)
+        pic = _pic_target_machine(target, opt_level).emit_object(mod) if shared and _linker() else b""
+    return ObjectCode(bytes(data), target.triple, target.cpu, target.features, _link_shared(bytes(pic)))
+
+
+@functools.lru_cache(maxsize=1)
+def _linker() -> Optional[str]:
+    """The system linker, if there is one (`ld`)."""
+    return shutil.which("ld")
+
+
+@functools.lru_cache(maxsize=8)
+def _pic_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
+    _init_llvm()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=opt_level, reloc="pic", codemodel="small")
+
+
+def _link_shared(pic_object: bytes) -> bytes:
+    """The object linked into a shared library (undefined symbols such as `GOMP_parallel` or
+    `expf` are resolved when it is loaded); empty when it cannot be linked."""
+    linker = _linker()
+    if not pic_object or linker is None:
+        return b""
+    with tempfile.TemporaryDirectory(prefix="torchburn-link-") as folder:
+        obj, lib = os.path.join(folder, "kernels.o"), os.path.join(folder, "kernels.so")
+        with open(obj, "wb") as f:
+            f.write(pic_object)
+        try:
+            done = subprocess.run([linker, "-shared", "-o", lib, obj], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as err:
+            log.debug("torchburn: linking a shared library failed: %s", err)
+            return b""
+        if done.returncode != 0:
+            log.debug("torchburn: linking a shared library failed: %s", done.stderr.strip())
+            return b""
+        with open(lib, "rb") as f:
+            return f.read()
 
 
 def _check_external_symbols(mod: llvm.ModuleRef) -> None:

@@ -21,6 +21,7 @@ from ...ir.expr import ScalarType
 from ..errors import CodegenError
 from . import memory
 from .binary import emit_binary
+from .dot import emit_dot4
 from .casts import emit_bitcast, emit_cast
 from .function import FunctionState, Scope
 from .mathfuncs import emit_call
@@ -98,6 +99,9 @@ class ExprEmitter:
     def _call(self, e: ex.Call) -> ir.Value:
         if not e.args:
             raise CodegenError(f"call {e.name}() has no arguments")
+        if e.name == ex.DOT4_U8I8:  # operands of three types, see codegen/llvm/dot.py
+            acc, a, b = (self.emit(arg) for arg in e.args)
+            return emit_dot4(self.b, self.fs.ctx, acc, a, b)
         dtype = e.args[0].dtype
         for a in e.args:
             if a.dtype != dtype:

@@ -32,9 +32,10 @@ FLOAT_UNARY = {
 #: ATen op -> IR op for binary arithmetic with default promotion.
 ARITH_BINARY = {
     aten.mul: "mul", aten.maximum: "max", aten.minimum: "min", aten.fmod: "fmod",
-    aten.remainder: "remainder", aten.copysign: "copysign", aten.nextafter: "nextafter",
+    aten.remainder: "remainder", aten.nextafter: "nextafter",
 }
-FLOAT_BINARY = {aten.atan2: "atan2", aten.hypot: "hypot"}
+#: Binary math that promotes integers to float (`copysign(int, int)` is a float32 tensor).
+FLOAT_BINARY = {aten.atan2: "atan2", aten.hypot: "hypot", aten.copysign: "copysign"}
 COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
 BITWISE = {aten.bitwise_and: "and", aten.bitwise_or: "or", aten.bitwise_xor: "xor",
            aten.bitwise_left_shift: "shl", aten.bitwise_right_shift: "shr",
@@ -184,7 +185,17 @@ def _predicate(name: str, for_ints: bool) -> Any:
 lowering(aten.isnan)(_predicate("isnan", False))
 lowering(aten.isinf)(_predicate("isinf", False))
 lowering(aten.isfinite)(_predicate("isfinite", True))
-lowering(aten.signbit)(_predicate("signbit", False))
+
+
+@lowering(aten.signbit)
+def signbit(b: Builder, x: Value) -> Value:
+    """Floats test the sign bit (so -0.0 and -nan count); a signed integer's sign bit is set
+    exactly when it is negative; unsigned integers and bools have none."""
+    if x.dtype.is_float:
+        return b.op("signbit", b.to_compute(x))
+    if x.dtype.is_int and x.dtype.is_signed:
+        return b.elementwise("lt", x, 0, kind=PROMOTE.ALWAYS_BOOL)
+    return b.expand(b.full(False, (), dt.bool_), x.shape)
 
 
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)

@@ -69,12 +69,18 @@ def gather(b: Builder, x: Value, dim: int, index: Value, sparse_grad: bool = Fal
 
 
 SCATTER_REDUCE = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max", "amin": "min"}
+#: The same reductions on bool tensors, done on 0/1 bytes.
+BOOL_SCATTER_REDUCE = {"add": "max", "max": "max", "mul": "min", "min": "min"}
 
 
 def _scatter(b: Builder, x: Value, dim: int, index: Value, src: Any, reduce: str,
              include_self: bool = True) -> Value:
     if x.dtype.is_bool and reduce != "none":
-        raise Unsupported("scatter reduction on bool tensors")
+        # PyTorch reduces bools as or (sum, amax) and and (prod, amin): on 0/1 bytes that is
+        # max and min, which, unlike a byte sum, cannot wrap however many duplicates there are
+        s8 = b.cast(src, dt.u8) if isinstance(src, Value) else src
+        out = _scatter(b, b.cast(x, dt.u8), dim, index, s8, BOOL_SCATTER_REDUCE[reduce], include_self)
+        return b.cast(out, dt.bool_)
     idx = as_index(b, index)
     if isinstance(src, Value):
         s = b.cast(src, x.dtype)
@@ -111,6 +117,8 @@ def scatter_add(b: Builder, x: Value, dim: int, index: Value, src: Value) -> Val
 def scatter_reduce(b: Builder, x: Value, dim: int, index: Value, src: Value, reduce: str,
                    include_self: bool = True) -> Value:
     if reduce == "mean":
+        if x.dtype.is_bool:
+            raise Unsupported("scatter_reduce mean of bool tensors")
         # sum / count, where count includes self when it takes part; untouched elements keep self.
         total = _scatter(b, x, dim, index, src, "add", include_self)
         ones = b.expand(b.full(1, (), x.dtype), index.shape)
@@ -188,8 +196,8 @@ def _masked_put(b: Builder, x: Value, mask: Value, values: Any, accumulate: bool
     vals = b.expand(b.as_tensor(values, x.dtype), x.shape)
     cond = b.expand(b.reshape(b.cast(mask, dt.bool_), (*mask.shape, *(Const(1),) * len(rest))), x.shape)
     if accumulate:
-        if x.dtype.is_bool:
-            raise Unsupported("index_put accumulate on bool tensors")
+        if x.dtype.is_bool:  # a bool sum is an or
+            return b.op("or", x, b.op("where", cond, vals, b.expand(b.full(False, (), x.dtype), x.shape)))
         zero = b.expand(b.full(0, (), x.dtype), x.shape)
         return b.op("add", x, b.op("where", cond, vals, zero))
     return b.op("where", cond, vals, x)
@@ -205,7 +213,11 @@ def index_put(b: Builder, x: Value, indices: Sequence[Optional[Value]], values: 
     (indexed,) = infer_types("index", [x.type, *(i.type for i in idx)], attrs)
     shape = indexed.shape
     if x.dtype.is_bool and accumulate:
-        raise Unsupported("index_put accumulate on bool tensors")
+        # a bool sum is an or: count the trues in i32 (no realistic number of duplicates
+        # overflows it), then test for nonzero
+        counts = b.op("index_put", b.cast(x, dt.i32), b.expand(b.as_tensor(values, dt.i32), shape), *idx,
+                      accumulate=True, **attrs)
+        return b.cast(counts, dt.bool_)
     vals = b.expand(b.as_tensor(values, x.dtype), shape)
     return b.op("index_put", x, vals, *idx, accumulate=bool(accumulate), **attrs)
 

@@ -257,8 +257,16 @@ def _reduce_dims(x: Value, dims: Any) -> tuple[int, ...]:
 
 
 def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool) -> tuple[Value, Value]:
-    """Two passes in the compute dtype: the mean, then the mean squared deviation with
-    `N - correction` in the denominator (clamped at 0, as PyTorch does)."""
+    """The mean and the mean squared deviation, in the compute dtype, with `N - correction`
+    in the denominator (clamped at 0, as PyTorch does).
+
+    When the reduced size is a known positive constant, the sums need one pass over the data:
+    `sum(x)`, `sum(x - c)` and `sum((x - c)^2)` are sibling reductions of one input, which
+    `fuse-sibling-loops` runs in one loop, and `var = (sum((x-c)^2) - sum(x-c)^2 / N) / denom`.
+    The shift `c`, the first reduced element, keeps that difference accurate when the mean is
+    large next to the spread (`1000 + randn`), the case where the unshifted form cancels. An
+    empty or symbolic size keeps the two-pass form (the mean, then the deviations), which
+    reads no element it does not reduce."""
     (xc,) = _float_compute(b, x)
     if xc.type.rank == 0:
         zero = b.full(0.0, (), xc.dtype)
@@ -268,13 +276,29 @@ def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool
     nf = b.cast(b.full(count, (), dt.i64), xc.dtype)
     total = b.op("reduce_sum", xc, dims=d, keepdim=True)
     mean_k = b.op("div", total, b.expand(nf, total.shape))
-    dev = b.op("sub", xc, b.expand(mean_k, xc.shape))
-    sq = b.op("reduce_sum", b.op("mul", dev, dev), dims=d, keepdim=bool(keepdim))
+    if isinstance(count, Const) and int(count.value) > 0:
+        sq = _shifted_square_sum(b, xc, d, nf, keepdim)
+    else:
+        dev = b.op("sub", xc, b.expand(mean_k, xc.shape))
+        sq = b.op("reduce_sum", b.op("mul", dev, dev), dims=d, keepdim=bool(keepdim))
     c = 1.0 if correction is None else float(correction)
     denom = b.op("max", b.op("sub", nf, b.full(c, (), xc.dtype)), b.full(0.0, (), xc.dtype))
     var = b.op("div", sq, b.expand(denom, sq.shape))
     mean = mean_k if keepdim else b.reshape(mean_k, sq.shape)
     return var, mean
+
+
+def _shifted_square_sum(b: Builder, xc: Value, dims: tuple[int, ...], nf: Value, keepdim: bool) -> Value:
+    """`sum((x - mean)^2)` over `dims` as `sum(s^2) - sum(s)^2 / N` with `s = x - c`, `c` the
+    first element of the reduced dims (which must not be empty); see `var_and_mean`."""
+    first = xc
+    for i in dims:
+        first = b.op("slice", first, dim=i, start=Const(0), end=Const(1), step=1)
+    s = b.op("sub", xc, b.expand(first, xc.shape))
+    s1 = b.op("reduce_sum", s, dims=dims, keepdim=bool(keepdim))
+    s2 = b.op("reduce_sum", b.op("mul", s, s), dims=dims, keepdim=bool(keepdim))
+    correction = b.op("div", b.op("mul", s1, s1), b.expand(nf, s1.shape))
+    return b.op("max", b.op("sub", s2, correction), b.full(0.0, s1.shape, xc.dtype))
 
 
 def _correction(b: Builder, unbiased: Any, kw: dict[str, Any]) -> Any:

@@ -83,7 +83,9 @@ lowering(aten.amin, aten.min.default)(_minmax("min"))
 
 def _anyall(kind: str) -> Any:
     def fn(b: Builder, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
-        return _reduce(b, kind, b.cast(x, dt.bool_), _dims(x, dims), keepdim, dt.bool_)
+        out = _reduce(b, kind, b.cast(x, dt.bool_), _dims(x, dims), keepdim, dt.bool_)
+        # PyTorch keeps uint8 for uint8 inputs (a 0/1 byte), every other dtype gives bool
+        return b.cast(out, dt.u8) if x.dtype == dt.u8 else out
     return fn
 
 

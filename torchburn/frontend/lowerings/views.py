@@ -157,8 +157,8 @@ def select(b: Builder, x: Value, dim: int, index: Any) -> Value:
 def cat(b: Builder, tensors: Sequence[Value], dim: int = 0) -> Value:
     out_dtype = b.out_dtype
     parts = [t for t in tensors if not (t.type.rank == 1 and t.shape[0] == Const(0))]
-    if not parts:
-        raise Unsupported("cat of only empty tensors")
+    if not parts:  # only legacy empty [0] operands: the result is empty too
+        return b.full(0, (Const(0),), out_dtype)
     dim = normalize_dim(dim, parts[0].type.rank)
     parts = [b.cast(t, out_dtype) for t in parts]
     if len(parts) == 1:
@@ -226,6 +226,8 @@ def repeat(b: Builder, x: Value, repeats: Sequence[Any]) -> Value:
     if len(reps) < x.type.rank:
         raise Unsupported("repeat with fewer repeats than dims")
     shape = (Const(1),) * (len(reps) - x.type.rank) + x.shape
+    if all(r == Const(1) for r in reps):
+        return b.reshape(x, shape)  # no tiling: the input itself (as the launcher copies it)
     paired = b.reshape(x, [d for s in shape for d in (Const(1), s)])
     expanded = b.expand(paired, [d for r, s in zip(reps, shape) for d in (r, s)])
     return b.reshape(expanded, [ex.mul(r, s) for r, s in zip(reps, shape)])

@@ -220,33 +220,95 @@ def _same(a: Expr, b: Expr) -> Expr:
     return eq
 
 
+#: Merge passes of the argsort kernel come in pairs; 32 pairs sort rows of up to 4**32.
+_MERGE_PAIRS = 32
+
+
+def _merge_pass(kb: KernelBuilder, x: Value, dim: int, row: Index, src: lp.Buffer, dst: lp.Buffer,
+                width: Expr, descending: bool) -> lp.Stmt:
+    """One bottom-up merge pass along a row: the sorted runs of length `width` of
+    permutation `src` merge pairwise into `dst`. Output position `k` takes the next element of
+    the left run unless the right run's next element sorts strictly before it (stability);
+    the two run cursors live in local buffers reset at the start of each pair of runs."""
+    n = x.shape[dim]
+    cur = {side: lp.Buffer(kb.fresh(f"{side}cur"), dt.i64, (Const(1),), (Const(1),), "local")
+           for side in ("l", "r")}
+    (k,) = kb.loops((n,), "m")
+
+    def at(pos: Expr) -> Index:
+        return tuple(pos if d == dim else v for d, v in enumerate(row))
+
+    kb.push()
+    pair = kb.bind(ex.mul(width, Const(2)), "t")
+    lo = kb.bind(ex.mul(ex.floordiv(k, pair), pair), "t")
+    mid = kb.bind(ex.minimum(ex.add(lo, width), n), "t")
+    hi = kb.bind(ex.minimum(ex.add(lo, pair), n), "t")
+    fresh = kb.bind(ex.binary("eq", k, lo), "t")
+    li = kb.bind(ex.select(fresh, lo, ex.Load(cur["l"].name, (Const(0),), ex.INDEX)), "t")
+    ri = kb.bind(ex.select(fresh, mid, ex.Load(cur["r"].name, (Const(0),), ex.INDEX)), "t")
+    last = ex.sub(n, Const(1))
+    lperm = kb.bind(clamp(kb.bind(ex.Load(src.name, at(ex.minimum(li, last)), ex.INDEX)), n))
+    rperm = kb.bind(clamp(kb.bind(ex.Load(src.name, at(ex.minimum(ri, last)), ex.INDEX)), n))
+    lkey = kb.value_at(x, at(lperm))
+    rkey = kb.value_at(x, at(rperm))
+    left_done = ex.binary("ge", li, mid)
+    right_first = ex.Binary("or", left_done, _before(rkey, lkey, descending), BOOL)
+    take_right = kb.bind(ex.Binary("and", ex.binary("lt", ri, hi), right_first, BOOL))
+    kb.emit(lp.Store(dst.name, at(k), ex.select(take_right, rperm, lperm)))
+    kb.emit(lp.Store(cur["l"].name, (Const(0),), ex.select(take_right, li, ex.add(li, Const(1)))))
+    kb.emit(lp.Store(cur["r"].name, (Const(0),), ex.select(take_right, ex.add(ri, Const(1)), ri)))
+    loop = kb.nest((k,), (n,), kb.pop())
+    return lp.block(lp.Alloc(cur["l"]), lp.Alloc(cur["r"]), loop)
+
+
 @root_rule("argsort")
 def argsort(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
-    """Each element's rank is the number of elements sorting before it (ties broken by
-    position, which makes the sort stable); the element's position is stored at its rank.
-    Quadratic in the sorted length: meant for the short rows of top-k and small sorts."""
+    """A stable bottom-up merge sort of each row's positions, O(n log n): the identity
+    permutation, then merge passes of widths 1, 2, 4, ... ping-ponging between the result and
+    a workspace buffer of the same shape. Passes come in pairs (result -> workspace of width
+    `w`, workspace -> result of width `2w`) so the last one always writes the result; a pair
+    runs while `w < n` (a pass whose width covers the row is a plain copy). Keys are read
+    through the permutation (fused producers recomputed there), NaN sorting above every number.
+
+        alloc %w: i64[1] local
+        %w[0] = 1
+        for q in 0..32 {
+          if %w[0] < n { merge(%out -> %ws, %w[0]); merge(%ws -> %out, 2 * %w[0]) }
+          %w[0] = %w[0] * 4
+        }
+    """
     x = op.operands[0]
     dim = int(op.attrs["dim"])
     descending = bool(op.attrs["descending"])
     n = x.shape[dim]
     _origin(kb, op)
     kb.used_buffers[out.name] = out
+    ws = kb.scratch(out.dtype, out.shape)
+    others = [d for d in range(x.type.rank) if d != dim]
 
-    def body(i: Index) -> None:
-        xi = kb.value_at(x, i)
-        count = Accumulator(kb, dt.i64, Const(0), "cnt")
-        (jv,) = kb.loops((n,), "r")
+    def body(outer: Index) -> None:
+        row: list[Expr] = [Const(0)] * x.type.rank
+        for d, v in zip(others, outer):
+            row[d] = v
+        row_idx = tuple(row)
+        (k,) = kb.loops((n,), "i")
+        kb.emit(kb.nest((k,), (n,), lp.Store(out.name, tuple(k if d == dim else v for d, v in enumerate(row_idx)), k)))
+        width = lp.Buffer(kb.fresh("width"), dt.i64, (Const(1),), (Const(1),), "local")
+        kb.emit(lp.Alloc(width))
+        kb.emit(lp.Store(width.name, (Const(0),), Const(1)))
+        (q,) = kb.loops((Const(_MERGE_PAIRS),), "q")
         kb.push()
-        xj = kb.value_at(x, tuple(jv if d == dim else v for d, v in enumerate(i)))
-        tie = ex.Binary("and", _same(xj, xi), ex.binary("lt", jv, i[dim]), BOOL)
-        before = kb.bind(ex.Binary("or", _before(xj, xi, descending), tie, BOOL))
-        count.combine("add", ex.select(before, Const(1), Const(0)))
-        kb.emit(kb.nest((jv,), (n,), kb.pop()))
-        rank = kb.bind(clamp(count.result(), n))
-        kb.emit(lp.Store(out.name, tuple(rank if d == dim else v for d, v in enumerate(i)), i[dim]))
+        w = kb.bind(ex.Load(width.name, (Const(0),), ex.INDEX), "t")
+        kb.push()
+        first = _merge_pass(kb, x, dim, row_idx, out, ws, w, descending)
+        second = _merge_pass(kb, x, dim, row_idx, ws, out, ex.mul(w, Const(2)), descending)
+        kb.emit(lp.block(first, second))
+        kb.emit(lp.If(ex.binary("lt", w, n), kb.pop()))
+        kb.emit(lp.Store(width.name, (Const(0),), ex.mul(w, Const(4))))
+        kb.emit(kb.nest((q,), (Const(_MERGE_PAIRS),), kb.pop()))
 
-    order = [d for d in range(x.type.rank) if d != dim] + [dim]
-    return _nest(kb, x.shape, "i", body, order)
+    shape = tuple(x.shape[d] for d in others)
+    return _nest(kb, shape, "i", body)
 
 
 def _log_add_exp(a: Expr, b: Expr) -> Expr:

@@ -15,6 +15,7 @@ from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.ops import get_op
 from ...ir.tensor import Op, Value
 from . import scalar_ops
+from .row_cache import cached_operand, row_index
 from .views import VIEW_INDEX
 
 Index = tuple[Expr, ...]
@@ -88,10 +89,25 @@ class KernelBuilder:
         self._names = itertools.count()
         self._scopes: list[dict[tuple[int, Index], Expr]] = [{}]
         self._stmts: list[list[lp.Stmt]] = [[]]
+        #: The loop variables each scope binds (None: unknown, nothing moves out past it).
+        self._bound: list[Optional[frozenset[str]]] = [None]
+        #: Lowest scope a value may be hoisted to (None: no hoisting; see `row_root`).
+        self._hoist_base: Optional[int] = None
+        #: The scope each `let` was emitted in, and the reciprocals made by `_divide`.
+        self._let_level: dict[str, int] = {}
+        self._recips: dict[str, Var] = {}
+        #: In a row kernel, the value kept in the output row (`row_cache.py`): the value, the
+        #: reduction whose loop stores it, the output and the element index; and whether the
+        #: store has been emitted (from then on the element loop loads the value back).
+        self._row_cache: Optional[tuple[Value, Op, lp.Buffer, Index]] = None
+        self._row_cache_stored = False
         self.used_buffers: dict[str, lp.Buffer] = {}
         self.origins: list[str] = []
         #: Kernel attributes besides `origin` (a GEMM records its blocking as `gemm`).
         self.attrs: dict[str, str] = {}
+        #: Workspace buffers the kernel asked for with `scratch` (the program adds them to its
+        #: temporaries, so memory planning places them like any other).
+        self.scratch_buffers: list[lp.Buffer] = []
 
     # ---- naming, scopes ------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -106,15 +122,53 @@ class KernelBuilder:
             return e
         v = Var(self.fresh(prefix), e.type)
         self.emit(lp.Let(v, e))
+        self._let_level[v.name] = len(self._stmts) - 1
         return v
 
-    def push(self) -> None:
+    def _divide(self, a: Expr, b: Expr) -> Expr:
+        """`a / b`; in a row kernel, a float divisor computed outside the current loop (a
+        softmax's row sum) becomes one reciprocal there and a multiplication per element, as
+        ATen's own softmax and norms do (a division costs several multiplications)."""
+        top = len(self._stmts) - 1
+        level = self._let_level.get(b.name, top) if isinstance(b, Var) else top
+        if self._hoist_base is None or level >= top or not isinstance(b.type, ScalarType) \
+                or not b.type.dtype.is_float or b.type != a.type:
+            return self.bind(scalar_ops.binary("div", a, b))
+        recip = self._recips.get(b.name)
+        if recip is None:
+            recip = Var(self.fresh("t"), b.type)
+            self._stmts[level].append(lp.Let(recip, ex.Binary("div", Const(1.0, b.type), b, b.type)))
+            self._let_level[recip.name] = level
+            self._recips[b.name] = recip
+        return self.bind(scalar_ops.binary("mul", a, recip))
+
+    def push(self, binds: Optional[tuple[Var, ...]] = None) -> None:
+        """Open a scope; `binds` are the loop variables it introduces, when known."""
         self._scopes.append({})
         self._stmts.append([])
+        self._bound.append(None if binds is None else frozenset(v.name for v in binds))
 
     def pop(self) -> lp.Stmt:
         self._scopes.pop()
+        self._bound.pop()
         return lp.block(*self._stmts.pop()) if self._stmts[-1] else lp.Block(())
+
+    def _home(self, idx: Index) -> int:
+        """The outermost scope where an element at `idx` can be computed: below it, no scope
+        binds a variable of `idx` (in a row kernel, a row's reduction lands before the loop over
+        the row's elements). The innermost scope unless hoisting is on."""
+        level = len(self._scopes) - 1
+        if self._hoist_base is None:
+            return level
+        used: set[str] = set()
+        for e in idx:
+            used |= ex.free_vars(e)
+        while level > self._hoist_base:
+            bound = self._bound[level]
+            if bound is None or bound & used:
+                break
+            level -= 1
+        return level
 
     def _memo_get(self, key: tuple[int, Index]) -> Optional[Expr]:
         for scope in reversed(self._scopes):
@@ -136,6 +190,15 @@ class KernelBuilder:
         if op.loc and op.loc not in self.origins:
             self.origins.append(op.loc)
         return self._compute(op, idx)
+
+    def scratch(self, dtype: dt.DType, shape: tuple[Expr, ...]) -> lp.Buffer:
+        """A contiguous workspace buffer private to this kernel (a sort's second array):
+        local buffers must have constant sizes, and a row may be long."""
+        buf = lp.Buffer(f"{self.name}_ws{len(self.scratch_buffers)}", dtype, shape,
+                        lp.contiguous_strides(shape))
+        self.scratch_buffers.append(buf)
+        self.used_buffers[buf.name] = buf
+        return buf
 
     def loops(self, extents: tuple[Expr, ...], prefix: str) -> tuple[Var, ...]:
         return tuple(Var(self.fresh(prefix)) for _ in extents)
@@ -159,14 +222,27 @@ class KernelBuilder:
         hit = self._memo_get(key)
         if hit is not None:
             return hit
-        op = v.producer
-        if v in self.buffers or op is None:
-            e = self.load(v, idx)
-        else:
-            if op.loc and op.loc not in self.origins:
-                self.origins.append(op.loc)
-            e = self._compute(op, idx)
-        self._scopes[-1][key] = e
+        level = self._home(idx)
+        inner = (self._scopes[level + 1:], self._stmts[level + 1:], self._bound[level + 1:])
+        # Compute in scope `level`: close the inner scopes for a while (their statements so far
+        # stay theirs), so what is emitted lands before the inner loops.
+        del self._scopes[level + 1:], self._stmts[level + 1:], self._bound[level + 1:]
+        try:
+            op = v.producer
+            if v in self.buffers or op is None:
+                e = self.load(v, idx)
+            elif self._reads_row_cache(v, idx):
+                out = self._row_cache[2]  # type: ignore[index]
+                e = self.bind(ex.Load(out.name, idx, ScalarType(out.dtype)), "c")
+            else:
+                if op.loc and op.loc not in self.origins:
+                    self.origins.append(op.loc)
+                e = self._compute(op, idx)
+        finally:
+            self._scopes += inner[0]
+            self._stmts += inner[1]
+            self._bound += inner[2]
+        self._scopes[level][key] = e
         return e
 
     def _compute(self, op: Op, idx: Index) -> Expr:
@@ -184,6 +260,8 @@ class KernelBuilder:
                 return self.bind(ex.cast(args[0], op.attrs["dtype"]))
             if name == "where":
                 return self.bind(scalar_ops.where(*args))
+            if name == "div":
+                return self._divide(args[0], args[1])
             if name in ex.BINARY_OPS:
                 return self.bind(scalar_ops.binary(name, args[0], args[1]))
             return self.bind(scalar_ops.unary(name, args[0]))
@@ -258,13 +336,33 @@ class KernelBuilder:
         acc = lp.Buffer(self.fresh("acc"), acc_t, (Const(1),), (Const(1),), "local")
         self.emit(lp.Alloc(acc))
         self.emit(lp.Store(acc.name, (Const(0),), REDUCE_INIT[op.name](acc_t)))
-        self.push()
+        self.push(red_vars)
         val = self.value_at(src, self._reduced_index(op, out_idx, red_vars))
         cur = ex.Load(acc.name, (Const(0),), ScalarType(acc_t))
         self.emit(lp.Store(acc.name, (Const(0),), scalar_ops.binary(REDUCE_COMBINE[op.name], cur, val)))
+        self._store_row_cache(op, red_vars, out_idx, val)
         body = self.pop()
         self.emit(self.nest(red_vars, extents, body))
         return self.bind(ex.Load(acc.name, (Const(0),), ScalarType(acc_t)))
+
+    def _store_row_cache(self, op: Op, red_vars: tuple[Var, ...], out_idx: Index, val: Expr) -> None:
+        """In the loop of the reduction chosen by `row_cache.cached_operand`, store its operand
+        into the output row (the loop visits every element of the row, in the row's order)."""
+        if self._row_cache is None or self._row_cache_stored or op is not self._row_cache[1]:
+            return
+        _, _, out, elem = self._row_cache
+        src_idx = self._reduced_index(op, out_idx, red_vars)
+        if src_idx != elem[:len(elem) - len(red_vars)] + red_vars:
+            return
+        self.used_buffers[out.name] = out
+        self.emit(lp.Store(out.name, src_idx, val))
+        self._row_cache_stored = True
+
+    def _reads_row_cache(self, v: Value, idx: Index) -> bool:
+        """Whether `v[idx]` is loaded from the output row: the stored value, at the element
+        loop's own index (elsewhere the row may already hold final results)."""
+        return self._row_cache_stored and self._row_cache is not None \
+            and v is self._row_cache[0] and idx == self._row_cache[3]
 
     def _arg_reduction(self, op: Op, out_idx: Index, red_vars: tuple[Var, ...], extents: tuple[Expr, ...]) -> Expr:
         src = op.operands[0]
@@ -277,7 +375,7 @@ class KernelBuilder:
         init = REDUCE_INIT["reduce_max" if is_max else "reduce_min"](vt)
         self.emit(lp.Store(best.name, (Const(0),), init))
         self.emit(lp.Store(where.name, (Const(0),), Const(-1)))
-        self.push()
+        self.push(red_vars)
         val = self.value_at(src, self._reduced_index(op, out_idx, red_vars))
         cur = self.bind(ex.Load(best.name, (Const(0),), ScalarType(vt)))
         better = scalar_ops.binary("gt" if is_max else "lt", val, cur)
@@ -309,12 +407,70 @@ class KernelBuilder:
         vars_ = self.loops(shape, "i")
         if op.loc and op.loc not in self.origins:
             self.origins.append(op.loc)
+        if self._holds_reduction(op):
+            return self.row_root(op, out, vars_)
         self.push()
         val = self._compute(op, vars_)
         self.used_buffers[out.name] = out
         self.emit(lp.Store(out.name, vars_, val))
         body = self.pop()
         return self.nest(vars_, shape, body, self._origin_annotation())
+
+    def _holds_reduction(self, op: Op) -> bool:
+        """Whether a reduction is computed inside this elementwise kernel (a row kernel, see
+        `passes/row_fusion.py`)."""
+        if get_op(op.name).category == "reduction":
+            return False
+        stack, seen = list(op.operands), set()
+        while stack:
+            v = stack.pop()
+            p = v.producer
+            if v in self.buffers or p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if get_op(p.name).category == "reduction":
+                return True
+            stack.extend(p.operands)
+        return False
+
+    def row_root(self, op: Op, out: lp.Buffer, vars_: tuple[Var, ...]) -> lp.Stmt:
+        """The loops of an elementwise kernel that holds reductions: one scope per loop, and each
+        value computed in the outermost scope its index allows, so a row's reductions and
+        statistics run once per row, before the loop over the row's elements:
+
+            for i0 in 0..8 {
+              alloc %acc2: f32[1] strides [1] local
+              %acc2[0] = -inf:f32
+              for r1 in 0..16 { let x3 = %x[i0, r1]; %acc2[0] = max(%acc2[0], x3) }
+              let t4 = %acc2[0]
+              ...                                   (the sum's loop, the same way)
+              for i5 in 0..16 { ... %out0[i0, i5] = t9 }
+            }
+        """
+        shape = op.result.shape
+        base = len(self._scopes)
+        self.push(())
+        for v in vars_:
+            self.push((v,))
+        self._hoist_base = base
+        cache = cached_operand(op, out, self.buffers)
+        try:
+            if cache is not None:
+                # the reduction (and what it needs) first, so its loop stores the operand
+                # before the element loop reads it
+                self._row_cache = (cache[0], cache[1], out, vars_)
+                self.value_at(cache[1].result, row_index(cache[1], vars_))
+            val = self._compute(op, vars_)
+        finally:
+            self._hoist_base = None
+            self._row_cache, self._row_cache_stored = None, False
+        self.used_buffers[out.name] = out
+        self.emit(lp.Store(out.name, vars_, val))
+        for k in range(len(vars_) - 1, -1, -1):
+            body = self.pop()
+            ann = self._origin_annotation() if k == 0 else ()
+            self.emit(lp.For(vars_[k], Const(0), shape[k], "serial", body, ann))
+        return self.pop()
 
     def matmul_root(self, op: Op, out: lp.Buffer) -> lp.Stmt:
         """A GEMM kernel (`loopgen/matmul.py`): `op` is a matmul, or the last elementwise op of

@@ -1,0 +1,319 @@
+"""The `qlinear` IR op and its kernels (`passes/loopgen/qlinear.py`): text round trip and type
+rules, results of the SIMD and the plain (GPU-form) kernels against a float64 reference on
+the layouts of `torchburn/quant/layouts.py`, the fused epilogue, and no access outside any
+buffer (guard pages)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+from tests.passes import test_matmul
+from torchburn.ir.ops import OpError
+from torchburn.ir.parser import parse_graph
+from torchburn.ir.printer import print_ir
+from torchburn.ir.verifier import verify
+from torchburn.quant import (dequantize_int4, dequantize_int8, quantize_weight_int4_grouped,
+                             quantize_weight_int8)
+
+
+class Compiled(test_matmul.Compiled):
+    """A tensor graph through the default pipeline, with `lowering` as its loop lowering
+    (`lower-to-loops-gpu` writes the plain per-element nest), callable on numpy arrays."""
+
+    def __init__(self, text: str, lowering: str = "lower-to-loops") -> None:
+        from torchburn.codegen import Target, emit_program, entry_name
+        from torchburn.passes.base import PassManager, get_pass
+        from torchburn.passes.pipeline import Pipeline
+        from torchburn.runtime import jit
+
+        pipeline = Pipeline.default()
+        pipeline.lowering = get_pass(lowering)()
+        pipeline.loop = test_matmul._loop_passes()
+        self.program = PassManager(pipeline.passes()).run(parse_graph(text))
+        verify(self.program)
+        target = Target.host()
+        self.native = jit.load_object(jit.compile_llvm_ir(emit_program(self.program, target), target))
+        self.entry = self.native.entry(entry_name(self.program))
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")
+
+
+def qlinear_graph(m: "int | str", n: int, k: int, kind: str, group: Optional[int], symmetric: bool,
+                  scale_dtype: str = "f32", epilogue: bool = True, activations: str = "f32") -> str:
+    """`tanh(qlinear(x, ...) + b)` (or the bare product) as tensor IR text."""
+    ins = [f"%x: f32[{m}, {k}]", f"%q: u8[{n}, {k // 2}]" if kind == "int4" else f"%q: i8[{n}, {k}]",
+           f"%s: {scale_dtype}[{n}]" if group is None else f"%s: {scale_dtype}[{n}, {k // group}]"]
+    operands = "%x, %q, %s"
+    if not symmetric:
+        ins.append(f"%mn: {scale_dtype}[{n}, {k // (group or k)}]")
+        operands += ", %mn"
+    ins.append(f"%b: f32[{n}]")
+    attrs = (f'{{kind = "{kind}", group_size = {group or k}, symmetric = {str(symmetric).lower()}, '
+             f'activations = "{activations}"}}')
+    body = f"  %0 = qlinear({operands}) {attrs} : f32[{m}, {n}]\n"
+    if epilogue:
+        body += (f"  %1 = expand(%b) {{shape = [{m}, {n}]}} : f32[{m}, {n}]\n"
+                 f"  %2 = add(%0, %1) : f32[{m}, {n}]\n"
+                 f"  %3 = tanh(%2) : f32[{m}, {n}]\n  return %3\n")
+    else:
+        body += "  return %0\n"
+    return f"graph @main({', '.join(ins)}) {{\n{body}}}"
+
+
+def weights(n: int, k: int, kind: str, group: Optional[int], symmetric: bool,
+            seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Quantized operands (by name) and the dequantized weight in float64."""
+    torch.manual_seed(seed)
+    w = torch.randn(n, k)
+    if kind == "int4":
+        assert group is not None
+        q4 = quantize_weight_int4_grouped(w, group, symmetric, torch.float32)
+        arrays = {"q": q4.packed.numpy(), "s": q4.scales.numpy()}
+        if not symmetric:
+            assert q4.mins is not None
+            arrays["mn"] = q4.mins.numpy()
+        return arrays, dequantize_int4(q4).double().numpy()
+    q8 = quantize_weight_int8(w, group, torch.float32)
+    return {"q": q8.qweight.numpy(), "s": q8.scales.numpy()}, dequantize_int8(q8).double().numpy()
+
+
+def quantized_x(x: np.ndarray, agroup: int) -> np.ndarray:
+    """x as the int8-activation kernel sees it (`qlinear_i8`): per group of `agroup`,
+    `round_half_even(x * (127 / amax)) * (amax / 127)`, the scale products in f32."""
+    m, k = x.shape
+    g = x.reshape(m, k // agroup, agroup).astype(np.float32)
+    amax = np.abs(g).max(-1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    return (np.round(g * inv) * d).reshape(m, k).astype(np.float64)
+
+
+def reference(x: np.ndarray, wd: np.ndarray, b: np.ndarray, epilogue: bool = True,
+              plan: Optional[str] = None, kind: str = "int4", group: int = 0) -> np.ndarray:
+    """The float64 product of x (quantized as the kernel does when `plan` says `act=int8`)
+    and the dequantized weight, then the epilogue."""
+    xs = x.astype(np.float64)
+    if plan is not None and "act=int8" in plan:
+        from torchburn.passes.loopgen.qlinear import QLinear
+        from torchburn.passes.loopgen.qlinear_i8 import activation_group
+
+        fake = QLinear(None, None, None, None, kind, group, True)  # type: ignore[arg-type]
+        xs = quantized_x(x, activation_group(fake))
+    y = xs @ wd.T
+    return np.tanh(y + b) if epilogue else y
+
+
+def test_round_trip_and_verifier() -> None:
+    text = qlinear_graph(16, 64, 256, "int4", 64, False, "f16")
+    g = parse_graph(text)
+    verify(g)
+    assert print_ir(parse_graph(print_ir(g))) == print_ir(g)
+    op = g.ops[0]
+    assert op.name == "qlinear" and op.attrs == {"kind": "int4", "group_size": 64, "symmetric": False,
+                                                 "activations": "f32"}
+    assert ": f32[16, 64]" in print_ir(g).splitlines()[1]
+
+
+@pytest.mark.parametrize("bad,message", [
+    ('kind = "int2"', "unknown kind"),
+    ("group_size = 48", "does not divide"),
+    ("group_size = 0", "positive integer"),
+    ("symmetric = true", "expected 3 operands"),
+])
+def test_type_rule_rejects_bad_attrs(bad: str, message: str) -> None:
+    text = qlinear_graph(2, 8, 64, "int4", 32, False)
+    for good in ('kind = "int4"', "group_size = 32", "symmetric = false"):
+        if good.split(" = ")[0] == bad.split(" = ")[0]:
+            text = text.replace(good, bad)
+    with pytest.raises((OpError, ValueError), match=message):
+        verify(parse_graph(text))
+
+
+def test_type_rule_rejects_bad_operands() -> None:
+    wrong_dtype = qlinear_graph(2, 8, 64, "int4", 32, True).replace("%q: u8", "%q: i8")
+    with pytest.raises((OpError, ValueError), match="must be u8"):
+        verify(parse_graph(wrong_dtype))
+    wrong_scales = qlinear_graph(2, 8, 64, "int8", 32, True).replace("%s: f32[8, 2]", "%s: f32[8, 3]")
+    with pytest.raises((OpError, ValueError), match="scales shape"):
+        verify(parse_graph(wrong_scales))
+
+
+CASES = [  # m, n, k, kind, group, symmetric
+    (1, 70, 256, "int4", 64, True), (5, 37, 128, "int4", 32, False), (16, 64, 256, "int8", None, True),
+    (3, 9, 96, "int8", 32, True), (1, 33, 256, "int4", 128, True), (17, 5, 40, "int8", None, True),
+    (6, 11, 72, "int4", 24, False),
+]
+
+
+#: Cases that take the int8-activation kernel (groups of x long enough for 16-byte dots).
+I8_CASES = [(1, 70, 256, "int4", 64, True), (5, 37, 128, "int4", 32, False), (16, 64, 256, "int8", None, True),
+            (3, 9, 96, "int8", 32, True), (1, 33, 256, "int4", 128, True), (3, 40, 320, "int4", 32, False),
+            (1, 12, 1024, "int8", None, True), (2, 7, 320, "int8", 64, True)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("form", ["simd", "plain", "simd-int8"])
+def test_kernels_match_reference(case: tuple, form: str) -> None:  # type: ignore[type-arg]
+    """The f32 kernels against the float64 product to f32 rounding; with int8 activations,
+    against the float64 product of the *quantized* x (the kernel's integer dot products are
+    exact, so only f32 rounding of the scales and sums remains: the same tolerance)."""
+    m, n, k, kind, group, symmetric = case
+    text = qlinear_graph(m, n, k, kind, group, symmetric, activations="int8" if form == "simd-int8" else "f32")
+    c = Compiled(text) if form != "plain" else Compiled(text, lowering="lower-to-loops-gpu")
+    plans = [dict(kk.attrs).get("qlinear") for kk in c.program.kernels]
+    assert len(c.program.kernels) == 1, "the epilogue is fused"
+    assert (plans[0] is not None) == (form != "plain")
+    if form == "simd-int8":
+        assert ("act=int8" in plans[0]) == (case in I8_CASES), plans[0]
+    arrays, wd = weights(n, k, kind, group, symmetric)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": b, "out0": out})
+    expected = reference(x, wd, b, plan=plans[0], kind=kind, group=group or k)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", I8_CASES[5:], ids=lambda c: "-".join(map(str, c)))
+def test_int8_activations_more_shapes(case: tuple) -> None:  # type: ignore[type-arg]
+    """Asymmetric g32 with K = 320 (not a multiple of 64), per-channel int8 with x quantized
+    in groups of 128, grouped int8 g64; no epilogue, so the raw sums are compared."""
+    m, n, k, kind, group, symmetric = case
+    c = Compiled(qlinear_graph(m, n, k, kind, group, symmetric, epilogue=False, activations="int8"))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "act=int8" in plan
+    arrays, wd = weights(n, k, kind, group, symmetric)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
+    expected = reference(x, wd, np.zeros(n), epilogue=False, plan=plan, kind=kind, group=group or k)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_dot_product_without_vnni_gives_the_same_results() -> None:
+    """`dot4_u8i8_acc` on a target without AVX512-VNNI (the portable sequence) against the
+    host's `vpdpbusd`: identical outputs, and the instruction only where the feature is."""
+    from torchburn.codegen import Target, emit_program, entry_name
+    from torchburn.runtime import jit
+
+    host = Target.host()
+    if not host.has_feature("avx512vnni"):
+        pytest.skip("the host has no AVX512-VNNI to compare with")
+    plain = Target.from_features(host.triple, host.cpu, host.features.replace("+avx512vnni", "-avx512vnni"))
+    m, n, k = 3, 21, 256
+    c = Compiled(qlinear_graph(m, n, k, "int4", 64, True, activations="int8"))
+    arrays, wd = weights(n, k, "int4", 64, True)
+    x = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
+    b = np.zeros(n, np.float32)
+    outs = []
+    for target in (host, plain):
+        llvm_ir = emit_program(c.program, target)
+        assert ("vpdpbusd" in llvm_ir) == (target is host)
+        c.native = jit.load_object(jit.compile_llvm_ir(llvm_ir, target))
+        c.entry = c.native.entry(entry_name(c.program))
+        out = np.zeros((m, n), np.float32)
+        c({**arrays, "x": x, "b": b, "out0": out})
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    np.testing.assert_allclose(outs[1], reference(x, wd, b, plan=plan, kind="int4", group=64), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_rows_int8_activations_in_the_gemv_branch() -> None:
+    """With M known only at run time, the GEMV branch quantizes x (a bound of one row) and
+    the multi-row branch keeps f32 activations; M = 0 writes nothing and reads nothing."""
+    c = Compiled(qlinear_graph("s0", 20, 128, "int4", 64, True, activations="int8"))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "mr=1 nr=4 act=int8" in plan and "mr=4 nr=2 lanes=" in plan
+    arrays, wd = weights(20, 128, "int4", 64, True)
+    b = np.ones(20, np.float32)
+    for m in (0, 1, 2, 9):
+        x = np.random.default_rng(m).standard_normal((m, 128)).astype(np.float32)
+        out = np.zeros((m, 20), np.float32)
+        c({**arrays, "x": x, "b": b, "out0": out}, [m])
+        expected = reference(x, wd, b, plan="act=int8" if m == 1 else None, kind="int4", group=64)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_rows_build_both_forms() -> None:
+    c = Compiled(qlinear_graph("s0", 20, 64, "int4", 32, True))
+    assert "mr=1" in dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "mr=4" in dict(c.program.kernels[0].attrs)["qlinear"]
+    arrays, wd = weights(20, 64, "int4", 32, True)
+    b = np.ones(20, np.float32)
+    for m in (1, 2, 9):
+        x = np.random.default_rng(m).standard_normal((m, 64)).astype(np.float32)
+        out = np.zeros((m, 20), np.float32)
+        c({**arrays, "x": x, "b": b, "out0": out}, [m])
+        np.testing.assert_allclose(out, reference(x, wd, b), rtol=1e-4, atol=1e-4)
+
+
+GUARD_SCRIPT = r'''
+import sys
+import numpy as np
+sys.path.insert(0, {root!r})
+from tests.passes import test_qlinear as t
+from tests.passes.test_qlinear import Compiled
+exec(t.GUARDED_ARRAY)
+
+for (m, n, k, kind, group, sym) in t.CASES + t.I8_CASES[5:] + [("s0", 13, 64, "int4", 32, True)]:
+    for lowering, act in (("lower-to-loops", "f32"), ("lower-to-loops", "int8"), ("lower-to-loops-gpu", "f32")):
+        c = Compiled(t.qlinear_graph(m, n, k, kind, group, sym, activations=act), lowering=lowering)
+        plan = dict(c.program.kernels[0].attrs).get("qlinear") if m != "s0" else None  # rows = 3: f32
+        arrays, wd = t.weights(n, k, kind, group, sym)
+        rows = 3 if m == "s0" else m
+        rng = np.random.default_rng(0)
+        for at_end in (True, False):
+            g = {{name: guarded(a.shape, a.dtype, at_end) for name, a in arrays.items()}}
+            for name, a in arrays.items():
+                g[name][...] = a
+            x = guarded((rows, k), np.float32, at_end); x[...] = rng.standard_normal((rows, k))
+            b = guarded((n,), np.float32, at_end); b[...] = rng.standard_normal(n)
+            out = guarded((rows, n), np.float32, at_end)
+            c({{**g, "x": x, "b": b, "out0": out}}, [rows] if m == "s0" else [])
+            expected = t.reference(x, wd, b, plan=plan, kind=kind, group=group or k)
+            np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+print("GUARDS OK")
+'''
+
+#: Defines `guarded(shape, dtype, at_end)`: an array against a PROT_NONE page.
+GUARDED_ARRAY = r'''
+import ctypes, mmap
+libc = ctypes.CDLL(None)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PAGE = mmap.PAGESIZE
+keep = []
+
+def guarded(shape, dtype, at_end):
+    count = int(np.prod(shape))
+    nbytes = count * np.dtype(dtype).itemsize
+    body = (nbytes + PAGE - 1) // PAGE * PAGE
+    mm = mmap.mmap(-1, body + 2 * PAGE)
+    keep.append(mm)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc.mprotect(base, PAGE, 0)
+    libc.mprotect(base + PAGE + body, PAGE, 0)
+    offset = PAGE + (body - nbytes if at_end else 0)
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape)
+'''
+
+
+def test_no_access_outside_buffers() -> None:
+    """Every operand against an inaccessible page (after it, then before it), for both
+    kernel forms; a read or write past either end would crash the child process."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TORCHBURN_CACHE_DIR="off")
+    proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT.format(root=root)], capture_output=True,
+                          text=True, env=env, timeout=900, cwd=root)
+    assert proc.returncode == 0 and "GUARDS OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:],
+                                                                 proc.stderr[-4000:])

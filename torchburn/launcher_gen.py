@@ -1,0 +1,178 @@
+"""The source of a compiled subgraph's launcher, generated from its tensor graph and program.
+
+The launcher (`launcher.Launcher`) is a small straight-line Python function that guards the
+inputs, binds the symbols, allocates the outputs and makes one native call. It is generated
+here, where the IR is at hand, as a `launcher.LauncherSpec`: plain text and names, no IR objects. So the
+spec can be stored in the FX-graph cache (`fx_cache.py`) and a warm process can build the same
+launcher without importing the IR, the lowerings or the passes.
+
+Guards are as tight as Python allows: for static shapes one tuple comparison of the sizes and
+one of the strides (of the dimensions whose size is not 1: a stride of a size-1 dimension is
+never used); for symbolic shapes one comparison per dimension that is not bound by it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .frontend.dtypes import to_torch
+from .ir import expr as ex
+from .ir import loop as lp
+from .ir.expr import Const, Expr, Var
+from .ir.tensor import Graph, Value
+from .launcher import LauncherSpec
+
+
+def python_expr(e: Expr) -> str:
+    """An index expression as Python source (symbols are local variables of the launcher)."""
+    if isinstance(e, Const):
+        return str(int(e.value))
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, ex.Binary):
+        a, b = python_expr(e.a), python_expr(e.b)
+        if e.op in ("min", "max"):
+            return f"{e.op}({a}, {b})"
+        op = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}.get(e.op)
+        if op is None:
+            raise ValueError(f"index op {e.op} has no Python form")
+        return f"({a} {op} {b})"
+    if isinstance(e, ex.Cast):
+        return python_expr(e.value)
+    raise ValueError(f"not an index expression: {e}")
+
+
+def solve_affine(size: Expr, actual: str, bound: set[str]) -> Optional[tuple[str, str]]:
+    """For a size `a * s + b` (integers `a != 0`, `b`) in one symbol `s` not yet bound: `s` and
+    the Python source computing it from the `actual` size. None for any other expression.
+
+    The size's own guard (`actual != a * s + b`, already among the checks) rejects sizes the
+    floor division does not invert exactly, so a bad input still goes to PyTorch."""
+    names = ex.free_vars(size)
+    if isinstance(size, (Var, Const)) or len(names) != 1:
+        return None
+    (name,) = names
+    if name in bound:
+        return None
+    at = [_eval_index(size, {name: k}) for k in (0, 1, 2)]
+    if any(x is None for x in at):
+        return None
+    b, a = at[0], at[1] - at[0]  # type: ignore[operator]
+    if a == 0 or at[2] != 2 * a + b:
+        return None
+    return name, f"({actual} - ({b})) // ({a})"
+
+
+def _eval_index(e: Expr, env: dict[str, int]) -> Optional[int]:
+    """The value of an index expression at integer symbol values (None if not one)."""
+    try:
+        return int(eval(python_expr(e), {"__builtins__": {"min": min, "max": max}}, dict(env)))
+    except (ValueError, ZeroDivisionError, NameError):
+        return None
+
+
+def _dtype_name(dtype: object) -> str:
+    return str(to_torch(dtype)).removeprefix("torch.")  # type: ignore[arg-type]
+
+
+def _tuple_src(items: list[str]) -> str:
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
+    """Generate the launcher of `program`, compiled from `graph`."""
+    g, p = graph, program
+    args = [f"a{i}" for i in range(len(g.inputs))]
+    slow_args = ", ".join(args)
+    body: list[str] = []
+    bound: set[str] = set()
+    checks: list[str] = []
+    dtypes: list[tuple[str, str]] = []
+    # Scalar symbol inputs first: they bind symbols directly.
+    for i, v in enumerate(g.inputs):
+        if isinstance(v, Var) and not v.name.startswith("_"):
+            body.append(f"{v.name} = int(a{i})")
+            bound.add(v.name)
+    for i, v in enumerate(g.inputs):
+        if not isinstance(v, Value):
+            continue
+        a = f"a{i}"
+        dtypes.append((f"_dt{i}", _dtype_name(v.dtype)))
+        layout = list(v.layout())
+        static = all(isinstance(s, Const) for s in v.shape)
+        # a stride of a dimension of size 0 or 1 is never used to address memory
+        used = [d for d, s in enumerate(v.shape) if static and isinstance(s, Const) and int(s.value) > 1]
+        if static and all(isinstance(layout[d], Const) for d in used):
+            # the common case: dtype and device, one comparison of the sizes (which checks the
+            # rank too), one of the strides that matter, all in the one `if` below
+            checks.append(f"{a}.dtype is not _dt{i} or not {a}.is_cpu")
+            checks.append(f"{a}.shape != {_tuple_src([python_expr(s) for s in v.shape])}")
+            if used == list(range(len(v.shape))):
+                checks.append(f"{a}.stride() != {_tuple_src([python_expr(st) for st in layout])}")
+            elif used:
+                body.append(f"st{i} = {a}.stride()")
+                picked = _tuple_src([f"st{i}[{d}]" for d in used])
+                checks.append(f"{picked} != {_tuple_src([python_expr(layout[d]) for d in used])}")
+            continue
+        body.append(f"if {a}.dtype is not _dt{i} or {a}.dim() != {v.type.rank} or not {a}.is_cpu:")
+        body.append(f"    return _slow({slow_args}, why='input {i}: dtype, rank or device')")
+        if not v.type.rank:
+            continue
+        body.append(f"sz{i} = {a}.shape; st{i} = {a}.stride()")
+        for d, size in enumerate(v.shape):
+            if isinstance(size, Var) and size.name not in bound:
+                body.append(f"{size.name} = sz{i}[{d}]")
+                bound.add(size.name)
+            else:
+                checks.append(f"sz{i}[{d}] != {python_expr(size)}")
+        for d, (size, stride) in enumerate(zip(v.shape, layout)):
+            if size == Const(1):
+                continue
+            if isinstance(stride, Var) and stride.name not in bound:
+                body.append(f"{stride.name} = st{i}[{d}]")
+                bound.add(stride.name)
+            else:
+                checks.append(f"(sz{i}[{d}] > 1 and st{i}[{d}] != {python_expr(stride)})")
+    # Symbols that appear only inside a size expression such as `s1 + 3`: solved for.
+    for i, v in enumerate(g.inputs):
+        if isinstance(v, Value):
+            for d, size in enumerate(v.shape):
+                solved = solve_affine(size, f"sz{i}[{d}]", bound)
+                if solved is not None:
+                    body.append(f"{solved[0]} = {solved[1]}")
+                    bound.add(solved[0])
+                    checks.append(f"{solved[0]} < 0")
+    if checks:
+        body.append(f"if {' or '.join(checks)}:")
+        body.append(f"    return _slow({slow_args}, why='dtype, device, sizes or strides differ from the compiled ones')")
+    for s in p.symbols:
+        if s.name not in bound:
+            raise ValueError(f"symbol {s.name} cannot be bound from the inputs")
+    # Outputs.
+    for k, b in enumerate(p.outputs):
+        dtypes.append((f"_odt{k}", _dtype_name(b.dtype)))
+        # sizes as separate arguments: torch parses them faster than a tuple
+        shape = ", ".join(python_expr(d) for d in b.shape) if b.shape else "()"
+        body.append(f"o{k} = _empty({shape}, dtype=_odt{k})")
+    ptrs = [f"a{i}.data_ptr()" for i, v in enumerate(g.inputs) if isinstance(v, Value)]
+    ptrs += [f"o{k}.data_ptr()" for k in range(len(p.outputs))]
+    syms = [s.name for s in p.symbols]
+    sym_arg = f"_Syms({', '.join(syms)})" if syms else "_NOSYMS"
+    ws = "None" if p.workspace_bytes == Const(0) else f"_ws({python_expr(p.workspace_bytes)})"
+    body.append(f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})")
+    # Graph outputs, as the program says (not `g.outputs`: on a cache hit `g` never went
+    # through the passes that may forward an input or merge two outputs); inputs returned
+    # directly are copied. Program inputs are the graph's tensor inputs, in order.
+    tensor_args = [i for i, v in enumerate(g.inputs) if isinstance(v, Value)]
+    source_of = {b.name: f"a{i}.clone()" for b, i in zip(p.inputs, tensor_args)}
+    source_of.update({b.name: f"o{k}" for k, b in enumerate(p.outputs)})
+    names = p.result_names()
+    if len(names) != len(g.outputs) or any(n not in source_of for n in names):
+        raise ValueError(f"{p.name}: the program returns {names}, the graph {len(g.outputs)} values")
+    results = [source_of[n] for n in names]
+    body.append(f"return {_tuple_src(results)}")
+    # `launch(a0, ...)` and the same body taking AOTAutograd's boxed argument list, which
+    # saves the frame `make_boxed_func` would add to every call
+    unpack = f"{', '.join(args)}{',' if len(args) == 1 else ''} = args" if args else "pass"
+    source = "\n".join([f"def launch({', '.join(args)}):"] + ["    " + ln for ln in body]
+                       + ["", "", "def launch_boxed(args):", "    " + unpack] + ["    " + ln for ln in body]) + "\n"
+    return LauncherSpec(source, p.name, tuple(dtypes), max(len(ptrs), 1), len(syms), len(results))

@@ -1,0 +1,437 @@
+"""Dequantizing linear kernels: `qlinear` (INT8 / INT4 weights) with a fused epilogue.
+
+A quantized linear is a stream over its weight: at batch 1 every weight byte is used once, so
+the kernel must read the packed bytes at memory speed and never write the dequantized weight
+anywhere. `build_qlinear` lowers one `qlinear` (and the elementwise ops `fuse` put after it:
+bias add, activation, cast back to x's dtype) to explicit SIMD loops over the packed bytes
+(M rows of x, N output features, K inputs, `g` the group size, `h = g / 2`, W lanes):
+
+    parallel for w in 0..cdiv(N, NR)                 NR weight rows per work item
+      for ib in 0..cdiv(M, MR)                       MR rows of x (rows clamped into range)
+        MR x NR (x2 for int4: low/high nibbles) vector accumulators = 0
+        for G in 0..K / g                            groups: one scale (and min) per row
+          d_c = broadcast(f32(scales[n_c, G]))       m_c = broadcast(mins or -8 d_c)
+          for ch in 0..h / L                         (unrolled in the IR when short)
+            b_c   = i32(%q[n_c, ramp(G h + ch L, 1, L)])           L packed bytes, one load
+            lo_c  = fma(f32(b_c & 15), d_c, m_c)                   elements G g + ch L + 0..L
+            hi_c  = fma(f32(b_c >> 4), d_c, m_c)                   elements ... + h
+            acc_lo[r][c] = fma(lo_c, %x[i_r, ramp(G g + ch L, 1, L)], acc_lo[r][c])
+            acc_hi[r][c] = fma(hi_c, %x[i_r, ramp(G g + h + ch L, 1, L)], acc_hi[r][c])
+        %ct[r, c] = vreduce_add(acc_lo[r][c] + acc_hi[r][c])
+        for r < rows left: for c < columns left: %out[i0 + r, n0 + c] = epilogue(%ct[r, c])
+
+INT8 is the same with one `i8 -> f32` conversion per vector and `w = q * d` (per-channel
+scales multiply the finished sum instead). The symmetric INT4 form `d (q - 8)` is written
+`fma(q, d, -8 d)`, one instruction like the asymmetric `d q + m`. The nibble order of the
+layout (byte `j` of a group holds elements `j` and `j + h`) is what makes the low and high
+nibbles of one vector load two *contiguous* vectors of elements: no shuffles.
+
+**Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 4 weight rows per
+step, so eight independent accumulator chains hide the FMA latency and x's vectors are loaded
+once per four weight rows. With more rows (MR = 4) each dequantized weight vector is used four
+times from registers, and the NR weight rows of one work item (a few KiB) stay in L1 while
+all row blocks of x pass over them, so each weight byte comes from memory once per call.
+When M is known only at run time both forms are built and chosen by M.
+
+**Bounds.** Chunks of L = gcd(h, W) lanes (gcd(g, W) for INT8) never cross a group, and
+groups divide K, so vector loads stay inside their rows whatever K and g are; edge rows and
+columns are clamped for loads and skipped for stores.
+
+x must be read as a buffer unit-stride along K and the weight as bytes unit-stride along its
+rows, with K known at compile time; otherwise (and on GPUs, see `gpu_lower`)
+`build_qlinear_plain` computes each output element with a scalar loop over k.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.tensor import Op, Value
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, host_cpu, static_int
+
+if TYPE_CHECKING:
+    from .kernel_builder import KernelBuilder
+
+Index = tuple[Expr, ...]
+F32 = ScalarType(dt.f32)
+I32 = ScalarType(dt.i32)
+#: Chunks per group up to this many are unrolled in the IR; longer ones stay a loop.
+MAX_UNROLLED_CHUNKS = 8
+#: Rows of x per step of the multi-row form, and weight rows per step of each form.
+MR_ROWS = 4
+NR_GEMV, NR_INT8, NR_INT4 = 4, 4, 2
+
+
+def fused_qlinear(root: Op, materialized: set[Value]) -> Optional[Op]:
+    """The `qlinear` computed inside the kernel of `root`: `root` itself, or the one `qlinear`
+    its inlined elementwise producers read (an epilogue, see `fuse`)."""
+    if root.name == "qlinear":
+        return root
+    found: Optional[Op] = None
+    stack, seen = [root], set()
+    while stack:
+        op = stack.pop()
+        for v in op.operands:
+            p = v.producer
+            if p is None or v in materialized or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.name == "qlinear":
+                if found is not None and found is not p:
+                    return None
+                found = p
+            elif p.name != "matmul":
+                stack.append(p)
+    return found
+
+
+@dataclass(frozen=True)
+class QLinear:
+    """The operands and attributes of one `qlinear`, and its sizes."""
+
+    x: Value
+    q: Value
+    scales: Value
+    mins: Optional[Value]
+    kind: str
+    group: int
+    symmetric: bool
+    #: The optional attribute `activations`: "int8", "f32" or "auto" (int8 where the CPU has
+    #: byte dot products); the frontend writes TORCHBURN_QLINEAR_ACTIVATIONS there.
+    activations: str = "auto"
+
+    @staticmethod
+    def of(op: Op) -> "QLinear":
+        x, q, s = op.operands[:3]
+        mins = op.operands[3] if len(op.operands) == 4 else None
+        return QLinear(x, q, s, mins, op.attrs["kind"], int(op.attrs["group_size"]), bool(op.attrs["symmetric"]),
+                       str(op.attrs.get("activations", "auto")))
+
+    @property
+    def lead(self) -> tuple[Expr, ...]:
+        """x's leading dims (the rows), flattened into M by the kernels."""
+        return self.x.shape[:-1]
+
+    @property
+    def m(self) -> Expr:
+        total: Expr = Const(1)
+        for d in self.lead:
+            total = ex.mul(total, d)
+        return total
+
+    @property
+    def n(self) -> Expr:
+        return self.q.shape[0]
+
+    @property
+    def k(self) -> Expr:
+        return self.x.shape[-1]
+
+    @property
+    def per_channel(self) -> bool:
+        return self.scales.type.rank == 1
+
+    def row_index(self, row: Expr) -> Index:
+        """The index of x's leading dims for the flat row number `row`."""
+        out: list[Expr] = []
+        inner: Expr = Const(1)
+        for pos in reversed(range(len(self.lead))):
+            quotient = ex.floordiv(row, inner)
+            out.append(quotient if pos == 0 else ex.mod(quotient, self.lead[pos]))
+            inner = ex.mul(inner, self.lead[pos])
+        return tuple(reversed(out))
+
+
+def _f32(e: Expr) -> Expr:
+    return ex.cast(e, dt.f32)
+
+
+def _fma(a: Expr, b: Expr, c: Expr) -> Expr:
+    return ex.Call("fma", (a, b, c), c.type)
+
+
+def weight_element(kb: "KernelBuilder", ql: QLinear, n: Expr, k: Expr) -> Expr:
+    """`W[n, k]` in f32, dequantized from the layout (the definition the SIMD kernel follows)."""
+    g = ql.group
+    group = ex.floordiv(k, Const(g))
+    scale = _f32(kb.value_at(ql.scales, (n,) if ql.per_channel else (n, group)))
+    if ql.kind == "int8":
+        return kb.bind(ex.Binary("mul", _f32(kb.value_at(ql.q, (n, k))), scale, F32), "w")
+    h = g // 2
+    j = kb.bind(ex.mod(k, Const(g)), "j")
+    high = kb.bind(ex.floordiv(j, Const(h)), "hi")
+    byte = ex.cast(kb.value_at(ql.q, (n, ex.add(ex.mul(group, Const(h)), ex.sub(j, ex.mul(high, Const(h)))))), dt.i32)
+    shift = ex.cast(ex.mul(high, Const(4)), dt.i32)
+    code = kb.bind(ex.Binary("and", ex.Binary("shr", byte, shift, I32), Const(15, I32), I32), "q")
+    if ql.symmetric:
+        return kb.bind(ex.Binary("mul", _f32(ex.Binary("sub", code, Const(8, I32), I32)), scale, F32), "w")
+    assert ql.mins is not None
+    low = _f32(kb.value_at(ql.mins, (n, group)))
+    return kb.bind(ex.Binary("add", ex.Binary("mul", _f32(code), scale, F32), low, F32), "w")
+
+
+def _store_epilogue(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, idx: Index, value: Expr) -> None:
+    """`out[idx] = root(...)` with the product's element `idx` reading as `value`."""
+    kb.define(qop.result, idx, value)
+    result = kb.compute(root, idx) if root is not qop else value
+    kb.used_buffers[out.name] = out
+    kb.emit(lp.Store(out.name, idx, result))
+
+
+def build_qlinear_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
+    """One output element per iteration of a nest over the result, a scalar loop over k inside
+    (the GPU form, and the CPU form for operands the SIMD kernel cannot stream)."""
+    ql = QLinear.of(qop)
+    shape = qop.result.shape
+    vars_ = kb.loops(shape, "i")
+    lead, n = vars_[:-1], vars_[-1]
+    k = Var(kb.fresh("k"))
+    kb.push()
+    acc = lp.Buffer(kb.fresh("acc"), dt.f32, (Const(1),), (Const(1),), "local")
+    kb.emit(lp.Alloc(acc))
+    kb.emit(lp.Store(acc.name, (Const(0),), Const(0.0, F32)))
+    kb.push()
+    xv = _f32(kb.value_at(ql.x, (*lead, k)))
+    w = weight_element(kb, ql, n, k)
+    cur = ex.Load(acc.name, (Const(0),), F32)
+    # An fma, not `acc + x * w`: `gpu-map` would take the latter for a plain matrix product,
+    # which the weight's index arithmetic is not.
+    kb.emit(lp.Store(acc.name, (Const(0),), _fma(xv, w, cur)))
+    kb.emit(lp.For(k, Const(0), ql.k, "serial", kb.pop()))
+    total = kb.bind(ex.Load(acc.name, (Const(0),), F32), "x")
+    _store_epilogue(kb, root, qop, out, tuple(vars_), total)
+    body = kb.pop()
+    origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
+    return kb.nest(vars_, shape, body, origin)
+
+
+@dataclass(frozen=True)
+class QPlan:
+    """Blocking of one SIMD `qlinear`: MR rows of x by NR weight rows per step, chunks of L
+    lanes, and whether the work-item loop is parallel."""
+
+    mr: int
+    nr: int
+    lanes: int
+    parallel: bool
+
+    def describe(self) -> str:
+        return f"mr={self.mr} nr={self.nr} lanes={self.lanes} parallel={'yes' if self.parallel else 'no'}"
+
+
+def plan_qlinear(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
+    """MR x NR from the rows of x (`m`, None when known at run time only), L from the group."""
+    w = cpu.lanes(dt.f32)
+    span = ql.group // 2 if ql.kind == "int4" else ql.group
+    lanes = math.gcd(span, w)
+    mr = 1 if m is not None and m <= 1 else MR_ROWS if m is None else min(m, MR_ROWS)
+    nr = NR_GEMV if mr == 1 else NR_INT4 if ql.kind == "int4" else NR_INT8
+    k, n = static_int(ql.k) or 0, static_int(ql.n)
+    flops = 2.0 * (m if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
+    return QPlan(mr, nr, lanes, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS)
+
+
+class QLinearBuilder:
+    """Builds the SIMD nest of the module docstring for one plan."""
+
+    def __init__(self, kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, plan: QPlan,
+                 x_load: ex.Load, q_load: ex.Load, row_var: Var, k_var: Var, n_var: Var) -> None:
+        self.kb, self.root, self.qop, self.out, self.plan = kb, root, qop, out, plan
+        self.ql = QLinear.of(qop)
+        self.x_load, self.q_load = x_load, q_load
+        self.row_var, self.k_var, self.n_var = row_var, k_var, n_var
+        self.vt = ScalarType(dt.f32, plan.lanes)
+
+    def var(self, prefix: str) -> Var:
+        return Var(self.kb.fresh(prefix))
+
+    def let(self, e: Expr, prefix: str) -> Expr:
+        if isinstance(e, (Const, Var)):
+            return e
+        v = Var(self.kb.fresh(prefix), e.type)
+        self.kb.emit(lp.Let(v, e))
+        return v
+
+    def local(self, prefix: str, shape: tuple[int, ...]) -> lp.Buffer:
+        dims = tuple(Const(d) for d in shape)
+        buf = lp.Buffer(self.kb.fresh(prefix), dt.f32, dims, lp.contiguous_strides(dims), "local")
+        self.kb.emit(lp.Alloc(buf))
+        return buf
+
+    def x_vector(self, row: Expr, k0: Expr) -> Expr:
+        """L elements of x's row `row` from column `k0`, in f32."""
+        index = tuple(ex.substitute(i, {self.row_var.name: row}) for i in self.x_load.index)
+        widened = _lanes_index(index, self.k_var.name, k0, self.plan.lanes)
+        assert widened is not None
+        load = ex.Load(self.x_load.buffer, widened, ScalarType(self.ql.x.dtype, self.plan.lanes))
+        return self.kb.bind(_f32(load), "xv")
+
+    def q_vector(self, n: Expr, col: Expr) -> Expr:
+        """L bytes of weight row `n` from byte column `col` (i8 or u8 lanes)."""
+        index = tuple(ex.substitute(i, {self.n_var.name: n}) for i in self.q_load.index)
+        widened = _lanes_index(index, self.k_var.name, col, self.plan.lanes)
+        assert widened is not None
+        return ex.Load(self.q_load.buffer, widened, ScalarType(self.ql.q.dtype, self.plan.lanes))
+
+    def build(self) -> lp.Stmt:
+        kb, plan, ql = self.kb, self.plan, self.ql
+        kb.push()
+        item = self.var("w")
+        n0 = self.let(ex.mul(item, Const(plan.nr)), "n")
+        ns = [self.let(ex.minimum(ex.add(n0, Const(c)), ex.sub(ql.n, Const(1))), "nc") for c in range(plan.nr)]
+        tile = self.local("ct", (plan.mr, plan.nr))
+        ib = self.var("ib")
+        kb.push()
+        i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
+        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        halves = 2 if ql.kind == "int4" else 1
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        accs = {(r, c, s): self.local("acc", (plan.lanes,))
+                for r in range(plan.mr) for c in range(plan.nr) for s in range(halves)}
+        for a in accs.values():
+            kb.emit(lp.Store(a.name, (lane,), ex.const(0.0, dt.f32, plan.lanes)))
+
+        def acc(key: tuple[int, int, int]) -> Expr:
+            return ex.Load(accs[key].name, (lane,), self.vt)
+
+        self.group_loop(rows, ns, acc, accs)
+        for r in range(plan.mr):
+            for c in range(plan.nr):
+                vec = acc((r, c, 0))
+                if halves == 2:
+                    vec = ex.Binary("add", vec, acc((r, c, 1)), self.vt)
+                total: Expr = ex.VectorReduce("add", vec, F32)
+                if ql.per_channel:
+                    total = ex.Binary("mul", total, _f32(kb.value_at(ql.scales, (ns[c],))), F32)
+                kb.emit(lp.Store(tile.name, (Const(r), Const(c)), total))
+        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
+        cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
+        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
+        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
+        described = plan.describe()
+        previous = kb.attrs.get("qlinear")
+        kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
+        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
+        kind = "parallel" if plan.parallel else "serial"
+        return lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes)
+
+    def group_loop(self, rows: list[Expr], ns: list[Expr], acc: Callable[[tuple[int, int, int]], Expr],
+                   accs: dict[tuple[int, int, int], lp.Buffer]) -> None:
+        """`for G in groups { scales; for ch in chunks { dequantize; fma } }`."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        k = static_int(ql.k)
+        assert k is not None
+        g = ql.group
+        span = g // 2 if ql.kind == "int4" else g
+        chunks = span // plan.lanes
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        gv = self.var("g")
+        kb.push()
+        scale: list[Optional[Expr]] = [None] * plan.nr
+        offset: list[Optional[Expr]] = [None] * plan.nr
+        if not ql.per_channel:
+            for c in range(plan.nr):
+                d = kb.bind(_f32(kb.value_at(ql.scales, (ns[c], gv))), "d")
+                scale[c] = kb.bind(ex.Broadcast(d, self.vt), "dv")
+                if ql.kind == "int4":
+                    if ql.symmetric:
+                        m = ex.Binary("mul", d, Const(-8.0, F32), F32)
+                    else:
+                        assert ql.mins is not None
+                        m = _f32(kb.value_at(ql.mins, (ns[c], gv)))
+                    offset[c] = kb.bind(ex.Broadcast(kb.bind(m, "m"), self.vt), "mv")
+
+        def chunk(ch: Expr) -> None:
+            base = ex.add(ex.mul(gv, Const(g)), ex.mul(ch, Const(plan.lanes)))
+            if ql.kind == "int4":
+                col = ex.add(ex.mul(gv, Const(span)), ex.mul(ch, Const(plan.lanes)))
+                xs = [[self.x_vector(rows[r], ex.add(base, Const(s * span))) for s in range(2)]
+                      for r in range(plan.mr)]
+                it = ScalarType(dt.i32, plan.lanes)
+                for c in range(plan.nr):
+                    b = kb.bind(ex.cast(self.q_vector(ns[c], col), dt.i32), "b")
+                    codes = (ex.Binary("and", b, ex.const(15, dt.i32, plan.lanes), it),
+                             ex.Binary("shr", b, ex.const(4, dt.i32, plan.lanes), it))
+                    for s in range(2):
+                        scl, off = scale[c], offset[c]
+                        assert scl is not None and off is not None
+                        wv = kb.bind(_fma(_f32(codes[s]), scl, off), "wv")
+                        for r in range(plan.mr):
+                            kb.emit(lp.Store(accs[(r, c, s)].name, (lane,), _fma(wv, xs[r][s], acc((r, c, s)))))
+                return
+            xs1 = [self.x_vector(rows[r], base) for r in range(plan.mr)]
+            for c in range(plan.nr):
+                qv = _f32(self.q_vector(ns[c], base))
+                scl = scale[c]
+                wv = kb.bind(qv if scl is None else ex.Binary("mul", qv, scl, self.vt), "wv")
+                for r in range(plan.mr):
+                    kb.emit(lp.Store(accs[(r, c, 0)].name, (lane,), _fma(wv, xs1[r], acc((r, c, 0)))))
+
+        if chunks <= MAX_UNROLLED_CHUNKS:
+            for ch in range(chunks):
+                chunk(Const(ch))
+        else:
+            chv = self.var("ch")
+            kb.push()
+            chunk(chv)
+            kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
+        kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
+
+    def epilogue(self, tile: lp.Buffer, i0: Expr, n0: Expr, rows: Expr, cols: Expr) -> lp.Stmt:
+        """`out[row(i0 + r), n0 + c] = epilogue(%ct[r, c])` for the valid part of the tile."""
+        kb = self.kb
+        r, c = self.var("r"), self.var("c")
+        kb.push()
+        value = kb.bind(ex.Load(tile.name, (r, c), F32), "x")
+        idx = (*self.ql.row_index(ex.add(i0, r)), ex.add(n0, c))
+        _store_epilogue(kb, self.root, self.qop, self.out, idx, value)
+        inner = lp.For(c, Const(0), cols, "serial", kb.pop())
+        return lp.For(r, Const(0), rows, "serial", inner)
+
+
+def _probes(kb: "KernelBuilder", ql: QLinear) -> Optional[tuple[ex.Load, ex.Load, Var, Var, Var]]:
+    """x and the weight as single loads unit-stride along k (with the variables standing for
+    the row, k and the weight row), or None when the SIMD kernel cannot stream them."""
+    row, k, n = Var(kb.fresh("row")), Var(kb.fresh("k")), Var(kb.fresh("n"))
+    xp = _Probe(kb, ql.x, (*ql.row_index(row), k), k, row)
+    qp = _Probe(kb, ql.q, (n, k), k, n)
+    if xp.load is None or qp.load is None or not xp.unit("k") or not qp.unit("k"):
+        return None
+    if ql.x.dtype not in (dt.f32, dt.f16, dt.bf16):
+        return None
+    return xp.load, qp.load, row, k, n
+
+
+def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
+                  cpu: Optional[CpuInfo] = None, activations: Optional[str] = None) -> lp.Stmt:
+    """The CPU kernel computing `root` (a `qlinear`, or the last op of its epilogue) into
+    `out`: the SIMD nest when x and the weight can be streamed and K is static, else the
+    plain nest. With M known only at run time, the GEMV and the multi-row form are both
+    built and chosen by M. `activations` ("auto", "int8", "f32"; by default the op's attribute)
+    says when x is quantized to int8 (`qlinear_i8`)."""
+    from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
+
+    cpu = cpu or host_cpu()
+    ql = QLinear.of(qop)
+    choice = activations or ql.activations
+    probes = _probes(kb, ql) if static_int(ql.k) is not None else None
+    if probes is None:
+        return build_qlinear_plain(kb, root, qop, out)
+    x_load, q_load, row, k, n = probes
+
+    def form(m: Optional[int]) -> lp.Stmt:
+        i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
+        if i8_plan is not None:
+            return build_qlinear_i8(kb, root, qop, out, i8_plan, (x_load, q_load, row, k, n))
+        plan = plan_qlinear(ql, m, cpu)
+        return QLinearBuilder(kb, root, qop, out, plan, x_load, q_load, row, k, n).build()
+
+    m = static_int(ql.m)
+    if m is not None:
+        return form(m)
+    return lp.If(ex.binary("le", ql.m, Const(1)), form(1), form(None))

@@ -1,0 +1,324 @@
+"""The `qlinear` kernel with int8 activations: x quantized per group, byte dot products.
+
+The f32 kernel of `qlinear.py` spends about eight vector instructions on every sixteen weights
+(widen, convert, scale, multiply-add) and, at batch 1, is bound by instructions rather than
+by memory. Here x is quantized once per call to i8 with one f32 scale per group (symmetric,
+round to nearest even, `d_x = amax / 127`), the way llama.cpp's Q8 activations work, and the
+inner loop multiplies bytes by bytes with `dot4_u8i8_acc` (one `vpdpbusd` with AVX512-VNNI:
+four products per i32 lane), so a vector of packed weights costs a mask, a shift and two dot
+products. Scales are applied once per group (A = `ax` elements of x, B bytes per dot):
+
+    for r, G: xq[r, G A + t] = round(x[r, G A + t] / d_x[r, G]);  xs[r, G] = d_x[r, G] sum_t xq
+    parallel for w in 0..cdiv(N, NR)
+      for ib in 0..cdiv(M, MR)
+        for G in 0..K / A
+          i[r][c] = 0                                              i32 x B/4
+          for ch:                                                   (unrolled when short)
+            int4: b = %q[n_c, G h + ch B + 0..B]   (u8)
+                  i = dot4(dot4(i, b & 15, xq[r, G g + ch B ..]), b >> 4, xq[r, G g + h + ch B ..])
+            int8: i = dot4(i, bitcast<u8>(%q[n_c, G A + ch B ..] ^ 0x80), xq[r, G A + ch B ..])
+          f[r][c] = fma(f32(i), d_w[c, G] d_x[r, G], f[r][c])       f32 x B/4
+          o[r][c] += coef[c, G] * xs[r, G]                          scalar
+        y[r, c] = vreduce_add(f[r][c]) + K_off * o[r][c]
+
+The weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
+`d (q - 8)` (coef = d, K_off = -8) or `d q + m` (coef = m, K_off = 1), exactly the u8 operand of
+the dot; int8 weights are made unsigned by `w ^ 0x80 = w + 128`, whose extra `128 sum(xq)` is
+taken off the same way (coef = d, K_off = -128; per-channel scales multiply the finished sum).
+Integer sums are exact, so the only approximation is x's rounding, well below the int4
+weight's own error (docs/quantization.md has the figures).
+
+Chunks of B = gcd(bytes per half group, vector bytes) never cross a group, and x is
+quantized into a local buffer of exactly M x K bytes, so no load leaves its buffer. Used when
+B >= 16 and M is known (or 1 in the GEMV branch); `plan_qlinear_i8` says when.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.tensor import Op
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, static_int
+from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder
+
+if TYPE_CHECKING:
+    from .kernel_builder import KernelBuilder
+
+F32 = ScalarType(dt.f32)
+#: x is quantized into a stack buffer of M x K bytes; larger inputs keep f32 activations.
+MAX_XQ_BYTES = 256 * 1024
+#: Elements of x per scale for int8 weights whose groups are longer (per-channel scales).
+INT8_ACT_GROUP = 128
+#: Bytes per dot product at least (4 i32 lanes); shorter groups keep f32 activations.
+MIN_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class Q8Plan:
+    """Blocking of the int8-activation kernel: MR x NR, `rows` of x quantized (a static bound
+    on M), `agroup` elements of x per scale, `chunk` bytes per dot product."""
+
+    mr: int
+    nr: int
+    rows: int
+    agroup: int
+    chunk: int
+    parallel: bool
+
+    @property
+    def lanes(self) -> int:
+        """i32 (and f32) lanes of the accumulators."""
+        return self.chunk // 4
+
+    def describe(self) -> str:
+        return (f"mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk} "
+                f"parallel={'yes' if self.parallel else 'no'}")
+
+
+def native_dot4(lanes: int) -> bool:
+    """Whether the host runs `dot4_u8i8_acc` on `lanes` lanes as one instruction (the import
+    is local: passes otherwise see only the IR)."""
+    try:
+        from ...codegen.llvm.dot import has_native_dot4
+        from ...codegen.target import Target
+    except ImportError:  # pragma: no cover - only without llvmlite
+        return False
+    return has_native_dot4(Target.host(), lanes)
+
+
+def activation_group(ql: QLinear) -> int:
+    """Elements of x sharing one scale: the weight's group (int4, and int8 groups up to 256),
+    else a divisor of it (per-channel int8)."""
+    if ql.kind == "int4" or ql.group <= 2 * INT8_ACT_GROUP:
+        return ql.group
+    return math.gcd(ql.group, INT8_ACT_GROUP)
+
+
+def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[Q8Plan]:
+    """The plan for int8 activations, or None to keep f32 ones: `choice` "f32", M unknown, a
+    group too short for a dot product of 16 bytes, x too large for its stack buffer, or
+    ("auto") no native dot product on the host."""
+    k = static_int(ql.k)
+    if choice == "f32" or m is None or k is None:
+        return None
+    agroup = activation_group(ql)
+    span = ql.group // 2 if ql.kind == "int4" else agroup
+    chunk = math.gcd(span, max(cpu.vector_bits // 8, MIN_CHUNK))
+    if chunk < MIN_CHUNK or max(m, 1) * k > MAX_XQ_BYTES:
+        return None
+    if choice == "auto" and not native_dot4(chunk // 4):
+        return None
+    mr = 1 if m <= 1 else min(m, MR_ROWS)
+    nr = 4 if mr == 1 else 2
+    n = static_int(ql.n)
+    flops = 2.0 * m * (n if n is not None else 1 << 20) * k
+    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS)
+
+
+def _dot4(acc: Expr, a: Expr, b: Expr) -> Expr:
+    return ex.Call(ex.DOT4_U8I8, (acc, a, b), acc.type)
+
+
+class Q8Builder(QLinearBuilder):
+    """Builds the nest of the module docstring for one `Q8Plan`."""
+
+    plan: Q8Plan  # type: ignore[assignment]
+
+    def buffer(self, prefix: str, dtype: dt.DType, shape: tuple[int, ...]) -> lp.Buffer:
+        dims = tuple(Const(d) for d in shape)
+        buf = lp.Buffer(self.kb.fresh(prefix), dtype, dims, lp.contiguous_strides(dims), "local")
+        self.kb.emit(lp.Alloc(buf))
+        return buf
+
+    def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
+        """`lanes` elements of x's row `row` from column `k0`, in f32."""
+        index = tuple(ex.substitute(i, {self.row_var.name: row}) for i in self.x_load.index)
+        widened = _lanes_index(index, self.k_var.name, k0, lanes)
+        assert widened is not None
+        return ex.cast(ex.Load(self.x_load.buffer, widened, ScalarType(self.ql.x.dtype, lanes)), dt.f32)
+
+    def q_bytes(self, n: Expr, col: Expr) -> Expr:
+        """`chunk` bytes of weight row `n` from byte column `col`."""
+        index = tuple(ex.substitute(i, {self.n_var.name: n}) for i in self.q_load.index)
+        widened = _lanes_index(index, self.k_var.name, col, self.plan.chunk)
+        assert widened is not None
+        return ex.Load(self.q_load.buffer, widened, ScalarType(self.ql.q.dtype, self.plan.chunk))
+
+    def loop(self, var: Var, extent: Expr, body: lp.Stmt) -> None:
+        self.kb.emit(lp.For(var, Const(0), extent, "serial", body))
+
+    # ---- x -> (xq, d_x, xs) ------------------------------------------------------------------
+    def quantize_x(self, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
+        """`xq[r, :]`, `xd[r, G]` (scale) and `xs[r, G]` (scale * sum of xq) for every row."""
+        kb, ql, plan = self.kb, self.ql, self.plan
+        k = static_int(ql.k)
+        assert k is not None
+        lanes = math.gcd(plan.agroup, 16)
+        vt = ScalarType(dt.f32, lanes)
+        it = ScalarType(dt.i32, lanes)
+        ramp = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, lanes))
+        r, gv = self.var("r"), self.var("g")
+        kb.push()
+        kb.push()
+        amax = self.buffer("amax", dt.f32, (lanes,))
+        isum = self.buffer("isum", dt.i32, (lanes,))
+        kb.emit(lp.Store(amax.name, (ramp,), ex.const(0.0, dt.f32, lanes)))
+        kb.emit(lp.Store(isum.name, (ramp,), ex.const(0, dt.i32, lanes)))
+        steps = plan.agroup // lanes
+
+        def col(ch: Var) -> Expr:
+            return ex.add(ex.mul(gv, Const(plan.agroup)), ex.mul(ch, Const(lanes)))
+
+        ch = self.var("ch")
+        kb.push()
+        xa = ex.Call("abs", (self.x_lanes(r, col(ch), lanes),), vt)
+        kb.emit(lp.Store(amax.name, (ramp,), ex.Binary("max", ex.Load(amax.name, (ramp,), vt), xa, vt)))
+        self.loop(ch, Const(steps), kb.pop())
+        a = kb.bind(ex.VectorReduce("max", ex.Load(amax.name, (ramp,), vt), F32), "amax")
+        d = kb.bind(ex.Binary("div", a, Const(127.0, F32), F32), "dx")
+        positive = ex.Binary("gt", a, Const(0.0, F32), ScalarType(dt.bool_))
+        inv = kb.bind(ex.Select(positive, ex.Binary("div", Const(127.0, F32), a, F32), Const(0.0, F32), F32), "inv")
+        kb.emit(lp.Store(xd.name, (r, gv), d))
+        ch = self.var("ch")
+        kb.push()
+        scaled = ex.Binary("mul", self.x_lanes(r, col(ch), lanes), ex.Broadcast(inv, vt), vt)
+        qi = kb.bind(ex.cast(ex.Call("round", (scaled,), vt), dt.i32), "qi")
+        kb.emit(lp.Store(xq.name, (r, ex.Ramp(col(ch), Const(1), ScalarType(dt.index, lanes))), ex.cast(qi, dt.i8)))
+        kb.emit(lp.Store(isum.name, (ramp,), ex.Binary("add", ex.Load(isum.name, (ramp,), it), qi, it)))
+        self.loop(ch, Const(steps), kb.pop())
+        total = ex.cast(ex.VectorReduce("add", ex.Load(isum.name, (ramp,), it), ScalarType(dt.i32)), dt.f32)
+        kb.emit(lp.Store(xs.name, (r, gv), ex.Binary("mul", d, total, F32)))
+        self.loop(gv, Const(k // plan.agroup), kb.pop())
+        # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
+        self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
+
+    # ---- the nest ----------------------------------------------------------------------------
+    def build(self) -> lp.Stmt:
+        kb, plan, ql = self.kb, self.plan, self.ql
+        k = static_int(ql.k)
+        assert k is not None
+        kb.push()
+        xq = self.buffer("xq", dt.i8, (plan.rows, k))
+        xd = self.buffer("xd", dt.f32, (plan.rows, k // plan.agroup))
+        xs = self.buffer("xs", dt.f32, (plan.rows, k // plan.agroup))
+        self.quantize_x(xq, xd, xs)
+        item = self.var("w")
+        kb.push()
+        n0 = self.let(ex.mul(item, Const(plan.nr)), "n")
+        ns = [self.let(ex.minimum(ex.add(n0, Const(c)), ex.sub(ql.n, Const(1))), "nc") for c in range(plan.nr)]
+        tile = self.local("ct", (plan.mr, plan.nr))
+        ib = self.var("ib")
+        kb.push()
+        i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
+        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
+        facc = {p: self.local("acc", (plan.lanes,)) for p in pairs}
+        off = self.local("off", (plan.mr, plan.nr))
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        vt = ScalarType(dt.f32, plan.lanes)
+        for (r, c), a in facc.items():
+            kb.emit(lp.Store(a.name, (lane,), ex.const(0.0, dt.f32, plan.lanes)))
+            kb.emit(lp.Store(off.name, (Const(r), Const(c)), Const(0.0, F32)))
+        self.group_loop_i8(rows, ns, facc, off, xq, xd, xs)
+        final = -8.0 if ql.kind == "int4" and ql.symmetric else 1.0 if ql.kind == "int4" else -128.0
+        for r, c in pairs:
+            total = ex.VectorReduce("add", ex.Load(facc[(r, c)].name, (lane,), vt), F32)
+            o = ex.Load(off.name, (Const(r), Const(c)), F32)
+            value: Expr = ex.Call("fma", (o, Const(final, F32), total), F32)
+            if ql.per_channel:
+                value = ex.Binary("mul", value, ex.cast(kb.value_at(ql.scales, (ns[c],)), dt.f32), F32)
+            kb.emit(lp.Store(tile.name, (Const(r), Const(c)), value))
+        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
+        cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
+        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
+        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
+        described = plan.describe()
+        previous = kb.attrs.get("qlinear")
+        kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
+        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
+        kind = "parallel" if plan.parallel else "serial"
+        kb.emit(lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes))
+        return kb.pop()
+
+    def group_loop_i8(self, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
+                      off: lp.Buffer, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
+        """`for G { i = 0; for ch { dot4 }; f = fma(f32(i), d_w d_x, f); o += coef xs }`."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        k = static_int(ql.k)
+        assert k is not None
+        ag, b = plan.agroup, plan.chunk
+        h = ql.group // 2
+        span = h if ql.kind == "int4" else ag
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        bytes_t = ScalarType(dt.i8, b)
+        gv = self.var("g")
+        kb.push()
+        iacc = {p: self.buffer("iacc", dt.i32, (plan.lanes,)) for p in facc}
+        for a in iacc.values():
+            kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, plan.lanes)))
+
+        def x_bytes(r: int, k0: Expr) -> Expr:
+            return ex.Load(xq.name, (rows[r], ex.Ramp(k0, Const(1), ScalarType(dt.index, b))), bytes_t)
+
+        def chunk(ch: Expr) -> None:
+            base = ex.add(ex.mul(gv, Const(ag)), ex.mul(ch, Const(b)))
+            for c in range(plan.nr):
+                if ql.kind == "int4":
+                    raw = kb.bind(self.q_bytes(ns[c], ex.add(ex.mul(gv, Const(h)), ex.mul(ch, Const(b)))), "b")
+                    u8 = raw.type
+                    codes = (kb.bind(ex.Binary("and", raw, ex.const(15, dt.u8, b), u8), "lo"),
+                             kb.bind(ex.Binary("shr", raw, ex.const(4, dt.u8, b), u8), "hi"))
+                    parts = [(codes[s], s * h) for s in range(2)]
+                else:
+                    raw = self.q_bytes(ns[c], base)
+                    flipped = ex.Binary("xor", raw, ex.const(-128, dt.i8, b), raw.type)
+                    parts = [(kb.bind(ex.Bitcast(flipped, ScalarType(dt.u8, b)), "wu"), 0)]
+                for r in range(plan.mr):
+                    cur: Expr = ex.Load(iacc[(r, c)].name, (lane,), it)
+                    for codes_, shift in parts:
+                        cur = _dot4(cur, codes_, x_bytes(r, ex.add(base, Const(shift))))
+                    kb.emit(lp.Store(iacc[(r, c)].name, (lane,), cur))
+
+        chunks = span // b
+        if chunks <= MAX_UNROLLED_CHUNKS:
+            for ch in range(chunks):
+                chunk(Const(ch))
+        else:
+            chv = self.var("ch")
+            kb.push()
+            chunk(chv)
+            kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
+        wgroup = gv if ag == ql.group else ex.floordiv(ex.mul(gv, Const(ag)), Const(ql.group))
+        dx = [kb.bind(ex.Load(xd.name, (rows[r], gv), F32), "dx") for r in range(plan.mr)]
+        sx = [kb.bind(ex.Load(xs.name, (rows[r], gv), F32), "sx") for r in range(plan.mr)]
+        for c in range(plan.nr):
+            dw: Optional[Expr] = None
+            if not ql.per_channel:
+                dw = kb.bind(ex.cast(kb.value_at(ql.scales, (ns[c], wgroup)), dt.f32), "dw")
+            coef: Optional[Expr] = dw
+            if ql.kind == "int4" and not ql.symmetric:
+                assert ql.mins is not None
+                coef = kb.bind(ex.cast(kb.value_at(ql.mins, (ns[c], gv)), dt.f32), "mw")
+            for r in range(plan.mr):
+                scale = dx[r] if dw is None else kb.bind(ex.Binary("mul", dw, dx[r], F32), "ds")
+                acc = ex.Load(facc[(r, c)].name, (lane,), vt)
+                prod = ex.cast(ex.Load(iacc[(r, c)].name, (lane,), it), dt.f32)
+                kb.emit(lp.Store(facc[(r, c)].name, (lane,), ex.Call("fma", (prod, ex.Broadcast(scale, vt), acc), vt)))
+                where = (Const(r), Const(c))
+                o = ex.Load(off.name, where, F32)
+                grown = ex.Binary("add", o, sx[r], F32) if coef is None else ex.Call("fma", (coef, sx[r], o), F32)
+                kb.emit(lp.Store(off.name, where, grown))
+        self.loop(gv, Const(k // ag), kb.pop())
+
+
+def build_qlinear_i8(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, plan: Q8Plan,
+                     probes: tuple[ex.Load, ex.Load, Var, Var, Var]) -> lp.Stmt:
+    """The int8-activation kernel computing `root` into `out` (`probes` as `qlinear._probes`)."""
+    x_load, q_load, row, k, n = probes
+    return Q8Builder(kb, root, qop, out, plan, x_load, q_load, row, k, n).build()  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""The quantized linears `torchburn::linear_int8` and `torchburn::linear_int4` (the custom ops
+of `torchburn/quant/ops.py`), lowered to the IR's `qlinear` followed by the bias add and the
+cast back to x's dtype, which `fuse` computes in the same kernel (an epilogue).
+
+The `activations` attribute carries TORCHBURN_QLINEAR_ACTIVATIONS (int8, f32 or auto) into
+the IR, so the CPU kernel's choice is part of the graph and of every cache key built from it.
+
+It lives in `quant/` (DESIGN.md: quant owns its ops and their lowerings) and registers with
+the frontend's registry when `torchburn.quant.ops` is imported: a graph can only hold these
+ops once that module has defined them, so the lowering is always there when it is needed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..config import get_config
+from ..frontend.builder import Builder
+from ..frontend.registry import Unsupported, lowering
+from ..ir import dtypes as dt
+from ..ir.expr import Const
+from ..ir.tensor import Value
+
+torchburn_ops = torch.ops.torchburn
+
+
+def _static_size(v: Value, dim: int, what: str) -> int:
+    d = v.shape[dim]
+    if not isinstance(d, Const):
+        raise Unsupported(f"{what} has a symbolic size")
+    return int(d.value)
+
+
+def _finish(b: Builder, y: Value, bias: Optional[Value], dtype: dt.DType) -> Value:
+    """`y + bias` in f32, cast to x's dtype: elementwise ops the `qlinear` kernel fuses."""
+    if bias is not None:
+        y = b.elementwise("add", y, b.expand(b.to_compute(bias), y.shape))
+    return b.cast(y, dtype)
+
+
+@lowering(torchburn_ops.linear_int8.default)
+def linear_int8(b: Builder, x: Value, qweight: Value, scales: Value, bias: Optional[Value]) -> Value:
+    k = _static_size(qweight, 1, "qweight")
+    group = k if scales.type.rank == 1 else k // _static_size(scales, 1, "scales")
+    y = b.op("qlinear", x, qweight, scales, kind="int8", group_size=group, symmetric=True,
+             activations=get_config().qlinear_activations)
+    return _finish(b, y, bias, x.dtype)
+
+
+@lowering(torchburn_ops.linear_int4.default)
+def linear_int4(b: Builder, x: Value, packed: Value, scales: Value, mins: Optional[Value],
+                bias: Optional[Value], group_size: int) -> Value:
+    _static_size(packed, 1, "packed")
+    operands = (x, packed, scales) if mins is None else (x, packed, scales, mins)
+    y = b.op("qlinear", *operands, kind="int4", group_size=int(group_size), symmetric=mins is None,
+             activations=get_config().qlinear_activations)
+    return _finish(b, y, bias, x.dtype)

@@ -1,0 +1,140 @@
+"""Object code and its loading without LLVM: what a warm process needs to call cached kernels.
+
+A compiled program is kept as a relocatable object (`ObjectCode.data`), which MCJIT links into
+the process (`jit.load_object`, needing llvmlite and its ~20 ms import). When a system linker
+(`ld`) is at hand, `jit.compile_llvm_ir(..., shared=True)` also emits a position-independent
+object and links it into a shared library (`ObjectCode.shared`); `load_shared` then loads that
+with the dynamic loader alone, from a file this process writes into its own private folder, so
+the bytes that were checked are the bytes loaded. The OpenMP runtime torch ships and the C math library are
+made globally visible first, so the library's `GOMP_parallel` and `expf` resolve to the same
+ones the MCJIT path uses; a symbol that does not resolve fails the load, never a call.
+
+This module imports only the standard library.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import functools
+import glob
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+#: Resolve every symbol when loading (a missing one fails the load, not a later call).
+_BIND_NOW = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
+
+#: The C type of every entry function: void(ptr buffers, ptr symbols, ptr workspace).
+ENTRY_FUNCTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class ObjectCode:
+    """A relocatable object file for one target, ready for `jit.load_object` or the disk cache;
+    `shared` is the same code linked into a shared library for `load_shared` (empty when no
+    linker was available)."""
+
+    data: bytes
+    triple: str
+    cpu: str
+    features: str
+    shared: bytes = b""
+
+    @property
+    def uses_openmp(self) -> bool:
+        """Whether the code calls into libgomp (it has parallel loops)."""
+        return b"GOMP_parallel" in self.data
+
+
+def find_libgomp() -> Optional[str]:
+    """Path of the libgomp to use: torch's bundled copy if torch has one, else the system's."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            found = sorted(glob.glob(os.path.join(root, "lib", "libgomp*.so*")))
+            if found:
+                return found[0]
+    return ctypes.util.find_library("gomp")
+
+
+@functools.lru_cache(maxsize=None)
+def _global_library(name: str) -> bool:
+    """Make a library's symbols visible to libraries loaded later (RTLD_GLOBAL)."""
+    try:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        return True
+    except OSError:
+        return False
+
+
+def _prepare(uses_openmp: bool) -> None:
+    for libm in ("libm.so.6", ctypes.util.find_library("m") or "libm.so"):
+        if _global_library(libm):
+            break
+    if uses_openmp:
+        path = find_libgomp()
+        if path is None or not _global_library(path):
+            raise OSError("the code has parallel loops but no OpenMP runtime (libgomp) could be loaded")
+
+
+class SharedModule:
+    """A loaded shared library of kernels; callables from `entry` keep it alive."""
+
+    def __init__(self, lib: ctypes.CDLL, obj: ObjectCode) -> None:
+        self._lib = lib
+        self.object = obj
+        self._entries: dict[str, Callable[..., None]] = {}
+
+    def address(self, name: str) -> int:
+        try:
+            return ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value or 0
+        except AttributeError:
+            raise KeyError(f"shared library has no function {name!r}") from None
+
+    def entry(self, name: str) -> Callable[..., None]:
+        """The entry function `name` as a ctypes callable (buffers, symbols, workspace)."""
+        fn = self._entries.get(name)
+        if fn is None:
+            fn = ENTRY_FUNCTYPE(self.address(name))
+            fn.native_module = self  # type: ignore[attr-defined]  # the code lives as long as its callable
+            self._entries[name] = fn
+        return fn
+
+
+@functools.lru_cache(maxsize=1)
+def _private_folder() -> str:
+    """A folder only this process writes to (mode 0700), removed when the process exits."""
+    folder = tempfile.mkdtemp(prefix="torchburn-libs-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def load_shared(obj: ObjectCode) -> SharedModule:
+    """Load `obj.shared` with the dynamic loader; raises OSError when it cannot be loaded.
+
+    The bytes (checked by the caller) are written to a new file in a private folder, loaded
+    and unlinked. The file is named by a hash of its contents: the dynamic loader hands back an
+    already-loaded library of the same name instead of loading the file, so a name must never
+    stand for two different libraries (a reused `/proc/self/fd/N` would)."""
+    if not obj.shared:
+        raise OSError("no shared library in this object code")
+    _prepare(obj.uses_openmp)
+    path = os.path.join(_private_folder(), hashlib.sha256(obj.shared).hexdigest() + ".so")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(obj.shared)
+        os.replace(tmp, path)
+        lib = ctypes.CDLL(path, mode=_BIND_NOW)
+    finally:
+        for leftover in (tmp, path):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+    return SharedModule(lib, obj)
