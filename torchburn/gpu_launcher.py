@@ -49,8 +49,8 @@ log = logging.getLogger("torchburn")
 VERSION = "0.1.0"
 def gpu_pipeline(p: Pipeline) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
-    of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as
-    plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
+    of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
+    lowered as plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
     builtin = [x.spelling() for x in Pipeline.default().loop]
     loop = []
     for x in p.loop:
@@ -61,8 +61,11 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    # The plain GPU GEMM nest computes epilogues at the product's own index only.
-    tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x for x in p.tensor]
+    # The plain GPU GEMM nest computes epilogues at the product's own index only; and a row
+    # kernel (row fusion) would run each row's loops serially in one invocation, where
+    # `gpu-map` spreads a plain reduction over a workgroup: rows stay separate kernels here.
+    tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
+              for x in p.tensor]
     return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])
 
 

@@ -123,15 +123,16 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llv
 
 def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3, shared: bool = False) -> ObjectCode:
     """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
-    object file for `target`. With `shared`, also link the optimized code (emitted again,
-    position independent) into a shared library, which a later process loads without LLVM
-    (`shared_lib.load_shared`); left empty when there is no linker or linking fails."""
+    object file for `target`. With `shared`, the object is position independent and is also
+    linked into a shared library, which a later process loads without LLVM
+    (`shared_lib.load_shared`); left empty when there is no linker or linking fails. One
+    emission serves both: this process loads the same PIC object through LLVM."""
     with _lock:  # LLVM target machines are not safe to share across threads
         mod, tm = _optimized_module(llvm_ir, target, opt_level)
         _check_external_symbols(mod)
-        data = tm.emit_object(mod)
-        pic = _pic_target_machine(target, opt_level).emit_object(mod) if shared and _linker() else b""
-    return ObjectCode(bytes(data), target.triple, target.cpu, target.features, _link_shared(bytes(pic)))
+        pic = shared and _linker() is not None
+        data = bytes((_pic_target_machine(target, opt_level) if pic else tm).emit_object(mod))
+    return ObjectCode(data, target.triple, target.cpu, target.features, _link_shared(data) if pic else b"")
 
 
 @functools.lru_cache(maxsize=1)
