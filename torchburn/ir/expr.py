@@ -278,6 +278,27 @@ class VectorReduce(Expr):
         return (self.value,)
 
 
+def _remember_hash(cls: type) -> None:
+    """Give `cls` a hash computed once per node: a frozen dataclass hashes all of its fields
+    on every call, so hashing a tree costs its size, and passes that keep expressions in
+    dicts (memo tables, CSE) would pay that at every level of every tree."""
+    computed = cls.__hash__
+
+    def __hash__(self: Expr) -> int:
+        try:
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            h = computed(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    cls.__hash__ = __hash__  # type: ignore[method-assign]
+
+
+for _cls in (Var, Binary, Call, Cast, Bitcast, Select, Load, Ramp, Broadcast, VectorReduce):
+    _remember_hash(_cls)
+
+
 # --------------------------------------------------------------------------------------------
 # Construction helpers with constant folding (index arithmetic stays readable).
 
@@ -425,8 +446,35 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 
 def free_vars(e: Expr) -> set[str]:
-    """Names of the variables an expression reads."""
-    return {n.name for n in walk(e) if isinstance(n, Var)}
+    """Names of the variables an expression reads (a fresh set the caller may change)."""
+    return set(_free_names(e))
+
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+
+def _free_names(e: Expr) -> frozenset[str]:
+    """`free_vars`, remembered on each node: passes ask it of the same subtrees again and
+    again, and expressions are immutable. Post-order without recursion (trees can be deep)."""
+    done = e.__dict__.get("_free")
+    if done is not None:
+        return done  # type: ignore[no-any-return]
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if "_free" in node.__dict__:
+            continue
+        kids = node.children()
+        if kids and not children_done:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids)
+            continue
+        if isinstance(node, Var):
+            names = frozenset((node.name,))
+        else:
+            names = _NO_NAMES.union(*(k.__dict__["_free"] for k in kids)) if kids else _NO_NAMES
+        object.__setattr__(node, "_free", names)
+    return e.__dict__["_free"]  # type: ignore[no-any-return]
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
