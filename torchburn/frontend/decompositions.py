@@ -22,6 +22,9 @@ aten = torch.ops.aten
 KEEP: tuple[Any, ...] = (
     aten.addmm, aten.mv, aten.dot, aten.silu, aten.gelu,
     aten.take,  # its decomposition reads a 0-d index into Python; `index` handles it
+    # random ops stay whole (NOT_COMPILED): decomposed, `bernoulli` draws `rand_like` numbers,
+    # which are not the ones eager's float64 kernel draws from the same seed
+    aten.bernoulli,
 )
 
 #: Extra decompositions (ops that are not core ATen and have a good decomposition in torch).

@@ -252,12 +252,14 @@ class Bounds:
     def _min(self, e: Binary) -> Interval:
         a, b = self.interval(e.a), self.interval(e.b)
         lo = a.lo if self._le(a.lo, b.lo) else b.lo if self._le(b.lo, a.lo) else None
-        hi = a.hi if self._le(a.hi, b.hi) or b.hi is None else b.hi
+        hi = a.hi if self._le(a.hi, b.hi) or b.hi is None else b.hi if self._le(b.hi, a.hi) or a.hi is None \
+            else b.hi if b.hi.is_const else a.hi  # both bound it: keep a constant (`min(32, s0 - k)`)
         return Interval(lo, hi)
 
     def _max(self, e: Binary) -> Interval:
         a, b = self.interval(e.a), self.interval(e.b)
-        lo = b.lo if self._le(a.lo, b.lo) or a.lo is None else a.lo
+        lo = b.lo if self._le(a.lo, b.lo) or a.lo is None else a.lo if self._le(b.lo, a.lo) or b.lo is None \
+            else a.lo if a.lo.is_const else b.lo
         hi = b.hi if self._le(a.hi, b.hi) else a.hi if self._le(b.hi, a.hi) else None
         return Interval(lo, hi)
 

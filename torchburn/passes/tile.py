@@ -1,0 +1,239 @@
+"""`tile`: strip-mine the two innermost loops of a loop nest into tiles.
+
+A transpose `out[i, j] = in[j, i]` walks `out` along its rows while it walks `in` down its
+columns: every iteration of `j` touches a new cache line of `in`, and by the time `i` moves on
+to the next column of `in` the lines it fetched are long gone from the cache. Cutting the
+`(i, j)` space into `size x size` tiles keeps the `size` lines of `in` that one tile touches
+in the L1 cache while the tile uses them all, so each line is fetched once instead of once per
+element.
+
+The innermost two loops of a nest, `i` (outer) and `j` (inner), become four:
+
+    for i_o in 0..ceil(N / size) {
+      for j_o in 0..ceil(M / size) {
+        for i_i in 0..min(size, N - i_o * size) {
+          for j_i in 0..min(size, M - j_o * size) {
+            body with i := i_o * size + i_i, j := j_o * size + j_i
+    }}}}
+
+The intra-tile extents stop at the end of the range, so a last partial tile (an extent not
+divisible by `size`) runs exactly the iterations that are left and nothing is read or written
+out of bounds; where an extent is a constant multiple of `size` the intra-tile extent is just
+`size`. Loops that start elsewhere than 0 keep their start: `i := start + i_o * size + i_i`.
+The tile loops come first, so `parallelize` can give whole tiles to threads, and `j_i` stays
+innermost, so `vectorize` still vectorizes it.
+
+**Which nests.** A serial loop `i` whose body is exactly one serial loop `j`, where
+
+- `j`'s body has no loops (it is innermost), and `j`'s start and extent do not use `i`;
+- every buffer the body writes, other than local buffers allocated in it, is read and written
+  at one index only, and in that index one dimension is `c * i + ...` and another `d * j + ...`
+  (non-zero constants `c`, `d`), each without the other variable; so each iteration writes its
+  own element, iterations are independent, and running them in another order changes nothing;
+- not both extents are constants of at most `size` (one tile would be the nest itself).
+
+With `only_transposes=true` the nest must also be a transpose: every store it makes moves
+by 1 element per step of `j`, and some load moves by 1 element per step of `i` but by
+`MIN_STRIDE` elements or more (or a symbolic stride) per step of `j`. Other nests already
+walk their buffers in order and gain nothing from tiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ..ir import expr as ex
+from ..ir import loop as lp
+from ..ir.expr import Const, Expr, Var
+from .base import LoopPass, PassError, register_pass
+from .loop_utils import (
+    NameSupply,
+    accesses,
+    affine_coefficient,
+    allocated,
+    buffers_of,
+    const_int,
+    contains_loop,
+    flat_address,
+    map_kernels,
+    substitute_stmt,
+)
+
+#: The smallest per-step distance, in elements, of a load along the inner loop that makes a
+#: nest a transpose for `only_transposes` (16 f32 are one 64-byte cache line).
+MIN_STRIDE = 16
+
+
+def _only_loop(s: lp.Stmt) -> Optional[lp.For]:
+    """The loop `s` consists of, if it is exactly one loop (possibly wrapped in blocks)."""
+    while isinstance(s, lp.Block) and len(s.stmts) == 1:
+        s = s.stmts[0]
+    return s if isinstance(s, lp.For) else None
+
+
+def _moves_along(index: tuple[Expr, ...], var: str, other: str) -> bool:
+    """Some dimension of `index` is `c * var + rest` with `c` a non-zero constant and `rest`
+    free of `other` (and of `var`)."""
+    for i in index:
+        c = affine_coefficient(i, var)
+        k = const_int(c)
+        if k is not None and k != 0 and other not in ex.free_vars(i):
+            return True
+    return False
+
+
+def independent_elements(outer: lp.For, inner: lp.For) -> bool:
+    """Each `(i, j)` iteration of the nest writes its own elements and reads written buffers
+    only there, so the iterations may run in any order (module docstring)."""
+    i, j = outer.var.name, inner.var.name
+    private = allocated(inner.body)
+    uses = accesses(inner.body)
+    written = {a.buffer for a in uses if a.is_store} - private
+    for buffer in written:
+        mine = [a for a in uses if a.buffer == buffer]
+        index = mine[0].index
+        if any(a.index != index for a in mine) or any(x.type.lanes != 1 for x in index):
+            return False
+        if not (_moves_along(index, i, j) and _moves_along(index, j, i)):
+            return False
+    return True
+
+
+def _step(index: tuple[Expr, ...], buffer: lp.Buffer, var: str) -> Optional[Expr]:
+    """How many elements the address of `buffer[index]` moves per step of `var` (None when it
+    is not affine in `var`)."""
+    if any(x.type.lanes != 1 for x in index):
+        return None
+    return affine_coefficient(flat_address(index, buffer.strides), var)
+
+
+def is_transpose(outer: lp.For, inner: lp.For, buffers: dict[str, lp.Buffer]) -> bool:
+    """Stores walk their buffers with unit stride along `j`, and some load walks its buffer
+    with unit stride along `i` and a large stride along `j` (module docstring)."""
+    i, j = outer.var.name, inner.var.name
+    uses = [a for a in accesses(inner.body) if a.buffer in buffers]
+    stores = [a for a in uses if a.is_store]
+    if not stores or any(const_int(_step(a.index, buffers[a.buffer], j)) != 1 for a in stores):
+        return False
+    for a in uses:
+        if a.is_store:
+            continue
+        along_i = const_int(_step(a.index, buffers[a.buffer], i))
+        along_j = _step(a.index, buffers[a.buffer], j)
+        if along_i not in (1, -1) or along_j is None:
+            continue
+        k = const_int(along_j)
+        if k is None or abs(k) >= MIN_STRIDE:
+            return True
+    return False
+
+
+def tile_nest(outer: lp.For, inner: lp.For, size: int, names: NameSupply) -> lp.Stmt:
+    """`outer { inner { body } }` as tile loops around intra-tile loops (module docstring)."""
+    tiles: list[tuple[Var, Expr]] = []
+    intra: list[tuple[Var, Expr]] = []
+    mapping: dict[str, Expr] = {}
+    for loop in (outer, inner):
+        v = loop.var
+        t = Var(names.fresh(v.name + "_o"), v.type)
+        k = Var(names.fresh(v.name + "_i"), v.type)
+        n = const_int(loop.extent)
+        tiles.append((t, ex.floordiv(ex.add(loop.extent, size - 1), size)))
+        if n is not None and n % size == 0:
+            intra.append((k, Const(size, v.type)))
+        else:
+            intra.append((k, ex.minimum(Const(size, v.type), ex.sub(loop.extent, ex.mul(t, size)))))
+        mapping[v.name] = ex.add(ex.add(loop.start, ex.mul(t, size)), k)
+    body: lp.Stmt = substitute_stmt(inner.body, mapping)
+    for v, extent in reversed(intra):
+        body = lp.For(v, Const(0, v.type), extent, "serial", body)
+    for (v, extent), loop in zip(reversed(tiles), (inner, outer)):
+        body = lp.For(v, Const(0, v.type), extent, "serial", body, loop.annotations)
+    return body
+
+
+def tileable(outer: lp.For, size: int) -> Optional[lp.For]:
+    """The inner loop of the nest `outer` heads when the nest may be tiled, else None."""
+    inner = _only_loop(outer.body)
+    if inner is None or outer.kind != "serial" or inner.kind != "serial" or contains_loop(inner.body):
+        return None
+    if outer.var.name in ex.free_vars(inner.start) | ex.free_vars(inner.extent):
+        return None
+    n, m = const_int(outer.extent), const_int(inner.extent)
+    if n is not None and m is not None and n <= size and m <= size:
+        return None
+    return inner if independent_elements(outer, inner) else None
+
+
+class _Tiler:
+    """Walks one kernel and tiles every eligible innermost pair of loops."""
+
+    def __init__(self, kernel: lp.Kernel, size: int, only_transposes: bool) -> None:
+        self.size = size
+        self.only_transposes = only_transposes
+        self.names = NameSupply.for_kernel(kernel)
+        self.buffers = buffers_of(kernel)
+
+    def stmt(self, s: lp.Stmt) -> lp.Stmt:
+        if isinstance(s, lp.Block):
+            new = tuple(self.stmt(x) for x in s.stmts)
+            return s if all(a is b for a, b in zip(new, s.stmts)) else lp.block(*new)
+        if isinstance(s, lp.If):
+            then = self.stmt(s.then)
+            orelse = None if s.orelse is None else self.stmt(s.orelse)
+            return s if then is s.then and orelse is s.orelse else lp.If(s.cond, then, orelse)
+        if isinstance(s, lp.For):
+            inner = tileable(s, self.size)
+            if inner is not None and (not self.only_transposes or is_transpose(s, inner, self.buffers)):
+                return tile_nest(s, inner, self.size, self.names)
+            body = self.stmt(s.body)
+            return s if body is s.body else replace(s, body=body)
+        return s
+
+
+def tile_kernel(kernel: lp.Kernel, size: int, only_transposes: bool = False) -> lp.Kernel:
+    """Tile the eligible loop nests of one kernel with `size x size` tiles."""
+    body = _Tiler(kernel, size, only_transposes).stmt(kernel.body)
+    return kernel if body is kernel.body else replace(kernel, body=body)
+
+
+@register_pass
+@dataclass(frozen=True)
+class Tile(LoopPass):
+    """Cut the two innermost loops of a nest into `size x size` tiles (for transposes).
+
+    Before (`tile{size=32}`):
+
+        for i0 in 0..s0 {
+          for i1 in 0..64 {
+            %out[i0, i1] = %x[i1, i0] * 2.0:f32
+          }
+        }
+
+    After:
+
+        for i0_o in 0..(s0 + 31) // 32 {
+          for i1_o in 0..2 {
+            for i0_i in 0..min(32, s0 - i0_o * 32) {
+              for i1_i in 0..32 {
+                %out[i0_o * 32 + i0_i, i1_o * 32 + i1_i] = %x[i1_o * 32 + i1_i, i0_o * 32 + i0_i] * 2.0:f32
+              }
+            }
+          }
+        }
+
+    Which nests are tiled, and why a transpose gains, is in the module docstring.
+    """
+
+    name = "tile"
+    #: Tile edge, in iterations of each of the two loops; 1 changes nothing.
+    size: int = 32
+    #: Tile only nests that read a buffer across while writing another along (transposes).
+    only_transposes: bool = False
+
+    def run(self, program: lp.Program) -> lp.Program:
+        if self.size < 1:
+            raise PassError(f"tile: size must be positive, got {self.size}")
+        if self.size == 1:
+            return program
+        return map_kernels(program, lambda k: tile_kernel(k, self.size, self.only_transposes))
