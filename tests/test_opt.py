@@ -63,6 +63,29 @@ def test_print_after_all_and_time_passes() -> None:
     assert "total" in err and "canonicalize" in err.split("// ----- IR after fuse -----")[-1]
 
 
+TRANSPOSE_PROGRAM = """\
+program @t(%x: f32[64, s0] strides [s0, 1]) -> (%out: f32[s0, 64] strides [64, 1]) symbols(s0) {
+  call @k(%x, %out)
+}
+kernel @k(%x: f32[64, s0] strides [s0, 1], %out: f32[s0, 64] strides [64, 1]) symbols(s0) {
+  for i0 in 0..s0 {
+    for i1 in 0..64 {
+      %out[i0, i1] = %x[i1, i0]
+    }
+  }
+}
+"""
+
+
+def test_tile_pass_on_a_program() -> None:
+    rc, out, err = opt("-", "--passes", "tile{size=64}", stdin=TRANSPOSE_PROGRAM)
+    assert rc == 0, err
+    (program,) = parse_all(out)
+    verify(program)
+    assert "for i0_o in 0..(s0 + 63) // 64 {" in out and "for i1 in 0..64 {" in out  # one tile wide
+    assert "%out[i0_o * 64 + i0_i, i1] = %x[i1, i0_o * 64 + i0_i]" in out
+
+
 def test_list_passes_shows_options_types_and_defaults() -> None:
     rc, out, err = opt("--list-passes")
     assert rc == 0, err

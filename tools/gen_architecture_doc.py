@@ -34,8 +34,8 @@ torch.compile(model, backend="torchburn")               torchburn/backend.py
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
   -> tensor passes: canonicalize, fuse (kernel roots and inlined ops)      passes/
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
-  -> loop passes: simplify, parallelize, vectorize, split-accumulators,   passes/
-     expand-math, unroll, plan-memory (workspace offsets)
+  -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
+     split-accumulators, expand-math, unroll, plan-memory (workspace offsets)
   -> LLVM IR through llvmlite, O3, object code for the host CPU            codegen/llvm/, runtime/jit.py
   -> launcher: guards, output allocation, one native call                  launcher.py
 ```

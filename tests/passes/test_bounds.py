@@ -42,6 +42,16 @@ def test_opaque_operations() -> None:
     assert rng(b, "x") == ("-inf", "inf")
 
 
+def test_min_and_max_of_incomparable_ends_keep_the_constant() -> None:
+    """Either end bounds `min(32, s0 - i0)` from above; the constant one lets `tile`'s partial
+    tiles be seen as at most 32 wide (whichever operand comes first)."""
+    b = nest()
+    assert rng(b, "min(32, s0 - i0)")[1] == "32"
+    assert rng(b, "min(s0 - i0, 32)")[1] == "32"
+    assert rng(b, "max(-5, i0 - s1)")[0] == "-5"
+    assert rng(b, "max(i0 - s1, -5)")[0] == "-5"
+
+
 def test_proofs() -> None:
     b = nest()
     assert b.prove_lt(parse_expr("i1"), Const(4))

@@ -297,6 +297,7 @@ def _remember_hash(cls: type) -> None:
 
 for _cls in (Var, Binary, Call, Cast, Bitcast, Select, Load, Ramp, Broadcast, VectorReduce):
     _remember_hash(_cls)
+del _cls  # not part of the module's surface (tools/gen_ir_docs.py documents what it finds)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,10 +32,17 @@ innermost, so `vectorize` still vectorizes it.
   own element, iterations are independent, and running them in another order changes nothing;
 - not both extents are constants of at most `size` (one tile would be the nest itself).
 
-With `only_transposes=true` the nest must also be a transpose: every store it makes moves
-by 1 element per step of `j`, and some load moves by 1 element per step of `i` but by
-`MIN_STRIDE` elements or more (or a symbolic stride) per step of `j`. Other nests already
-walk their buffers in order and gain nothing from tiles.
+With `only_transposes=true` (the default) the nest must also be a transpose: every store it
+makes moves by 1 element per step of `j`, and some load moves by 1 element per step of `i`
+but by `MIN_STRIDE` elements or more (or a symbolic stride) per step of `j`. Other nests
+already walk their buffers in order and gain nothing from tiles; `only_transposes=false`
+tiles them anyway.
+
+In the default pipeline `tile` runs before `parallelize` and `vectorize`. The vectorized
+transposed load is still a gather (one element from each of `W` rows of `in`), as without
+tiles, but now those rows' cache lines are reused by the next `size - 1` iterations of `i_i`.
+Measured on 16 cores (interleaved runs, medians), `x.t().contiguous() * 2` on 2048x2048 f32
+took 0.35 ms with tiles of 16 against 3.98 ms without, and 6.8 ms against 22 ms on 4096x4096.
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ from .loop_utils import (
     buffers_of,
     const_int,
     contains_loop,
+    empty,
     flat_address,
     map_kernels,
     substitute_stmt,
@@ -129,26 +137,28 @@ def is_transpose(outer: lp.For, inner: lp.For, buffers: dict[str, lp.Buffer]) ->
 
 
 def tile_nest(outer: lp.For, inner: lp.For, size: int, names: NameSupply) -> lp.Stmt:
-    """`outer { inner { body } }` as tile loops around intra-tile loops (module docstring)."""
-    tiles: list[tuple[Var, Expr]] = []
-    intra: list[tuple[Var, Expr]] = []
+    """`outer { inner { body } }` as tile loops around intra-tile loops (module docstring).
+    A loop of constant extent at most `size` is one tile: it stays as it is, inside the tile
+    loop of the other."""
+    tiles: list[lp.For] = []
+    intra: list[lp.For] = []
     mapping: dict[str, Expr] = {}
     for loop in (outer, inner):
-        v = loop.var
+        v, n = loop.var, const_int(loop.extent)
+        if n is not None and n <= size:
+            intra.append(loop)
+            continue
         t = Var(names.fresh(v.name + "_o"), v.type)
         k = Var(names.fresh(v.name + "_i"), v.type)
-        n = const_int(loop.extent)
-        tiles.append((t, ex.floordiv(ex.add(loop.extent, size - 1), size)))
-        if n is not None and n % size == 0:
-            intra.append((k, Const(size, v.type)))
-        else:
-            intra.append((k, ex.minimum(Const(size, v.type), ex.sub(loop.extent, ex.mul(t, size)))))
+        count = ex.floordiv(ex.add(loop.extent, size - 1), size)
+        rest = ex.sub(loop.extent, ex.mul(t, size))
+        extent = Const(size, v.type) if n is not None and n % size == 0 else ex.minimum(Const(size, v.type), rest)
+        tiles.append(lp.For(t, Const(0, v.type), count, "serial", empty(), loop.annotations))
+        intra.append(lp.For(k, Const(0, v.type), extent, "serial", empty()))
         mapping[v.name] = ex.add(ex.add(loop.start, ex.mul(t, size)), k)
     body: lp.Stmt = substitute_stmt(inner.body, mapping)
-    for v, extent in reversed(intra):
-        body = lp.For(v, Const(0, v.type), extent, "serial", body)
-    for (v, extent), loop in zip(reversed(tiles), (inner, outer)):
-        body = lp.For(v, Const(0, v.type), extent, "serial", body, loop.annotations)
+    for loop in reversed([*tiles, *intra]):
+        body = replace(loop, body=body)
     return body
 
 
@@ -200,7 +210,7 @@ def tile_kernel(kernel: lp.Kernel, size: int, only_transposes: bool = False) -> 
 @register_pass
 @dataclass(frozen=True)
 class Tile(LoopPass):
-    """Cut the two innermost loops of a nest into `size x size` tiles (for transposes).
+    """Cut the two innermost loops of a transpose into `size x size` tiles.
 
     Before (`tile{size=32}`):
 
@@ -226,10 +236,12 @@ class Tile(LoopPass):
     """
 
     name = "tile"
-    #: Tile edge, in iterations of each of the two loops; 1 changes nothing.
-    size: int = 32
-    #: Tile only nests that read a buffer across while writing another along (transposes).
-    only_transposes: bool = False
+    #: Tile edge, in iterations of each of the two loops; 1 changes nothing. 16 measured
+    #: best for f32, f16 and i64 transposes of 2048x2048 and 4096x4096 (8, 32 and 64 close).
+    size: int = 16
+    #: Tile only nests that read a buffer across while writing another along (transposes);
+    #: `false` tiles every nest that may be tiled.
+    only_transposes: bool = True
 
     def run(self, program: lp.Program) -> lp.Program:
         if self.size < 1:
