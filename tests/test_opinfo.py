@@ -36,7 +36,6 @@ _INDEXING = "indexing lowerings in progress (frontend/lowerings/indexing.py)"
 #: OpInfo name (every dtype) or "name|dtype". They run as non-strict xfails (not skips):
 #: delete an entry when its lowering lands.
 PENDING: dict[str, str] = {
-    "nn.functional.embedding_bag": _INDEXING,
     **dict.fromkeys(("nn.functional.linear_cross_entropy.chunked",
                      "nn.functional.linear_cross_entropy.chunked_none"), _NN),
     **{f"{conv}|int64": "integer convolution is not lowered (nn.py)"

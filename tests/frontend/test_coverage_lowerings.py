@@ -248,3 +248,79 @@ def test_gcd_lcm_wide_integers(dtype: torch.dtype) -> None:
     y = torch.cat([y, torch.randint(-1000, 1000, (200,), dtype=dtype)])
     check(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b)), x, y)
     check(lambda a, b: torch.gcd(a.view(-1, 1)[:10], b[:10]), x, y)
+
+
+def _bags(include_last_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices with an empty bag in the middle, a repeated row and padding candidates (row 4)."""
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 4, 4])
+    offsets = torch.tensor([0, 4, 4, 6, 8] + ([10] if include_last_offset else []))
+    return indices, offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding_idx", [-1, 4])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_all_four_results(dtype: torch.dtype, mode: int, padding_idx: int,
+                                        include_last_offset: bool) -> None:
+    # offset2bag, bag_size and max_indices as eager's CPU kernel fills them for the mode; the
+    # last bag (two padding rows when padding_idx=4) is empty of counted rows
+    weight = torch.randn(10, 3).to(dtype)
+    indices, offsets = _bags(include_last_offset)
+    aten = torch.ops.aten
+    check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, include_last_offset, padding_idx),
+          weight, indices, offsets)
+    if not include_last_offset:  # forward_only's meta gives bag_size one entry per offset
+        check(lambda w, i, o: aten._embedding_bag_forward_only(w, i, o, False, mode, False, None, False,
+                                                               padding_idx), weight, indices, offsets)
+
+
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_forward_only_with_last_offset(include_last_offset: bool) -> None:
+    weight = torch.randn(10, 3)
+    indices, offsets = _bags(include_last_offset)
+    for mode in (0, 1, 2):
+        expected = torch.ops.aten._embedding_bag_forward_only(weight, indices, offsets, False, mode, False, None,
+                                                              include_last_offset, 4)
+        got = check(lambda w, i, o: torch.ops.aten._embedding_bag_forward_only(
+            w, i, o, False, mode, False, None, include_last_offset, 4)[:2], weight, indices, offsets)
+        bags = got[0].shape[0]
+        compiled = torch.compile(lambda w, i, o: torch.ops.aten._embedding_bag_forward_only(
+            w, i, o, False, mode, False, None, include_last_offset, 4)[2:], backend="torchburn", fullgraph=True)
+        bag_size, max_indices = compiled(weight, indices, offsets)
+        # where eager's shapes differ from the meta's, the bags' entries still agree
+        torch.testing.assert_close(bag_size[:bags], expected[2][:bags])
+        torch.testing.assert_close(max_indices[:bags], expected[3][:bags])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_per_sample_weights(dtype: torch.dtype, include_last_offset: bool) -> None:
+    weight = torch.randn(10, 4).to(dtype)
+    indices, offsets = _bags(include_last_offset)
+    psw = torch.randn(indices.shape[0]).to(dtype)
+    for padding_idx in (None, 4):
+        check(lambda w, i, o, p: torch.nn.functional.embedding_bag(
+            i, w, o, mode="sum", per_sample_weights=p, include_last_offset=include_last_offset,
+            padding_idx=padding_idx), weight, indices, offsets, psw)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_2d_input_and_max_norm(mode: str) -> None:
+    weight = torch.randn(12, 5) * 3
+    bags = torch.tensor([[0, 3, 3, 11], [7, 2, 0, 5], [4, 4, 4, 4]])
+    check(lambda w, i: torch.nn.functional.embedding_bag(i, w, mode=mode, padding_idx=4), weight, bags)
+    check(lambda w, i: torch.nn.functional.embedding_bag(i, w, mode=mode, max_norm=2.0), weight.clone(), bags)
+
+
+def test_embedding_bag_all_bags_empty_and_ties() -> None:
+    # equal rows tie in max mode: the first of them is the one eager reports
+    weight = torch.zeros(6, 2)
+    weight[3] = 1.0
+    weight[5] = 1.0
+    aten = torch.ops.aten
+    check(lambda w, i, o: aten._embedding_bag(w, i, o, False, 2, False, None, False, -1),
+          weight, torch.tensor([5, 1, 3, 0]), torch.tensor([0, 0, 3]))
+    for mode in (0, 1, 2):
+        check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, False, -1),
+              weight, torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0, 0]))
