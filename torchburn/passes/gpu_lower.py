@@ -36,7 +36,7 @@ After:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from ..ir import dtypes as dt
 from ..ir import expr as ex
@@ -45,30 +45,8 @@ from ..ir.expr import Const, ScalarType, Var
 from ..ir.tensor import Op, Value
 from .base import register_pass
 from .loopgen.kernel_builder import KernelBuilder
+from .loopgen.matmul import fused_matmul
 from .lower_to_loops import LowerToLoops
-
-
-def matmul_of(root: Op, materialized: set[Value]) -> Optional[Op]:
-    """The matmul a kernel rooted at `root` computes: `root` itself, or the one matmul its
-    inlined producers read (an epilogue). None if there is none or more than one."""
-    if root.name == "matmul":
-        return root
-    found: Optional[Op] = None
-    stack, seen = [root], set()
-    while stack:
-        op = stack.pop()
-        for v in op.operands:
-            p = v.producer
-            if p is None or v in materialized or id(p) in seen:
-                continue
-            seen.add(id(p))
-            if p.name == "matmul":
-                if found is not None and found is not p:
-                    return None
-                found = p
-            else:
-                stack.append(p)
-    return found
 
 
 def build_plain_gemm(kb: KernelBuilder, root: Op, mm: Op, out: lp.Buffer) -> lp.Stmt:
@@ -116,7 +94,7 @@ class LowerToLoopsGpu(LowerToLoops):
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer]) -> lp.Kernel:
-        mm = matmul_of(op, set(buffers))
+        mm = fused_matmul(op, set(buffers))
         if mm is None:
             return super()._lower_root(name, op, buffers, symbols, temps)
         kb = KernelBuilder(name, buffers)

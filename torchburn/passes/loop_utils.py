@@ -287,6 +287,29 @@ def loops(s: lp.Stmt) -> Iterator[lp.For]:
             yield node
 
 
+def map_loops(s: lp.Stmt, on_loop: Callable[[lp.For], lp.Stmt]) -> lp.Stmt:
+    """Rebuild `s` with every outermost loop replaced by `on_loop(loop)`, keeping the blocks
+    and branches around them (and all of `s` when nothing changed) identical. `on_loop`
+    decides whether and when to recurse into its loop's body (with `map_loops` again), so
+    loop passes need not walk blocks and branches themselves; expressions are not visited."""
+    if isinstance(s, lp.Block):
+        new = tuple(map_loops(x, on_loop) for x in s.stmts)
+        return s if all(a is b for a, b in zip(new, s.stmts)) else lp.block(*new)
+    if isinstance(s, lp.If):
+        then = map_loops(s.then, on_loop)
+        orelse = None if s.orelse is None else map_loops(s.orelse, on_loop)
+        return s if then is s.then and orelse is s.orelse else lp.If(s.cond, then, orelse)
+    if isinstance(s, lp.For):
+        return on_loop(s)
+    return s
+
+
+def map_loop_body(s: lp.For, on_loop: Callable[[lp.For], lp.Stmt]) -> lp.For:
+    """`s` with `map_loops(on_loop)` applied to its body (the same object when unchanged)."""
+    body = map_loops(s.body, on_loop)
+    return s if body is s.body else replace(s, body=body)
+
+
 def contains_loop(s: lp.Stmt) -> bool:
     return next(loops(s), None) is not None
 

@@ -42,7 +42,18 @@ from ..ir import loop as lp
 from ..ir.expr import Const, Expr, Var
 from ..ir.transform import StmtMutator
 from .base import LoopPass, register_pass
-from .loop_utils import NameSupply, accesses, allocated, const_int, freshen, make_loop, map_kernels, substitute_stmt
+from .loop_utils import (
+    NameSupply,
+    accesses,
+    allocated,
+    const_int,
+    freshen,
+    make_loop,
+    map_kernels,
+    map_loop_body,
+    map_loops,
+    substitute_stmt,
+)
 from .vectorize import REDUCTION_OPS, identity
 
 
@@ -167,18 +178,11 @@ class _Splitter:
                 self.buffers[s.buffer.name] = s.buffer
 
     def stmt(self, s: lp.Stmt) -> lp.Stmt:
-        if isinstance(s, lp.Block):
-            new = tuple(self.stmt(x) for x in s.stmts)
-            return s if all(a is b for a, b in zip(new, s.stmts)) else lp.block(*new)
-        if isinstance(s, lp.If):
-            then = self.stmt(s.then)
-            orelse = None if s.orelse is None else self.stmt(s.orelse)
-            return s if then is s.then and orelse is s.orelse else lp.If(s.cond, then, orelse)
-        if isinstance(s, lp.For):
-            body = self.stmt(s.body)
-            s = s if body is s.body else replace(s, body=body)
-            return self.split(s) or s
-        return s
+        return map_loops(s, self.loop)
+
+    def loop(self, s: lp.For) -> lp.Stmt:
+        s = map_loop_body(s, self.loop)
+        return self.split(s) or s
 
     def split(self, s: lp.For) -> Optional[lp.Stmt]:
         if s.kind != "serial":

@@ -64,6 +64,8 @@ from .loop_utils import (
     empty,
     flat_address,
     map_kernels,
+    map_loop_body,
+    map_loops,
     substitute_stmt,
 )
 
@@ -185,20 +187,13 @@ class _Tiler:
         self.buffers = buffers_of(kernel)
 
     def stmt(self, s: lp.Stmt) -> lp.Stmt:
-        if isinstance(s, lp.Block):
-            new = tuple(self.stmt(x) for x in s.stmts)
-            return s if all(a is b for a, b in zip(new, s.stmts)) else lp.block(*new)
-        if isinstance(s, lp.If):
-            then = self.stmt(s.then)
-            orelse = None if s.orelse is None else self.stmt(s.orelse)
-            return s if then is s.then and orelse is s.orelse else lp.If(s.cond, then, orelse)
-        if isinstance(s, lp.For):
-            inner = tileable(s, self.size)
-            if inner is not None and (not self.only_transposes or is_transpose(s, inner, self.buffers)):
-                return tile_nest(s, inner, self.size, self.names)
-            body = self.stmt(s.body)
-            return s if body is s.body else replace(s, body=body)
-        return s
+        return map_loops(s, self.loop)
+
+    def loop(self, s: lp.For) -> lp.Stmt:
+        inner = tileable(s, self.size)
+        if inner is not None and (not self.only_transposes or is_transpose(s, inner, self.buffers)):
+            return tile_nest(s, inner, self.size, self.names)
+        return map_loop_body(s, self.loop)
 
 
 def tile_kernel(kernel: lp.Kernel, size: int, only_transposes: bool = False) -> lp.Kernel:

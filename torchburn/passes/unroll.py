@@ -39,6 +39,8 @@ from .loop_utils import (
     contains_loop,
     freshen,
     map_kernels,
+    map_loop_body,
+    map_loops,
     substitute_stmt,
 )
 
@@ -71,27 +73,20 @@ class _Unroller:
         self.names = NameSupply.for_kernel(kernel)
 
     def stmt(self, s: lp.Stmt) -> lp.Stmt:
-        if isinstance(s, lp.Block):
-            new = tuple(self.stmt(x) for x in s.stmts)
-            return s if all(a is b for a, b in zip(new, s.stmts)) else lp.block(*new)
-        if isinstance(s, lp.If):
-            then = self.stmt(s.then)
-            orelse = None if s.orelse is None else self.stmt(s.orelse)
-            return s if then is s.then and orelse is s.orelse else lp.If(s.cond, then, orelse)
-        if isinstance(s, lp.For):
-            body = self.stmt(s.body)
-            s = s if body is s.body else replace(s, body=body)
-            if s.kind == "unrolled":
-                n = const_int(s.extent)
-                if n is not None and n > MAX_UNROLL:
-                    raise PassError(f"unroll: loop {s.var.name} is marked unrolled with {n} iterations "
-                                    f"(at most {MAX_UNROLL}); split it first")
-                return unroll_loop(s, self.names)
+        return map_loops(s, self.loop)
+
+    def loop(self, s: lp.For) -> lp.Stmt:
+        s = map_loop_body(s, self.loop)
+        if s.kind == "unrolled":
             n = const_int(s.extent)
-            if (s.kind == "serial" and n is not None and n <= self.max_extent and not contains_loop(s.body)
-                    and n * statement_count(s.body) <= AUTO_UNROLL_BUDGET):
-                return unroll_loop(s, self.names)
-            return s
+            if n is not None and n > MAX_UNROLL:
+                raise PassError(f"unroll: loop {s.var.name} is marked unrolled with {n} iterations "
+                                f"(at most {MAX_UNROLL}); split it first")
+            return unroll_loop(s, self.names)
+        n = const_int(s.extent)
+        if (s.kind == "serial" and n is not None and n <= self.max_extent and not contains_loop(s.body)
+                and n * statement_count(s.body) <= AUTO_UNROLL_BUDGET):
+            return unroll_loop(s, self.names)
         return s
 
 

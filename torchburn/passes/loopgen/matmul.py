@@ -852,10 +852,15 @@ def _reaches_matmul(op: Op) -> bool:
     return False
 
 
-def fused_matmul(root: Op, materialized: set[Value]) -> Optional[Op]:
-    """The matmul computed inside the kernel of `root`: `root` itself, or the one matmul its
-    inlined elementwise producers read (see `fuse`)."""
-    if root.name == "matmul":
+#: Ops a kernel computes as a product with an epilogue (`fuse` never inlines them elsewhere).
+PRODUCT_OPS = frozenset({"matmul", "qlinear"})
+
+
+def fused_product(root: Op, materialized: set[Value], name: str) -> Optional[Op]:
+    """The product op `name` computed inside the kernel of `root`: `root` itself, or the one
+    such op its inlined elementwise producers read (an epilogue, see `fuse`); None when there
+    is none or more than one."""
+    if root.name == name:
         return root
     found: Optional[Op] = None
     stack = [root]
@@ -867,13 +872,18 @@ def fused_matmul(root: Op, materialized: set[Value]) -> Optional[Op]:
             if p is None or v in materialized or id(p) in seen:
                 continue
             seen.add(id(p))
-            if p.name == "matmul":
+            if p.name == name:
                 if found is not None and found is not p:
                     return None
                 found = p
-            else:
+            elif p.name not in PRODUCT_OPS:
                 stack.append(p)
     return found
+
+
+def fused_matmul(root: Op, materialized: set[Value]) -> Optional[Op]:
+    """`fused_product` for `matmul`."""
+    return fused_product(root, materialized, "matmul")
 
 
 #: Cycles per element of packing a panel: contiguous vector copy, scalar transpose.

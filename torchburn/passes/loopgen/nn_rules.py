@@ -34,7 +34,7 @@ from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
-from ...ir.tensor import Op
+from ...ir.tensor import Op, Value
 from . import scalar_ops
 from .kernel_builder import REDUCE_INIT, Index, KernelBuilder, element_rule
 
@@ -124,6 +124,25 @@ def spatial(op: Op, key: str) -> tuple[int, ...]:
 
 # ---- convolutions -----------------------------------------------------------------------------
 
+def _input_positions(kb: KernelBuilder, x: Value, outs: Sequence[Expr], taps: Sequence[Expr],
+                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
+                     ) -> tuple[list[Expr], Optional[Expr]]:
+    """Where output position `outs` and kernel tap `taps` read `x`, per spatial dim (clamped
+    into range where padding can take it outside), and the condition that every read is
+    inside `x` (None without padding): the convolution and its weight gradient share it."""
+    pos: list[Expr] = []
+    valid: Optional[Expr] = None
+    for s, (o, k) in enumerate(zip(outs, taps)):
+        p = ex.add(ex.sub(ex.mul(o, Const(stride[s])), Const(padding[s])), ex.mul(k, Const(dilation[s])))
+        size = x.shape[2 + s]
+        if padding[s] > 0:
+            p = kb.bind(p, "t")
+            valid = conj(valid, in_range(p, size))
+            p = clamp(p, size)
+        pos.append(p)
+    return pos, valid
+
+
 @element_rule("conv")
 def conv(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
     x, w = op.operands[0], op.operands[1]
@@ -140,16 +159,7 @@ def conv(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
     extents = (cin_g, *w.shape[2:])
     red = accumulate_loops(kb, extents)
     ci, taps = red[0], red[1:]
-    pos: list[Expr] = []
-    valid: Optional[Expr] = None
-    for s, (o, k) in enumerate(zip(outs, taps)):
-        p = ex.add(ex.sub(ex.mul(o, Const(stride[s])), Const(padding[s])), ex.mul(k, Const(dilation[s])))
-        size = x.shape[2 + s]
-        if padding[s] > 0:
-            p = kb.bind(p, "t")
-            valid = conj(valid, in_range(p, size))
-            p = clamp(p, size)
-        pos.append(p)
+    pos, valid = _input_positions(kb, x, outs, taps, stride, padding, dilation)
     xv = kb.value_at(x, (n, ex.add(chan0, ci), *pos))
     wv = kb.value_at(w, (co, ci, *taps))
     prod: Expr = kb.bind(scalar_ops.binary("mul", xv, wv))
@@ -225,16 +235,7 @@ def conv_grad_weight(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
     extents = (g.shape[0], *g.shape[2:])
     red = accumulate_loops(kb, extents)
     n, outs = red[0], red[1:]
-    pos: list[Expr] = []
-    valid: Optional[Expr] = None
-    for s, (o, k) in enumerate(zip(outs, taps)):
-        p = ex.add(ex.sub(ex.mul(o, Const(stride[s])), Const(padding[s])), ex.mul(k, Const(dilation[s])))
-        size = x.shape[2 + s]
-        if padding[s] > 0:
-            p = kb.bind(p, "t")
-            valid = conj(valid, in_range(p, size))
-            p = clamp(p, size)
-        pos.append(p)
+    pos, valid = _input_positions(kb, x, outs, taps, stride, padding, dilation)
     gv = kb.value_at(g, (n, co, *outs))
     xv = kb.value_at(x, (n, ex.add(chan0, ci), *pos))
     prod: Expr = kb.bind(scalar_ops.binary("mul", gv, xv))

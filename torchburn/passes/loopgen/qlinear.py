@@ -52,7 +52,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, host_cpu, static_int
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, fused_product, host_cpu, static_int
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
@@ -68,26 +68,8 @@ NR_GEMV, NR_INT8, NR_INT4 = 4, 4, 2
 
 
 def fused_qlinear(root: Op, materialized: set[Value]) -> Optional[Op]:
-    """The `qlinear` computed inside the kernel of `root`: `root` itself, or the one `qlinear`
-    its inlined elementwise producers read (an epilogue, see `fuse`)."""
-    if root.name == "qlinear":
-        return root
-    found: Optional[Op] = None
-    stack, seen = [root], set()
-    while stack:
-        op = stack.pop()
-        for v in op.operands:
-            p = v.producer
-            if p is None or v in materialized or id(p) in seen:
-                continue
-            seen.add(id(p))
-            if p.name == "qlinear":
-                if found is not None and found is not p:
-                    return None
-                found = p
-            elif p.name != "matmul":
-                stack.append(p)
-    return found
+    """`fused_product` for `qlinear`: the one computed inside the kernel of `root`."""
+    return fused_product(root, materialized, "qlinear")
 
 
 @dataclass(frozen=True)
@@ -257,11 +239,44 @@ class QLinearBuilder:
         self.kb.emit(lp.Let(v, e))
         return v
 
-    def local(self, prefix: str, shape: tuple[int, ...]) -> lp.Buffer:
+    def buffer(self, prefix: str, dtype: dt.DType, shape: tuple[int, ...]) -> lp.Buffer:
         dims = tuple(Const(d) for d in shape)
-        buf = lp.Buffer(self.kb.fresh(prefix), dt.f32, dims, lp.contiguous_strides(dims), "local")
+        buf = lp.Buffer(self.kb.fresh(prefix), dtype, dims, lp.contiguous_strides(dims), "local")
         self.kb.emit(lp.Alloc(buf))
         return buf
+
+    def local(self, prefix: str, shape: tuple[int, ...]) -> lp.Buffer:
+        return self.buffer(prefix, dt.f32, shape)
+
+    def open_tiles(self) -> tuple[Var, Expr, list[Expr], lp.Buffer, Var, Expr, list[Expr]]:
+        """The two outer loops' heads, shared by every form: a block of `nr` weight rows per
+        item (`n0`, clamped rows `ns`, the output tile), then a block of `mr` rows of x per
+        `ib` (`i0`, clamped rows). Pushes one statement list per loop (`close_tiles` pops)."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        item = self.var("w")
+        kb.push()
+        n0 = self.let(ex.mul(item, Const(plan.nr)), "n")
+        ns = [self.let(ex.minimum(ex.add(n0, Const(c)), ex.sub(ql.n, Const(1))), "nc") for c in range(plan.nr)]
+        tile = self.local("ct", (plan.mr, plan.nr))
+        ib = self.var("ib")
+        kb.push()
+        i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
+        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        return item, n0, ns, tile, ib, i0, rows
+
+    def close_tiles(self, tile: lp.Buffer, item: Var, ib: Var, i0: Expr, n0: Expr) -> lp.For:
+        """The epilogue of the filled tile and the two loops `open_tiles` began."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
+        cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
+        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
+        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
+        described = plan.describe()
+        previous = kb.attrs.get("qlinear")
+        kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
+        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
+        kind = "parallel" if plan.parallel else "serial"
+        return lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes)
 
     def x_vector(self, row: Expr, k0: Expr) -> Expr:
         """L elements of x's row `row` from column `k0`, in f32."""
@@ -280,15 +295,7 @@ class QLinearBuilder:
 
     def build(self) -> lp.Stmt:
         kb, plan, ql = self.kb, self.plan, self.ql
-        kb.push()
-        item = self.var("w")
-        n0 = self.let(ex.mul(item, Const(plan.nr)), "n")
-        ns = [self.let(ex.minimum(ex.add(n0, Const(c)), ex.sub(ql.n, Const(1))), "nc") for c in range(plan.nr)]
-        tile = self.local("ct", (plan.mr, plan.nr))
-        ib = self.var("ib")
-        kb.push()
-        i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
-        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        item, n0, ns, tile, ib, i0, rows = self.open_tiles()
         halves = 2 if ql.kind == "int4" else 1
         lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
         accs = {(r, c, s): self.local("acc", (plan.lanes,))
@@ -309,16 +316,7 @@ class QLinearBuilder:
                 if ql.per_channel:
                     total = ex.Binary("mul", total, _f32(kb.value_at(ql.scales, (ns[c],))), F32)
                 kb.emit(lp.Store(tile.name, (Const(r), Const(c)), total))
-        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
-        cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
-        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
-        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
-        described = plan.describe()
-        previous = kb.attrs.get("qlinear")
-        kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
-        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
-        kind = "parallel" if plan.parallel else "serial"
-        return lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes)
+        return self.close_tiles(tile, item, ib, i0, n0)
 
     def group_loop(self, rows: list[Expr], ns: list[Expr], acc: Callable[[tuple[int, int, int]], Expr],
                    accs: dict[tuple[int, int, int], lp.Buffer]) -> None:

@@ -43,7 +43,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, static_int
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, static_int
 from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder
 
 if TYPE_CHECKING:
@@ -129,11 +129,6 @@ class Q8Builder(QLinearBuilder):
 
     plan: Q8Plan  # type: ignore[assignment]
 
-    def buffer(self, prefix: str, dtype: dt.DType, shape: tuple[int, ...]) -> lp.Buffer:
-        dims = tuple(Const(d) for d in shape)
-        buf = lp.Buffer(self.kb.fresh(prefix), dtype, dims, lp.contiguous_strides(dims), "local")
-        self.kb.emit(lp.Alloc(buf))
-        return buf
 
     def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
         """`lanes` elements of x's row `row` from column `k0`, in f32."""
@@ -207,15 +202,7 @@ class Q8Builder(QLinearBuilder):
         xd = self.buffer("xd", dt.f32, (plan.rows, k // plan.agroup))
         xs = self.buffer("xs", dt.f32, (plan.rows, k // plan.agroup))
         self.quantize_x(xq, xd, xs)
-        item = self.var("w")
-        kb.push()
-        n0 = self.let(ex.mul(item, Const(plan.nr)), "n")
-        ns = [self.let(ex.minimum(ex.add(n0, Const(c)), ex.sub(ql.n, Const(1))), "nc") for c in range(plan.nr)]
-        tile = self.local("ct", (plan.mr, plan.nr))
-        ib = self.var("ib")
-        kb.push()
-        i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
-        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        item, n0, ns, tile, ib, i0, rows = self.open_tiles()
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
         facc = {p: self.local("acc", (plan.lanes,)) for p in pairs}
         off = self.local("off", (plan.mr, plan.nr))
@@ -233,16 +220,7 @@ class Q8Builder(QLinearBuilder):
             if ql.per_channel:
                 value = ex.Binary("mul", value, ex.cast(kb.value_at(ql.scales, (ns[c],)), dt.f32), F32)
             kb.emit(lp.Store(tile.name, (Const(r), Const(c)), value))
-        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
-        cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
-        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
-        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
-        described = plan.describe()
-        previous = kb.attrs.get("qlinear")
-        kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
-        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
-        kind = "parallel" if plan.parallel else "serial"
-        kb.emit(lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes))
+        kb.emit(self.close_tiles(tile, item, ib, i0, n0))
         return kb.pop()
 
     def group_loop_i8(self, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
