@@ -50,8 +50,8 @@ def child(batch: int) -> dict[str, object]:
     t1 = time.perf_counter()
     import torchburn
     import torchburn.backend  # what torch.compile(backend="torchburn") imports
-    from torchburn import driver
-    from torchburn import report as rep
+    from torchburn.compiler import driver
+    from torchburn.backend import report as rep
 
     t2 = time.perf_counter()
     torch.manual_seed(0)

@@ -119,7 +119,7 @@ def contenders(case: Case, which: list[str]) -> dict[str, Callable[..., Any]]:
             fns[name] = torch.compile(case.fn, backend="inductor")
         elif name == "torchburn":
             # The backend itself rather than its name: works without `pip install` of torchburn.
-            from torchburn.backend import torchburn_backend
+            from torchburn.backend.entry import torchburn_backend
 
             fns[name] = torch.compile(case.fn, backend=torchburn_backend)
         else:

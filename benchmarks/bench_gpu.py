@@ -34,8 +34,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torchburn  # noqa: E402
-from torchburn import gpu_launcher  # noqa: E402
-from torchburn.backend import torchburn_backend  # noqa: E402
+from torchburn.backend import gpu_launcher  # noqa: E402
+from torchburn.backend.entry import torchburn_backend  # noqa: E402
 
 TILES = ("128x128x16/8x8", "128x128x8/8x8", "128x64x16/8x4", "64x64x16/4x4")
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import compare, format_table, machine_info, write_json  # noqa: E402
 
-from torchburn.backend import torchburn_backend  # noqa: E402
+from torchburn.backend.entry import torchburn_backend  # noqa: E402
 
 
 def cases() -> dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]]:

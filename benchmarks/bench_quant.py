@@ -76,8 +76,8 @@ def contenders(extra: bool) -> dict[str, torch.nn.Module]:
 def compiled(layer: torch.nn.Module, x: torch.Tensor, activations: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """`layer` compiled by TorchBurn with `activations` ("f32" or "int8"), checked against
     its eager result and for fallbacks."""
-    from torchburn import report as rep
-    from torchburn.config import reload_config
+    from torchburn.backend import report as rep
+    from torchburn.runtime.config import reload_config
 
     os.environ["TORCHBURN_QLINEAR_ACTIVATIONS"] = activations
     reload_config()

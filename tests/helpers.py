@@ -5,8 +5,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torchburn import report as rep
-from torchburn.backend import torchburn_backend
+from torchburn.backend import report as rep
+from torchburn.backend.entry import torchburn_backend
 
 
 def run_compiled(fn: Callable[..., Any], *args: Any, dynamic: Optional[bool] = False,

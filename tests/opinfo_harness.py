@@ -218,7 +218,7 @@ def _ties_resolved(name: str, sample: Any, actual: Any, expected: Any) -> Any:
 
 def _backend_fn(backend: str) -> Any:
     if backend == "torchburn":
-        from torchburn.backend import torchburn_backend
+        from torchburn.backend.entry import torchburn_backend
 
         return torchburn_backend
     return backend
@@ -243,7 +243,7 @@ def _first_line(err: BaseException) -> str:
 
 def _compile_and_run(fn: Callable[..., Any], tensors: list[torch.Tensor], backend: str,
                      fullgraph: bool) -> tuple[Any, list[Any]]:
-    from torchburn import report as rep
+    from torchburn.backend import report as rep
 
     torch._dynamo.reset()
     records = rep.start_recording()

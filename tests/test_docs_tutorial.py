@@ -75,7 +75,7 @@ def commands() -> list[tuple[str, list[str]]]:
 def test_shell_examples(workdir: Path, command: str, expected: list[str]) -> None:
     run = command
     if shutil.which("torchburn-opt") is None:  # not pip-installed: same tool through -m
-        run = re.sub(r"(^|\| )torchburn-opt\b", rf"\1{sys.executable} -m torchburn.opt", run)
+        run = re.sub(r"(^|\| )torchburn-opt\b", rf"\1{sys.executable} -m torchburn.cli.opt", run)
     if "python " in run:
         run = run.replace("python ", f"{sys.executable} ", 1)
     p = subprocess.run(["bash", "-c", run], cwd=workdir, env=env(workdir), stdout=subprocess.PIPE,

@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 from tests.helpers import assert_fully_compiled
-from torchburn import report as rep
-from torchburn.backend import torchburn_backend
+from torchburn.backend import report as rep
+from torchburn.backend.entry import torchburn_backend
 
 
 class TinyAttention(nn.Module):

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchburn import report as rep
+from torchburn.backend import report as rep
 from tests.helpers import assert_fully_compiled, run_compiled
 
 #: Compiled and eager code sum in different orders; these models are shallow and small.

@@ -9,8 +9,9 @@ from typing import ClassVar, Iterator, Sequence
 import pytest
 import torch
 
-from torchburn import config, driver
-from torchburn.backend import torchburn_backend
+from torchburn.runtime import config
+from torchburn.compiler import driver
+from torchburn.backend.entry import torchburn_backend
 from torchburn.ir.printer import print_ir
 from torchburn.ir.tensor import Graph, Op
 from torchburn.passes import TensorPass

@@ -25,7 +25,7 @@ inference) through the compiler. Every IR excerpt below is real output, regenera
 checks that this page is current).
 
 ```
-torch.compile(model, backend="torchburn")               torchburn/backend.py
+torch.compile(model, backend="torchburn")               torchburn/backend/entry.py
   -> Dynamo FX graph
   -> AOTAutograd: functional ATen graph (forward; backward when training),
      decomposed with torchburn/frontend/decompositions.py
@@ -37,11 +37,30 @@ torch.compile(model, backend="torchburn")               torchburn/backend.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll, plan-memory (workspace offsets)
   -> LLVM IR through llvmlite, O3, object code for the host CPU            codegen/llvm/, runtime/jit.py
-  -> launcher: guards, output allocation, one native call                  launcher.py
+  -> launcher: guards, output allocation, one native call                  backend/launcher.py
 ```
 
-The layers and what each may import are in DESIGN.md; the IR never imports torch, and a pass
-sees only IR, so `torchburn-opt` runs the same passes on IR read from text.
+The stages from import to the loaded program are one driver, `compiler/driver.py`, which owns
+the pass pipeline, the caches (memory and disk), the dumps and the versions.
+
+## The tree, by layer
+
+| package | owns | may import |
+|---|---|---|
+| `ir/` | tensor IR and loop IR, dtypes, scalar semantics, printer, parser, verifier, structural hash | nothing of torchburn |
+| `frontend/` | ATen -> tensor IR: lowerings, decompositions, partitioning | ir |
+| `passes/` | pass API, pipelines, pattern rewrites, every built-in pass | ir |
+| `codegen/` | loop IR -> LLVM IR, loop IR -> WGSL | ir |
+| `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, GPU device | ir, codegen |
+| `compiler/` | the staged driver: pipeline, codegen, caches, dumps, versions (no torch) | ir, passes, codegen, runtime |
+| `quant/` | INT8/INT4 layouts, `QuantizedLinear`, custom ops and their lowerings | ir, frontend, runtime |
+| `backend/` | `torch.compile` entry, FX-graph and decomposition caches, inference path, launchers, report, `explain` | all of the above |
+| `cli/` | `torchburn-opt`, `python -m torchburn` | all of the above |
+
+`tests/test_layering.py` walks the AST of every module (function-local imports included) and
+fails on an import against this table or on an import cycle between files. The IR never
+imports torch, and a pass sees only IR, so `torchburn-opt` runs the same passes on IR read
+from text.
 
 ## 1. The ATen graph AOTAutograd hands us
 
@@ -142,7 +161,7 @@ def render() -> str:
     os.environ["TORCHBURN_CACHE_DIR"] = "off"
     import torch
 
-    from torchburn import config
+    from torchburn.runtime import config
 
     config.reload_config()
     torch.manual_seed(0)

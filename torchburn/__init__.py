@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 #: Public names and the modules that define them; imported on first use so that
 #: `import torchburn` (and `import torchburn.quant`) stays cheap.
 _LAZY = {
-    "explain": ("torchburn.explainer", "explain"),
-    "ExplainReport": ("torchburn.explainer", "ExplainReport"),
+    "explain": ("torchburn.backend.explainer", "explain"),
+    "ExplainReport": ("torchburn.backend.explainer", "ExplainReport"),
     "backend": ("torchburn.backend", "torchburn_backend"),
     **{name: ("torchburn.runtime.gpu", name) for name in ("gpu_available", "gpu_info", "active_engine")},
     **{name: ("torchburn.quant", name) for name in (

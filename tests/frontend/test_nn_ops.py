@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchburn import report as rep
+from torchburn.backend import report as rep
 from tests.helpers import assert_fully_compiled, check
 
 

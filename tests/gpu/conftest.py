@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 
-from torchburn.config import reload_config
+from torchburn.runtime.config import reload_config
 from tests.helpers import run_compiled
 
 

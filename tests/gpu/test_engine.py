@@ -10,9 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchburn
-from torchburn import report as rep
-from torchburn.backend import torchburn_backend
-from torchburn.explainer import explain
+from torchburn.backend import report as rep
+from torchburn.backend.entry import torchburn_backend
+from torchburn.backend.explainer import explain
 from tests.gpu.conftest import check_gpu, engines
 from tests.helpers import run_compiled
 
@@ -25,7 +25,7 @@ def test_info_and_engine(gpu) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_cpu_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchburn.config import reload_config
+    from torchburn.runtime.config import reload_config
 
     monkeypatch.delenv("TORCHBURN_DEVICE", raising=False)
     monkeypatch.delenv("TORCHBURN_ENGINE", raising=False)
@@ -199,7 +199,7 @@ def test_i64_falls_back_to_cpu_engine(gpu) -> None:  # type: ignore[no-untyped-d
 
 
 def test_parameters_stay_resident(gpu) -> None:  # type: ignore[no-untyped-def]
-    from torchburn import gpu_launcher
+    from torchburn.backend import gpu_launcher
 
     torch.manual_seed(0)
     model = nn.Linear(32, 16)

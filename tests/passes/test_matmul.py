@@ -49,7 +49,7 @@ def _loop_passes() -> list[Any]:
 @pytest.fixture(autouse=True)
 def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiled GEMMs depend on the forced plans below, which the cache key does not see."""
-    from torchburn import driver
+    from torchburn.compiler import driver
 
     monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")
     driver.memory_cache().clear()
@@ -399,7 +399,7 @@ def test_fuse_one_matmul_per_kernel() -> None:
 def test_epilogue_through_a_reshape_of_rows() -> None:
     """A linear layer on `[batch, seq, features]` multiplies `[batch * seq, features]` and
     reshapes back; activations and residual adds after the reshape still join the GEMM."""
-    from torchburn import driver
+    from torchburn.compiler import driver
 
     torch.manual_seed(0)
     w, b = torch.randn(70, 50), torch.randn(70)
@@ -437,7 +437,7 @@ def test_epilogue_through_a_reshape_of_rows() -> None:
 
 def test_linear_bias_gelu_is_one_gemm_kernel() -> None:
     """Bias and GELU are computed inside the GEMM kernel: one kernel per linear layer."""
-    from torchburn import driver
+    from torchburn.compiler import driver
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 40)).eval()

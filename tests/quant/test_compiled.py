@@ -25,7 +25,7 @@ def _activations(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """Float activations (exact to f32 rounding) unless a test asks for int8 ones with
     `@pytest.mark.parametrize("activations", ...)`; the choice is an attribute of the IR op,
     so each value compiles (and caches) its own kernel."""
-    from torchburn.config import reload_config
+    from torchburn.runtime.config import reload_config
 
     value = request.node.callspec.params.get("activations", "f32") if hasattr(request.node, "callspec") else "f32"
     monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", value)
@@ -102,7 +102,7 @@ def test_dynamic_rows() -> None:
 def test_quantized_model_fuses_epilogues() -> None:
     """A model quantized with `quantize_`: one kernel per layer, bias and GELU computed on the
     finished tile (no separate elementwise kernel)."""
-    from torchburn import driver
+    from torchburn.compiler import driver
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 96), torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()

@@ -80,7 +80,7 @@ def test_unwritable_folder_never_fails(tmp_path: Path) -> None:
 
 CHILD = textwrap.dedent("""
     import json, sys, torch
-    from torchburn import driver
+    from torchburn.compiler import driver
     from torchburn.backend import torchburn_backend
 
     def f(x, y):

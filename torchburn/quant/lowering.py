@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ..config import get_config
+from ..runtime.config import get_config
 from ..frontend.builder import Builder
 from ..frontend.registry import Unsupported, lowering
 from ..ir import dtypes as dt

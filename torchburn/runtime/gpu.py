@@ -12,7 +12,7 @@ the program's buffers for a set of symbol values, and a bind group per kernel ca
 is: write the inputs that changed, write the symbols, encode every dispatch and the copies
 of the outputs into one command buffer, submit it once, map the staging buffer, read.
 
-This module knows bytes, not torch: the launcher (`torchburn/gpu_launcher.py`) turns tensors
+This module knows bytes, not torch: the launcher (`torchburn/backend/gpu_launcher.py`) turns tensors
 into bytes and back.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
-from ..config import get_config
+from .config import get_config
 from ..ir import expr as ex
 from ..ir import loop as lp
 

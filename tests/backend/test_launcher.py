@@ -1,4 +1,4 @@
-"""The generated launchers (`torchburn/launcher_gen.py`, `torchburn/launcher.py`): tight guards
+"""The generated launchers (`torchburn/backend/launcher_gen.py`, `torchburn/backend/launcher.py`): tight guards
 that still send every mismatching input to PyTorch, and the direct call path of the backend."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-import torchburn.backend as be
+import torchburn.backend.entry as be
 
 
 def compiled_with_launchers(fn: Any, *args: torch.Tensor) -> tuple[Any, list[Any]]:
@@ -72,10 +72,10 @@ def test_source_is_straight_line() -> None:
 def test_symbol_only_inside_a_size_expression_is_solved() -> None:
     """An input of size `s1 + 3` (s1 appearing nowhere else) binds `s1 = size - 3`; a size
     the expression cannot produce goes to PyTorch."""
-    from torchburn.driver import compile_graph
+    from torchburn.compiler.driver import compile_graph
     from torchburn.ir.parser import parse_graph
-    from torchburn.launcher import Launcher
-    from torchburn.launcher_gen import launcher_spec
+    from torchburn.backend.launcher import Launcher
+    from torchburn.backend.launcher_gen import launcher_spec
 
     graph = parse_graph("""graph @main(%x: f32[2 * s1 + 3, 4]) {
   %0 = exp(%x) : f32[2 * s1 + 3, 4]

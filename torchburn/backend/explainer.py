@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import report as rep
-from .driver import memory_cache
+from ..compiler.driver import memory_cache
 
 
 @dataclass
@@ -58,7 +58,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
     """
     import torch
 
-    from .backend import torchburn_backend
+    from .entry import torchburn_backend
 
     torch._dynamo.reset()
     cache = memory_cache()

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import torchburn
-from torchburn.driver import memory_cache
+from torchburn.compiler.driver import memory_cache
 from tests.helpers import assert_fully_compiled, check, run_compiled
 
 
@@ -24,7 +24,7 @@ def test_backend_found_by_name_after_plain_import_torch() -> None:
             "f = torch.compile(lambda x: x * 2 + 1, backend='torchburn')\n"
             "x = torch.randn(5)\n"
             "torch.testing.assert_close(f(x), x * 2 + 1)\n"
-            "import torchburn.report as r\n"
+            "import torchburn.backend.report as r\n"
             "assert any(s.compiled for g in r.recent_reports() for s in g.subgraphs)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -54,7 +54,7 @@ def test_mlp_training_step_gradients_match_eager() -> None:
 
     compiled = torch.compile(model, backend="torchburn")
     torch._dynamo.reset()
-    from torchburn import report as rep
+    from torchburn.backend import report as rep
 
     records = rep.start_recording()
     try:
@@ -76,7 +76,7 @@ def test_dynamic_batch_compiles_once() -> None:
     torch._dynamo.reset()
     model = mlp()
     compiled = torch.compile(model, backend="torchburn", dynamic=True)
-    from torchburn import report as rep
+    from torchburn.backend import report as rep
 
     records = rep.start_recording()
     try:
@@ -119,7 +119,7 @@ def test_non_contiguous_input_never_reads_wrong_memory() -> None:
 def _compiled_launchers(fn, *args):
     """Compile `fn` and return its launchers (the objects that guard and call native code)."""
     launchers = []
-    import torchburn.backend as be
+    import torchburn.backend.entry as be
 
     original = be._install
 

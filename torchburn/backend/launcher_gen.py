@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .frontend.dtypes import to_torch
-from .ir import expr as ex
-from .ir import loop as lp
-from .ir.expr import Const, Expr, Var
-from .ir.tensor import Graph, Value
+from ..frontend.dtypes import to_torch
+from ..ir import expr as ex
+from ..ir import loop as lp
+from ..ir.expr import Const, Expr, Var
+from ..ir.tensor import Graph, Value
 from .launcher import LauncherSpec
 
 

@@ -34,12 +34,12 @@ import torch.fx
 from blake3 import blake3
 
 from . import report as rep
-from .config import Config
+from ..runtime.config import Config
 from .launcher import Launcher, LauncherSpec
-from .runtime.disk_cache import DiskCache, source_digest
+from ..runtime.disk_cache import DiskCache, source_digest
 
 if TYPE_CHECKING:
-    from .driver import CompiledProgram
+    from ..compiler.driver import CompiledProgram
 
 log = logging.getLogger("torchburn")
 
@@ -78,7 +78,7 @@ def host_fingerprint() -> str:
                                                "Features", "CPU implementer", "CPU part", "isa")]
     if any(ln.startswith(("flags", "Features", "isa")) for ln in keep):
         return f"{platform.machine()}|{sys.platform}|" + "|".join(keep)
-    from .codegen.target import Target
+    from ..codegen.target import Target
 
     target = Target.host()
     return f"{target.triple}|{target.cpu}|{target.features}"
@@ -158,13 +158,13 @@ def pipeline_key(user_passes: Any) -> str:
         base = sys.modules.get("torchburn.passes.base")
         if base is None:
             return DEFAULT_PIPELINE_TAG
-        from .passes import pipeline as pl
+        from ..passes import pipeline as pl
 
         names = (*pl.DEFAULT_TENSOR, "lower-to-loops", *pl.DEFAULT_LOOP, *pl.DEFAULT_FINAL)
         classes = [base.PASSES.get(n) for n in names]
         if all(c is None or c.__module__.startswith("torchburn.passes.") for c in classes):
             return DEFAULT_PIPELINE_TAG
-    from .passes.pipeline import Pipeline
+    from ..passes.pipeline import Pipeline
 
     return Pipeline.default(user_passes).key()
 

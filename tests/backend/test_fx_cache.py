@@ -1,4 +1,4 @@
-"""The FX-graph cache (`torchburn/fx_cache.py`): a warm process maps the ATen graph straight to
+"""The FX-graph cache (`torchburn/backend/fx_cache.py`): a warm process maps the ATen graph straight to
 loaded code without importing the compiler, and nothing about correctness changes."""
 from __future__ import annotations
 
@@ -16,15 +16,18 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torchburn import config, driver, fx_cache
-from torchburn.backend import torchburn_backend
+from torchburn.runtime import config
+from torchburn.compiler import driver
+from torchburn.backend import fx_cache
+from torchburn.backend.entry import torchburn_backend
 from torchburn.runtime.disk_cache import DiskCache
 
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""
     import json, sys, torch
-    from torchburn import driver, report
+    from torchburn.backend import report
+    from torchburn.compiler import driver
     from torchburn.backend import torchburn_backend
 
     def f(x, y):

@@ -1,4 +1,4 @@
-"""The decomposition table's torch part rebuilt from the disk cache (`torchburn/decomp_cache.py`)
+"""The decomposition table's torch part rebuilt from the disk cache (`torchburn/backend/decomp_cache.py`)
 equals what torch computes, and a bad recipe is never used."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""
     import json, torch, torch._dynamo
-    from torchburn import config, decomp_cache
+    from torchburn.backend import decomp_cache
+    from torchburn.runtime import config
     from torchburn.frontend import decompositions as dec
 
     table = decomp_cache.decomposition_table(config.get_config())

@@ -1,4 +1,4 @@
-"""The inference fast path (`torchburn/inference_path.py`): the launcher goes straight to Dynamo
+"""The inference fast path (`torchburn/backend/inference_path.py`): the launcher goes straight to Dynamo
 only when AOTAutograd's wrapper would do nothing; every other case keeps the wrapper, and
 results (aliasing, mutation, gradients) always match eager."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-import torchburn.backend as be
-from torchburn import inference_path
+import torchburn.backend.entry as be
+from torchburn.backend import inference_path
 
 
 def compile_and_spy(fn: Callable[..., Any], *args: Any) -> tuple[Callable[..., Any], list[bool]]:

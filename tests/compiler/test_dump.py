@@ -11,12 +11,13 @@ from typing import Iterator
 import pytest
 import torch
 
-from torchburn import config, driver
-from torchburn.backend import torchburn_backend
+from torchburn.runtime import config
+from torchburn.compiler import driver
+from torchburn.backend.entry import torchburn_backend
 from torchburn.ir import loop as lp
 from torchburn.ir.parser import parse_graph, parse_program
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()

@@ -12,10 +12,10 @@ import pytest
 
 from torchburn.ir.parser import parse_all
 from torchburn.ir.verifier import verify
-from torchburn.opt import main
+from torchburn.cli.opt import main
 
-DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def opt(*argv: str, stdin: str = "") -> tuple[int, str, str]:
@@ -49,7 +49,7 @@ def test_canonicalize_on_text() -> None:
 
 def test_stdin_and_output_file(tmp_path: Path) -> None:
     target = tmp_path / "out.tbir"
-    rc, out, err = opt("-", "--passes", "vectorize", "-o", str(target), stdin=(DATA / "kernel.tbir").read_text())
+    rc, out, err = opt("-", "--passes", "vectorize{width=16}", "-o", str(target), stdin=(DATA / "kernel.tbir").read_text())
     assert rc == 0, err
     assert out == ""
     text = target.read_text()
@@ -193,7 +193,7 @@ def test_plugin_errors_exit_2(tmp_path: Path) -> None:
 
 def run_cli(*argv: str, stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "torchburn.opt", *argv], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchburn.cli.opt", *argv], input=stdin, capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=120)
 
 

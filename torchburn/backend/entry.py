@@ -25,12 +25,12 @@ from functorch.compile import make_boxed_func
 
 from . import fx_cache, inference_path
 from . import report as rep
-from .config import get_config
+from ..runtime.config import get_config
 from .launcher import Launcher
 
 if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_cache.py)
     from .gpu_launcher import GpuLauncher
-    from .passes.pipeline import Pipeline
+    from ..passes.pipeline import Pipeline
 
 log = logging.getLogger("torchburn")
 
@@ -46,7 +46,7 @@ def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _pipeline(options: Optional[Mapping[str, Any]]) -> "Pipeline":
-    from .passes.pipeline import Pipeline
+    from ..passes.pipeline import Pipeline
 
     return Pipeline.default(_check_options(options).get("passes"))
 
@@ -68,7 +68,7 @@ class _LazyPipeline:
 
     def get(self) -> "Pipeline":
         if self._pipeline is None:
-            from .passes.pipeline import Pipeline
+            from ..passes.pipeline import Pipeline
 
             self._pipeline = Pipeline.default(self.user_passes)
         return self._pipeline
@@ -83,7 +83,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                      pipeline: "Pipeline | _LazyPipeline", kind: str) -> Callable[..., Any]:
     """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
     graph compiled before (in any process) comes from the FX-graph cache instead."""
-    from .frontend.item_fold import fold_item_round_trips
+    from ..frontend.item_fold import fold_item_round_trips
 
     lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
     report = rep.GraphReport(kind)
@@ -93,14 +93,14 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     key = None
     disk = None
     if fx_cache.enabled(config) and lazy is not None:  # a Pipeline handed in: program cache only
-        from .runtime.disk_cache import disk_cache
+        from ..runtime.disk_cache import disk_cache
 
         disk = disk_cache(config.cache_dir)
         key = fx_cache.graph_key(gm, kind, config, lazy.key() if lazy else fx_cache.DEFAULT_PIPELINE_TAG)
         report.stages["graph_key"] = time.perf_counter() - t0
     module = None
     if key is not None and disk is not None and config.dump_dir is None:  # dumping: run every stage
-        from .driver import load_program
+        from ..compiler.driver import load_program
 
         t1 = time.perf_counter()
         module = fx_cache.replay(gm, key, disk, report, _install, load_program)
@@ -128,10 +128,10 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
     """The full path: partition, then compile each subgraph (program cache first). Returns the
     module and what the FX-graph cache should keep (None when a subgraph hit an internal error,
     which must not be remembered)."""
-    from .driver import compile_graph
-    from .frontend.importer import import_graph
-    from .frontend.partition import partition
-    from .frontend.registry import Unsupported
+    from ..compiler.driver import compile_graph
+    from ..frontend.importer import import_graph
+    from ..frontend.partition import partition
+    from ..frontend.registry import Unsupported
     from .gpu_launcher import compile_subgraph, gpu_requested
     from .launcher_gen import launcher_spec
 

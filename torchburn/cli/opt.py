@@ -33,11 +33,11 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence, TextIO, Union
 
-from .ir import loop as lp
-from .ir.parser import IRParseError, parse_all
-from .ir.printer import print_ir
-from .ir.tensor import Graph
-from .ir.verifier import VerificationError, verify
+from ..ir import loop as lp
+from ..ir.parser import IRParseError, parse_all
+from ..ir.printer import print_ir
+from ..ir.tensor import Graph
+from ..ir.verifier import VerificationError, verify
 
 IR = Union[Graph, lp.Program, lp.Kernel]
 
@@ -55,7 +55,7 @@ class InputError(Exception):
 def load_builtin_passes() -> dict[str, str]:
     """Register every built-in pass; returns the pass modules that failed to import."""
     import torchburn.passes  # noqa: F401
-    from .passes.base import discover_passes
+    from ..passes.base import discover_passes
 
     return discover_passes()
 
@@ -87,7 +87,7 @@ def _type_name(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
 
 def list_passes() -> str:
     """Every registered pass: name, level, options (type and default) and its summary."""
-    from .passes.base import PASSES, _field_default, _format_option
+    from ..passes.base import PASSES, _field_default, _format_option
 
     lines = []
     for name in sorted(PASSES):
@@ -98,7 +98,7 @@ def list_passes() -> str:
             default = _field_default(cls, f.name)
             shown = "(required)" if default is dataclasses.MISSING else _format_option(default)
             lines.append(f"{'':<20}{f.name}: {_type_name(f)} = {shown}")
-    from .passes.base import DISCOVERY_FAILURES
+    from ..passes.base import DISCOVERY_FAILURES
 
     if DISCOVERY_FAILURES:
         lines.append("")
@@ -108,7 +108,7 @@ def list_passes() -> str:
 
 
 def parse_passes(text: str) -> list[Any]:
-    from .passes.base import PassError, parse_pipeline
+    from ..passes.base import PassError, parse_pipeline
 
     try:
         return parse_pipeline(text)
@@ -159,7 +159,7 @@ def _locate(source: str, filename: str, message: str) -> str:
 
 
 def run_item(item: IR, passes: Sequence[Any], instruments: Sequence[Any]) -> IR:
-    from .passes.base import PassManager
+    from ..passes.base import PassManager
 
     if isinstance(item, lp.Kernel):
         out = PassManager(passes, instruments).run(kernel_program(item))
@@ -179,9 +179,9 @@ def emit(items: Sequence[IR], kind: str) -> str:
         programs.append(_planned(kernel_program(item) if isinstance(item, lp.Kernel) else item))
     if kind == "wgsl":
         return "\n".join(_wgsl(p) for p in programs)
-    from .codegen.llvm.module import emit_program
-    from .codegen.target import Target
-    from .runtime import jit
+    from ..codegen.llvm.module import emit_program
+    from ..codegen.target import Target
+    from ..runtime import jit
 
     target = Target.host()
     out = []
@@ -193,7 +193,7 @@ def emit(items: Sequence[IR], kind: str) -> str:
 
 def _planned(p: lp.Program) -> lp.Program:
     if p.temps and not p.temp_offsets:
-        from .passes.base import get_pass
+        from ..passes.base import get_pass
 
         p = get_pass("plan-memory")().run(p)
     verify(p, planned=True)
@@ -203,7 +203,7 @@ def _planned(p: lp.Program) -> lp.Program:
 def _wgsl(p: lp.Program) -> str:
     if importlib.util.find_spec("torchburn.codegen.wgsl") is None:
         raise UsageError("--emit wgsl: this build has no WGSL code generator (torchburn.codegen.wgsl)")
-    from .codegen.wgsl import Caps, WgslUnsupported, emit_program
+    from ..codegen.wgsl import Caps, WgslUnsupported, emit_program
 
     try:
         shaders = emit_program(p, Caps())
@@ -286,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None, stdin: Optional[TextIO] = None,
 
 
 def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    from .passes.base import PassError, PrintAfterAll, TimePasses, VerifyAfterEach
+    from ..passes.base import PassError, PrintAfterAll, TimePasses, VerifyAfterEach
 
     load_builtin_passes()
     for plugin in args.load_pass_plugin:

@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional
 import torch
 from blake3 import blake3
 
-from .config import Config
-from .runtime.disk_cache import DiskCache, disk_cache, source_digest
+from ..runtime.config import Config
+from ..runtime.disk_cache import DiskCache, disk_cache, source_digest
 
 log = logging.getLogger("torchburn")
 
@@ -36,7 +36,7 @@ Table = dict[Any, Callable[..., Any]]
 
 def decomposition_table(config: Config) -> Table:
     """Our decomposition table, its torch part from the disk cache where possible."""
-    from .frontend import decompositions as dec
+    from ..frontend import decompositions as dec
 
     if dec.is_built() or config.cache_dir is None:
         return dec.decomposition_table()

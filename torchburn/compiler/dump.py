@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .ir.printer import print_ir
-from .passes.base import IR, Instrument, Pass
+from ..ir.printer import print_ir
+from ..passes.base import IR, Instrument, Pass
 
 _counter = itertools.count()
 

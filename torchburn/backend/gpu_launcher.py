@@ -13,6 +13,8 @@ in-place change) or data pointer changed, so parameters stay resident on the dev
 """
 from __future__ import annotations
 
+from .. import __version__
+
 import dataclasses
 
 import ctypes
@@ -26,27 +28,27 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import report as rep
-from .codegen.wgsl import WgslUnsupported, emit_program, host_dtype, storage_itemsize
-from .config import get_config
-from .dump import DumpFolder, make_dump
-from .frontend.dtypes import to_torch
-from .ir import expr as ex
-from .ir import loop as lp
-from .ir.expr import Const, Var
-from .ir.hashing import hash_key, structural_hash
-from .ir.printer import print_ir
-from .ir.tensor import Graph, Value
-from .passes.base import PassManager, TimePasses
-from .passes.gpu_lower import LowerToLoopsGpu
-from .passes.gpu_map import GpuMap
-from .passes.fusion import Fuse
-from .passes.lower_to_loops import LowerToLoops
-from .passes.pipeline import Pipeline
-from .runtime.gpu import GpuError, GpuProgram, get_device, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
+from ..codegen.wgsl import WgslUnsupported, emit_program, host_dtype, storage_itemsize
+from ..runtime.config import get_config
+from ..compiler.dump import DumpFolder, make_dump
+from ..frontend.dtypes import to_torch
+from ..ir import expr as ex
+from ..ir import loop as lp
+from ..ir.expr import Const, Var
+from ..ir.hashing import hash_key, structural_hash
+from ..ir.printer import print_ir
+from ..ir.tensor import Graph, Value
+from ..passes.base import PassManager, TimePasses
+from ..passes.gpu_lower import LowerToLoopsGpu
+from ..passes.gpu_map import GpuMap
+from ..passes.fusion import Fuse
+from ..passes.lower_to_loops import LowerToLoops
+from ..passes.pipeline import Pipeline
+from ..runtime.gpu import GpuError, GpuProgram, get_device, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
 
 log = logging.getLogger("torchburn")
 
-VERSION = "0.1.0"
+VERSION = __version__
 def gpu_pipeline(p: Pipeline) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
@@ -301,8 +303,8 @@ def compile_subgraph(sub: torch.fx.GraphModule, name: str, pipeline: Pipeline,
                      report: rep.SubgraphReport) -> Optional[GpuLauncher]:
     """Compile a partition for the GPU engine; None (with `report.engine_note` saying why)
     when it must run on the CPU engine."""
-    from .frontend.importer import import_graph
-    from .frontend.registry import Unsupported
+    from ..frontend.importer import import_graph
+    from ..frontend.registry import Unsupported
 
     if not gpu_available():
         report.engine_note = f"GPU engine asked for, CPU engine instead: {gpu_unavailable_reason()}"

@@ -6,24 +6,26 @@ everything else that changes the code (pipeline and user passes, target, version
 """
 from __future__ import annotations
 
+from .. import __version__
+
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .codegen.target import Target
-from .config import get_config
-from .runtime.disk_cache import CacheEntry, DiskCache, disk_cache, llvm_version, source_digest
+from ..codegen.target import Target
+from ..runtime.config import get_config
+from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, llvm_version, source_digest
 
 if TYPE_CHECKING:  # the IR, the passes, the dumps and LLVM load on first compilation, not on cache hits
-    from .runtime import jit
+    from ..runtime import jit
     from .dump import DumpFolder
-    from .ir.loop import Program
-    from .ir.tensor import Graph
-    from .passes.pipeline import Pipeline
+    from ..ir.loop import Program
+    from ..ir.tensor import Graph
+    from ..passes.pipeline import Pipeline
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 log = logging.getLogger("torchburn")
 
@@ -59,7 +61,7 @@ class CompiledProgram:
         """The program's buffers, symbols, workspace and calls (its kernels' bodies only if
         they are at hand already)."""
         if self.program is None:
-            from .ir.parser import parse_program
+            from ..ir.parser import parse_program
 
             end = self.program_text.find("\nkernel @")
             text = self.program_text if end < 0 else self.program_text[:end + 1]
@@ -71,7 +73,7 @@ class CompiledProgram:
         program = self.signature()
         if program.kernels or not self.program_text:
             return program
-        from .ir.parser import parse_program
+        from ..ir.parser import parse_program
 
         self.program = parse_program(self.program_text, f"<disk cache {self.key[:16]}>")
         return self.program
@@ -136,7 +138,7 @@ def cache_key(graph: "Graph", pipeline: "Pipeline", target: Target) -> str:
     """Everything that changes the compiled code: the graph's structure, the passes (user
     passes by their `uuid()`), the target, and the versions of torchburn (and its source),
     llvmlite and LLVM."""
-    from .ir.hashing import hash_key, structural_hash
+    from ..ir.hashing import hash_key, structural_hash
 
     return hash_key(structural_hash(graph), pipeline.key(), target.triple, target.cpu, target.features,
                     f"torchburn={VERSION}", source_digest(), llvm_version())
@@ -168,11 +170,11 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     (compiled, cache_hit). `fx_source` gives the FX graph's code for `TORCHBURN_DUMP`; while
     dumping, the disk cache is not read (so every stage is written) but still filled."""
     from .dump import make_dump
-    from .ir.loop import Program
-    from .ir.printer import print_ir
-    from .passes.base import PassError, PassManager, TimePasses
-    from .passes.pipeline import Pipeline
-    from .runtime import jit
+    from ..ir.loop import Program
+    from ..ir.printer import print_ir
+    from ..passes.base import PassError, PassManager, TimePasses
+    from ..passes.pipeline import Pipeline
+    from ..runtime import jit
 
     pipeline = pipeline or Pipeline.default()
     target = Target.host()
@@ -203,7 +205,7 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     program = PassManager(pipeline.passes(), instruments).run(graph)
     if not isinstance(program, Program):
         raise PassError(f"the pipeline ended with {type(program).__name__}, not a loop Program")
-    from .codegen.llvm.module import emit_program, entry_name  # not needed on cache hits
+    from ..codegen.llvm.module import emit_program, entry_name  # not needed on cache hits
     t1 = time.perf_counter()
     llvm_ir = emit_program(program, target)
     t2 = time.perf_counter()
@@ -254,20 +256,20 @@ def _load_native(obj: "jit.ObjectCode") -> Any:
     """The shared library through the dynamic loader when there is one (no LLVM needed), else
     the object through MCJIT."""
     if obj.shared:
-        from .runtime.shared_lib import load_shared
+        from ..runtime.shared_lib import load_shared
 
         try:
             return load_shared(obj)
         except OSError as err:
             log.debug("torchburn: shared library does not load (%s); linking the object instead", err)
-    from .runtime import jit
+    from ..runtime import jit
 
     return jit.load_object(obj)
 
 
 def _store_to_disk(disk: DiskCache, key: str, program: "Program", obj: jit.ObjectCode, entry_name: str) -> None:
-    from .ir.parser import parse_program
-    from .ir.printer import print_ir
+    from ..ir.parser import parse_program
+    from ..ir.printer import print_ir
 
     text = print_ir(program)
     try:

@@ -1,0 +1,1 @@
+"""Command lines: `torchburn-opt` (passes on IR text) and `python -m torchburn` (demo, cache)."""
