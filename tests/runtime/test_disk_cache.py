@@ -16,6 +16,7 @@ from torchburn.runtime.jit import ObjectCode
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "ab" + "0" * 62
+SECRET = bytes(range(32))
 
 
 def entry(key: str = KEY, payload: bytes = b"\x7fELF object code") -> CacheEntry:
@@ -26,12 +27,12 @@ def entry(key: str = KEY, payload: bytes = b"\x7fELF object code") -> CacheEntry
 
 def test_encode_decode_round_trip() -> None:
     e = entry()
-    assert decode(encode(e), KEY) == e
+    assert decode(encode(e, SECRET), KEY, SECRET) == e
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "other-key"])
 def test_damaged_files_are_refused(damage: str) -> None:
-    data = encode(entry())
+    data = encode(entry(), SECRET)
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip":
@@ -39,9 +40,9 @@ def test_damaged_files_are_refused(damage: str) -> None:
     elif damage == "empty":
         data = b""
     else:
-        data = encode(entry(key="cd" + "1" * 62))
+        data = encode(entry(key="cd" + "1" * 62), SECRET)
     with pytest.raises(CorruptEntry):
-        decode(data, KEY)
+        decode(data, KEY, SECRET)
 
 
 def test_store_load_and_corrupt_entry_is_deleted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

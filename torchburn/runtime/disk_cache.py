@@ -20,6 +20,15 @@ header names the entry function and the kernels (for reports). The 32-byte BLAKE
 a file (of either kind) that is truncated, corrupted or written for another key is deleted and
 rebuilt, never loaded, and the event is logged on the `torchburn` logger.
 
+**The cache runs no stranger's code.** A loaded entry is executed (its launcher source, its
+object code, its shared library), so an entry is trusted only if this user's torchburn wrote it:
+- the digest is keyed: BLAKE3 in keyed mode with a per-user secret, 32 random bytes kept in
+  `<TORCHBURN_CACHE_DIR>/key` (created 0600 on first use); an entry planted by someone who cannot
+  read the key fails its digest and is deleted, never loaded;
+- the folder is created private (0700), entries are written 0600, and the folder (with its key)
+  is used only when it is owned by the user and not writable by group or others, as ssh treats
+  `~/.ssh`; otherwise the cache is skipped for the process with one warning.
+
 Writers never expose partial files: each writes a temporary file in the same folder and renames
 it into place with `os.replace` (atomic on POSIX and Windows), so concurrent processes compiling
 the same graph both succeed and the last rename wins with an identical, complete file. When
@@ -41,6 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+import secrets
+import stat
+
 from blake3 import blake3
 
 from .shared_lib import ObjectCode
@@ -60,8 +72,20 @@ DEFAULT_MAX_BYTES = 1 << 30
 STALE_TEMP_SECONDS = 3600
 
 
+KEY_FILE = "key"
+KEY_BYTES = 32
+
+
 class CorruptEntry(ValueError):
     """A cache file that fails its checks (it is deleted and rebuilt)."""
+
+
+class UntrustedFolder(OSError):
+    """A cache folder (or key file) that others could write: it is not used."""
+
+
+def _digest(body: bytes, secret: bytes) -> bytes:
+    return blake3(body, key=secret).digest()
 
 
 @dataclass(frozen=True)
@@ -87,8 +111,8 @@ class DiskCacheStats:
     graph_misses: int = 0
 
 
-def encode(entry: CacheEntry) -> bytes:
-    """The bytes of a cache file for `entry` (digest included)."""
+def encode(entry: CacheEntry, secret: bytes) -> bytes:
+    """The bytes of a cache file for `entry` (keyed digest included)."""
     program = entry.program_text.encode("utf-8")
     header = json.dumps({
         "key": entry.key, "triple": entry.object.triple, "cpu": entry.object.cpu,
@@ -99,16 +123,16 @@ def encode(entry: CacheEntry) -> bytes:
     }, sort_keys=True).encode("utf-8")
     body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, program, entry.object.data,
                      entry.object.shared])
-    return body + blake3(body).digest()
+    return body + _digest(body, secret)
 
 
-def decode(data: bytes, key: str) -> CacheEntry:
+def decode(data: bytes, key: str, secret: bytes) -> CacheEntry:
     """Parse and check a cache file's bytes; raises `CorruptEntry` saying what is wrong."""
     if len(data) < len(MAGIC) + 4 + DIGEST_BYTES:
         raise CorruptEntry(f"truncated ({len(data)} bytes)")
     body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
-    if blake3(body).digest() != digest:
-        raise CorruptEntry("BLAKE3 digest mismatch")
+    if _digest(body, secret) != digest:
+        raise CorruptEntry("keyed BLAKE3 digest mismatch (corrupt, or not written by this user's torchburn)")
     if not body.startswith(MAGIC):
         raise CorruptEntry("not a torchburn cache file")
     pos = len(MAGIC)
@@ -134,19 +158,19 @@ def decode(data: bytes, key: str) -> CacheEntry:
     return CacheEntry(key, program, obj, entry_name, kernels)
 
 
-def encode_graph(key: str, manifest: dict[str, Any]) -> bytes:
-    """The bytes of an FX-graph file: the manifest as JSON (its key included) and a digest."""
+def encode_graph(key: str, manifest: dict[str, Any], secret: bytes) -> bytes:
+    """The bytes of an FX-graph file: the manifest as JSON (its key included) and a keyed digest."""
     body = GRAPH_MAGIC + json.dumps({"key": key, "manifest": manifest}, sort_keys=True).encode("utf-8")
-    return body + blake3(body).digest()
+    return body + _digest(body, secret)
 
 
-def decode_graph(data: bytes, key: str) -> dict[str, Any]:
+def decode_graph(data: bytes, key: str, secret: bytes) -> dict[str, Any]:
     """Parse and check an FX-graph file's bytes; raises `CorruptEntry` saying what is wrong."""
     if len(data) < len(GRAPH_MAGIC) + DIGEST_BYTES:
         raise CorruptEntry(f"truncated ({len(data)} bytes)")
     body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
-    if blake3(body).digest() != digest:
-        raise CorruptEntry("BLAKE3 digest mismatch")
+    if _digest(body, secret) != digest:
+        raise CorruptEntry("keyed BLAKE3 digest mismatch (corrupt, or not written by this user's torchburn)")
     if not body.startswith(GRAPH_MAGIC):
         raise CorruptEntry("not a torchburn graph cache file")
     try:
@@ -168,6 +192,20 @@ class DiskCache:
         self.folder = self.root / FORMAT
         self.max_bytes = max_bytes
         self.stats = DiskCacheStats()
+        #: The per-user secret once the folder passed its checks; False once it failed them.
+        self._secret: bytes | bool | None = None
+
+    # ---- trust ----------------------------------------------------------------------------------
+    def secret(self) -> Optional[bytes]:
+        """The folder's key, creating the folder (0700) and the key (0600) on first use; None
+        (after one warning) when the folder cannot be trusted or created."""
+        if self._secret is None:
+            try:
+                self._secret = _open_secret(self.root)
+            except OSError as err:
+                log.warning("torchburn: not using the disk cache at %s: %s", self.root, err)
+                self._secret = False
+        return self._secret or None
 
     def path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}{SUFFIX}"
@@ -178,7 +216,8 @@ class DiskCache:
     # ---- load and store -------------------------------------------------------------------------
     def load(self, key: str) -> Optional[CacheEntry]:
         """The entry for `key`, or None (missing, or corrupt: then it is deleted and logged)."""
-        entry = self._load(self.path(key), lambda data: decode(data, key))
+        secret = self.secret()
+        entry = None if secret is None else self._load(self.path(key), lambda data: decode(data, key, secret))
         if entry is None:
             self.stats.misses += 1
         else:
@@ -187,7 +226,8 @@ class DiskCache:
 
     def load_graph(self, key: str) -> Optional[dict[str, Any]]:
         """The FX-graph manifest for `key`, or None (missing, or corrupt: deleted and logged)."""
-        manifest = self._load(self.graph_path(key), lambda data: decode_graph(data, key))
+        secret = self.secret()
+        manifest = None if secret is None else self._load(self.graph_path(key), lambda data: decode_graph(data, key, secret))
         if manifest is None:
             self.stats.graph_misses += 1
         else:
@@ -197,11 +237,13 @@ class DiskCache:
     def store(self, entry: CacheEntry) -> Optional[Path]:
         """Write `entry` atomically; returns its path, or None when the folder is not writable
         (logged: a cache that cannot be written never fails a compilation)."""
-        return self._store(self.path(entry.key), entry.key, encode(entry))
+        secret = self.secret()
+        return None if secret is None else self._store(self.path(entry.key), entry.key, encode(entry, secret))
 
     def store_graph(self, key: str, manifest: dict[str, Any]) -> Optional[Path]:
         """Write an FX-graph manifest atomically (see `store`)."""
-        return self._store(self.graph_path(key), key, encode_graph(key, manifest))
+        secret = self.secret()
+        return None if secret is None else self._store(self.graph_path(key), key, encode_graph(key, manifest, secret))
 
     def _load(self, path: Path, decoder: Callable[[bytes], T]) -> Optional[T]:
         try:
@@ -228,11 +270,10 @@ class DiskCache:
     def _store(self, path: Path, key: str, data: bytes) -> Optional[Path]:
         tmp = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")  # 0600
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; entries hold nothing secret
             os.replace(tmp, path)
         except OSError as err:
             log.warning("torchburn: cannot write disk cache entry %s: %s", path, err)
@@ -314,6 +355,45 @@ class DiskCache:
             path.unlink()
         except OSError:
             pass
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Raise `UntrustedFolder` unless `path` is owned by this user and not writable by others."""
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise UntrustedFolder(f"{what} {path} is owned by uid {st.st_uid}, not by this user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedFolder(f"{what} {path} is writable by group or others (mode {stat.filemode(st.st_mode)}); "
+                              f"`chmod go-w {path}` to use it")
+
+
+def _open_secret(root: Path) -> bytes:
+    """The per-user key of cache folder `root`, creating folder and key privately if absent."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(root, "cache folder")
+    folder = root / FORMAT
+    folder.mkdir(mode=0o700, exist_ok=True)
+    _check_private(folder, "cache folder")
+    path = root / KEY_FILE
+    for _ in range(2):
+        try:  # write to a private temporary, then link: readers never see a partial key
+            fd, tmp = tempfile.mkstemp(dir=root, prefix=".key.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+            try:
+                os.link(tmp, path)  # fails if another process made the key first: keep theirs
+            except FileExistsError:
+                pass
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        _check_private(path, "cache key")
+        if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
+            raise UntrustedFolder(f"cache key {path} is readable by others; `chmod 600 {path}` to use it")
+        key = path.read_bytes()
+        if len(key) == KEY_BYTES:
+            return key
+        path.unlink()  # not a key this code wrote: make a new one
+    raise UntrustedFolder(f"cache key {path} could not be created")
 
 
 def _size(p: Path) -> int:
