@@ -131,6 +131,9 @@ def to_array(value: Any, dtype: DType) -> np.ndarray:
         return a.astype(_STORAGE[dtype])
     if a.dtype.kind in "iub":  # as cast_value: integers reach f32 and the halves through f32
         a = a.astype(np.float64 if dtype == dt.f64 else np.float32)
+    if dtype == dt.bf16 and a.dtype == np.float32:  # values already bf16 keep their bits (-NaN)
+        exact = (np.ascontiguousarray(a).view(np.uint32) & 0xFFFF) == 0
+        return np.where(exact, a, round_bf16(a))
     return _round_float(a, dtype)
 
 
@@ -300,6 +303,23 @@ def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(zeros, np.where(np.signbit(a) & np.signbit(b), -0.0, 0.0).astype(r.dtype), r)
 
 
+def _half_nextafter(dtype: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """nextafter in f16/bf16's own precision, as torch (the next f16 after 0 is 2**-24): a
+    step of one on the 16-bit pattern, not an f32 step rounded back."""
+    a, b = np.broadcast_arrays(a, b)
+    u = _bits_of(np.ascontiguousarray(a), dtype).astype(np.int32)
+    away = (a < b) == (a > 0)  # the step grows the magnitude
+    stepped = _from_bits(np.where(away, u + 1, u - 1).astype(np.uint16), dtype)
+    tiny = _from_bits(np.where(b < 0, 0x8001, 0x0001).astype(np.uint16), dtype)
+    r = np.where(a == 0, tiny, stepped)
+    r = np.where(a == b, b, r)
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(math.nan), r)
+
+
+#: Ops that f16/bf16 compute in their own precision instead of f32: `fn(dtype, *args)`.
+HALF_OWN_PRECISION: dict[str, Callable[..., np.ndarray]] = {"nextafter": _half_nextafter}
+
+
 def _one(x: np.ndarray) -> np.ndarray:
     return np.ones_like(x)
 
@@ -321,7 +341,7 @@ def _via_f64(fn: Callable[[float], float]) -> Fn:
 def _lgamma(x: float) -> float:
     try:
         return math.lgamma(x)
-    except ValueError:  # the poles 0, -1, -2, ...
+    except (ValueError, OverflowError):  # the poles 0, -1, -2, ...; huge x
         return math.inf
 
 
@@ -468,9 +488,9 @@ _INT_LIMIT: dict[int, tuple[float, float]] = {b: (-2.0 ** (b - 1), 2.0 ** (b - 1
 def _float_to_int(x: np.ndarray, dst: DType) -> np.ndarray:
     """Truncate toward zero. Into i32/i64 a value out of range (or NaN) gives INT_MIN, the x86
     `cvttss2si` "integer indefinite" that LLVM's fptosi produces there; into 8/16-bit types
-    (u8 included) it converts to i64 first and wraps, as torch does (`-1.0 -> u8` is 255,
-    `300.0 -> u8` is 44, NaN -> 0)."""
-    bits = 64 if dst.bits < 32 else dst.bits
+    (u8 included) it converts to i32 first and wraps, as torch does (`-1.0 -> u8` is 255,
+    `300.0 -> u8` is 44, `1e10 -> i16` is 0 (INT_MIN wrapped), NaN -> 0)."""
+    bits = 32 if dst.bits < 32 else dst.bits
     lo, hi = _INT_LIMIT[bits]
     t = np.trunc(x.astype(np.float64))
     ok = (t >= lo) & (t < hi)
@@ -609,8 +629,11 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
                 if op not in SCALAR_OPS:
                     raise ValueError(f"unknown scalar op {op!r}")
                 raise UndefinedOp(f"{op} is not defined on {dtype}")
-            arrays = [_compute(to_array(a, dtype), dtype) for a in args]
-            r = _finish(fn(*arrays), dtype)
+            own = HALF_OWN_PRECISION.get(op) if dtype in (dt.f16, dt.bf16) else None
+            if own is not None:
+                r = _finish(own(dtype, *(to_array(a, dtype) for a in args)), dtype)
+            else:
+                r = _finish(fn(*(_compute(to_array(a, dtype), dtype) for a in args)), dtype)
     r = np.asarray(r)
     return r.item() if scalar else r
 
