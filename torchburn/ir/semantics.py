@@ -48,7 +48,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DType
-from .expr import BINARY_OPS, COMPARISONS, DOT4_U8I8, UNARY_FUNCS
+from .opnames import COMPARISONS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
 
 
 class DivisionByZero(ZeroDivisionError):
@@ -58,13 +58,6 @@ class DivisionByZero(ZeroDivisionError):
 class UndefinedOp(TypeError):
     """The operation has no meaning on this dtype (`exp` of an integer, `sub` of bools)."""
 
-
-#: Calls that are neither binary operators nor unary functions.
-OTHER_CALLS: frozenset[str] = frozenset({"fma", DOT4_U8I8})
-#: Every scalar operation an interpretation of the IR must implement.
-SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}
-#: Unary functions whose result is a bool whatever the operand.
-PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"})
 
 _STORAGE: dict[DType, type] = {
     dt.bool_: np.bool_, dt.i8: np.int8, dt.i16: np.int16, dt.i32: np.int32, dt.i64: np.int64,
@@ -497,6 +490,17 @@ def _float_to_int(x: np.ndarray, dst: DType) -> np.ndarray:
     wide = np.where(ok, t, 0).astype(np.int64)
     wide = np.where(ok, wide, np.iinfo(np.int64).min if bits == 64 else np.iinfo(np.int32).min)
     return wide.astype(_STORAGE[dst])
+
+
+def float_fits_int(value: float, dst: DType) -> bool:
+    """Whether converting the float `value` to integer `dst` is the same on every target: the
+    truncated value fits in `dst` (8/16-bit: in i32, after which the wrap is defined). Out of
+    range, x86 gives INT_MIN (what `cast_value` and torch give here) but AArch64 saturates, so
+    constant folders leave such casts to the target."""
+    if not math.isfinite(value):
+        return False
+    lo, hi = _INT_LIMIT[32 if dst.bits < 32 else dst.bits]
+    return lo <= math.trunc(value) < hi
 
 
 def cast_value(value: Any, src: DType, dst: DType) -> Any:
