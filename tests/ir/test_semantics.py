@@ -374,3 +374,142 @@ def test_unknown_op_is_a_clear_error() -> None:
 def test_missing_ops() -> None:
     assert sem.missing_ops(sem.SCALAR_OPS) == set()
     assert sem.missing_ops(sem.SCALAR_OPS - {"fma"}) == {"fma"}
+
+
+# ---- the folders compute what the semantics say --------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from torchburn.passes import simplify  # noqa: E402
+from torchburn.passes.bounds import Bounds  # noqa: E402
+
+
+def int_values(d: DType) -> st.SearchStrategy[int]:
+    """Values of `d`, edge values favoured, plus some beyond its range (a Const may hold one)."""
+    lo, hi = (0, (1 << d.bits) - 1) if d.kind == "u" else (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1)
+    return st.one_of(st.sampled_from(edge_values(d)), st.integers(lo, hi), st.integers(2 * lo - 5, 2 * hi + 5))
+
+
+@st.composite
+def int_case(draw: st.DrawFn, ops: tuple[str, ...]) -> tuple[str, DType, int, int]:
+    d = draw(st.sampled_from(INTS))
+    return draw(st.sampled_from(ops)), d, draw(int_values(d)), draw(int_values(d))
+
+
+_ALL_INT_BINARY = tuple(sorted(ex.BINARY_OPS - {"atan2", "copysign", "hypot", "nextafter"}))
+
+
+def _array_value(op: str, d: DType, a: int, b: int):
+    """The array definition (no Python-int shortcut), as a Python value."""
+    return sem.evaluate(op, d, np.array([sem.wrap_int(a, d)], sem.storage(d)),
+                        np.array([sem.wrap_int(b, d)], sem.storage(d))).tolist()[0]
+
+
+@settings(max_examples=400, deadline=None)
+@given(int_case(_ALL_INT_BINARY))
+def test_python_int_shortcut_equals_array_definition(case) -> None:
+    op, d, a, b = case
+    try:
+        expected = _array_value(op, d, a, b)
+    except sem.DivisionByZero:
+        with pytest.raises(sem.DivisionByZero):
+            sem.evaluate(op, d, a, b)
+        return
+    assert sem.evaluate(op, d, a, b) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(int_case(tuple(sorted(ex.FOLDED_INT_OPS))))
+def test_expr_folding_agrees_with_semantics(case) -> None:
+    op, d, a, b = case
+    folded = ex.binary(op, ex.const(a, d), ex.const(b, d))
+    try:
+        expected = _array_value(op, d, a, b)
+    except sem.DivisionByZero:
+        assert isinstance(folded, ex.Binary)  # not folded
+        return
+    assert isinstance(folded, ex.Const) and folded.type.dtype == d
+    assert folded.value == expected
+
+
+def test_expr_and_simplify_agree_on_the_known_case() -> None:
+    folded = ex.add(ex.const(100, dt.i8), ex.const(100, dt.i8))
+    assert folded == ex.const(-56, dt.i8)
+    node = ex.Binary("add", ex.const(100, dt.i8), ex.const(100, dt.i8), ex.ScalarType(dt.i8))
+    assert simplify.simplify_expr(node) == ex.const(-56, dt.i8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(int_case(_ALL_INT_BINARY))
+def test_simplify_folding_agrees_with_semantics(case) -> None:
+    op, d, a, b = case
+    t = ex.ScalarType(dt.bool_) if op in ex.COMPARISONS else ex.ScalarType(d)
+    node = ex.Binary(op, ex.const(a, d), ex.const(b, d), t)
+    folded = simplify.fold_constants(node, Bounds())
+    try:
+        expected = _array_value(op, d, a, b)
+    except sem.DivisionByZero:
+        assert folded is None
+        return
+    assert folded == ex.Const(expected, t)
+
+
+@st.composite
+def float_case(draw: st.DrawFn) -> tuple[str, DType, float, float]:
+    d = draw(st.sampled_from(FLOATS))
+    values = st.one_of(st.sampled_from(edge_values(d)), st.floats(allow_nan=True, allow_infinity=True))
+    op = draw(st.sampled_from(sorted(simplify.EXACT_FLOAT_OPS)))
+    return op, d, draw(values), draw(values)
+
+
+@settings(max_examples=400, deadline=None)
+@given(float_case())
+def test_simplify_float_folding_agrees_with_semantics(case) -> None:
+    op, d, a, b = case
+    t = ex.ScalarType(dt.bool_) if op in ex.COMPARISONS else ex.ScalarType(d)
+    node = ex.Binary(op, ex.const(a, d), ex.const(b, d), t)
+    folded = simplify.fold_constants(node, Bounds())
+    expected = sem.evaluate(op, d, np.array([a]), np.array([b]))
+    assert isinstance(folded, ex.Const)
+    assert_exact(np.array([folded.value]), np.asarray(expected).astype(np.float64)
+                 if d.is_float and op not in ex.COMPARISONS else np.asarray(expected))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(ALL), st.sampled_from(ALL), st.data())
+def test_cast_folding_agrees_with_semantics(src: DType, dst: DType, data) -> None:
+    if src.is_float:
+        v = data.draw(st.one_of(st.sampled_from(edge_values(src)), st.floats(-1e12, 1e12)))
+    elif src.is_int:
+        v = data.draw(int_values(src))
+    else:
+        v = data.draw(st.booleans())
+    c = ex.const(sem.to_array(v, src).item(), src)  # a value of src (a Const may hold more)
+    by_expr = ex.cast(c, dst)
+    by_simplify = simplify.fold_cast(ex.Cast(c, ex.ScalarType(dst)), Bounds())
+    if src.is_float and dst.is_int:  # left to the target where targets may differ
+        assert isinstance(by_expr, ex.Cast)
+        assert (by_simplify is None) == (not sem.float_fits_int(c.value, dst))
+    for folded in (by_expr, by_simplify):
+        if folded is None or isinstance(folded, ex.Cast):
+            continue
+        assert isinstance(folded, ex.Const) and folded.type.dtype == dst
+        expected = sem.cast_value(c.value, src, dst)
+        assert_exact(np.array([folded.value]), np.array([expected]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["add", "sub", "mul", "floordiv", "mod", "min", "max"]),
+       st.integers(-10**6, 10**6), st.integers(-10**6, 10**6))
+def test_evaluate_index_is_the_semantics(op: str, a: int, b: int) -> None:
+    e = ex.Binary(op, ex.Var("s0"), ex.Var("s1"), ex.INDEX)
+    try:
+        expected = sem.evaluate(op, dt.index, a, b)
+    except sem.DivisionByZero:
+        with pytest.raises(ZeroDivisionError):
+            ex.evaluate_index(e, {"s0": a, "s1": b})
+        return
+    assert ex.evaluate_index(e, {"s0": a, "s1": b}) == expected
+    narrow = ex.Cast(e, ex.ScalarType(dt.i8))
+    assert ex.evaluate_index(narrow, {"s0": a, "s1": b}) == sem.wrap_int(expected, dt.i8)

@@ -95,7 +95,10 @@ ExprLike = Union[Expr, int]
 
 @dataclass(frozen=True)
 class Const(Expr):
-    """A literal. Text: `3` (i64), `3:i32`, `1.5:f32`, `true`, `inf:f32`, `nan:f64`."""
+    """A literal. Text: `3` (i64), `3:i32`, `1.5:f32`, `true`, `inf:f32`, `nan:f64`.
+
+    An integer is kept in its dtype's range, wrapped as the IR's integers wrap
+    (`Const(200, i8)` is `-56:i8`, `semantics.wrap_int`), so equal values are equal nodes."""
 
     value: Union[int, float, bool]
     type: ScalarType = INDEX
@@ -107,7 +110,7 @@ class Const(Expr):
         elif d.is_bool:
             object.__setattr__(self, "value", bool(self.value))
         else:
-            object.__setattr__(self, "value", int(self.value))
+            object.__setattr__(self, "value", sem.wrap_int(int(self.value), d))
 
     def __eq__(self, other: object) -> bool:
         # NaN constants compare equal to each other so that IR equality is reflexive.
