@@ -101,14 +101,15 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 
 def _round_float(x: np.ndarray, dtype: DType) -> np.ndarray:
     """A float array of any width rounded to `dtype` (f64 reaches the halves through f32)."""
-    if dtype == dt.f64:
-        return x.astype(np.float64)
-    f = x.astype(np.float32)
-    if dtype == dt.f16:
-        return f.astype(np.float16)
-    if dtype == dt.bf16:
-        return round_bf16(f)
-    return f
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the rounding
+        if dtype == dt.f64:
+            return x.astype(np.float64)
+        f = x.astype(np.float32)
+        if dtype == dt.f16:
+            return f.astype(np.float16)
+        if dtype == dt.bf16:
+            return round_bf16(f)
+        return f
 
 
 def to_array(value: Any, dtype: DType) -> np.ndarray:
@@ -644,27 +645,38 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
 
 # ---- interpretations ------------------------------------------------------------------------------
 
-_INTERPRETATIONS: dict[str, Callable[[], Iterable[str]]] = {}
+#: `handles(op, dtype)`: whether an interpretation has an entry for `op` on operands of `dtype`
+#: (an entry that raises a clear "unsupported" error, as WGSL's for f64, is an entry).
+Handles = Callable[[str, DType], bool]
+
+_INTERPRETATIONS: dict[str, Handles] = {}
 
 
-def register_interpretation(name: str, covered: Callable[[], Iterable[str]]) -> None:
-    """Record an interpretation of the IR (an emitter, the reference interpreter) by the op
-    names its tables cover; `tests/codegen/test_handler_coverage.py` checks each of them."""
-    _INTERPRETATIONS[name] = covered
+def register_interpretation(name: str, handles: Handles) -> None:
+    """Record an interpretation of the IR (an emitter, the reference interpreter) by what its
+    tables handle; `tests/codegen/test_handler_coverage.py` checks each against this module."""
+    _INTERPRETATIONS[name] = handles
 
 
-def interpretations() -> dict[str, Callable[[], Iterable[str]]]:
-    """The registered interpretations (import their modules first)."""
+def interpretations() -> dict[str, Handles]:
+    """The registered interpretations (their modules register on import)."""
     return dict(_INTERPRETATIONS)
 
 
+def missing(handles: Handles) -> set[tuple[str, DType]]:
+    """The (op, dtype) pairs the semantics define that an interpretation has no entry for."""
+    return {(op, d) for op in SCALAR_OPS for d in dt.ALL_DTYPES
+            if defined(op, d) and not handles(op, d)}
+
+
 def missing_ops(covered: Iterable[str]) -> set[str]:
-    """The ops of `SCALAR_OPS` an interpretation covering `covered` lacks."""
+    """The ops of `SCALAR_OPS` that a table keyed by op name (`covered`) lacks."""
     return set(SCALAR_OPS) - set(covered)
 
 
 __all__ = [
     "SCALAR_OPS", "OTHER_CALLS", "PREDICATES", "COMPARISONS", "TABLES", "DivisionByZero",
     "UndefinedOp", "evaluate", "cast_value", "bitcast_value", "defined", "storage", "to_array",
-    "wrap_int", "round_bf16", "register_interpretation", "interpretations", "missing_ops",
+    "wrap_int", "round_bf16", "float_fits_int", "register_interpretation", "interpretations",
+    "missing", "missing_ops", "Handles",
 ]

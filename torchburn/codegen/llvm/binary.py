@@ -198,12 +198,13 @@ BOOL_OPS: dict[str, BinaryFn] = {
     **{op: _icmp(op, signed=False) for op in _CMP_SYMBOLS},
 }
 
-_TABLES: dict[str, dict[str, BinaryFn]] = {"f": FLOAT_OPS, "i": SIGNED_OPS, "u": UNSIGNED_OPS, "b": BOOL_OPS}
+#: Binary operators by operand kind ("f", "i", "u", "b"), keyed by the IR's names.
+TABLES: dict[str, dict[str, BinaryFn]] = {"f": FLOAT_OPS, "i": SIGNED_OPS, "u": UNSIGNED_OPS, "b": BOOL_OPS}
 
 
 def emit_binary(cx: OpContext, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
     """`a op b` for operands of `cx.dtype`; half floats are computed in f32."""
-    fn = _TABLES[cx.dtype.kind].get(op)
+    fn = TABLES[cx.dtype.kind].get(op)
     if fn is None:
         raise CodegenError(f"binary op {op!r} is not defined on {cx.dtype}")
     if not is_half(cx.dtype):
