@@ -139,6 +139,7 @@ class Binary(Expr):
 
     `floordiv` and `mod` round toward negative infinity (Python semantics); `div` on integers
     truncates (C semantics) and is only produced by code that knows operands are positive.
+    Integers wrap per dtype; every op's exact meaning is `semantics.py`'s.
     """
 
     op: str

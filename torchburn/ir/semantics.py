@@ -3,9 +3,10 @@
 Constant folding (`expr.py`, `passes/simplify.py`), index evaluation, the bounds analysis, the
 launcher's size expressions and the reference interpreter all compute through `evaluate` and
 `cast_value`; the code generators (LLVM, WGSL) implement the same operations and are tested
-against this module. `SCALAR_OPS` lists the operations every interpretation must cover; an
-interpretation registers the names it covers (`register_interpretation`) and
-`tests/codegen/test_handler_coverage.py` fails if one lacks an op.
+against this module (`tests/codegen/test_semantics_agreement.py`). `SCALAR_OPS` lists the
+operations every interpretation must cover; an interpretation registers what its tables handle
+(`register_interpretation`) and `tests/codegen/test_handler_coverage.py` fails if one lacks an
+(op, dtype) that `defined` says means something.
 
 Values. An operation is applied for one operand dtype to NumPy arrays or Python scalars; the
 result is an array for array inputs and a Python `int`/`float`/`bool` for scalar inputs (so
@@ -27,7 +28,12 @@ Floats follow IEEE 754: NaN, inf and -0.0 come out as IEEE (and `numpy`) say. f1
 are computed in f32 and rounded back to nearest even (exact for + - * / sqrt; what torch and
 the code generators do for everything else). `min`/`max` propagate NaN and order -0.0 below
 +0.0 (IEEE 754-2019 `minimum`/`maximum`, LLVM's `llvm.minimum`; torch.minimum also propagates
-NaN but returns either zero for `min(0.0, -0.0)`). Comparisons are false on NaN except `ne`.
+NaN but returns either zero for `min(0.0, -0.0)`). Comparisons are false on NaN except `ne`. `nextafter` on the halves steps in their own
+precision.
+
+Casts (`cast_value`): integers wrap; anything -> bool is `x != 0`; float -> int truncates, and
+out of range gives INT_MIN in i32/i64 (x86, and torch there) while 8/16-bit targets go through
+i32 and wrap (`300.7 -> u8` is 44); every conversion into f16/bf16 goes through f32.
 
     >>> evaluate("add", dt.i8, 100, 100)
     -56
