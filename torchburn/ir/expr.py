@@ -314,7 +314,7 @@ def _int_const(e: Expr) -> int | None:
 
 #: The integer ops `binary` folds when both operands are constants (the index arithmetic of
 #: shapes); the values are `semantics.evaluate`'s (wrapping per dtype, floor rounding).
-FOLDED_INT_OPS: frozenset[str] = frozenset({"add", "sub", "mul", "floordiv", "mod", "min", "max"})
+FOLDED_INT_OPS: frozenset[str] = sem.FOLD_INT_OPS
 
 
 def _fold_int(op: str, a: int, b: int, dtype: DType) -> int | None:
@@ -322,7 +322,7 @@ def _fold_int(op: str, a: int, b: int, dtype: DType) -> int | None:
     if op not in FOLDED_INT_OPS:
         return None
     try:
-        return sem.evaluate(op, dtype, a, b)  # type: ignore[no-any-return]
+        return sem.fold_int(op, dtype, a, b)
     except sem.DivisionByZero:
         return None
 

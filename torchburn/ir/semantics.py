@@ -85,8 +85,18 @@ def _kind(dtype: DType) -> str:
 
 # ---- bringing values to a dtype -----------------------------------------------------------------
 
+#: The range of each integer dtype, by name (a str hashes faster than a DType).
+_INT_RANGE: dict[str, tuple[int, int]] = {
+    d.name: ((0, (1 << d.bits) - 1) if d.kind == "u" else (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1))
+    for d in dt.ALL_DTYPES if d.is_int
+}
+
+
 def wrap_int(value: int, dtype: DType) -> int:
     """A Python int reduced to `dtype`'s range, two's complement (`wrap_int(200, i8) == -56`)."""
+    lo, hi = _INT_RANGE[dtype.name]
+    if lo <= value <= hi:
+        return value
     bits = dtype.bits
     mask = (1 << bits) - 1
     v = value & mask
@@ -603,6 +613,16 @@ _PY_INT: dict[str, Callable[[int, int], int]] = {
 }
 
 
+def fold_int(op: str, dtype: DType, a: int, b: int) -> int:
+    """`evaluate(op, dtype, a, b)` for Python ints and an op of `_PY_INT` (add, sub, mul,
+    floordiv, mod, min, max): the shortcut constant folding of index arithmetic takes."""
+    return wrap_int(_PY_INT[op](wrap_int(a, dtype), wrap_int(b, dtype)), dtype)
+
+
+#: The ops `fold_int` takes.
+FOLD_INT_OPS: frozenset[str] = frozenset(_PY_INT)
+
+
 def evaluate(op: str, dtype: DType, *args: Any) -> Any:
     """Apply `op` element-wise for operand dtype `dtype` (see the module docstring).
 
@@ -621,11 +641,9 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
         return cast_value(args[0], dtype, args[1])
     if op == "bitcast":
         return bitcast_value(args[0], dtype, args[1])
+    if len(args) == 2 and type(args[0]) is int and type(args[1]) is int and op in _PY_INT and dtype.is_int:
+        return fold_int(op, dtype, args[0], args[1])
     scalar = all(np.ndim(a) == 0 and not isinstance(a, np.ndarray) for a in args)
-    if scalar and dtype.is_int and len(args) == 2 and type(args[0]) is int and type(args[1]) is int:
-        fast = _PY_INT.get(op)
-        if fast is not None:
-            return wrap_int(fast(wrap_int(args[0], dtype), wrap_int(args[1], dtype)), dtype)
     with np.errstate(all="ignore"):
         if op == "select":
             cond = to_array(args[0], dt.bool_)
@@ -683,6 +701,6 @@ def missing_ops(covered: Iterable[str]) -> set[str]:
 __all__ = [
     "SCALAR_OPS", "OTHER_CALLS", "PREDICATES", "COMPARISONS", "TABLES", "DivisionByZero",
     "UndefinedOp", "evaluate", "cast_value", "bitcast_value", "defined", "storage", "to_array",
-    "wrap_int", "round_bf16", "float_fits_int", "register_interpretation", "interpretations",
+    "wrap_int", "fold_int", "FOLD_INT_OPS", "round_bf16", "float_fits_int", "register_interpretation", "interpretations",
     "missing", "missing_ops", "Handles",
 ]
