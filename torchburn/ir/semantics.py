@@ -262,7 +262,10 @@ _INT_COMMON: dict[str, Fn] = {
     "fma": lambda a, b, c: a * b + c,
 }
 #: Integer operations (u8 uses the same functions: NumPy's unsigned arithmetic is the unsigned
-#: meaning, so `floordiv` is `div` and `abs` the identity).
+#: meaning, so `floordiv` is `div` and `abs` the identity). Examples on i8: `add(100, 100) = -56`,
+#: `floordiv(-7, 2) = -4`, `div(-7, 2) = -3`, `mod(-7, 2) = 1`, `fmod(-7, 2) = -1`,
+#: `shl(1, 8) = 0`, `shr(-8, 9) = -1`, `abs(-128) = -128`, `pow(2, -1) = 0`, `pow(-1, -3) = -1`;
+#: on u8: `sub(0, 1) = 255`, `not(0) = 255`.
 SIGNED: dict[str, Fn] = dict(_INT_COMMON)
 UNSIGNED: dict[str, Fn] = dict(_INT_COMMON)
 
@@ -454,6 +457,10 @@ def _float_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return s.astype(a.dtype)
 
 
+#: Float operations, IEEE in the operand's precision (f16/bf16: in f32, rounded once).
+#: Examples on f32: `div(1, -0.0) = -inf`, `floordiv(-0.0, 5) = -0.0`, `mod(-1, 3) = 2`,
+#: `fmod(-1, 3) = -1`, `min(nan, 1) = nan`, `min(0.0, -0.0) = -0.0`, `ne(nan, nan) = true`,
+#: `sign(nan) = 0`, `round(2.5) = 2` (half to even), `pow(nan, 0) = 1`, `rsqrt(0) = inf`.
 FLOAT: dict[str, Fn] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "floordiv": _float_floordiv, "mod": _float_mod, "remainder": _float_mod, "fmod": np.fmod,

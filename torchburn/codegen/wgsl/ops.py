@@ -107,7 +107,8 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("pow", "i"): "integer pow has no WGSL form (WGSL's pow is float-only)",
     ("dot4_u8i8_acc", "i"): "dot4_u8i8_acc has no WGSL form (CPU quantized kernels only)",
 }
-#: Dtypes no WGSL operation takes, and why.
+#: Dtypes no WGSL operation takes, and why. (i64 is not among them: i64 values exist only in
+#: index arithmetic, computed in i32; the launcher range-checks the sizes, see `types.py`.)
 UNSUPPORTED_DTYPES: dict[str, str] = {"f64": "WGSL has no 64-bit floats (f64)"}
 
 #: Integer ops whose i32 result can leave the range of i8/i16/u8 operands (then wrapped).
