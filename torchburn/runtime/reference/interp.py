@@ -150,18 +150,11 @@ class KernelCode:
 
     def _e_Bitcast(self, e: ex.Bitcast) -> ExprFn:
         f, src, dst = self.expr(e.value), e.value.dtype, e.dtype
-        target = storage_dtype(dst)
-
-        def bitcast(s: State) -> Any:
-            bits = np.ascontiguousarray(store_values(f(s), src))
-            return load_values(bits.view(target), dst)
-
-        return bitcast
+        return lambda s: ops.bitcast(f(s), src, dst)
 
     def _e_Select(self, e: ex.Select) -> ExprFn:
-        fc, fa, fb = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
-        vt = value_dtype(e.dtype)
-        return lambda s: np.where(fc(s), fa(s), fb(s)).astype(vt, copy=False)
+        fc, fa, fb, d = self.expr(e.cond), self.expr(e.a), self.expr(e.b), e.dtype
+        return lambda s: ops.select(d, fc(s), fa(s), fb(s))
 
     def _e_Ramp(self, e: ex.Ramp) -> ExprFn:
         fb, fs, d = self.expr(e.base), self.expr(e.stride), e.base.dtype
@@ -207,7 +200,7 @@ class KernelCode:
         fns = [(self.expr(i), vector and i.lanes == 1) for i in index]
 
         def offset(s: State, buf: Storage) -> Any:
-            off: Any = np.int64(0)
+            off: Any = 0
             for (f, widen), stride in zip(fns, buf.strides):
                 v = f(s)
                 if widen and np.ndim(v) > 0:
@@ -313,7 +306,7 @@ class KernelCode:
         def serial(s: State, start: Any, extent: Any) -> None:
             if np.ndim(start) == 0 and np.ndim(extent) == 0:
                 for k in range(int(start), int(start) + int(extent)):
-                    s.vars[name] = np.int64(k)
+                    s.vars[name] = k
                     body(s)
                 return
             end = start + extent
@@ -324,7 +317,7 @@ class KernelCode:
                     live = live & outer
                 if live.any():
                     s.mask = live
-                    s.vars[name] = np.int64(k)
+                    s.vars[name] = k
                     body(s)
             s.mask = outer
 
@@ -405,7 +398,7 @@ class ProgramCode:
                 if sym.name not in env:
                     raise ExecutionError(f"kernel @{k.name} needs symbol {sym.name}, which the program does not bind")
                 kenv[sym.name] = env[sym.name]
-                state.vars[sym.name] = np.int64(env[sym.name])
+                state.vars[sym.name] = int(env[sym.name])
             for param, arg in zip(k.params, call.args):
                 if arg not in memory:
                     raise ExecutionError(f"call @{k.name}: %{arg} is not a buffer of program @{p.name}")
