@@ -49,6 +49,7 @@ from ..ir.parser import IRParseError, parse_all
 from ..ir.printer import print_ir
 from ..ir.tensor import Graph
 from ..ir.verifier import VerificationError, verify
+from .opt_run import kernel_program
 
 IR = Union[Graph, lp.Program, lp.Kernel]
 
@@ -146,15 +147,6 @@ def check_levels(passes: Sequence[Any], start: str, what: str) -> None:
 
 
 # ---- IR items ----------------------------------------------------------------------------------
-
-def kernel_program(k: lp.Kernel) -> lp.Program:
-    """A program calling `k` once: buffers it stores to are outputs, the others inputs."""
-    written = {s.buffer for s in lp.walk_stmts(k.body) if isinstance(s, lp.Store)}
-    ins = tuple(b for b in k.params if b.name not in written)
-    outs = tuple(b for b in k.params if b.name in written)
-    call = lp.KernelCall(k.name, tuple(b.name for b in k.params))
-    return lp.Program(k.name, ins, outs, (), k.symbols, (call,), (k,))
-
 
 def _locate(source: str, filename: str, message: str) -> str:
     """`FILE:LINE:COL: message` plus the line and a caret when the message quotes IR text

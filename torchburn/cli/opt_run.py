@@ -50,14 +50,21 @@ def load_inputs(files: Mapping[str, str]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def kernel_program(k: lp.Kernel) -> lp.Program:
+    """A program calling `k` once: buffers it stores to are outputs, the others inputs."""
+    written = {s.buffer for s in lp.walk_stmts(k.body) if isinstance(s, lp.Store)}
+    ins = tuple(b for b in k.params if b.name not in written)
+    outs = tuple(b for b in k.params if b.name in written)
+    call = lp.KernelCall(k.name, tuple(b.name for b in k.params))
+    return lp.Program(k.name, ins, outs, (), k.symbols, (call,), (k,))
+
+
 def as_program(item: IR) -> lp.Program:
     """Loop IR to run: a kernel as a one-kernel program, a graph lowered with the reference
     pipeline (on a copy: passes may change a graph in place)."""
     if isinstance(item, lp.Program):
         return item
     if isinstance(item, lp.Kernel):
-        from .opt import kernel_program
-
         return kernel_program(item)
     from ..compiler.reference import reference_pipeline
     from ..passes.base import PassManager
