@@ -76,6 +76,8 @@ class Storage:
     def key(self, offset: Any, vector: bool) -> Any:
         if not self.lane_keys:
             return offset
+        if np.ndim(offset) == 0 or (vector and np.ndim(offset) == 1):
+            return (Ellipsis, offset)  # the same element(s) in every lane's copy: basic indexing
         return (*(self.vector_keys if vector else self.lane_keys), offset)
 
 
@@ -260,6 +262,8 @@ class KernelCode:
             mask = _lanes_of(s.mask, vector)
             key = buf.key(off, vector)
             if mask is not None and np.ndim(mask) > 0 and not mask.all():
+                if isinstance(key, tuple) and key[0] is Ellipsis:
+                    key = (*(buf.vector_keys if vector else buf.lane_keys), key[1])
                 keys = key if isinstance(key, tuple) else (key,)
                 parts = np.broadcast_arrays(*keys, val, mask)
                 live = parts[-1]
