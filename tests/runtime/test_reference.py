@@ -16,7 +16,7 @@ from torchburn.ir import loop as lp
 from torchburn.ir import semantics
 from torchburn.ir.parser import parse_all
 from torchburn.runtime.reference import ExecutionError, ReferenceEntry, run_arrays
-from torchburn.runtime.reference.lanes import laneable
+from torchburn.runtime.reference.lanes import accumulator_updates, laneable
 from torchburn.runtime.reference.ops import covered
 
 
@@ -77,6 +77,35 @@ def test_reduction_with_a_private_accumulator_per_lane() -> None:
     assert laneable(loop)  # the accumulator is allocated per row
     inner = [s for s in lp.walk_stmts(loop.body) if isinstance(s, lp.For)][0]
     assert not laneable(inner)  # every r writes %acc[0]
+    assert accumulator_updates(inner) is not None  # but as a fold: all r at once, folded in order
+
+
+F16_SUM = """
+kernel @k(%x: f16[2, 300] strides [300, 1], %out: f16[2] strides [1]) {
+  for i0 in 0..2 {
+    alloc %acc: f16[1] strides [1] local
+    %acc[0] = 1000.0:f16
+    for r in 0..300 {
+      %acc[0] = %x[i0, r] + %acc[0]
+    }
+    %out[i0] = %acc[0]
+  }
+}
+"""
+
+
+def test_a_folded_reduction_rounds_every_step_in_order() -> None:
+    x = np.full((2, 300), 0.3, np.float16)
+    x[1, ::7] = -0.6
+    expected = []
+    for row in x:
+        acc = 1000.0
+        for v in row:  # serially, with the semantics of each f16 add
+            acc = semantics.evaluate("add", dt.f16, float(v), acc)
+        expected.append(acc)
+    out = run(F16_SUM, x=x)["out"]
+    np.testing.assert_array_equal(out, np.array(expected, np.float16))
+    assert out[0] != np.float16(1000 + 300 * 0.3)  # per-step rounding shows (1000 + 0.3 rounds to 1000)
 
 
 PLAIN_GEMM = """

@@ -27,7 +27,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Expr
 from . import ops
-from .lanes import laneable
+from .lanes import accumulator_updates, fold_operand, laneable
 from .values import constant, load_values, storage_dtype, store_values, value_dtype
 
 
@@ -251,13 +251,18 @@ class KernelCode:
         return alloc
 
     def _s_Store(self, st: lp.Store, depth: int) -> StmtFn:
+        write, fv = self._writer(st), self.expr(st.value)
+        return lambda s: write(s, fv(s))
+
+    def _writer(self, st: lp.Store) -> Callable[[State, Any], None]:
+        """`write(state, value)`: store `value` at the store's index (masked lanes left alone)."""
         vector = st.value.lanes > 1
         offset = self._offset(st.buffer, st.index, vector)
-        fv, name, d = self.expr(st.value), st.buffer, st.value.dtype
+        name, d = st.buffer, st.value.dtype
 
-        def store(s: State) -> None:
+        def store(s: State, value: Any) -> None:
             buf = s.bufs[name]
-            val = store_values(fv(s), d)
+            val = store_values(value, d)
             off = offset(s, buf)
             mask = _lanes_of(s.mask, vector)
             key = buf.key(off, vector)
@@ -305,6 +310,7 @@ class KernelCode:
     def _s_For(self, st: lp.For, depth: int) -> StmtFn:
         fstart, fextent, name = self.expr(st.start), self.expr(st.extent), st.var.name
         in_lanes = laneable(st) and depth < self.axes
+        updates = None if in_lanes or depth >= self.axes else accumulator_updates(st)
         body = self.stmt(st.body, depth + 1 if in_lanes else depth)
 
         def serial(s: State, start: Any, extent: Any) -> None:
@@ -325,6 +331,8 @@ class KernelCode:
                     body(s)
             s.mask = outer
 
+        if updates is not None:
+            return self._reduction(st, updates, depth, serial)
         if not in_lanes:
             return lambda s: serial(s, fstart(s), fextent(s))
         axis = depth
@@ -355,11 +363,64 @@ class KernelCode:
         return lanes
 
 
+    def _reduction(self, st: lp.For, updates: tuple[lp.Store, ...], depth: int,
+                   serial: Callable[[State, Any, Any], None]) -> StmtFn:
+        """A loop of accumulator updates (`lanes.accumulator_updates`): its `let`s and update
+        operands evaluated for a block of iterations at once on lane axis `depth`, then folded
+        into each accumulator one iteration after the other, with the op's semantics."""
+        fstart, fextent, name, axis = self.expr(st.start), self.expr(st.extent), st.var.name, depth
+        stmts = st.body.stmts if isinstance(st.body, lp.Block) else (st.body,)
+        lets = [self.stmt(x, depth + 1) for x in stmts if isinstance(x, lp.Let)]
+        folds = []
+        for u in updates:
+            op, operand, left = fold_operand(u)  # type: ignore[misc]
+            current = self.expr(ex.Load(u.buffer, u.index, u.value.type))
+            folds.append((op, u.value.dtype, left, current, self.expr(operand), self._writer(u)))
+
+        def reduction(s: State) -> None:
+            start, extent = fstart(s), fextent(s)
+            if not s.lane_ok or np.ndim(start) or np.ndim(extent) or int(extent) <= 1:
+                serial(s, start, extent)
+                return
+            lo, n = int(start), int(extent)
+            lanes = int(np.prod(s.lane_shape))
+            step = max(1, min(n, REDUCTION_BLOCK // max(lanes, 1)))
+            accs = [f[3](s) for f in folds]
+            saved = s.depth
+            for k0 in range(lo, lo + n, step):
+                m = min(step, lo + n - k0)
+                shape = [1] * self.axes
+                shape[axis] = m
+                s.lane_shape[axis], s.depth = m, axis + 1
+                s.vars[name] = (np.arange(m, dtype=np.int64) + k0).reshape(shape)
+                for let in lets:
+                    let(s)
+                operands = [f[4](s) for f in folds]
+                s.lane_shape[axis], s.depth = 1, saved
+                for j, ((op, d, left, *_), e) in enumerate(zip(folds, operands)):
+                    spread = np.ndim(e) >= self.axes and np.shape(e)[axis] > 1
+                    acc = accs[j]
+                    lead = (slice(None),) * axis
+                    for k in range(m):
+                        x = e[lead + (slice(k, k + 1),)] if spread else e  # keeps the axis (size 1)
+                        acc = ops.binary(op, d, acc, x) if left else ops.binary(op, d, x, acc)
+                    accs[j] = acc
+            s.vars.pop(name, None)
+            for (_, _, _, _, _, write), acc in zip(folds, accs):
+                write(s, acc)
+
+        return reduction
+
+
+#: Elements (lanes times iterations) a reduction loop evaluates at once, at most.
+REDUCTION_BLOCK = 1 << 21
+
+
 def _lane_depth(s: lp.Stmt) -> int:
     """How many lane axes the kernel needs: the deepest nesting of laneable loops."""
     if isinstance(s, lp.For):
         inner = _lane_depth(s.body)
-        return inner + 1 if laneable(s) else inner
+        return inner + 1 if laneable(s) or accumulator_updates(s) is not None else inner
     return max((_lane_depth(c) for c in s.children()), default=0)
 
 

@@ -126,3 +126,56 @@ def _coefficient(e: Expr, var: str, inside: set[str]) -> Optional[int]:
     if var in names or names & inside or any(isinstance(n, ex.Load) for n in ex.walk(e)):
         return None
     return 0
+
+
+#: Binary ops an accumulator may be updated with (`%acc[c] = %acc[c] op e`).
+FOLD_OPS = ("add", "mul", "min", "max", "and", "or", "xor")
+
+
+def accumulator_updates(loop: lp.For) -> Optional[tuple[lp.Store, ...]]:
+    """The stores of a reduction loop whose body is straight-line `let`s and accumulator
+    updates `%acc[c] = %acc[c] op e` (`c` fixed during the loop, `%acc` read nowhere else in
+    the body, one update per accumulator); None for any other loop. Such a loop evaluates
+    every `e` for all iterations at once and folds them into each accumulator in iteration
+    order (the same operations, in the same order, as running it serially).
+
+        for k in 0..512 {
+          let p = %a[i0, k] * %b[k, i1]
+          %acc[0] = %acc[0] + p
+        }
+    """
+    stmts = loop.body.stmts if isinstance(loop.body, lp.Block) else (loop.body,)
+    if not all(isinstance(s, (lp.Let, lp.Store)) for s in stmts):
+        return None
+    stores = tuple(s for s in stmts if isinstance(s, lp.Store))
+    written = {s.buffer for s in stores}
+    if not stores or len(written) != len(stores):
+        return None
+    inside = {loop.var.name} | {s.var.name for s in stmts if isinstance(s, lp.Let)}
+    for s in stmts:
+        if isinstance(s, lp.Let) and _loads(s.value, written):
+            return None
+    for s in stores:
+        if any(ex.free_vars(i) & inside or _loads(i, set()) for i in s.index):
+            return None
+        if fold_operand(s) is None:
+            return None
+    return stores
+
+
+def fold_operand(s: lp.Store) -> Optional[tuple[str, Expr, bool]]:
+    """For `%acc[c] = %acc[c] op e` (or `e op %acc[c]`): (op, e, whether the accumulator is the
+    left operand); None when the store is not such an update or `e` reads `%acc`."""
+    v = s.value
+    if not isinstance(v, ex.Binary) or v.op not in FOLD_OPS:
+        return None
+    acc = ex.Load(s.buffer, s.index, v.type)
+    for mine, other, left in ((v.a, v.b, True), (v.b, v.a, False)):
+        if mine == acc and not _loads(other, {s.buffer}):
+            return v.op, other, left
+    return None
+
+
+def _loads(e: Expr, names: set[str]) -> bool:
+    """Whether `e` loads any of `names` (any buffer at all when `names` is empty)."""
+    return any(isinstance(n, ex.Load) and (not names or n.buffer in names) for n in ex.walk(e))
