@@ -94,3 +94,52 @@ def test_symbol_only_inside_a_size_expression_is_solved() -> None:
         (out,) = launcher(torch.zeros(rows, 4))
         torch.testing.assert_close(out, torch.ones(rows, 4))
     assert launcher.stats.eager_fallbacks == 2
+
+
+def _index_exprs():
+    """Random index expressions over s0, s1 (the shape arithmetic a launcher computes), with
+    casts to narrower integer types whose wrapping the Python source must reproduce."""
+    from hypothesis import strategies as st
+
+    from torchburn.ir import dtypes as dt
+    from torchburn.ir import expr as ex
+
+    leaves = st.one_of(st.sampled_from([ex.Var("s0"), ex.Var("s1")]),
+                       st.integers(-300, 300).map(lambda v: ex.Const(v)))
+
+    def grow(children):
+        binary = st.tuples(st.sampled_from(["add", "sub", "mul", "floordiv", "mod", "min", "max"]),
+                           children, children).map(lambda t: ex.Binary(t[0], t[1], t[2], ex.INDEX))
+        narrow = st.tuples(st.sampled_from([dt.i8, dt.i16, dt.i32, dt.u8]), children).map(
+            lambda t: ex.Cast(ex.Cast(t[1], ex.ScalarType(t[0])), ex.INDEX))
+        return st.one_of(binary, narrow)
+
+    return st.recursive(leaves, grow, max_leaves=8)
+
+
+def test_python_expr_computes_the_semantics() -> None:
+    """The launcher's size expressions (Python source) give `evaluate_index`'s values, which
+    are `ir/semantics.py`'s: floor division and modulo toward -inf, wrapping narrow casts,
+    division by zero raising."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from torchburn.backend.launcher_gen import python_expr
+    from torchburn.ir import expr as ex
+
+    @settings(max_examples=300, deadline=None)
+    @given(_index_exprs(), st.integers(-1000, 1000), st.integers(-1000, 1000))
+    def check(e, s0, s1):
+        env = {"s0": s0, "s1": s1}
+        src = python_expr(e)
+        try:
+            expected = ex.evaluate_index(e, env)
+        except ZeroDivisionError:
+            try:
+                eval(src, {"__builtins__": {"min": min, "max": max}}, dict(env))
+            except ZeroDivisionError:
+                return
+            raise AssertionError(f"{src} did not divide by zero")
+        assert eval(src, {"__builtins__": {"min": min, "max": max}}, dict(env)) == expected, src
+
+    check()

@@ -144,3 +144,35 @@ def test_unmapped_kernel_runs_in_one_invocation(gpu) -> None:  # type: ignore[no
     x = np.arange(16, dtype=np.float32)
     (out,) = run_on_device(k, {"x": x, "out": np.zeros(1, np.float32)})
     assert out[0] == x.sum()
+
+
+NARROW_CASES = [(op, d) for d in ("i8", "i16", "u8") for op in ("add", "sub", "mul", "floordiv", "shl", "shr")] \
+    + [("shl", "i32"), ("shr", "i32")]
+
+
+@pytest.mark.parametrize("op,d", NARROW_CASES)
+def test_integer_ops_wrap_as_the_semantics_on_the_device(gpu, op: str, d: str) -> None:  # type: ignore[no-untyped-def]
+    """i8/i16/u8 live in i32 on the device; results wrap back as `ir/semantics.py` says
+    (i8 `100 + 100` is -56), and shifts past the width give 0 or the sign, not WGSL's modulo."""
+    from torchburn.ir import dtypes as dt
+    from torchburn.ir import semantics as sem
+    from torchburn.ir.expr import INFIX_OPS
+
+    dtype = dt.dtype_from_name(d)
+    lo, hi = (0, 255) if d == "u8" else (-(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1)
+    if op in ("shl", "shr"):
+        a = np.array([1, -8, 3, lo, hi, 100, -1, 7] if d != "u8" else [1, 8, 3, 0, 255, 100, 128, 7])
+        b = np.array([dtype.bits - 1, dtype.bits, 40, 1, 1, 3, 33, 0])
+    else:
+        a = np.array([100, lo, hi, 7, -7 if d != "u8" else 250, hi, lo, 77])
+        b = np.array([100, -1 if d != "u8" else 255, 2, -2 if d != "u8" else 3, 2, hi, 1, 13])
+    a, b = a.astype(sem.storage(dtype)), b.astype(sem.storage(dtype))
+    k = kernel(f"""
+        kernel @k0(%x: {d}[8] strides [1], %y: {d}[8] strides [1], %out: f32[8] strides [1]) {{
+          for i0 in 0..8 {{
+            %out[i0] = cast<f32>(%x[i0] {INFIX_OPS[op]} %y[i0])
+          }}
+        }}
+    """)
+    (out,) = run_on_device(k, {"x": a.astype(np.int32), "y": b.astype(np.int32), "out": np.zeros(8, np.float32)})
+    np.testing.assert_array_equal(out, sem.evaluate(op, dtype, a, b).astype(np.float32))

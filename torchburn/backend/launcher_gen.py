@@ -15,30 +15,67 @@ from __future__ import annotations
 from typing import Optional
 
 from ..frontend.dtypes import to_torch
+from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
+from ..ir import semantics as sem
+from ..ir.dtypes import DType
 from ..ir.expr import Const, Expr, Var
 from ..ir.tensor import Graph, Value
 from .launcher import LauncherSpec
 
 
+#: Index ops and their Python spelling: on Python ints, `//` and `%` round toward -inf as the
+#: IR's `floordiv` and `mod` (`ir/semantics.py`); `min`/`max` are the builtins.
+_PY_INFIX: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+
+
 def python_expr(e: Expr) -> str:
-    """An index expression as Python source (symbols are local variables of the launcher)."""
+    """An index expression as Python source (symbols are local variables of the launcher).
+
+    It computes what `ir.semantics` says, for sizes below 2**63 (Python ints do not wrap at
+    i64, and sizes never get there); a constant or a cast to a narrower integer type wraps as
+    the semantics do. `tests/backend/test_launcher.py` checks it against `evaluate_index`."""
     if isinstance(e, Const):
-        return str(int(e.value))
+        return str(int(e.value) if e.dtype.is_bool else sem.wrap_int(int(e.value), e.dtype))
     if isinstance(e, Var):
         return e.name
     if isinstance(e, ex.Binary):
         a, b = python_expr(e.a), python_expr(e.b)
+        if not e.a.dtype.is_int:
+            raise ValueError(f"index op {e.op} on {e.a.type} has no Python form")
         if e.op in ("min", "max"):
             return f"{e.op}({a}, {b})"
-        op = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}.get(e.op)
+        op = _PY_INFIX.get(e.op)
         if op is None:
             raise ValueError(f"index op {e.op} has no Python form")
-        return f"({a} {op} {b})"
+        return _wrapped(f"({a} {op} {b})", e.dtype)
     if isinstance(e, ex.Cast):
-        return python_expr(e.value)
+        src, dst = e.value.dtype, e.dtype
+        if not ((src.is_int or src.is_bool) and dst.is_int):
+            raise ValueError(f"cast from {src} to {dst} in an index expression")
+        inner = python_expr(e.value)
+        return inner if _preserves(src, dst) else _wrapped(inner, dst)
     raise ValueError(f"not an index expression: {e}")
+
+
+def _preserves(src: DType, dst: DType) -> bool:
+    """Whether every value of `src` is one of `dst` (then a cast changes nothing)."""
+    if src.is_bool:
+        return True
+    if src.kind == dst.kind:
+        return dst.bits >= src.bits
+    return src.kind == "u" and dst.bits > src.bits
+
+
+def _wrapped(src: str, dtype: DType) -> str:
+    """Python source wrapping the value of `src` to `dtype` (nothing to do for i64)."""
+    if dtype == dt.index:
+        return src
+    if dtype.kind == "u":
+        return f"({src} % {1 << dtype.bits})"
+    half = 1 << (dtype.bits - 1)
+    return f"(({src} + {half}) % {1 << dtype.bits} - {half})"
 
 
 def solve_affine(size: Expr, actual: str, bound: set[str]) -> Optional[tuple[str, str]]:
@@ -65,8 +102,8 @@ def solve_affine(size: Expr, actual: str, bound: set[str]) -> Optional[tuple[str
 def _eval_index(e: Expr, env: dict[str, int]) -> Optional[int]:
     """The value of an index expression at integer symbol values (None if not one)."""
     try:
-        return int(eval(python_expr(e), {"__builtins__": {"min": min, "max": max}}, dict(env)))
-    except (ValueError, ZeroDivisionError, NameError):
+        return ex.evaluate_index(e, env)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, sem.UndefinedOp):
         return None
 
 

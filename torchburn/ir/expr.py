@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 from . import dtypes as dt
+from . import semantics as sem
 from .dtypes import DType
+from .opnames import (  # noqa: F401  (re-exported: `ex.BINARY_OPS` is the usual spelling)
+    BINARY_OPS,
+    COMPARISONS,
+    DOT4_U8I8,
+    INFIX_OPS,
+    NAMED_BINARY_OPS,
+    PREDICATES,
+    UNARY_FUNCS,
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,10 @@ ExprLike = Union[Expr, int]
 
 @dataclass(frozen=True)
 class Const(Expr):
-    """A literal. Text: `3` (i64), `3:i32`, `1.5:f32`, `true`, `inf:f32`, `nan:f64`."""
+    """A literal. Text: `3` (i64), `3:i32`, `1.5:f32`, `true`, `inf:f32`, `nan:f64`.
+
+    An integer is kept in its dtype's range, wrapped as the IR's integers wrap
+    (`Const(200, i8)` is `-56:i8`, `semantics.wrap_int`), so equal values are equal nodes."""
 
     value: Union[int, float, bool]
     type: ScalarType = INDEX
@@ -97,7 +110,7 @@ class Const(Expr):
         elif d.is_bool:
             object.__setattr__(self, "value", bool(self.value))
         else:
-            object.__setattr__(self, "value", int(self.value))
+            object.__setattr__(self, "value", sem.wrap_int(int(self.value), d))
 
     def __eq__(self, other: object) -> bool:
         # NaN constants compare equal to each other so that IR equality is reflexive.
@@ -120,28 +133,13 @@ class Var(Expr):
     type: ScalarType = INDEX
 
 
-#: Binary operators with an infix spelling, in the order of their precedence groups.
-INFIX_OPS: dict[str, str] = {
-    "add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
-    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-    "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
-}
-#: Binary operators spelt as calls: `min(a, b)`.
-NAMED_BINARY_OPS: frozenset[str] = frozenset(
-    {"min", "max", "pow", "atan2", "fmod", "remainder", "copysign", "hypot", "nextafter"}
-)
-#: The byte dot-product call (see `Call`): its arguments have three different types.
-DOT4_U8I8 = "dot4_u8i8_acc"
-COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
-
-
 @dataclass(frozen=True)
 class Binary(Expr):
     """A two-operand operation on operands of one type; comparisons give bool.
 
     `floordiv` and `mod` round toward negative infinity (Python semantics); `div` on integers
     truncates (C semantics) and is only produced by code that knows operands are positive.
+    Integers wrap per dtype; every op's exact meaning is `semantics.py`'s.
     """
 
     op: str
@@ -151,15 +149,6 @@ class Binary(Expr):
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a, self.b)
-
-
-#: Functions of one argument. Float math follows C99/IEEE semantics.
-UNARY_FUNCS: frozenset[str] = frozenset({
-    "neg", "not", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
-    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "erf", "erfc", "erfinv", "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal",
-    "isnan", "isinf", "isfinite", "lgamma", "digamma", "signbit",
-})
 
 
 @dataclass(frozen=True)
@@ -323,37 +312,31 @@ def _int_const(e: Expr) -> int | None:
     return None
 
 
-def _floordiv_int(a: int, b: int) -> int:
-    return a // b
+#: The integer ops `binary` folds when both operands are constants (the index arithmetic of
+#: shapes); the values are `semantics.evaluate`'s (wrapping per dtype, floor rounding).
+FOLDED_INT_OPS: frozenset[str] = sem.FOLD_INT_OPS
 
 
-def _fold_int(op: str, a: int, b: int) -> int | None:
-    if op == "add":
-        return a + b
-    if op == "sub":
-        return a - b
-    if op == "mul":
-        return a * b
-    if op == "floordiv" and b != 0:
-        return _floordiv_int(a, b)
-    if op == "mod" and b != 0:
-        return a % b
-    if op == "min":
-        return min(a, b)
-    if op == "max":
-        return max(a, b)
-    return None
+def _fold_int(op: str, a: int, b: int, dtype: DType) -> int | None:
+    """`a op b` on integers of `dtype`, or None where it does not fold (division by zero)."""
+    if op not in FOLDED_INT_OPS:
+        return None
+    try:
+        return sem.fold_int(op, dtype, a, b)
+    except sem.DivisionByZero:
+        return None
 
 
 def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
-    """Build `a op b`, folding integer constants and the identities x+0, x*1, x*0, x//1, x%1."""
+    """Build `a op b`, folding integer constants (`semantics.evaluate`: `100:i8 + 100:i8` is
+    `-56:i8`) and the identities x+0, x*1, x*0, x//1, x%1."""
     a, b = as_expr(a), as_expr(b)
     if op not in BINARY_OPS:
         raise ValueError(f"unknown binary op {op!r}")
     ta = a.type if a.type.lanes >= b.type.lanes else b.type
     ca, cb = _int_const(a), _int_const(b)
     if ca is not None and cb is not None and a.type == b.type:
-        folded = _fold_int(op, ca, cb)
+        folded = _fold_int(op, ca, cb, ta.dtype)
         if folded is not None:
             return Const(folded, ta)
     if ta.dtype.is_int and ta == b.type:
@@ -411,23 +394,20 @@ def call(name: str, *args: Expr, type: ScalarType | None = None) -> Expr:
     """Build a function call; unary math keeps its argument's type, predicates give bool."""
     if type is None:
         t = args[0].type
-        type = ScalarType(dt.bool_, t.lanes) if name in ("isnan", "isinf", "isfinite", "signbit") else t
+        type = ScalarType(dt.bool_, t.lanes) if name in PREDICATES else t
     return Call(name, tuple(args), type)
 
 
 def cast(value: Expr, dtype: DType) -> Expr:
-    """Convert `value` to `dtype`; a no-op cast disappears and integer constants fold."""
+    """Convert `value` to `dtype`; a no-op cast disappears and constants fold
+    (`semantics.cast_value`), except float -> integer, whose out-of-range values targets
+    disagree on."""
     if value.type.dtype == dtype:
         return value
     target = ScalarType(dtype, value.type.lanes)
     if isinstance(value, Const) and value.type.lanes == 1:
-        v = value.value
-        if dtype.is_bool:
-            return Const(bool(v), target)
-        if dtype.is_float:
-            return Const(float(v), target)
-        if dtype.is_int and not isinstance(v, float):
-            return Const(int(v), target)
+        if not (value.type.dtype.is_float and dtype.is_int):
+            return Const(sem.cast_value(value.value, value.type.dtype, dtype), target)
     return Cast(value, target)
 
 
@@ -490,20 +470,23 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 
 
 def evaluate_index(e: Expr, env: dict[str, int]) -> int:
-    """Evaluate an integer index expression (shape arithmetic) given symbol values."""
+    """Evaluate an integer index expression (shape arithmetic) given symbol values, with the
+    IR's semantics (`semantics.evaluate`); division by zero raises `semantics.DivisionByZero`."""
     if isinstance(e, Const):
-        return int(e.value)
+        return int(e.value) if e.dtype.is_bool else sem.wrap_int(int(e.value), e.dtype)
     if isinstance(e, Var):
         try:
             return env[e.name]
         except KeyError:
             raise KeyError(f"symbol {e.name!r} has no value") from None
     if isinstance(e, Binary):
+        if not e.a.dtype.is_int:
+            raise ValueError(f"not an integer index op: {e.op} on {e.a.type}")
         a, b = evaluate_index(e.a, env), evaluate_index(e.b, env)
-        result = _fold_int(e.op, a, b)
-        if result is None:
-            raise ValueError(f"cannot evaluate index op {e.op!r}")
-        return result
+        return int(sem.evaluate(e.op, e.a.dtype, a, b))
     if isinstance(e, Cast):
-        return evaluate_index(e.value, env)
+        v = evaluate_index(e.value, env)
+        if e.dtype.is_int or e.dtype.is_bool:
+            return int(sem.cast_value(v, e.value.dtype, e.dtype))
+        return v
     raise ValueError(f"not an index expression: {type(e).__name__}")

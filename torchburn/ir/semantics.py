@@ -3,9 +3,10 @@
 Constant folding (`expr.py`, `passes/simplify.py`), index evaluation, the bounds analysis, the
 launcher's size expressions and the reference interpreter all compute through `evaluate` and
 `cast_value`; the code generators (LLVM, WGSL) implement the same operations and are tested
-against this module. `SCALAR_OPS` lists the operations every interpretation must cover; an
-interpretation registers the names it covers (`register_interpretation`) and
-`tests/codegen/test_handler_coverage.py` fails if one lacks an op.
+against this module (`tests/codegen/test_semantics_agreement.py`). `SCALAR_OPS` lists the
+operations every interpretation must cover; an interpretation registers what its tables handle
+(`register_interpretation`) and `tests/codegen/test_handler_coverage.py` fails if one lacks an
+(op, dtype) that `defined` says means something.
 
 Values. An operation is applied for one operand dtype to NumPy arrays or Python scalars; the
 result is an array for array inputs and a Python `int`/`float`/`bool` for scalar inputs (so
@@ -27,7 +28,12 @@ Floats follow IEEE 754: NaN, inf and -0.0 come out as IEEE (and `numpy`) say. f1
 are computed in f32 and rounded back to nearest even (exact for + - * / sqrt; what torch and
 the code generators do for everything else). `min`/`max` propagate NaN and order -0.0 below
 +0.0 (IEEE 754-2019 `minimum`/`maximum`, LLVM's `llvm.minimum`; torch.minimum also propagates
-NaN but returns either zero for `min(0.0, -0.0)`). Comparisons are false on NaN except `ne`.
+NaN but returns either zero for `min(0.0, -0.0)`). Comparisons are false on NaN except `ne`. `nextafter` on the halves steps in their own
+precision.
+
+Casts (`cast_value`): integers wrap; anything -> bool is `x != 0`; float -> int truncates, and
+out of range gives INT_MIN in i32/i64 (x86, and torch there) while 8/16-bit targets go through
+i32 and wrap (`300.7 -> u8` is 44); every conversion into f16/bf16 goes through f32.
 
     >>> evaluate("add", dt.i8, 100, 100)
     -56
@@ -48,7 +54,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DType
-from .expr import BINARY_OPS, COMPARISONS, DOT4_U8I8, UNARY_FUNCS
+from .opnames import COMPARISONS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
 
 
 class DivisionByZero(ZeroDivisionError):
@@ -58,13 +64,6 @@ class DivisionByZero(ZeroDivisionError):
 class UndefinedOp(TypeError):
     """The operation has no meaning on this dtype (`exp` of an integer, `sub` of bools)."""
 
-
-#: Calls that are neither binary operators nor unary functions.
-OTHER_CALLS: frozenset[str] = frozenset({"fma", DOT4_U8I8})
-#: Every scalar operation an interpretation of the IR must implement.
-SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}
-#: Unary functions whose result is a bool whatever the operand.
-PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"})
 
 _STORAGE: dict[DType, type] = {
     dt.bool_: np.bool_, dt.i8: np.int8, dt.i16: np.int16, dt.i32: np.int32, dt.i64: np.int64,
@@ -86,8 +85,18 @@ def _kind(dtype: DType) -> str:
 
 # ---- bringing values to a dtype -----------------------------------------------------------------
 
+#: The range of each integer dtype, by name (a str hashes faster than a DType).
+_INT_RANGE: dict[str, tuple[int, int]] = {
+    d.name: ((0, (1 << d.bits) - 1) if d.kind == "u" else (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1))
+    for d in dt.ALL_DTYPES if d.is_int
+}
+
+
 def wrap_int(value: int, dtype: DType) -> int:
     """A Python int reduced to `dtype`'s range, two's complement (`wrap_int(200, i8) == -56`)."""
+    lo, hi = _INT_RANGE[dtype.name]
+    if lo <= value <= hi:
+        return value
     bits = dtype.bits
     mask = (1 << bits) - 1
     v = value & mask
@@ -108,14 +117,15 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 
 def _round_float(x: np.ndarray, dtype: DType) -> np.ndarray:
     """A float array of any width rounded to `dtype` (f64 reaches the halves through f32)."""
-    if dtype == dt.f64:
-        return x.astype(np.float64)
-    f = x.astype(np.float32)
-    if dtype == dt.f16:
-        return f.astype(np.float16)
-    if dtype == dt.bf16:
-        return round_bf16(f)
-    return f
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the rounding
+        if dtype == dt.f64:
+            return x.astype(np.float64)
+        f = x.astype(np.float32)
+        if dtype == dt.f16:
+            return f.astype(np.float16)
+        if dtype == dt.bf16:
+            return round_bf16(f)
+        return f
 
 
 def to_array(value: Any, dtype: DType) -> np.ndarray:
@@ -131,6 +141,9 @@ def to_array(value: Any, dtype: DType) -> np.ndarray:
         return a.astype(_STORAGE[dtype])
     if a.dtype.kind in "iub":  # as cast_value: integers reach f32 and the halves through f32
         a = a.astype(np.float64 if dtype == dt.f64 else np.float32)
+    if dtype == dt.bf16 and a.dtype == np.float32:  # values already bf16 keep their bits (-NaN)
+        exact = (np.ascontiguousarray(a).view(np.uint32) & 0xFFFF) == 0
+        return np.where(exact, a, round_bf16(a))
     return _round_float(a, dtype)
 
 
@@ -300,6 +313,23 @@ def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(zeros, np.where(np.signbit(a) & np.signbit(b), -0.0, 0.0).astype(r.dtype), r)
 
 
+def _half_nextafter(dtype: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """nextafter in f16/bf16's own precision, as torch (the next f16 after 0 is 2**-24): a
+    step of one on the 16-bit pattern, not an f32 step rounded back."""
+    a, b = np.broadcast_arrays(a, b)
+    u = _bits_of(np.ascontiguousarray(a), dtype).astype(np.int32)
+    away = (a < b) == (a > 0)  # the step grows the magnitude
+    stepped = _from_bits(np.where(away, u + 1, u - 1).astype(np.uint16), dtype)
+    tiny = _from_bits(np.where(b < 0, 0x8001, 0x0001).astype(np.uint16), dtype)
+    r = np.where(a == 0, tiny, stepped)
+    r = np.where(a == b, b, r)
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(math.nan), r)
+
+
+#: Ops that f16/bf16 compute in their own precision instead of f32: `fn(dtype, *args)`.
+HALF_OWN_PRECISION: dict[str, Callable[..., np.ndarray]] = {"nextafter": _half_nextafter}
+
+
 def _one(x: np.ndarray) -> np.ndarray:
     return np.ones_like(x)
 
@@ -321,7 +351,7 @@ def _via_f64(fn: Callable[[float], float]) -> Fn:
 def _lgamma(x: float) -> float:
     try:
         return math.lgamma(x)
-    except ValueError:  # the poles 0, -1, -2, ...
+    except (ValueError, OverflowError):  # the poles 0, -1, -2, ...; huge x
         return math.inf
 
 
@@ -468,15 +498,26 @@ _INT_LIMIT: dict[int, tuple[float, float]] = {b: (-2.0 ** (b - 1), 2.0 ** (b - 1
 def _float_to_int(x: np.ndarray, dst: DType) -> np.ndarray:
     """Truncate toward zero. Into i32/i64 a value out of range (or NaN) gives INT_MIN, the x86
     `cvttss2si` "integer indefinite" that LLVM's fptosi produces there; into 8/16-bit types
-    (u8 included) it converts to i64 first and wraps, as torch does (`-1.0 -> u8` is 255,
-    `300.0 -> u8` is 44, NaN -> 0)."""
-    bits = 64 if dst.bits < 32 else dst.bits
+    (u8 included) it converts to i32 first and wraps, as torch does (`-1.0 -> u8` is 255,
+    `300.0 -> u8` is 44, `1e10 -> i16` is 0 (INT_MIN wrapped), NaN -> 0)."""
+    bits = 32 if dst.bits < 32 else dst.bits
     lo, hi = _INT_LIMIT[bits]
     t = np.trunc(x.astype(np.float64))
     ok = (t >= lo) & (t < hi)
     wide = np.where(ok, t, 0).astype(np.int64)
     wide = np.where(ok, wide, np.iinfo(np.int64).min if bits == 64 else np.iinfo(np.int32).min)
     return wide.astype(_STORAGE[dst])
+
+
+def float_fits_int(value: float, dst: DType) -> bool:
+    """Whether converting the float `value` to integer `dst` is the same on every target: the
+    truncated value fits in `dst` (8/16-bit: in i32, after which the wrap is defined). Out of
+    range, x86 gives INT_MIN (what `cast_value` and torch give here) but AArch64 saturates, so
+    constant folders leave such casts to the target."""
+    if not math.isfinite(value):
+        return False
+    lo, hi = _INT_LIMIT[32 if dst.bits < 32 else dst.bits]
+    return lo <= math.trunc(value) < hi
 
 
 def cast_value(value: Any, src: DType, dst: DType) -> Any:
@@ -572,6 +613,16 @@ _PY_INT: dict[str, Callable[[int, int], int]] = {
 }
 
 
+def fold_int(op: str, dtype: DType, a: int, b: int) -> int:
+    """`evaluate(op, dtype, a, b)` for Python ints and an op of `_PY_INT` (add, sub, mul,
+    floordiv, mod, min, max): the shortcut constant folding of index arithmetic takes."""
+    return wrap_int(_PY_INT[op](wrap_int(a, dtype), wrap_int(b, dtype)), dtype)
+
+
+#: The ops `fold_int` takes.
+FOLD_INT_OPS: frozenset[str] = frozenset(_PY_INT)
+
+
 def evaluate(op: str, dtype: DType, *args: Any) -> Any:
     """Apply `op` element-wise for operand dtype `dtype` (see the module docstring).
 
@@ -590,11 +641,9 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
         return cast_value(args[0], dtype, args[1])
     if op == "bitcast":
         return bitcast_value(args[0], dtype, args[1])
+    if len(args) == 2 and type(args[0]) is int and type(args[1]) is int and op in _PY_INT and dtype.is_int:
+        return fold_int(op, dtype, args[0], args[1])
     scalar = all(np.ndim(a) == 0 and not isinstance(a, np.ndarray) for a in args)
-    if scalar and dtype.is_int and len(args) == 2 and type(args[0]) is int and type(args[1]) is int:
-        fast = _PY_INT.get(op)
-        if fast is not None:
-            return wrap_int(fast(wrap_int(args[0], dtype), wrap_int(args[1], dtype)), dtype)
     with np.errstate(all="ignore"):
         if op == "select":
             cond = to_array(args[0], dt.bool_)
@@ -609,35 +658,49 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
                 if op not in SCALAR_OPS:
                     raise ValueError(f"unknown scalar op {op!r}")
                 raise UndefinedOp(f"{op} is not defined on {dtype}")
-            arrays = [_compute(to_array(a, dtype), dtype) for a in args]
-            r = _finish(fn(*arrays), dtype)
+            own = HALF_OWN_PRECISION.get(op) if dtype in (dt.f16, dt.bf16) else None
+            if own is not None:
+                r = _finish(own(dtype, *(to_array(a, dtype) for a in args)), dtype)
+            else:
+                r = _finish(fn(*(_compute(to_array(a, dtype), dtype) for a in args)), dtype)
     r = np.asarray(r)
     return r.item() if scalar else r
 
 
 # ---- interpretations ------------------------------------------------------------------------------
 
-_INTERPRETATIONS: dict[str, Callable[[], Iterable[str]]] = {}
+#: `handles(op, dtype)`: whether an interpretation has an entry for `op` on operands of `dtype`
+#: (an entry that raises a clear "unsupported" error, as WGSL's for f64, is an entry).
+Handles = Callable[[str, DType], bool]
+
+_INTERPRETATIONS: dict[str, Handles] = {}
 
 
-def register_interpretation(name: str, covered: Callable[[], Iterable[str]]) -> None:
-    """Record an interpretation of the IR (an emitter, the reference interpreter) by the op
-    names its tables cover; `tests/codegen/test_handler_coverage.py` checks each of them."""
-    _INTERPRETATIONS[name] = covered
+def register_interpretation(name: str, handles: Handles) -> None:
+    """Record an interpretation of the IR (an emitter, the reference interpreter) by what its
+    tables handle; `tests/codegen/test_handler_coverage.py` checks each against this module."""
+    _INTERPRETATIONS[name] = handles
 
 
-def interpretations() -> dict[str, Callable[[], Iterable[str]]]:
-    """The registered interpretations (import their modules first)."""
+def interpretations() -> dict[str, Handles]:
+    """The registered interpretations (their modules register on import)."""
     return dict(_INTERPRETATIONS)
 
 
+def missing(handles: Handles) -> set[tuple[str, DType]]:
+    """The (op, dtype) pairs the semantics define that an interpretation has no entry for."""
+    return {(op, d) for op in SCALAR_OPS for d in dt.ALL_DTYPES
+            if defined(op, d) and not handles(op, d)}
+
+
 def missing_ops(covered: Iterable[str]) -> set[str]:
-    """The ops of `SCALAR_OPS` an interpretation covering `covered` lacks."""
+    """The ops of `SCALAR_OPS` that a table keyed by op name (`covered`) lacks."""
     return set(SCALAR_OPS) - set(covered)
 
 
 __all__ = [
     "SCALAR_OPS", "OTHER_CALLS", "PREDICATES", "COMPARISONS", "TABLES", "DivisionByZero",
     "UndefinedOp", "evaluate", "cast_value", "bitcast_value", "defined", "storage", "to_array",
-    "wrap_int", "round_bf16", "register_interpretation", "interpretations", "missing_ops",
+    "wrap_int", "fold_int", "FOLD_INT_OPS", "round_bf16", "float_fits_int", "register_interpretation", "interpretations",
+    "missing", "missing_ops", "Handles",
 ]

@@ -13,6 +13,10 @@ a divisor is assumed positive, since dividing by zero would be undefined anyway.
 is checked for sign by its coefficients: a polynomial in non-negative atoms with non-negative
 coefficients is non-negative.
 
+Integers wrap (`ir/semantics.py`): an expression of a type narrower than i64 whose range
+leaves the type's range may wrap, so its range is then the type's. Constant end points are
+computed with the semantics' `floordiv` and `shr`.
+
 `Bounds.prove_lt(a, b)` and friends answer the questions the simplifier asks ("is
 `0 <= i1 < 4` known here?"); they say False when they do not know.
 """
@@ -21,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
+from ..ir import dtypes as dt
 from ..ir import expr as ex
+from ..ir import semantics as sem
 from ..ir.dtypes import DType
 from ..ir.expr import Binary, Expr, Var
 from .loop_utils import Poly, const_int
@@ -153,7 +159,7 @@ class Bounds:
             return UNBOUNDED
         hit = self._cache.get(e)
         if hit is None:
-            hit = self._interval(e)
+            hit = _within_type(self._interval(e), e.type.dtype)
             self._cache[e] = hit
         return hit
 
@@ -274,7 +280,9 @@ class Bounds:
         a, k = self.interval(e.a), const_int(e.b)
         if k is not None and k >= 0 and self.nonneg(a.lo):
             if a.const_hi is not None:
-                return Interval.const(a.const_lo >> k if a.const_lo is not None else 0, a.const_hi >> k)
+                d = e.type.dtype
+                lo = sem.evaluate("shr", d, a.const_lo, k) if a.const_lo is not None else 0
+                return Interval.const(lo, sem.evaluate("shr", d, a.const_hi, k))
             return Interval(Poly.const(0), a.hi)
         return type_range(e.type.dtype)
 
@@ -293,7 +301,7 @@ def _floor_end(p: End, c: int, b: Bounds, lower: bool) -> End:
     if p is None:
         return None
     if p.is_const:
-        return Poly.const(p.const_value // c)
+        return Poly.const(sem.evaluate("floordiv", dt.index, p.const_value, c))
     if b.nonneg(p):
         # 0 <= p // c <= p
         return Poly.const(0) if lower else p
@@ -312,6 +320,19 @@ _ATOM_RULES = {
     "shr": Bounds._shr,
     "shl": Bounds._shl,
 }
+
+
+def _within_type(r: Interval, dtype: DType) -> Interval:
+    """`r`, or the whole range of `dtype` where a constant end point leaves it (the value may
+    have wrapped). i64 is the index type: index arithmetic is taken not to overflow."""
+    if dtype.is_bool or dtype == dt.index:
+        return r
+    full = type_range(dtype)
+    lo, hi = r.const_lo, r.const_hi
+    if (lo is not None and lo < full.const_lo) or (hi is not None and full.const_hi is not None
+                                                    and hi > full.const_hi):  # type: ignore[operator]
+        return full
+    return r
 
 
 def kernel_bounds(symbols: Iterable[Var]) -> Bounds:

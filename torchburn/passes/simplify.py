@@ -49,12 +49,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-import numpy as np
-
-from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
-from ..ir.dtypes import DType
+from ..ir import semantics as sem
 from ..ir.expr import Binary, Const, Expr, Var
 from .base import LoopPass, register_pass
 from .bounds import Bounds, kernel_bounds
@@ -78,94 +75,38 @@ MAX_REWRITES = 16
 
 # ---- constant folding -------------------------------------------------------------------------
 
-_NUMPY_FLOAT: dict[str, Callable[[Any], Any]] = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
-
-
-def wrap_int(v: int, dtype: DType) -> int:
-    """`v` reduced to the range of an integer dtype (two's complement wrap-around)."""
-    mask = (1 << dtype.bits) - 1
-    v &= mask
-    if dtype.is_signed and v >> (dtype.bits - 1):
-        v -= 1 << dtype.bits
-    return v
-
-
-def _fold_int(op: str, a: int, b: int, dtype: DType) -> Optional[int | bool]:
-    if op in ("floordiv", "mod", "div") and b == 0:
-        return None
-    if op in ("shl", "shr") and not 0 <= b < dtype.bits:
-        return None
-    table: dict[str, Callable[[], int | bool]] = {
-        "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
-        "floordiv": lambda: a // b, "mod": lambda: a % b,
-        "div": lambda: abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1),
-        "min": lambda: min(a, b), "max": lambda: max(a, b),
-        "and": lambda: a & b, "or": lambda: a | b, "xor": lambda: a ^ b,
-        "shl": lambda: a << b, "shr": lambda: a >> b,
-        "eq": lambda: a == b, "ne": lambda: a != b, "lt": lambda: a < b,
-        "le": lambda: a <= b, "gt": lambda: a > b, "ge": lambda: a >= b,
-    }
-    fn = table.get(op)
-    if fn is None:
-        return None
-    r = fn()
-    return r if isinstance(r, bool) else wrap_int(r, dtype)
-
-
-def _fold_float(op: str, a: float, b: float, dtype: DType) -> Optional[float | bool]:
-    np_t = _NUMPY_FLOAT.get(dtype.name)
-    if np_t is None:
-        return None
-    x: Any = np_t(a)
-    y: Any = np_t(b)
-    with np.errstate(all="ignore"):
-        if op in ("min", "max"):
-            if math.isnan(a) or math.isnan(b):
-                return None  # NaN behaviour of min/max is the target's business
-            return float(min(x, y) if op == "min" else max(x, y))
-        table: dict[str, Callable[[], object]] = {
-            "add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "div": lambda: x / y,
-            "eq": lambda: x == y, "ne": lambda: x != y, "lt": lambda: x < y,
-            "le": lambda: x <= y, "gt": lambda: x > y, "ge": lambda: x >= y,
-        }
-        fn = table.get(op)
-        if fn is None:
-            return None
-        r = fn()
-    return bool(r) if op in ex.COMPARISONS else float(r)  # type: ignore[arg-type]
+#: Float ops folded at compile time: those whose result IEEE (or the IR's formula) fixes
+#: exactly, so folding gives what the generated code computes. Transcendental functions are
+#: left to the target's math library.
+EXACT_FLOAT_OPS: frozenset[str] = frozenset(
+    {"add", "sub", "mul", "div", "floordiv", "mod", "remainder", "fmod", "min", "max", "copysign"}
+) | ex.COMPARISONS
 
 
 def fold_constants(e: Expr, b: Bounds) -> Optional[Expr]:
-    """`3 + 4 -> 7`, `1.5:f32 * 2.0:f32 -> 3.0:f32`, `2 < 3 -> true` (scalar constants only)."""
+    """`3 + 4 -> 7`, `100:i8 + 100:i8 -> -56:i8`, `1.5:f32 * 2.0:f32 -> 3.0:f32`, `2 < 3 -> true`
+    (scalar constants only; values are `semantics.evaluate`'s; integer division by zero stays)."""
     if not (isinstance(e, Binary) and isinstance(e.a, Const) and isinstance(e.b, Const)):
         return None
     d = e.a.type.dtype
-    if d.is_float:
-        r: Optional[object] = _fold_float(e.op, float(e.a.value), float(e.b.value), d)
-    elif d.is_bool:
-        r = _fold_int(e.op, int(e.a.value), int(e.b.value), dt.i8)
-        r = None if r is None else (bool(r) if e.op in ("and", "or", "xor") else r)
-    else:
-        r = _fold_int(e.op, int(e.a.value), int(e.b.value), d)
-    return None if r is None else Const(r, e.type)  # type: ignore[arg-type]
+    if (d.is_float and e.op not in EXACT_FLOAT_OPS) or not sem.defined(e.op, d):
+        return None
+    try:
+        r = sem.evaluate(e.op, d, e.a.value, e.b.value)
+    except sem.DivisionByZero:
+        return None
+    return Const(r, e.type)
 
 
 def fold_cast(e: Expr, b: Bounds) -> Optional[Expr]:
-    """`cast<f32>(3) -> 3.0:f32`, `cast<i32>(2.7:f32) -> 2:i32`, `cast<f32>(0.1:f64)` rounds."""
-    if not (isinstance(e, ex.Cast) and isinstance(e.value, Const)):
+    """`cast<f32>(3) -> 3.0:f32`, `cast<i32>(2.7:f32) -> 2:i32`, `cast<f32>(0.1:f64)` rounds
+    (`semantics.cast_value`); a float out of the integer's range (or NaN) is left to the target."""
+    if not (isinstance(e, ex.Cast) and isinstance(e.value, Const) and e.value.type.lanes == 1):
         return None
-    v, d = e.value.value, e.type.dtype
-    if d.is_bool:
-        return Const(bool(v), e.type)
-    if d.is_int:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        return Const(wrap_int(int(v), d), e.type)
-    np_t = _NUMPY_FLOAT.get(d.name)
-    if np_t is None:
+    src, d = e.value.type.dtype, e.type.dtype
+    if src.is_float and d.is_int and not sem.float_fits_int(e.value.value, d):
         return None
-    with np.errstate(all="ignore"):
-        return Const(float(np_t(v)), e.type)
+    return Const(sem.cast_value(e.value.value, src, d), e.type)
 
 
 # ---- identities -------------------------------------------------------------------------------------

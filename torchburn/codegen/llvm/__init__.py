@@ -5,6 +5,7 @@ Modules, in the order a program flows through them: `module` (program, kernels, 
 tables it uses: `binary`, `mathfuncs`, `reduce`, `casts`, `memory`; `types` maps dtypes to LLVM
 types and `helpers` builds internal functions (integer pow, erfinv, digamma).
 """
+from . import optable  # noqa: F401  (registers the LLVM interpretation of the scalar ops)
 from .module import build_module, emit_program, entry_name
 
 __all__ = ["build_module", "emit_program", "entry_name"]

@@ -10,7 +10,9 @@ Semantics (see `ir/expr.py`):
   does, instead of LLVM's poison.
 - Integer `pow` is repeated squaring in a helper (`helpers.ipow`); float `pow` is `llvm.pow`.
 - f16/bf16 operands are computed in f32 and rounded back: exact for + - * / (f32 has more
-  than twice the precision) and what torch does for everything else.
+  than twice the precision) and what torch does for everything else, except `nextafter`,
+  which steps in the half's own precision (`HALF_OWN_PRECISION`).
+The definitions are `ir/semantics.py`'s; `tests/codegen/test_semantics_agreement.py` checks.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import llvmlite.ir as ir
 from ..errors import CodegenError
 from . import helpers
 from .opcontext import OpContext, is_half, per_lane_call
-from .types import F32, scalar_of
+from ...ir import dtypes as dt
+from .types import F32, scalar_of, splat_const, vector_of
 
 BinaryFn = Callable[[OpContext, ir.Value, ir.Value], ir.Value]
 
@@ -198,16 +201,44 @@ BOOL_OPS: dict[str, BinaryFn] = {
     **{op: _icmp(op, signed=False) for op in _CMP_SYMBOLS},
 }
 
-_TABLES: dict[str, dict[str, BinaryFn]] = {"f": FLOAT_OPS, "i": SIGNED_OPS, "u": UNSIGNED_OPS, "b": BOOL_OPS}
+#: Binary operators by operand kind ("f", "i", "u", "b"), keyed by the IR's names.
+TABLES: dict[str, dict[str, BinaryFn]] = {"f": FLOAT_OPS, "i": SIGNED_OPS, "u": UNSIGNED_OPS, "b": BOOL_OPS}
+
+
+def _half_nextafter(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    """nextafter in f16/bf16's own precision (`ir/semantics.py`, as torch): one step on the
+    16-bit pattern; after +-0 comes the smallest subnormal with b's sign; a == b gives b."""
+    bb = cx.b
+    bits = vector_of(ir.IntType(16), cx.lanes)
+    wide = cx.widened()
+    a32, b32 = cx.to_f32(a), cx.to_f32(b)
+    zero = wide.const(0.0)
+    ua, ub = bb.bitcast(a, bits), bb.bitcast(b, bits)
+    away = bb.icmp_unsigned("==", bb.fcmp_ordered("<", a32, b32), bb.fcmp_ordered(">", a32, zero))
+    one = splat_const(bits, 1)
+    r = bb.select(away, bb.add(ua, one), bb.sub(ua, one))
+    tiny = bb.select(bb.fcmp_ordered("<", b32, zero), splat_const(bits, -0x7FFF), one)
+    r = bb.select(bb.fcmp_ordered("==", a32, zero), tiny, r)
+    r = bb.select(bb.fcmp_ordered("==", a32, b32), ub, r)
+    nan = splat_const(bits, 0x7E00 if cx.dtype == dt.f16 else 0x7FC0)
+    r = bb.select(bb.fcmp_unordered("uno", a32, b32), nan, r)
+    return bb.bitcast(r, cx.type)
+
+
+#: Ops that f16/bf16 compute in their own precision rather than in f32.
+HALF_OWN_PRECISION: dict[str, BinaryFn] = {"nextafter": _half_nextafter}
 
 
 def emit_binary(cx: OpContext, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
     """`a op b` for operands of `cx.dtype`; half floats are computed in f32."""
-    fn = _TABLES[cx.dtype.kind].get(op)
+    fn = TABLES[cx.dtype.kind].get(op)
     if fn is None:
         raise CodegenError(f"binary op {op!r} is not defined on {cx.dtype}")
     if not is_half(cx.dtype):
         return fn(cx, a, b)
+    own = HALF_OWN_PRECISION.get(op)
+    if own is not None:
+        return own(cx, a, b)
     wide = cx.widened()
     result = fn(wide, cx.to_f32(a), cx.to_f32(b))
     return cx.from_f32(result) if result.type == wide.type else result

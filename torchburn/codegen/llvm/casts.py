@@ -1,8 +1,10 @@
 """Value conversions between IR dtypes (`cast<T>(x)`) and bit reinterpretation (`bitcast`).
 
 Semantics follow torch on x86:
-- float -> int truncates toward zero; into 8/16-bit integers (u8 included) it converts to i64
-  first and then wraps, so `-1.0 -> u8` is 255 and `300.0 -> u8` is 44, as torch gives.
+- float -> int truncates toward zero; into 8/16-bit integers (u8 included) it converts to i32
+  first and then wraps, so `-1.0 -> u8` is 255, `300.0 -> u8` is 44 and `1e10 -> i16` is 0
+  (x86's INT_MIN for an out-of-range i32, wrapped), as torch gives. The definition is
+  `ir/semantics.cast_value`.
 - float -> bool is `x != 0` (NaN is true); int -> bool is `x != 0`.
 - bool -> number is 0 or 1; unsigned integers zero-extend, signed ones sign-extend.
 - f16 and bf16 convert to and from everything through f32 (`halfconv.py`), as torch does and
@@ -20,7 +22,7 @@ from ...ir.expr import ScalarType
 from ..errors import CodegenError
 from .halfconv import from_f32, to_f32
 from .opcontext import is_half
-from .types import F32, I64, reg_type, splat_const, vector_of
+from .types import F32, I32, reg_type, splat_const, vector_of
 
 CastFn = Callable[[ir.IRBuilder, ir.Value, DType, DType, ir.Type], ir.Value]
 
@@ -65,7 +67,7 @@ def _float_to_int(b: ir.IRBuilder, v: ir.Value, src: DType, dst: DType, to: ir.T
         v = to_f32(b, v, src)
     if dst.bits >= 32:
         return b.fptosi(v, to) if dst.kind == "i" else b.fptoui(v, to)
-    wide = b.fptosi(v, vector_of(I64, _lanes(v)))
+    wide = b.fptosi(v, vector_of(I32, _lanes(v)))
     return b.trunc(wide, to)
 
 

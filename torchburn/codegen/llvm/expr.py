@@ -99,9 +99,9 @@ class ExprEmitter:
     def _call(self, e: ex.Call) -> ir.Value:
         if not e.args:
             raise CodegenError(f"call {e.name}() has no arguments")
-        if e.name == ex.DOT4_U8I8:  # operands of three types, see codegen/llvm/dot.py
-            acc, a, b = (self.emit(arg) for arg in e.args)
-            return emit_dot4(self.b, self.fs.ctx, acc, a, b)
+        special = _CALL_NODES.get(e.name)
+        if special is not None:
+            return special(self, e)
         dtype = e.args[0].dtype
         for a in e.args:
             if a.dtype != dtype:
@@ -109,6 +109,13 @@ class ExprEmitter:
         lanes = max(a.lanes for a in e.args)
         args = [self.splat(self.emit(a), lanes) for a in e.args]
         return emit_call(self.op_context(ScalarType(dtype, lanes)), e.name, args)
+
+    def _dot4(self, e: ex.Call) -> ir.Value:
+        """Operands of three types, see `dot.py`."""
+        if len(e.args) != 3:
+            raise CodegenError(f"{ex.DOT4_U8I8} takes 3 arguments, got {len(e.args)}")
+        acc, a, b = (self.emit(arg) for arg in e.args)
+        return emit_dot4(self.b, self.fs.ctx, acc, a, b)
 
     def _cast(self, e: ex.Cast) -> ir.Value:
         return emit_cast(self.b, self.emit(e.value), e.value.type, e.type)
@@ -145,6 +152,11 @@ class ExprEmitter:
             raise CodegenError(f"vreduce_{e.op} must produce a scalar, not {e.type}")
         return emit_reduce(self.op_context(e.value.type), e.op, self.emit(e.value))
 
+
+#: Calls whose operands are not of one type: emitted from the node, not through `CALLS`.
+_CALL_NODES: dict[str, Callable[[ExprEmitter, ex.Call], ir.Value]] = {
+    ex.DOT4_U8I8: ExprEmitter._dot4,
+}
 
 _HANDLERS: dict[type, Callable[[ExprEmitter, Any], ir.Value]] = {
     ex.Const: ExprEmitter._const,

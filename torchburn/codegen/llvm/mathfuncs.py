@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import llvmlite.ir as ir
 
-from ...ir.expr import NAMED_BINARY_OPS
+from ...ir.expr import NAMED_BINARY_OPS, UNARY_FUNCS
 from ..errors import CodegenError
 from . import helpers
 from .binary import emit_binary
@@ -162,14 +162,15 @@ BOOL_UNARY: dict[str, UnaryFn] = {
     "signbit": lambda cx, x: _bool_const(cx, False),
 }
 
-_UNARY_TABLES: dict[str, dict[str, UnaryFn]] = {
+#: Unary functions by operand kind ("f", "i", "u", "b"), keyed by the IR's names.
+UNARY_TABLES: dict[str, dict[str, UnaryFn]] = {
     "f": FLOAT_UNARY, "i": SIGNED_UNARY, "u": UNSIGNED_UNARY, "b": BOOL_UNARY,
 }
 
 
 def emit_unary(cx: OpContext, name: str, x: ir.Value) -> ir.Value:
     """`name(x)` for an operand of `cx.dtype`; half floats are computed in f32."""
-    fn = _UNARY_TABLES[cx.dtype.kind].get(name)
+    fn = UNARY_TABLES[cx.dtype.kind].get(name)
     if fn is None:
         raise CodegenError(f"function {name!r} is not defined on {cx.dtype}")
     if not is_half(cx.dtype):
@@ -179,24 +180,52 @@ def emit_unary(cx: OpContext, name: str, x: ir.Value) -> ir.Value:
     return cx.from_f32(result) if result.type == wide.type else result
 
 
+CallFn = Callable[[OpContext, Sequence[ir.Value]], ir.Value]
+
+
+def _float_fma(cx: OpContext, args: Sequence[ir.Value]) -> ir.Value:
+    if is_half(cx.dtype):
+        wide = cx.widened()
+        return cx.from_f32(wide.intrinsic("llvm.fma", *(cx.to_f32(a) for a in args)))
+    return cx.intrinsic("llvm.fma", *args)
+
+
+def _int_fma(cx: OpContext, args: Sequence[ir.Value]) -> ir.Value:
+    return cx.b.add(cx.b.mul(args[0], args[1]), args[2])
+
+
+#: `fma(a, b, c)` by operand kind: one rounding on floats (`llvm.fma`), wrapping on integers.
+FMA: dict[str, CallFn] = {"f": _float_fma, "i": _int_fma, "u": _int_fma}
+
+
 def _fma(cx: OpContext, args: Sequence[ir.Value]) -> ir.Value:
-    if cx.dtype.is_float:
-        if is_half(cx.dtype):
-            wide = cx.widened()
-            return cx.from_f32(wide.intrinsic("llvm.fma", *(cx.to_f32(a) for a in args)))
-        return cx.intrinsic("llvm.fma", *args)
-    if cx.dtype.is_int:
-        return cx.b.add(cx.b.mul(args[0], args[1]), args[2])
-    raise CodegenError(f"fma is not defined on {cx.dtype}")
+    fn = FMA.get(cx.dtype.kind)
+    if fn is None:
+        raise CodegenError(f"fma is not defined on {cx.dtype}")
+    return fn(cx, args)
+
+
+def _as_binary(name: str) -> CallFn:
+    return lambda cx, args: emit_binary(cx, name, args[0], args[1])
+
+
+def _as_unary(name: str) -> CallFn:
+    return lambda cx, args: emit_unary(cx, name, args[0])
+
+
+#: Every `Call` name with its arity and emitter: unary functions, `fma`, and the binary ops
+#: spelt as calls (`min(a, b)`). `dot4_u8i8_acc`, whose operands differ in type, is a node
+#: handler of `expr.py`.
+CALLS: dict[str, tuple[int, CallFn]] = {
+    "fma": (3, _fma),
+    **{name: (2, _as_binary(name)) for name in sorted(NAMED_BINARY_OPS)},
+    **{name: (1, _as_unary(name)) for name in sorted(UNARY_FUNCS)},
+}
 
 
 def emit_call(cx: OpContext, name: str, args: Sequence[ir.Value]) -> ir.Value:
-    """Any `Call`: unary functions, `fma(a, b, c)`, and binary ops spelt as calls."""
-    if name == "fma" and len(args) == 3:
-        return _fma(cx, args)
-    if name in NAMED_BINARY_OPS and len(args) == 2:
-        return emit_binary(cx, name, args[0], args[1])
-    if len(args) == 1:
-        return emit_unary(cx, name, args[0])
-    raise CodegenError(f"unknown function {name!r} with {len(args)} arguments")
-
+    """Any `Call` of `CALLS`, for operands of `cx.dtype`."""
+    entry = CALLS.get(name)
+    if entry is None or entry[0] != len(args):
+        raise CodegenError(f"unknown function {name!r} with {len(args)} arguments")
+    return entry[1](cx, args)

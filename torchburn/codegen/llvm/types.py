@@ -11,13 +11,13 @@ so constants are rounded to the narrow type here first.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Union
 
 import llvmlite.ir as ir
 from llvmlite.ir.types import _BaseFloatType, _format_double
 
 from ...ir import dtypes as dt
+from ...ir import semantics as sem
 from ...ir.dtypes import DType
 from ...ir.expr import ScalarType
 from ..errors import CodegenError
@@ -98,25 +98,16 @@ def lanes_of(t: ir.Type) -> int:
 
 
 def round_f16(v: float) -> float:
-    """Round to the nearest half-precision value (overflow gives a signed infinity)."""
-    if math.isnan(v) or math.isinf(v):
-        return v
-    try:
-        return struct.unpack("<e", struct.pack("<e", v))[0]
-    except OverflowError:
-        return math.copysign(math.inf, v)
+    """`v` rounded to half precision as the IR's casts round (`semantics.cast_value`: through
+    f32, overflow gives a signed infinity)."""
+    return float(sem.cast_value(v, dt.f64, dt.f16))
 
 
 def round_bf16(v: float) -> float:
-    """Round to the nearest bfloat16 value (via float32, ties to even)."""
-    if math.isnan(v) or math.isinf(v):
+    """`v` rounded to bfloat16 as the IR's casts round (through f32, ties to even)."""
+    if math.isnan(v):
         return v
-    try:
-        bits = struct.unpack("<I", struct.pack("<f", v))[0]
-    except OverflowError:
-        return math.copysign(math.inf, v)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
+    return float(sem.cast_value(v, dt.f64, dt.bf16))
 
 
 def const(st: ScalarType, value: Union[int, float, bool]) -> ir.Constant:
@@ -140,10 +131,12 @@ def splat_const(t: ir.Type, value: Union[int, float]) -> ir.Constant:
 
 
 def _wrap_int(v: int, dtype: DType) -> int:
-    """Two's-complement wrap to the dtype's width (LLVM prints integer constants signed)."""
-    bits = dtype.bits
-    v &= (1 << bits) - 1
-    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+    """The value's bit pattern as a signed integer of the dtype's width (LLVM prints integer
+    constants signed: u8 255 is `i8 -1`)."""
+    return sem.wrap_int(v, _SIGNED_OF_WIDTH[dtype.bits])
+
+
+_SIGNED_OF_WIDTH: dict[int, DType] = {8: dt.i8, 16: dt.i16, 32: dt.i32, 64: dt.i64}
 
 
 def mangle(t: ir.Type) -> str:

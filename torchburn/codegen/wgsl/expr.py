@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
+from ...ir import semantics as sem
 from ...ir.dtypes import DType
 from ...ir.expr import Expr
 from . import ops
@@ -133,31 +134,33 @@ class ExprRenderer:
 
     def _Binary(self, e: ex.Binary) -> Rendered:
         d = e.a.dtype
-        template = ops.BINARY.get((e.op, kind(d)))
-        if template is None:
-            raise WgslUnsupported(f"binary op {e.op!r} on {d} has no WGSL form")
+        template = _template(ops.BINARY, e.op, d, "binary op")
         a, b = self.render(e.a), self.render(e.b)
         lanes = max(a[1], b[1])
         if e.op in ("floordiv", "mod") and d.is_int and lanes == 1 and self.is_nonneg(e.a) and self.is_nonneg(e.b):
             op = "/" if e.op == "floordiv" else "%"
-            return f"i32(u32({a[0]}) {op} u32({b[0]}))", 1
+            return self.narrow(f"i32(u32({a[0]}) {op} u32({b[0]}))", e.op, d, 1), 1
         subs = self._subs(d, lanes, template)
-        return ops.fill(template, a=self.splat(a, d, lanes), b=self.splat(b, d, lanes), **subs), lanes
+        text = ops.fill(template, a=self.splat(a, d, lanes), b=self.splat(b, d, lanes), **subs)
+        return self.narrow(text, e.op, d, lanes), lanes
 
     def _Call(self, e: ex.Call) -> Rendered:
         d = e.args[0].dtype
-        if len(e.args) == 1:
-            template = ops.UNARY.get((e.name, kind(d)))
-        else:
-            template = ops.CALLS.get((e.name, kind(d)))
-        if template is None:
-            raise WgslUnsupported(f"function {e.name!r} on {d} has no WGSL form")
+        table = ops.UNARY if len(e.args) == 1 else ops.CALLS
+        template = _template(table, e.name, d, "function")
         args = [self.render(a) for a in e.args]
         lanes = max(r[1] for r in args)
         subs = self._subs(d, lanes, template)
         texts = [self.splat(r, a.dtype, lanes) for r, a in zip(args, e.args)]
         names = dict(zip(("x",) if len(texts) == 1 else ("a", "b", "c"), texts))
-        return ops.fill(template, **names, **subs), lanes
+        return self.narrow(ops.fill(template, **names, **subs), e.name, d, lanes), lanes
+
+    def narrow(self, text: str, op: str, d: DType, lanes: int) -> str:
+        """Wrap the i32 result of `op` back into i8/i16/u8 where it can leave the range."""
+        if d.name not in ("i8", "i16", "u8") or op not in ops.WRAPS_NARROW:
+            return text
+        template = ops.CASTS[("i", d.name)]
+        return ops.fill(template, x=text, **self._subs(d, lanes, template))
 
     def _Select(self, e: ex.Select) -> Rendered:
         c, a, b = self.render(e.cond), self.render(e.a), self.render(e.b)
@@ -184,6 +187,34 @@ class ExprRenderer:
             raise WgslUnsupported(f"bitcast {e.value.dtype} -> {e.dtype}: only 32-bit bitcasts exist in WGSL")
         x, lanes = self.render(e.value)
         return f"bitcast<{self.wtype(e.dtype, lanes)}>({x})", lanes
+
+
+def _template(table: dict[tuple[str, str], str], op: str, d: DType, what: str) -> str:
+    """The template of `op` on `d`, or `WgslUnsupported` with the table's reason."""
+    reason = ops.UNSUPPORTED_DTYPES.get(d.name) or ops.UNSUPPORTED.get((op, kind(d)))
+    if reason is not None:
+        raise WgslUnsupported(f"{what} {op!r} on {d}: {reason}")
+    template = table.get((op, kind(d)))
+    if template is None:
+        raise WgslUnsupported(f"{what} {op!r} on {d} has no WGSL form")
+    return template
+
+
+def handles(op: str, d: DType) -> bool:
+    """Whether the WGSL renderer has an entry (a template or an unsupported reason) for `op`
+    on `d`: the WGSL interpretation of `ir/semantics.py`'s ops."""
+    if d.name in ops.UNSUPPORTED_DTYPES or (op, kind(d)) in ops.UNSUPPORTED:
+        return True
+    if op in ex.BINARY_OPS:
+        return (op, kind(d)) in ops.BINARY
+    if op in ex.UNARY_FUNCS:
+        return (op, kind(d)) in ops.UNARY
+    if op in ("cast", "bitcast", "select"):
+        return True  # `_Cast` (the CASTS table, `cast_target` says why not), `_Bitcast`, `_Select`
+    return (op, kind(d)) in ops.CALLS
+
+
+sem.register_interpretation("wgsl", handles)
 
 
 def cast_target(d: DType, caps: Caps) -> str:

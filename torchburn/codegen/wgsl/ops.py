@@ -6,9 +6,16 @@ WGSL type, a vector type in vectorized code), `$t` (the same, spelled for a func
 A template naming `tb_<helper>_$t` pulls in the helper function of that name from `HELPERS`,
 instantiated for the type.
 
-Each table is keyed by (operation, kind) where kind is "f" (float), "i" (integer) or "b" (bool).
-An operation missing from a table has no WGSL form: codegen raises `WgslUnsupported` and the
-program runs on the CPU engine.
+Each table is keyed by (operation, kind) where kind is "f" (float), "i" (integer) or "b" (bool),
+operations by the IR's names (`ir/opnames.py`); what they compute is `ir/semantics.py`'s.
+Operations WGSL cannot express have an explicit entry in `UNSUPPORTED` (with the reason), as
+do whole dtypes (`UNSUPPORTED_DTYPES`): codegen raises `WgslUnsupported` with that reason and
+the program runs on the CPU engine. `tests/codegen/test_handler_coverage.py` checks that every
+op the semantics define has one or the other.
+
+Integers narrower than 32 bits (i8, i16, u8) are held in i32: the ops in `WRAPS_NARROW` can
+leave the type's range, and their result is wrapped back with the cast templates, so i8
+`100 + 100` is -56 as on the CPU.
 """
 from __future__ import annotations
 
@@ -42,10 +49,13 @@ BINARY.update({
     ("remainder", "i"): "tb_pymod_$t($a, $b)",
     ("fmod", "i"): "tb_rem_$t($a, $b)",
     ("and", "i"): "($a & $b)", ("or", "i"): "($a | $b)", ("xor", "i"): "($a ^ $b)",
-    ("shl", "i"): "($a << $U($b))", ("shr", "i"): "($a >> $U($b))",
+    # shift amounts of the bit width or more give 0 (sign bits for `>>`), not WGSL's modulo
+    ("shl", "i"): "select($a << $U($b), $T(0), $U($b) >= $U(32u))",
+    ("shr", "i"): "($a >> min($U($b), $U(31u)))",
     # bools
     ("and", "b"): "($a & $b)", ("or", "b"): "($a | $b)", ("xor", "b"): "($a != $b)",
     ("min", "b"): "($a & $b)", ("max", "b"): "($a | $b)",
+    ("add", "b"): "($a | $b)", ("mul", "b"): "($a & $b)",
     ("lt", "b"): "($I($a) < $I($b))", ("le", "b"): "($I($a) <= $I($b))",
     ("gt", "b"): "($I($a) > $I($b))", ("ge", "b"): "($I($a) >= $I($b))",
 })
@@ -76,12 +86,34 @@ UNARY: dict[tuple[str, str], str] = {
     ("signbit", "f"): "((bitcast<$U>($F($x)) >> $U(31u)) != $U(0u))",
     ("isnan", "i"): "($x != $x)", ("isinf", "i"): "($x != $x)", ("isfinite", "i"): "($x == $x)",
     ("signbit", "i"): "($x < $T(0))",
+    ("abs", "b"): "$x", ("sign", "b"): "$x",
+    ("floor", "b"): "$x", ("ceil", "b"): "$x", ("round", "b"): "$x", ("trunc", "b"): "$x",
+    ("isnan", "b"): "($x != $x)", ("isinf", "b"): "($x != $x)", ("isfinite", "b"): "($x == $x)",
+    ("signbit", "b"): "($x != $x)",
 }
 
 #: Other calls, by name and kind (arguments `$a`, `$b`, `$c`).
 CALLS: dict[tuple[str, str], str] = {
     ("fma", "f"): "fma($a, $b, $c)",
+    ("fma", "i"): "($a * $b + $c)",
 }
+
+#: Operations with no WGSL form, and why: (operation, kind) -> reason.
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    ("lgamma", "f"): "lgamma has no WGSL form (no built-in, no helper yet)",
+    ("digamma", "f"): "digamma has no WGSL form (no built-in, no helper yet)",
+    ("erfinv", "f"): "erfinv has no WGSL form (no built-in, no helper yet)",
+    ("nextafter", "f"): "nextafter has no WGSL form (no bit-stepping helper yet)",
+    ("pow", "i"): "integer pow has no WGSL form (WGSL's pow is float-only)",
+    ("dot4_u8i8_acc", "i"): "dot4_u8i8_acc has no WGSL form (CPU quantized kernels only)",
+}
+#: Dtypes no WGSL operation takes, and why.
+UNSUPPORTED_DTYPES: dict[str, str] = {"f64": "WGSL has no 64-bit floats (f64)"}
+
+#: Integer ops whose i32 result can leave the range of i8/i16/u8 operands (then wrapped).
+WRAPS_NARROW: frozenset[str] = frozenset(
+    {"add", "sub", "mul", "div", "floordiv", "shl", "neg", "abs", "not", "fma"}
+)
 
 #: Conversions: (source kind, target spelling) -> template; `$T` is the target WGSL type.
 #: Targets: "float" (f32/f16 natively), "f16r" (f16 kept in f32: round), "bf16r" (bf16 kept in

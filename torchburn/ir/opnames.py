@@ -1,0 +1,36 @@
+"""The names of the IR's scalar operations, in one place.
+
+`expr.py` builds nodes with these names and `semantics.py` defines what each means; both
+import them from here, so neither imports the other's module to learn the names.
+"""
+from __future__ import annotations
+
+#: Binary operators with an infix spelling, in the order of their precedence groups.
+INFIX_OPS: dict[str, str] = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
+}
+#: Binary operators spelt as calls: `min(a, b)`.
+NAMED_BINARY_OPS: frozenset[str] = frozenset(
+    {"min", "max", "pow", "atan2", "fmod", "remainder", "copysign", "hypot", "nextafter"}
+)
+#: The byte dot-product call (see `expr.Call`): its arguments have three different types.
+DOT4_U8I8 = "dot4_u8i8_acc"
+COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
+
+#: Functions of one argument. Float math follows C99/IEEE semantics.
+UNARY_FUNCS: frozenset[str] = frozenset({
+    "neg", "not", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "erf", "erfc", "erfinv", "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal",
+    "isnan", "isinf", "isfinite", "lgamma", "digamma", "signbit",
+})
+#: Unary functions whose result is a bool whatever the operand.
+PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"})
+#: Calls that are neither binary operators nor unary functions.
+OTHER_CALLS: frozenset[str] = frozenset({"fma", DOT4_U8I8})
+#: Every scalar operation an interpretation of the IR implements: the binary operators, the
+#: calls, and the nodes `cast`, `bitcast` and `select`.
+SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}
