@@ -29,7 +29,13 @@ def covered() -> frozenset[str]:
     return BINARY | CALLS | OTHER
 
 
-semantics.register_interpretation("reference", covered)
+def handles(op: str, dtype: DType) -> bool:
+    """Whether the interpreter runs `op` on `dtype`: every op it dispatches, on every dtype
+    (`semantics.evaluate` itself refuses a dtype the op has no meaning on)."""
+    return op in covered()
+
+
+semantics.register_interpretation("reference", handles)
 
 
 def binary(op: str, dtype: DType, a: Any, b: Any) -> Any:

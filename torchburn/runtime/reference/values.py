@@ -28,6 +28,8 @@ def storage_dtype(d: DType) -> np.dtype:
 def bf16_to_f32(bits: Any) -> Any:
     """bf16 bit patterns (uint16) -> their values as float32 (exact)."""
     raw = np.asarray(bits, dtype=np.uint16)
+    if raw.ndim == 0:  # one element: a Python float, as `semantics` returns scalars
+        return float(semantics.bitcast_value(int(raw.view(np.int16)), dt.i16, dt.bf16))
     return np.asarray(semantics.bitcast_value(raw.view(np.int16), dt.i16, dt.bf16)).reshape(raw.shape)
 
 
