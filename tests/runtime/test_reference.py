@@ -406,3 +406,63 @@ def test_torch_compile_runs_on_the_reference_engine_without_llvm(spelling: str) 
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["reference", "burn_ndarray", "['reference']", "False", "False"]
+
+
+# ---- random kernels: lanes change nothing -----------------------------------------------------------
+
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.ir.strategies import kernels  # noqa: E402
+from torchburn.ir import expr as ex  # noqa: E402
+from torchburn.runtime.reference import interp  # noqa: E402
+
+SYMBOLS = {"s0": 3, "s1": 2, "s2": 5}
+
+
+def _small_loops(k: lp.Kernel) -> bool:
+    """Every loop's bounds are small numbers of the symbols alone (random IR may ask for 2**62
+    iterations), and the whole nest runs at most a few thousand iterations."""
+    total = 1
+    for s in lp.walk_stmts(k.body):
+        if isinstance(s, lp.For):
+            try:
+                start, extent = (ex.evaluate_index(e, SYMBOLS) for e in (s.start, s.extent))
+            except (KeyError, ValueError, ZeroDivisionError):
+                return False
+            if abs(start) > 64 or abs(extent) > 64:
+                return False
+            total *= max(extent, 1)
+    return total <= 4096
+
+
+def _run(program: lp.Program, inputs: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch, serial: bool) -> dict:
+    interp._CACHE.clear()
+    with monkeypatch.context() as m:
+        if serial:
+            m.setattr(interp, "laneable", lambda loop: False)
+            m.setattr(interp, "accumulator_updates", lambda loop: None)
+        return run_arrays(program, inputs, SYMBOLS)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(k=kernels(max_depth=3), seed=st.integers(0, 2 ** 16))
+def test_random_kernels_give_the_same_results_in_lanes_and_serially(k: lp.Kernel, seed: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assume(_small_loops(k))
+    program = kernel_program(k)
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for b in program.inputs:
+        shape = tuple(ex.evaluate_index(d, SYMBOLS) for d in b.shape)
+        inputs[b.name] = (rng.standard_normal(shape) * 4 if b.dtype.is_float else rng.integers(-9, 9, shape)).astype(
+            np.float32 if b.dtype == dt.bf16 else semantics.storage(b.dtype))
+    undefined = (ExecutionError, semantics.DivisionByZero, semantics.UndefinedOp)
+    try:
+        serial = _run(program, inputs, monkeypatch, serial=True)
+    except undefined:
+        assume(False)
+    laned = _run(program, inputs, monkeypatch, serial=False)
+    assert serial.keys() == laned.keys()
+    for name in serial:
+        np.testing.assert_array_equal(laned[name], serial[name], err_msg=f"%{name}")

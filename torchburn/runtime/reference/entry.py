@@ -113,7 +113,7 @@ def _from_memory(flat: np.ndarray, b: lp.Buffer, env: dict[str, int]) -> np.ndar
         out = np.zeros(shape, flat.dtype)
     else:
         out = np.array(_strided_view(flat, shape, strides))
-    return bf16_to_f32(out).reshape(shape) if b.dtype.name == "bf16" else out
+    return np.asarray(bf16_to_f32(out), np.float32).reshape(shape) if b.dtype.name == "bf16" else out
 
 
 def run_arrays(program: lp.Program, inputs: Mapping[str, np.ndarray],

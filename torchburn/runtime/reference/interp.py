@@ -203,11 +203,14 @@ class KernelCode:
 
         def offset(s: State, buf: Storage) -> Any:
             off: Any = 0
-            for (f, widen), stride in zip(fns, buf.strides):
-                v = f(s)
-                if widen and np.ndim(v) > 0:
-                    v = v[..., None]
-                off = off + v * stride
+            try:
+                for (f, widen), stride in zip(fns, buf.strides):
+                    v = f(s)
+                    if widen and np.ndim(v) > 0:
+                        v = v[..., None]
+                    off = off + v * stride
+            except OverflowError:
+                raise ExecutionError(f"an index of %{name} is far outside the buffer") from None
             return off
 
         return offset
