@@ -1,7 +1,9 @@
 """Shared test helpers: compile with torchburn, compare with eager, and prove it compiled."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -40,3 +42,35 @@ def check(fn: Callable[..., Any], *args: Any, rtol: Optional[float] = None, atol
     if require_compiled:
         assert_fully_compiled(reports)
     return out
+
+
+@contextlib.contextmanager
+def engine(name: str) -> Iterator[None]:
+    """Run the block with `TORCHBURN_ENGINE=name` (configuration reloaded on the way in and out)."""
+    from torchburn.runtime.config import reload_config
+
+    old = os.environ.get("TORCHBURN_ENGINE")
+    os.environ["TORCHBURN_ENGINE"] = name
+    reload_config()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCHBURN_ENGINE", None)
+        else:
+            os.environ["TORCHBURN_ENGINE"] = old
+        reload_config()
+
+
+def check_engines(fn: Callable[..., Any], *args: Any, rtol: Optional[float] = None,
+                  atol: Optional[float] = None) -> None:
+    """Compiled (LLVM) vs reference engine vs eager: each engine's result equals eager's, and
+    the two engines agree with each other, and the reference run is reported as such."""
+    expected = fn(*args)
+    native = check(fn, *args, rtol=rtol, atol=atol)
+    with engine("reference"):
+        golden, reports = run_compiled(fn, *args)
+    assert_fully_compiled(reports)
+    assert {s.engine for r in reports for s in r.subgraphs if s.compiled} == {"reference"}
+    torch.testing.assert_close(golden, expected, rtol=rtol, atol=atol, equal_nan=True)
+    torch.testing.assert_close(native, golden, rtol=rtol, atol=atol, equal_nan=True)

@@ -51,7 +51,7 @@ the pass pipeline, the caches (memory and disk), the dumps and the versions.
 | `frontend/` | ATen -> tensor IR: lowerings, decompositions, partitioning | ir |
 | `passes/` | pass API, pipelines, pattern rewrites, every built-in pass | ir |
 | `codegen/` | loop IR -> LLVM IR, loop IR -> WGSL | ir |
-| `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, GPU device | ir, codegen |
+| `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, GPU device, the reference interpreter (`reference/`) | ir, codegen |
 | `compiler/` | the staged driver: pipeline, codegen, caches, dumps, versions (no torch) | ir, passes, codegen, runtime |
 | `quant/` | INT8/INT4 layouts, `QuantizedLinear`, custom ops and their lowerings | ir, frontend, runtime |
 | `backend/` | `torch.compile` entry, FX-graph and decomposition caches, inference path, launchers, report, `explain` | all of the above |

@@ -214,3 +214,99 @@ def test_subprocess_stdin_and_exit_codes() -> None:
     assert run_cli(str(DATA / "bad_syntax.tbir")).returncode == 1
     p = run_cli(str(DATA / "pow.tbir"), "--passes", "vectorize")
     assert p.returncode == 2 and "lower-to-loops" in p.stderr
+
+
+# ---- --run and --run-after-each (the reference engine) ----------------------------------------------
+
+FULL_CPU = "canonicalize,fuse,lower-to-loops,tile,parallelize,vectorize,split-accumulators,expand-math,unroll,simplify"
+
+
+def test_run_a_tensor_graph_on_given_inputs(tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    for name, v in (("x", x), ("w", w), ("b", b)):
+        np.save(tmp_path / f"{name}.npy", v)
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--run", "--input", f"x={tmp_path / 'x.npy'}",
+                       "--input", f"%w={tmp_path / 'w.npy'}", "--input", f"b={tmp_path / 'b.npy'}",
+                       "--save-outputs", str(tmp_path / "out"))
+    assert rc == 0, err
+    assert out.startswith("// @mlp: 1 output(s)\n%out0: float32[4, 8] =")
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "out0.npy"), np.tanh(x @ w.T + b), rtol=1e-5, atol=1e-6)
+
+
+def test_run_after_the_cpu_pipeline_gives_the_same_outputs(tmp_path: Path) -> None:
+    import numpy as np
+
+    results = {}
+    for tag, extra in (("plain", []), ("cpu", ["--passes", FULL_CPU]), ("seed8", [])):
+        seed = "8" if tag == "seed8" else "7"
+        rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--run", "--seed", seed, *extra,
+                           "--save-outputs", str(tmp_path / tag))
+        assert rc == 0, err
+        results[tag] = np.load(tmp_path / tag / "out0.npy")
+    np.testing.assert_allclose(results["cpu"], results["plain"], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(results["seed8"], results["plain"])
+
+
+def test_run_a_kernel_with_a_symbolic_size() -> None:
+    rc, out, err = opt(str(DATA / "kernel.tbir"), "--run", "--sym", "s0=2")
+    assert rc == 0, err
+    assert "%out: float32[2, 16] =" in out
+    rc, out, err = opt(str(DATA / "kernel.tbir"), "--run")
+    assert rc == 1 and "give it with --sym" in err
+
+
+def test_run_errors(tmp_path: Path) -> None:
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--run", "--input", "nope")
+    assert rc == 2 and "expected NAME=VALUE" in err
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--run", "--input", f"y={tmp_path / 'missing.npy'}")
+    assert rc == 2 and "cannot read it as .npy" in err
+    import numpy as np
+
+    np.save(tmp_path / "y.npy", np.zeros(3, np.float32))
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--run", "--input", f"y={tmp_path / 'y.npy'}")
+    assert rc == 1 and "has no such input (inputs: x, w, b)" in err
+
+
+BROKEN_LOOP_PASS = '''
+from dataclasses import dataclass
+from typing import ClassVar
+from torchburn.ir import expr as ex
+from torchburn.ir.transform import StmtMutator
+from torchburn.passes import register_pass
+from torchburn.passes.base import LoopPass
+
+class _TanhToSigmoid(StmtMutator):
+    def visit_Call(self, e):
+        e = self.generic_visit(e)
+        return ex.Call("sigmoid", e.args, e.type) if e.name == "tanh" else e
+
+@register_pass
+@dataclass(frozen=True)
+class Miscompile(LoopPass):
+    "Computes sigmoid where tanh is asked for: verifies, but computes something else."
+    name: ClassVar[str] = "test-miscompile"
+
+    def run(self, program):
+        return program.with_kernels(tuple(_TanhToSigmoid().visit_kernel(k) for k in program.kernels))
+'''
+
+
+def test_run_after_each_finds_the_pass_that_changes_the_results(tmp_path: Path) -> None:
+    plugin = tmp_path / "miscompile.py"
+    plugin.write_text(BROKEN_LOOP_PASS)
+    passes = "canonicalize,fuse,lower-to-loops,tile,test-miscompile,vectorize,simplify"
+    rc, out, err = opt("--load-pass-plugin", str(plugin), str(DATA / "mlp_tensor.tbir"), "--passes", passes,
+                       "--run-after-each")
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert "// after pass 4 (tile): same results" in lines
+    assert any(ln.startswith("// after pass 5 (test-miscompile): results CHANGED: output 0:") for ln in lines)
+    assert lines[-1] == "// @mlp: first pass after which the results change: pass 5 (test-miscompile)"
+    rc, out, err = opt(str(DATA / "mlp_tensor.tbir"), "--passes", FULL_CPU, "--run-after-each")
+    assert rc == 0, err
+    assert out.splitlines()[-1] == "// @mlp: first pass after which the results change: none"

@@ -11,9 +11,9 @@ from torchburn.ir import dtypes as dt
 from torchburn.ir import semantics as sem
 
 #: Modules that register an interpretation on import.
-MODULES = ["torchburn.codegen.llvm", "torchburn.codegen.wgsl.expr"]
+MODULES = ["torchburn.codegen.llvm", "torchburn.codegen.wgsl.expr", "torchburn.runtime.reference.ops"]
 #: Interpretations that must be registered once those modules are imported.
-EXPECTED = {"llvm", "wgsl"}
+EXPECTED = {"llvm", "wgsl", "reference"}
 
 
 def _registered() -> dict[str, sem.Handles]:

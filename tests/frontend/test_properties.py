@@ -1,5 +1,6 @@
-"""Property tests against eager: random shapes (0 and 1 included), broadcasting, strided and
-transposed inputs, several dtypes, reductions over random dim sets."""
+"""Property tests: compiled (LLVM) vs the reference engine vs eager, on random shapes (0 and 1
+included), broadcasting, strided and transposed inputs, several dtypes, reductions over random
+dim sets. Shapes stay small: the reference engine is an interpreter."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import check
+from tests.helpers import check_engines as check
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.bool]

@@ -174,6 +174,8 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
             manifest = None
             continue
         sub_report.cache_hit = hit
+        if compiled.native is None:  # TORCHBURN_ENGINE=reference: interpreted, no native code
+            sub_report.engine = "reference"
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)

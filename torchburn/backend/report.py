@@ -21,7 +21,7 @@ class SubgraphReport:
     reason: Optional[str] = None
     timings: dict[str, float] = field(default_factory=dict)
     pass_times: list[tuple[str, float]] = field(default_factory=list)
-    #: The engine that runs it: "cpu" (LLVM) or "wgpu".
+    #: The engine that runs it: "cpu" (LLVM), "wgpu" or "reference" (the NumPy interpreter).
     engine: str = "cpu"
     #: Why it runs on the CPU engine although the GPU engine was asked for.
     engine_note: Optional[str] = None

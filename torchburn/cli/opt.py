@@ -13,6 +13,17 @@ the pipeline and printed. A pipeline may cross levels: tensor passes run on a gr
 the wrong level is refused before anything runs. A stand-alone kernel runs as a one-kernel
 program whose outputs are the buffers it stores to.
 
+`--run` executes what the pipeline leaves with the reference engine (a tensor graph is lowered
+with the reference engine's pipeline first) on inputs given as `--input name=file.npy` (the
+rest random, `--seed`; symbolic sizes with `--sym s0=4`) and prints its outputs instead of the
+IR (`--save-outputs DIR` writes them as .npy; `-o` still receives the IR). `--run-after-each`
+runs the input, then the IR after every pass, and reports the first pass after which the
+results change (exit status 1 then): bisecting a miscompile pass by pass. See
+docs/reference-engine.md.
+
+    torchburn-opt model.tbir --passes "fuse,lower-to-loops,vectorize" --run --input x=x.npy
+    torchburn-opt model.tbir --passes "canonicalize,fuse,lower-to-loops,tile,vectorize" --run-after-each
+
 `--emit llvm` / `--emit asm` generate code for the host CPU from a program (`plan-memory` runs
 first when the program's temporaries have no workspace offsets yet, as in the compiler);
 `--emit wgsl` prints one compute shader per kernel (run `gpu-map` first, as the GPU engine
@@ -38,6 +49,7 @@ from ..ir.parser import IRParseError, parse_all
 from ..ir.printer import print_ir
 from ..ir.tensor import Graph
 from ..ir.verifier import VerificationError, verify
+from .opt_run import kernel_program
 
 IR = Union[Graph, lp.Program, lp.Kernel]
 
@@ -136,15 +148,6 @@ def check_levels(passes: Sequence[Any], start: str, what: str) -> None:
 
 # ---- IR items ----------------------------------------------------------------------------------
 
-def kernel_program(k: lp.Kernel) -> lp.Program:
-    """A program calling `k` once: buffers it stores to are outputs, the others inputs."""
-    written = {s.buffer for s in lp.walk_stmts(k.body) if isinstance(s, lp.Store)}
-    ins = tuple(b for b in k.params if b.name not in written)
-    outs = tuple(b for b in k.params if b.name in written)
-    call = lp.KernelCall(k.name, tuple(b.name for b in k.params))
-    return lp.Program(k.name, ins, outs, (), k.symbols, (call,), (k,))
-
-
 def _locate(source: str, filename: str, message: str) -> str:
     """`FILE:LINE:COL: message` plus the line and a caret when the message quotes IR text
     found in the source; else `FILE: message`."""
@@ -242,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--list-passes", action="store_true", help="list the registered passes and their options")
     ap.add_argument("--load-pass-plugin", action="append", default=[], metavar="FILE.py",
                     help="execute a Python file that registers passes (@register_pass); repeatable")
+    run = ap.add_argument_group("running IR with the reference engine")
+    run.add_argument("--run", action="store_true", help="run the result on inputs and print its outputs")
+    run.add_argument("--run-after-each", action="store_true",
+                     help="run the input and the IR after every pass; report the first pass that changes the results")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input's value (NumPy .npy); inputs not given are random; repeatable")
+    run.add_argument("--sym", action="append", default=[], metavar="NAME=INT",
+                     help="a symbolic size's value (for random inputs); repeatable")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    run.add_argument("--save-outputs", metavar="DIR", help="with --run: write each output to DIR/NAME.npy")
+    run.add_argument("--rtol", type=float, default=1e-5, help="--run-after-each: relative tolerance for floats")
+    run.add_argument("--atol", type=float, default=1e-6, help="--run-after-each: absolute tolerance for floats")
     return ap
 
 
@@ -329,15 +344,39 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
     if args.time_passes:
         instruments.append(timer)
 
+    inputs = _run_inputs(args) if (args.run or args.run_after_each) else None
+    changed: list[str] = []
     results: list[IR] = []
     for item in items:
+        watch = None
+        if args.run_after_each:
+            from .opt_run import RunAfterEach, RunError
+
+            try:
+                watch = RunAfterEach(item, inputs, stdout, args.rtol, args.atol)
+            except (RunError, ArithmeticError) as err:
+                raise InputError(f"{filename}: error: --run-after-each: {err}") from err
         try:
-            results.append(run_item(item, passes, instruments))
+            results.append(run_item(item, passes, [*instruments, *([watch] if watch else [])]))
         except PassError as err:
             raise InputError(f"{filename}: error: {err}") from err
         except (ValueError, TypeError, KeyError, NotImplementedError, AssertionError) as err:
             raise InputError(f"{filename}: error: pass {current.name} failed on @{item.name}: "
                              f"{type(err).__name__}: {err}") from err
+        if watch is not None:
+            verdict = watch.first_change or "none"
+            stdout.write(f"// @{item.name}: first pass after which the results change: {verdict}\n")
+            if watch.first_change:
+                changed.append(f"@{item.name}: {watch.first_change}")
+
+    if args.run or args.run_after_each:
+        if args.output:
+            Path(args.output).write_text(emit(results, args.emit))
+        if args.run:
+            _run_results(results, inputs, args, filename, stdout)
+        if args.time_passes:
+            stderr.write(timer.report() + "\n")
+        return 1 if changed else 0
 
     try:
         text = emit(results, args.emit)
@@ -353,6 +392,32 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
     else:
         stdout.write(text)
     return 0
+
+
+def _run_inputs(args: argparse.Namespace) -> Any:
+    from .opt_run import Inputs, load_inputs, parse_assignments
+
+    try:
+        files = parse_assignments(args.input, "--input")
+        syms = parse_assignments(args.sym, "--sym")
+        symbols = {k: int(v) for k, v in syms.items()}
+        arrays = load_inputs(files)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    return Inputs(arrays, symbols, args.seed)
+
+
+def _run_results(results: Sequence[IR], inputs: Any, args: argparse.Namespace, filename: str, stdout: TextIO) -> None:
+    from .opt_run import RunError, format_outputs, run_program, save_outputs
+
+    for item in results:
+        try:
+            outputs = run_program(item, inputs)
+        except (RunError, ArithmeticError) as err:
+            raise InputError(f"{filename}: error: --run: {err}") from err
+        stdout.write(format_outputs(item.name, outputs))
+        if args.save_outputs:
+            save_outputs(args.save_outputs, outputs)
 
 
 if __name__ == "__main__":

@@ -169,6 +169,8 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     """Compile `graph`, or fetch it from the memory cache, then the disk cache. Returns
     (compiled, cache_hit). `fx_source` gives the FX graph's code for `TORCHBURN_DUMP`; while
     dumping, the disk cache is not read (so every stage is written) but still filled."""
+    if get_config().engine == "reference":  # the golden model: loop IR interpreted on NumPy
+        return _compile_reference(graph, pipeline, dump, fx_source)
     from .dump import make_dump
     from ..ir.loop import Program
     from ..ir.printer import print_ir
@@ -227,6 +229,36 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     cache.put(key, compiled)
     if disk is not None:
         _store_to_disk(disk, key, program, obj, entry_name(program))
+    return compiled, False
+
+
+def _compile_reference(graph: "Graph", pipeline: Optional["Pipeline"], dump: Optional["DumpFolder"],
+                       fx_source: Optional[Callable[[], str]]) -> tuple[CompiledProgram, bool]:
+    """`compile_graph` for `TORCHBURN_ENGINE=reference` (see `compiler/reference.py`): the
+    memory cache only (the key names the engine), no disk cache, no LLVM."""
+    from ..ir.hashing import hash_key, structural_hash
+    from ..ir.printer import print_ir
+    from ..passes.pipeline import Pipeline
+    from .dump import make_dump
+    from .reference import ENGINE, lower_for_reference, reference_pipeline
+
+    pipeline = pipeline or Pipeline.default()
+    key = hash_key(structural_hash(graph), reference_pipeline(pipeline).key(), f"engine={ENGINE}",
+                   f"torchburn={VERSION}", source_digest())
+    cache = memory_cache()
+    hit = cache.get(key)
+    if hit is not None:
+        STATS.memory_hits += 1
+        return hit, True
+    dump = dump if dump is not None else make_dump(get_config().dump_dir, key)
+    if dump is not None:
+        if fx_source is not None:
+            dump.write("00_fx_graph.py", fx_source())
+        dump.write("01_tensor_ir.tbir", print_ir(graph))
+    program, entry, timings, pass_times = lower_for_reference(graph, pipeline, dump)
+    compiled = CompiledProgram(key, program, None, entry, timings, pass_times, kernels=kernel_origins(program))
+    STATS.compiled += 1
+    cache.put(key, compiled)
     return compiled, False
 
 

@@ -3,7 +3,7 @@
 | variable | meaning | default |
 |---|---|---|
 | TORCHBURN_DEVICE | cpu, gpu or auto | cpu |
-| TORCHBURN_ENGINE | llvm, wgpu or reference | llvm |
+| TORCHBURN_ENGINE | llvm (alias native_cpu), wgpu (aliases burn_wgpu, burn-wgpu) or reference (aliases burn_ndarray, burn-ndarray, burn) | llvm |
 | TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
@@ -31,6 +31,27 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     if value not in choices:
         raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
     return value
+
+
+#: `TORCHBURN_ENGINE`'s values: each engine's name, and the names the seed README gives them.
+ENGINES: tuple[str, ...] = ("llvm", "wgpu", "reference")
+ENGINE_ALIASES: dict[str, str] = {
+    "native_cpu": "llvm", "native-cpu": "llvm",
+    "burn_wgpu": "wgpu", "burn-wgpu": "wgpu",
+    "burn_ndarray": "reference", "burn-ndarray": "reference", "burn": "reference",
+}
+
+
+def engine_name(value: str) -> str:
+    """The engine `value` names (an engine or one of its aliases); ConfigError naming every
+    accepted spelling otherwise."""
+    v = value.strip().lower()
+    if v in ENGINES:
+        return v
+    if v in ENGINE_ALIASES:
+        return ENGINE_ALIASES[v]
+    spellings = ", ".join(f"{e} ({'/'.join(a for a, t in ENGINE_ALIASES.items() if t == e)})" for e in ENGINES)
+    raise ConfigError(f"TORCHBURN_ENGINE={value!r}: expected one of {spellings}")
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -75,7 +96,7 @@ class Config:
         dump = env.get("TORCHBURN_DUMP", "").strip()
         return Config(
             device=_choice(env, "TORCHBURN_DEVICE", "cpu", ("cpu", "gpu", "auto")),
-            engine=_choice(env, "TORCHBURN_ENGINE", "llvm", ("llvm", "wgpu", "reference")),
+            engine=engine_name(env.get("TORCHBURN_ENGINE", "").strip() or "llvm"),
             wgpu_backend=backend,
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,

@@ -108,14 +108,27 @@ def gpu_info() -> Optional[dict[str, Any]]:
 
 def wants_gpu() -> bool:
     cfg = get_config()
+    if cfg.engine == "reference":
+        return False
     return cfg.device in ("gpu", "auto") or cfg.engine == "wgpu"
 
 
-def active_engine() -> str:
-    """"wgpu" when the configuration asks for the GPU and an adapter exists, else "llvm"."""
-    if wants_gpu() and gpu_available():
-        return "wgpu"
-    return "llvm"
+#: The seed README's name of each engine (`active_engine(alias=True)`).
+SEED_NAMES = {"llvm": "native_cpu", "wgpu": "burn_wgpu", "reference": "burn_ndarray"}
+
+
+def active_engine(alias: bool = False) -> str:
+    """The engine compiled graphs run on: "reference" when `TORCHBURN_ENGINE` asks for the
+    NumPy interpreter, "wgpu" when the configuration asks for the GPU and an adapter exists,
+    else "llvm". With `alias=True` the seed README's names: "burn_ndarray", "burn_wgpu",
+    "native_cpu"."""
+    if get_config().engine == "reference":
+        name = "reference"
+    elif wants_gpu() and gpu_available():
+        name = "wgpu"
+    else:
+        name = "llvm"
+    return SEED_NAMES[name] if alias else name
 
 
 def get_device() -> "GpuDevice":
