@@ -76,11 +76,8 @@ PENDING_LAYER: dict[str, set[str]] = {}
 PENDING_CYCLES: list[list[str]] = [
     ["torchburn.ir.expr", "torchburn.ir.transform", "torchburn.ir.expr"],
     ["torchburn.ir.expr", "torchburn.ir.transform", "torchburn.ir.loop", "torchburn.ir.expr"],
-    ["torchburn.codegen.llvm.expr", "torchburn.codegen.llvm.memory", "torchburn.codegen.llvm.expr"],
-    ["torchburn.codegen.llvm.stmt", "torchburn.codegen.llvm.parallel", "torchburn.codegen.llvm.stmt"],
     ["torchburn.ir.tensor", "torchburn.ir.ops", "torchburn.ir.tensor"],
     ["torchburn.ir.printer", "torchburn.ir.tensor", "torchburn.ir.printer"],
-    ["torchburn.codegen.wgsl.gemm", "torchburn.codegen.wgsl.kernel", "torchburn.codegen.wgsl.gemm"],
 ]
 
 
