@@ -134,3 +134,13 @@ def test_unknown_target_names_are_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     assert reload_config().target == "aarch64-unknown-linux-gnu:generic:+neon"
     monkeypatch.delenv("TORCHBURN_TARGET")
     assert reload_config().target == "host"
+
+
+def test_the_target_is_part_of_the_fx_graph_cache_key() -> None:
+    """A warm process with another TORCHBURN_TARGET must not reuse an FX-graph cache entry."""
+    from torchburn.backend import fx_cache
+    from torchburn.runtime.config import Config
+
+    host, avx2 = Config.from_env({}), Config.from_env({"TORCHBURN_TARGET": "AVX2"})
+    assert avx2.target == "avx2" and host.target == "host"
+    assert fx_cache._config_part(host) != fx_cache._config_part(avx2)
