@@ -144,3 +144,21 @@ def test_the_target_is_part_of_the_fx_graph_cache_key() -> None:
     host, avx2 = Config.from_env({}), Config.from_env({"TORCHBURN_TARGET": "AVX2"})
     assert avx2.target == "avx2" and host.target == "host"
     assert fx_cache._config_part(host) != fx_cache._config_part(avx2)
+
+
+def test_target_as_a_backend_option(target_env: Callable[[str], Path]) -> None:
+    """`options={"target": ...}` does what TORCHBURN_TARGET does, for one compiled function."""
+    dump = target_env("host")
+    f = lambda x: torch.exp(x) * 2.0  # noqa: E731
+    x = torch.randn(64, 64)
+    torch._dynamo.reset()
+    with pytest.raises(TargetError, match="cannot run"):
+        torch.compile(f, backend="torchburn", options={"target": "neon"})(x)
+    assert re.search(r"\bv\d+\.4s\b", _stage(dump, "module.s"))
+    if runs_here(named_target("avx2")):
+        torch._dynamo.reset()
+        out = torch.compile(f, backend="torchburn", options={"target": "avx2"})(x)
+        torch.testing.assert_close(out, f(x))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option target='pentium4'"):
+        torch.compile(f, backend="torchburn", options={"target": "pentium4"})(x)
