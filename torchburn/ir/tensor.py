@@ -22,6 +22,7 @@ from .dtypes import DType
 from .expr import Const, Expr, Var
 from .loop import contiguous_strides
 from .ops import infer_types
+from .printer import print_graph
 from .tensor_type import TensorType
 
 __all__ = ["AttrValue", "Graph", "Op", "TensorType", "Value", "normalize_attr"]
@@ -210,13 +211,9 @@ class Graph:
         """Structural equality: same ops, attributes, types, locations and value names."""
         if not isinstance(other, Graph):
             return NotImplemented
-        from .printer import print_graph
-
         return print_graph(self) == print_graph(other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __str__(self) -> str:
-        from .printer import print_graph
-
         return print_graph(self)
