@@ -135,7 +135,7 @@ def bench_gemm(n: int, rows: list[list[str]], record: dict[str, Any]) -> None:
         t = kernel_time(launchers, 10)
         err = float((out - (a.cuda() @ b.cuda()).cpu()).abs().max()) if torch.cuda.is_available() else float("nan")
         record[f"gemm_{tile}"] = {"seconds": t, "tflops": flops / t / 1e12, "max_abs_err": err,
-                                  "kernels": launchers[0].compiled.kernels}
+                                  "kernels": launchers[0].compiled.kernel_summary()}
         rows.append([f"GEMM {n}^3 f32, tile {tile}", fmt(flops / t / 1e12, "TFLOP/s"),
                      fmt(flops / ref / 1e12 if ref else None, "TFLOP/s"), f"{ref / t:.2f}" if ref else ""])
         best = t if best is None else min(best, t)
@@ -171,7 +171,7 @@ def bench_softmax(m: int, n: int, rows: list[list[str]], record: dict[str, Any])
     ref = cuda_kernels(fn, (x,), 20)
     nbytes = 8.0 * m * n
     record["softmax"] = {"seconds": t, "gbps": nbytes / t / 1e9, "torch_gbps": nbytes / ref / 1e9 if ref else None,
-                         "kernels": [k for x in launchers for k in x.compiled.kernels]}
+                         "kernels": [k for x in launchers for k in x.compiled.kernel_summary()]}
     rows.append([f"softmax rows of {m}x{n} f32", fmt(nbytes / t / 1e9, "GB/s"),
                  fmt(nbytes / ref / 1e9 if ref else None, "GB/s"), f"{ref / t:.2f}" if ref else ""])
 

@@ -71,26 +71,9 @@ def _layer(module: str) -> str:
 MODULES = _modules()
 
 #: Known departures being mended (each must still exist: a mended one fails until removed here).
-#: Passes that probe the host through codegen instead of receiving the target:
-PENDING_LAYER: dict[str, set[str]] = {
-    "torchburn.passes.loopgen.matmul": {"matmul.py:147 imports torchburn.codegen.target.Target (codegen)"},
-    "torchburn.passes.loopgen.qlinear_i8": {
-        "qlinear_i8.py:87 imports torchburn.codegen.llvm.dot.has_native_dot4 (codegen)",
-        "qlinear_i8.py:88 imports torchburn.codegen.target.Target (codegen)"},
-    "torchburn.passes.vectorize": {"vectorize.py:113 imports torchburn.codegen.target.Target (codegen)"},
-}
+PENDING_LAYER: dict[str, set[str]] = {}
 #: File-level cycles (function-local imports that break a cycle at run time still count):
-PENDING_CYCLES: list[list[str]] = [
-    ["torchburn.ir.expr", "torchburn.ir.transform", "torchburn.ir.expr"],
-    ["torchburn.ir.expr", "torchburn.ir.transform", "torchburn.ir.loop", "torchburn.ir.expr"],
-    ["torchburn.codegen.llvm.expr", "torchburn.codegen.llvm.memory", "torchburn.codegen.llvm.expr"],
-    ["torchburn.codegen.llvm.stmt", "torchburn.codegen.llvm.parallel", "torchburn.codegen.llvm.stmt"],
-    ["torchburn.ir.tensor", "torchburn.ir.ops", "torchburn.ir.tensor"],
-    ["torchburn.ir.printer", "torchburn.ir.tensor", "torchburn.ir.printer"],
-    ["torchburn.passes.loopgen.kernel_builder", "torchburn.passes.loopgen.matmul", "torchburn.passes.loopgen.kernel_builder"],
-    ["torchburn.passes.loopgen.qlinear", "torchburn.passes.loopgen.qlinear_i8", "torchburn.passes.loopgen.qlinear"],
-    ["torchburn.codegen.wgsl.gemm", "torchburn.codegen.wgsl.kernel", "torchburn.codegen.wgsl.gemm"],
-]
+PENDING_CYCLES: list[list[str]] = []
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

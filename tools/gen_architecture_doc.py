@@ -36,12 +36,17 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll, plan-memory (workspace offsets)
-  -> LLVM IR through llvmlite, O3, object code for the host CPU            codegen/llvm/, runtime/jit.py
+  -> LLVM IR through llvmlite, O3, object code for the target CPU          codegen/llvm/, runtime/jit.py
+     (the host, or the CPU TORCHBURN_TARGET names: emitted, not run)
   -> launcher: guards, output allocation, one native call                  backend/launcher.py
 ```
 
 The stages from import to the loaded program are one driver, `compiler/driver.py`, which owns
-the pass pipeline, the caches (memory and disk), the dumps and the versions.
+the pass pipeline, the caches (memory and disk), the dumps and the versions, for every engine:
+a target description (`ir/target.py`: architecture, CPU, features, vector width, caches,
+threads; built by `codegen/target.py` from the host or from `TORCHBURN_TARGET`) picks the
+engine (`compiler/engines.py`: LLVM for CPUs, WGSL for GPUs), whose pipeline the driver runs
+with the target in the pass context, so passes never probe the host.
 
 ## The tree, by layer
 
@@ -49,10 +54,10 @@ the pass pipeline, the caches (memory and disk), the dumps and the versions.
 |---|---|---|
 | `ir/` | tensor IR and loop IR, dtypes, scalar semantics, printer, parser, verifier, structural hash | nothing of torchburn |
 | `frontend/` | ATen -> tensor IR: lowerings, decompositions, partitioning | ir |
-| `passes/` | pass API, pipelines, pattern rewrites, every built-in pass | ir |
-| `codegen/` | loop IR -> LLVM IR, loop IR -> WGSL | ir |
+| `passes/` | pass API, pipelines (CPU and GPU), pattern rewrites, every built-in pass; passes read the target from their context | ir |
+| `codegen/` | loop IR -> LLVM IR, loop IR -> WGSL; target descriptions built (host probe, named CPUs) | ir |
 | `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, GPU device, the reference interpreter (`reference/`) | ir, codegen |
-| `compiler/` | the staged driver: pipeline, codegen, caches, dumps, versions (no torch) | ir, passes, codegen, runtime |
+| `compiler/` | the staged driver and its engines: pipeline, codegen, caches, dumps, versions (no torch) | ir, passes, codegen, runtime |
 | `quant/` | INT8/INT4 layouts, `QuantizedLinear`, custom ops and their lowerings | ir, frontend, runtime |
 | `backend/` | `torch.compile` entry, FX-graph and decomposition caches, inference path, launchers, report, `explain` | all of the above |
 | `cli/` | `torchburn-opt`, `python -m torchburn` | all of the above |

@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from torchburn.codegen import Target, emit_program, entry_name
+from torchburn.codegen import Target, emit_program, entry_name, host_target
 from torchburn.ir import dtypes as dt
 from torchburn.ir import expr as ex
 from torchburn.ir import loop as lp
@@ -18,7 +18,7 @@ from torchburn.ir.dtypes import DType
 from torchburn.ir.expr import Const, Expr, ScalarType, Var
 from torchburn.runtime import jit
 
-TARGET = Target.host()
+TARGET = host_target()
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
     dt.bool_: torch.bool, dt.i8: torch.int8, dt.i16: torch.int16, dt.i32: torch.int32,

@@ -210,7 +210,7 @@ def test_parameters_stay_resident(gpu) -> None:  # type: ignore[no-untyped-def]
         before = set(map(id, gpu_launcher.recent_launchers()))
         compiled(x)
         (launcher,) = [L for L in gpu_launcher.recent_launchers() if id(L) not in before]
-        gp = launcher.compiled.gpu
+        gp = launcher.gpu
         first = gp.uploads
         assert first == 3  # weight, bias, x
         compiled(torch.randn(4, 32))

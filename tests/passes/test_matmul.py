@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
 from torchburn.passes.base import PASSES, PassManager, get_pass
 from torchburn.passes.fusion import Fuse
-from torchburn.passes.loopgen import matmul as gemm
+from torchburn.ir.target import Target
 from torchburn.passes.loopgen.matmul import CpuInfo, plan_gemm
 from torchburn.passes.pipeline import DEFAULT_LOOP, Pipeline
 
@@ -48,7 +48,7 @@ def _loop_passes() -> list[Any]:
 
 @pytest.fixture(autouse=True)
 def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compiled GEMMs depend on the forced plans below, which the cache key does not see."""
+    """Compiled programs stay in this process: the tests compare plans, not the disk cache."""
     from torchburn.compiler import driver
 
     monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")
@@ -83,17 +83,23 @@ def matmul_graph(m: Any, n: Any, k: Any, dtype: str = "f32", b_transposed: bool 
 class Compiled:
     """A tensor graph compiled through the pipeline, callable on numpy arrays."""
 
-    def __init__(self, text: str, full_pipeline: bool = True) -> None:
-        from torchburn.codegen import Target, emit_program, entry_name
+    def __init__(self, text: str, full_pipeline: bool = True, machine: Optional[Target] = None,
+                 swap: Optional[bool] = None) -> None:
+        """`machine` is the target the passes plan for (the host by default; code is always
+        for the host); `swap` forces the GEMM plan's roles (`lower-to-loops{gemm_swap=...}`)."""
+        from torchburn.codegen import emit_program, entry_name, host_target
+        from torchburn.passes.lower_to_loops import LowerToLoops
         from torchburn.runtime import jit
 
         graph = parse_graph(text)
         pipeline = Pipeline.default()
+        if swap is not None:
+            pipeline.lowering = LowerToLoops(gemm_swap="always" if swap else "never")
         if full_pipeline:
             pipeline.loop = _loop_passes()
-        self.program = PassManager(pipeline.passes()).run(graph)
+        target = host_target()
+        self.program = PassManager(pipeline.passes(), target=machine or target).run(graph)
         verify(self.program)
-        target = Target.host()
         self.native = jit.load_object(jit.compile_llvm_ir(emit_program(self.program, target), target))
         self.entry = self.native.entry(entry_name(self.program))
 
@@ -123,8 +129,9 @@ def reference(a: np.ndarray, w: np.ndarray, bias: np.ndarray, b_transposed: bool
 
 
 def run_case(m: int, n: int, k: int, *, dtype: str = "f32", b_transposed: bool = False, batch: Sequence[int] = (),
-             epilogue: str = "", full_pipeline: bool = True, seed: int = 0) -> Compiled:
-    compiled = Compiled(matmul_graph(m, n, k, dtype, b_transposed, batch, epilogue), full_pipeline)
+             epilogue: str = "", full_pipeline: bool = True, seed: int = 0, machine: Optional[Target] = None,
+             swap: Optional[bool] = None) -> Compiled:
+    compiled = Compiled(matmul_graph(m, n, k, dtype, b_transposed, batch, epilogue), full_pipeline, machine, swap)
     rng = np.random.default_rng(seed)
     np_t = NUMPY[dtype]
     a = rng.integers(-3, 4, (*batch, m, k)).astype(np_t) if dtype == "i64" else rng.standard_normal((*batch, m, k)).astype(np_t)
@@ -142,9 +149,9 @@ def run_case(m: int, n: int, k: int, *, dtype: str = "f32", b_transposed: bool =
     return compiled
 
 
-def tiny_cpu(threads: int = 2, l2: int = 64 * 1024, bits: int = 512) -> CpuInfo:
+def tiny_cpu(threads: int = 2, l2: int = 64 * 1024, bits: int = 512) -> Target:
     """A machine with a small L2: K > 256 takes the partial-sum path (k blocks of 128)."""
-    return CpuInfo(vector_bits=bits, l1_bytes=32 * 1024, l2_bytes=l2, threads=threads)
+    return Target(vector_bits=bits, l1_bytes=32 * 1024, l2_bytes=l2, threads=threads, name="tiny")
 
 
 # ---- plans ---------------------------------------------------------------------------------------
@@ -183,42 +190,59 @@ def test_shapes_default_plans(m: int, n: int, k: int, b_transposed: bool) -> Non
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("m,n,k", [(37, 70, 600), (8, 40, 257), (70, 37, 513), (1, 33, 300)])
 @pytest.mark.parametrize("b_transposed", [False, True])
-def test_partial_sums_edges_and_roles(monkeypatch: pytest.MonkeyPatch, swap: bool, m: int, n: int, k: int,
-                                      b_transposed: bool) -> None:
+def test_partial_sums_edges_and_roles(swap: bool, m: int, n: int, k: int, b_transposed: bool) -> None:
     """Small L2 (k blocks of 128 with partial sums), two threads, both operand roles, edge
     tiles in every direction, and a bias + tanh epilogue applied only after the last k block."""
-    monkeypatch.setattr(gemm, "host_cpu", lambda: tiny_cpu())
-    monkeypatch.setattr(gemm, "FORCE_SWAP", swap)
-    c = run_case(m, n, k, b_transposed=b_transposed, epilogue="tanh")
+    c = run_case(m, n, k, b_transposed=b_transposed, epilogue="tanh", machine=tiny_cpu(), swap=swap)
     assert all("kc=K" not in p for p in c.plans) and all(("swap" in p) == swap for p in c.plans)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("swap", [False, True])
-def test_parallel_splits(monkeypatch: pytest.MonkeyPatch, threads: int, swap: bool) -> None:
-    monkeypatch.setattr(gemm, "host_cpu", lambda: tiny_cpu(threads=threads, l2=1 << 20))
-    monkeypatch.setattr(gemm, "FORCE_SWAP", swap)
+def test_parallel_splits(threads: int, swap: bool) -> None:
     for m, n, k in ((300, 40, 64), (64, 1000, 64), (45, 300, 70)):
-        run_case(m, n, k, b_transposed=True, epilogue="neg")
+        run_case(m, n, k, b_transposed=True, epilogue="neg", machine=tiny_cpu(threads=threads, l2=1 << 20), swap=swap)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
-def test_dot_form_for_few_rows(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
+def test_dot_form_for_few_rows(m: int) -> None:
     """A few rows times a weight: vectors along k, a scalar tail for K % W, lanes summed."""
-    monkeypatch.setattr(gemm, "host_cpu", lambda: tiny_cpu(threads=2, l2=1 << 20))
+    machine = tiny_cpu(threads=2, l2=1 << 20)
     for n, k in ((1, 1), (9, 15), (70, 16), (33, 300)):
-        c = run_case(m, n, k, b_transposed=True, epilogue="tanh" if n % 2 else "")
+        c = run_case(m, n, k, b_transposed=True, epilogue="tanh" if n % 2 else "", machine=machine)
         assert all(p.startswith("dot") for p in c.plans)
-    run_case(m, 1000, 700, b_transposed=True)  # parallel over column blocks
-    run_case(m, 40, 33, batch=(3,), b_transposed=True, epilogue="neg")
-    assert not any(p.startswith("dot") for p in run_case(m, 40, 33).plans)  # B runs along n
+    run_case(m, 1000, 700, b_transposed=True, machine=machine)  # parallel over column blocks
+    run_case(m, 40, 33, batch=(3,), b_transposed=True, epilogue="neg", machine=machine)
+    assert not any(p.startswith("dot") for p in run_case(m, 40, 33, machine=machine).plans)  # B runs along n
+
+
+def test_gemm_options_are_pass_options_in_the_cache_key() -> None:
+    """`lower-to-loops{gemm_swap=always,gemm_dot=false}` parses, spells back, changes the
+    pass's `uuid()` (so the cache key), and forces the plans it names."""
+    from torchburn.passes.base import PassError, parse_pipeline
+    from torchburn.passes.lower_to_loops import LowerToLoops
+
+    (p,) = parse_pipeline("lower-to-loops{gemm_swap=always,gemm_dot=false,gemm_direct_b=false}")
+    assert p == LowerToLoops(gemm_swap="always", gemm_direct_b=False, gemm_dot=False)
+    assert p.spelling() == "lower-to-loops{gemm_swap=always,gemm_direct_b=false,gemm_dot=false}"
+    assert len({p.uuid(), LowerToLoops().uuid(), LowerToLoops(gemm_dot=False).uuid()}) == 3
+    with pytest.raises(PassError, match="gemm_swap"):
+        parse_pipeline("lower-to-loops{gemm_swap=sometimes}")
+    machine = tiny_cpu(threads=2, l2=1 << 20)
+    assert all(p.startswith("dot") for p in run_case(2, 33, 300, b_transposed=True, machine=machine).plans)
+    # gemm_dot=false (through the pipeline string) and a forced swap: the swapped tiled form
+    graph = parse_graph(matmul_graph(2, 33, 300, b_transposed=True))
+    pipeline = Pipeline.default()
+    pipeline.lowering = p
+    program = PassManager(pipeline.passes(), target=machine).run(graph)
+    plans = [dict(k.attrs).get("gemm", "") for k in program.kernels]
+    assert plans and all("swap" in x and not x.startswith("dot") for x in plans)
 
 
 @pytest.mark.parametrize("bits", [128, 256])
-def test_narrower_vectors(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
-    monkeypatch.setattr(gemm, "host_cpu", lambda: tiny_cpu(bits=bits))
-    run_case(21, 45, 300, b_transposed=True, epilogue="tanh")
-    run_case(21, 45, 30)
+def test_narrower_vectors(bits: int) -> None:
+    run_case(21, 45, 300, b_transposed=True, epilogue="tanh", machine=tiny_cpu(bits=bits))
+    run_case(21, 45, 30, machine=tiny_cpu(bits=bits))
 
 
 def test_without_loop_passes() -> None:
@@ -466,7 +490,6 @@ import ctypes, mmap, sys
 import numpy as np
 sys.path.insert(0, {root!r})
 from tests.passes import test_matmul as t
-from torchburn.passes.loopgen import matmul as gemm
 
 libc = ctypes.CDLL(None)
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -487,9 +510,7 @@ def guarded(shape, dtype, at_end):
     return arr
 
 def case(m, n, k, bt, epi, swap, cpu):
-    gemm.FORCE_SWAP = swap
-    gemm.host_cpu = lambda: cpu
-    c = t.Compiled(t.matmul_graph(m, n, k, "f32", bt, (), epi))
+    c = t.Compiled(t.matmul_graph(m, n, k, "f32", bt, (), epi), machine=cpu, swap=swap)
     rng = np.random.default_rng(0)
     for at_end in (True, False):
         a = guarded((m, k), np.float32, at_end); a[...] = rng.standard_normal((m, k))
@@ -500,7 +521,7 @@ def case(m, n, k, bt, epi, swap, cpu):
         c({{"a": a, "w": w, "bias": bias, "out0": out}})
         np.testing.assert_allclose(out, t.reference(a, w, bias, bt, epi), rtol=1e-4, atol=1e-3)
 
-big = t.CpuInfo(vector_bits=512, l2_bytes=1 << 20, threads=2)
+big = t.Target(vector_bits=512, l2_bytes=1 << 20, threads=2)
 small = t.tiny_cpu()
 for cpu in (big, small):
     for swap in (False, True):
@@ -510,9 +531,7 @@ for cpu in (big, small):
     for (m, n, k) in ((1, 40, 33), (3, 9, 100), (4, 33, 16)):  # the dot form
         case(m, n, k, True, "tanh", None, cpu)
 # Symbolic M: both plans, chosen at run time.
-gemm.FORCE_SWAP = None
-gemm.host_cpu = lambda: big
-c = t.Compiled(t.matmul_graph("s0", 70, 40, "f32", True, (), "tanh"))
+c = t.Compiled(t.matmul_graph("s0", 70, 40, "f32", True, (), "tanh"), machine=big)
 rng = np.random.default_rng(1)
 for at_end in (True, False):
     w = guarded((70, 40), np.float32, at_end); w[...] = rng.standard_normal((70, 40))

@@ -27,7 +27,7 @@ class Compiled(test_matmul.Compiled):
     (`lower-to-loops-gpu` writes the plain per-element nest), callable on numpy arrays."""
 
     def __init__(self, text: str, lowering: str = "lower-to-loops") -> None:
-        from torchburn.codegen import Target, emit_program, entry_name
+        from torchburn.codegen import emit_program, entry_name, host_target
         from torchburn.passes.base import PassManager, get_pass
         from torchburn.passes.pipeline import Pipeline
         from torchburn.runtime import jit
@@ -35,9 +35,9 @@ class Compiled(test_matmul.Compiled):
         pipeline = Pipeline.default()
         pipeline.lowering = get_pass(lowering)()
         pipeline.loop = test_matmul._loop_passes()
-        self.program = PassManager(pipeline.passes()).run(parse_graph(text))
+        target = host_target()
+        self.program = PassManager(pipeline.passes(), target=target).run(parse_graph(text))
         verify(self.program)
-        target = Target.host()
         self.native = jit.load_object(jit.compile_llvm_ir(emit_program(self.program, target), target))
         self.entry = self.native.entry(entry_name(self.program))
 
@@ -203,10 +203,10 @@ def test_int8_activations_more_shapes(case: tuple) -> None:  # type: ignore[type
 def test_dot_product_without_vnni_gives_the_same_results() -> None:
     """`dot4_u8i8_acc` on a target without AVX512-VNNI (the portable sequence) against the
     host's `vpdpbusd`: identical outputs, and the instruction only where the feature is."""
-    from torchburn.codegen import Target, emit_program, entry_name
+    from torchburn.codegen import Target, emit_program, entry_name, host_target
     from torchburn.runtime import jit
 
-    host = Target.host()
+    host = host_target()
     if not host.has_feature("avx512vnni"):
         pytest.skip("the host has no AVX512-VNNI to compare with")
     plain = Target.from_features(host.triple, host.cpu, host.features.replace("+avx512vnni", "-avx512vnni"))

@@ -6,9 +6,9 @@ import pytest
 
 from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import PassError, parse_pipeline
-from torchburn.passes.vectorize import Vectorize, host_lanes
+from torchburn.passes.vectorize import Vectorize
 
-from .util import assert_ir, execute, kernel, run_pass
+from .util import as_program, assert_ir, execute, kernel, run_pass
 
 ELEMENTWISE = """
     kernel @k(%x: f32[s0, 100] strides [100, 1], %scale: f32[1] strides [1], %out: f32[s0, 100] strides [100, 1]) symbols(s0) {
@@ -364,9 +364,17 @@ def test_marked_loop_that_cannot_be_vectorized_is_an_error() -> None:
         run_pass(Vectorize(width=8), k)
 
 
-def test_width_option_and_host_default() -> None:
+def test_width_option_and_target_default() -> None:
+    """`width=0` takes the f32 lanes of the target in the pass context, never the host's."""
+    from torchburn.ir.target import Target
+    from torchburn.passes.base import PassManager
+
     assert parse_pipeline("vectorize{width=4}") == [Vectorize(width=4)]
-    assert host_lanes() in (4, 8, 16)
+    for bits, lanes in ((128, 4), (256, 8), (512, 16)):
+        out = PassManager([Vectorize()], target=Target(vector_bits=bits)).run(as_program(kernel(ELEMENTWISE)))
+        assert f"ramp(i1_v * {lanes}, 1, {lanes})" in print_kernel(out.kernels[0])
+    generic = run_pass(Vectorize(), kernel(ELEMENTWISE))  # no context: the generic target (AVX2)
+    assert "ramp(i1_v * 8, 1, 8)" in print_kernel(generic)
 
 
 def test_zero_dimensional_buffer_is_a_scalar_load() -> None:

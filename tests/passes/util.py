@@ -47,11 +47,11 @@ def assert_ir(k: lp.Kernel, expected: str) -> None:
 
 def compile_kernel(k: lp.Kernel, outputs: Sequence[str] = ("out",)):  # type: ignore[no-untyped-def]
     """Compile a kernel through the LLVM codegen; returns `run(arrays, symbols)`."""
-    from torchburn.codegen import Target, emit_program, entry_name
+    from torchburn.codegen import Target, emit_program, entry_name, host_target
     from torchburn.runtime import jit
 
     prog = as_program(k, outputs)
-    target = Target.host()
+    target = host_target()
     native = jit.load_object(jit.compile_llvm_ir(emit_program(prog, target), target))
     entry = native.entry(entry_name(prog))
     order = [b.name for b in (*prog.inputs, *prog.outputs)]

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.codegen.util import Var, buf, dt, ex, load, loop, program, store
-from torchburn.codegen import Target, emit_program, entry_name
+from torchburn.codegen import Target, emit_program, entry_name, host_target
 from torchburn.runtime import jit
 
-TARGET = Target.host()
+TARGET = host_target()
 
 
 def small_program(kind: str = "serial"):

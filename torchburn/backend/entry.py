@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_c
 
 log = logging.getLogger("torchburn")
 
-KNOWN_OPTIONS = ("passes",)
+#: `options={"passes": {...}}` (user passes by insertion point, see `passes/pipeline.py`) and
+#: `options={"target": "avx2"}` (the CPU to compile for, as `TORCHBURN_TARGET` names it).
+KNOWN_OPTIONS = ("passes", "target")
 
 
 def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -42,6 +44,13 @@ def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     unknown = set(options) - set(KNOWN_OPTIONS)
     if unknown:
         raise ValueError(f"torchburn: unknown option(s) {sorted(unknown)}; known: {list(KNOWN_OPTIONS)}")
+    if "target" in options:
+        from ..codegen.target_names import check_target_name
+
+        try:
+            options["target"] = check_target_name(str(options["target"]))
+        except ValueError as err:
+            raise ValueError(f"torchburn: option target={options['target']!r}: {err}") from None
     return options
 
 
@@ -60,7 +69,10 @@ class _LazyPipeline:
     FX-graph cache needs none, and building it imports every pass)."""
 
     def __init__(self, options: Optional[Mapping[str, Any]]) -> None:
-        self.user_passes = _check_options(options).get("passes")
+        checked = _check_options(options)
+        self.user_passes = checked.get("passes")
+        #: The `target` option (None: `TORCHBURN_TARGET`).
+        self.target: Optional[str] = checked.get("target")
         self._pipeline: Optional["Pipeline"] = None
         self._key: Optional[str] = None
         if self.user_passes:  # user passes: build now, so a bad spec fails at torch.compile
@@ -75,7 +87,7 @@ class _LazyPipeline:
 
     def key(self) -> str:
         if self._key is None:
-            self._key = fx_cache.pipeline_key(self.user_passes)
+            self._key = fx_cache.pipeline_key(self.user_passes) + (f"|target={self.target}" if self.target else "")
         return self._key
 
 
@@ -109,7 +121,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     if module is None:
         concrete = lazy.get() if lazy is not None else pipeline
         assert not isinstance(concrete, _LazyPipeline)
-        module, manifest = _compile_partitioned(gm, concrete, report)
+        module, manifest = _compile_partitioned(gm, concrete, report, lazy.target if lazy is not None else None)
         if key is not None and disk is not None and manifest is not None:
             fx_cache.store(disk, key, manifest)
     fn = _fast_callable(module)
@@ -123,11 +135,13 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     return fn
 
 
-def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
-                         report: rep.GraphReport) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
-    """The full path: partition, then compile each subgraph (program cache first). Returns the
-    module and what the FX-graph cache should keep (None when a subgraph hit an internal error,
-    which must not be remembered)."""
+def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report: rep.GraphReport,
+                         target_name: Optional[str] = None) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
+    """The full path: partition, then compile each subgraph (program cache first) for the CPU
+    `target_name` names (None: `TORCHBURN_TARGET`). Returns the module and what the FX-graph
+    cache should keep (None when a subgraph hit an internal error, which must not be
+    remembered)."""
+    from ..codegen.target import named_target
     from ..compiler.driver import compile_graph
     from ..frontend.importer import import_graph
     from ..frontend.partition import partition
@@ -142,6 +156,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
     manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks))
     module = result.module
     use_gpu = gpu_requested()
+    target = named_target(target_name) if target_name is not None else None
     for name in result.subgraphs:
         sub: torch.fx.GraphModule = getattr(module, name)
         sub_report = rep.SubgraphReport(name, _op_names(sub))
@@ -154,7 +169,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
                 continue
         try:
             graph = import_graph(sub, name=name)
-            compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub))
+            compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub), target=target)
             spec = launcher_spec(graph, compiled.signature())
             launcher = Launcher(spec, compiled.entry, sub.forward, keepalive=compiled)
         except Unsupported as err:
@@ -174,7 +189,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline",
             manifest = None
             continue
         sub_report.cache_hit = hit
-        if compiled.native is None:  # TORCHBURN_ENGINE=reference: interpreted, no native code
+        if compiled.engine == "reference":  # TORCHBURN_ENGINE=reference: interpreted, no native code
             sub_report.engine = "reference"
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)

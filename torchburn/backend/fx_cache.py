@@ -78,9 +78,9 @@ def host_fingerprint() -> str:
                                                "Features", "CPU implementer", "CPU part", "isa")]
     if any(ln.startswith(("flags", "Features", "isa")) for ln in keep):
         return f"{platform.machine()}|{sys.platform}|" + "|".join(keep)
-    from ..codegen.target import Target
+    from ..codegen.target import host_target
 
-    target = Target.host()
+    target = host_target()
     return f"{target.triple}|{target.cpu}|{target.features}"
 
 

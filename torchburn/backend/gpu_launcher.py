@@ -1,6 +1,8 @@
 """The GPU engine's side of the backend: compile a subgraph to WGSL and call it with tensors.
 
-`compile_subgraph` is the one hook `backend.py` calls when the wgpu engine is active
+Compiling is the one compile driver's (`compiler/driver.py`, engine `wgpu`: its pipeline,
+cache and dumps); this module is the torch-facing part. `compile_subgraph` is the one hook
+`backend/entry.py` calls when the wgpu engine is active
 (`TORCHBURN_DEVICE=gpu`, or `auto` with an adapter). It returns a `GpuLauncher`, or None when
 the GPU engine cannot run the subgraph (an f64 or i64 tensor, an op without a WGSL form, a
 device limit); the backend then compiles it for the CPU engine and `explain()` reports why.
@@ -13,121 +15,35 @@ in-place change) or data pointer changed, so parameters stay resident on the dev
 """
 from __future__ import annotations
 
-from .. import __version__
-
-import dataclasses
-
 import ctypes
 import logging
-import time
 import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
 from . import report as rep
-from ..codegen.wgsl import WgslUnsupported, emit_program, host_dtype, storage_itemsize
-from ..runtime.config import get_config
-from ..compiler.dump import DumpFolder, make_dump
+from ..codegen.wgsl import WgslUnsupported, host_dtype, storage_itemsize
+from ..compiler.driver import CompiledProgram, compile_graph
 from ..frontend.dtypes import to_torch
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Var
-from ..ir.hashing import hash_key, structural_hash
-from ..ir.printer import print_ir
 from ..ir.tensor import Graph, Value
-from ..passes.base import PassManager, TimePasses
-from ..passes.gpu_lower import LowerToLoopsGpu
-from ..passes.gpu_map import GpuMap
-from ..passes.fusion import Fuse
-from ..passes.lower_to_loops import LowerToLoops
 from ..passes.pipeline import Pipeline
-from ..runtime.gpu import GpuError, GpuProgram, get_device, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
+from ..runtime.config import get_config
+from ..runtime.gpu import GpuError, GpuProgram, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
 
 log = logging.getLogger("torchburn")
 
-VERSION = __version__
-def gpu_pipeline(p: Pipeline) -> Pipeline:
-    """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
-    of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
-    lowered as plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
-    builtin = [x.spelling() for x in Pipeline.default().loop]
-    loop = []
-    for x in p.loop:
-        if x.spelling() in builtin:
-            builtin.remove(x.spelling())
-        else:
-            loop.append(x)
-    if not any(x.name == GpuMap.name for x in loop):
-        loop.append(GpuMap())
-    lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    # The plain GPU GEMM nest computes epilogues at the product's own index only; and a row
-    # kernel (row fusion) would run each row's loops serially in one invocation, where
-    # `gpu-map` spreads a plain reduction over a workgroup: rows stay separate kernels here.
-    tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
-              for x in p.tensor]
-    return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])
 
+def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None) -> tuple[CompiledProgram, bool]:
+    """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device).
+    Raises `WgslUnsupported` or `GpuError`."""
+    from ..codegen.target import gpu_target
 
-@dataclass
-class CompiledGpu:
-    key: str
-    program: lp.Program
-    gpu: GpuProgram
-    kernels: list[str]
-    timings: dict[str, float] = field(default_factory=dict)
-    pass_times: list[tuple[str, float]] = field(default_factory=list)
-
-
-_cache: "OrderedDict[str, CompiledGpu]" = OrderedDict()
-
-
-def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None,
-                      dump: Optional[DumpFolder] = None) -> tuple[CompiledGpu, bool]:
-    """Compile `graph` for the wgpu engine, or fetch it from the cache (keyed by structural
-    hash, pipeline and device). Raises `WgslUnsupported` or `GpuError`."""
-    dev = get_device()
-    pipeline = gpu_pipeline(pipeline or Pipeline.default())
-    key = hash_key(structural_hash(graph), pipeline.key(), dev.cache_tag(), f"torchburn-wgsl={VERSION}")
-    hit = _cache.get(key)
-    if hit is not None:
-        _cache.move_to_end(key)
-        return hit, True
-    if dump is None:
-        dump = make_dump(get_config().dump_dir, key)
-    if dump is not None:
-        dump.write("01_tensor_ir.tbir", print_ir(graph))
-    timer = TimePasses()
-    t0 = time.perf_counter()
-    program = PassManager(pipeline.passes(), [timer] + ([dump] if dump is not None else [])).run(graph)
-    assert isinstance(program, lp.Program)
-    t1 = time.perf_counter()
-    shaders = emit_program(program, dev.caps)
-    t2 = time.perf_counter()
-    if dump is not None:
-        dump.write("program.tbir", print_ir(program))
-        for s in shaders:
-            dump.write(f"kernel_{s.name}.wgsl", s.source)
-    try:
-        gpu = GpuProgram(dev, program, shaders)
-    except Exception as err:  # a shader the WGSL front end rejects: report, run on the CPU
-        if isinstance(err, GpuError):
-            raise
-        raise WgslUnsupported(f"the device rejected a shader: {str(err).strip()[:400]}") from err
-    t3 = time.perf_counter()
-    kernels = [f"{s.name}: {s.summary}; {dict(k.attrs).get('origin', '')}" for s, k in zip(shaders, program.kernels)]
-    compiled = CompiledGpu(key, program, gpu, kernels, {"passes": t1 - t0, "wgsl": t2 - t1, "pipelines": t3 - t2},
-                           timer.times)
-    _cache[key] = compiled
-    while len(_cache) > get_config().cache_size:
-        _cache.popitem(last=False)
-    return compiled, False
-
-
-def clear_cache() -> None:
-    _cache.clear()
+    return compile_graph(graph, pipeline, target=gpu_target())
 
 
 @dataclass
@@ -156,15 +72,18 @@ class GpuLauncher:
     record_args = False
     last_args: tuple[Any, ...] = ()
 
-    def __init__(self, graph: Graph, compiled: CompiledGpu, eager: Callable[..., Any]) -> None:
+    def __init__(self, graph: Graph, compiled: CompiledProgram, eager: Callable[..., Any]) -> None:
         self.graph = graph
         self.compiled = compiled
+        assert compiled.program is not None and isinstance(compiled.native, GpuProgram)
+        #: The compiled program's compute pipelines and buffers on the device.
+        self.gpu: GpuProgram = compiled.native
         self.program = compiled.program
         self.eager = eager
         self.calls = 0
         self.eager_fallbacks = 0
         self.uploads = 0
-        caps = compiled.gpu.dev.caps
+        caps = self.gpu.dev.caps
         self.inputs: list[_Input] = []
         tensor_inputs = [v for v in graph.inputs if isinstance(v, Value)]
         for b, v in zip(self.program.inputs, tensor_inputs):
@@ -231,7 +150,7 @@ class GpuLauncher:
         env = self._bind(args)
         if env is None:
             raise GpuError("arguments differ from the compiled ones")
-        return self.compiled.gpu.benchmark(env, self._specs(args, env), iters)
+        return self.gpu.benchmark(env, self._specs(args, env), iters)
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = self._bind(args)
@@ -241,7 +160,7 @@ class GpuLauncher:
         if self.record_args:
             self.last_args = args
         try:
-            views = self.compiled.gpu.run_copy(env, specs)
+            views = self.gpu.run_copy(env, specs)
         except GpuError as err:
             return self._slow(args, str(err))
         self.calls += 1
@@ -320,7 +239,7 @@ def compile_subgraph(sub: torch.fx.GraphModule, name: str, pipeline: Pipeline,
         return None
     report.engine = "wgpu"
     report.cache_hit = hit
-    report.kernels = list(compiled.kernels)
+    report.kernels = compiled.kernel_summary()
     report.timings = dict(compiled.timings)
     report.pass_times = list(compiled.pass_times)
     return GpuLauncher(graph, compiled, sub.forward)

@@ -24,7 +24,9 @@ docs/reference-engine.md.
     torchburn-opt model.tbir --passes "fuse,lower-to-loops,vectorize" --run --input x=x.npy
     torchburn-opt model.tbir --passes "canonicalize,fuse,lower-to-loops,tile,vectorize" --run-after-each
 
-`--emit llvm` / `--emit asm` generate code for the host CPU from a program (`plan-memory` runs
+Passes plan for, and `--emit llvm` / `--emit asm` generate code for, the CPU `--target` names
+(`host` by default, else `TORCHBURN_TARGET`: `avx2`, `avx512`, `neon`, ... see
+`codegen/target.py`). `--emit llvm` / `--emit asm` generate code from a program (`plan-memory` runs
 first when the program's temporaries have no workspace offsets yet, as in the compiler);
 `--emit wgsl` prints one compute shader per kernel (run `gpu-map` first, as the GPU engine
 does, to map loops to invocations); it needs the WGSL code generator (`torchburn.codegen.wgsl`).
@@ -161,17 +163,35 @@ def _locate(source: str, filename: str, message: str) -> str:
     return f"{filename}: {message}"
 
 
-def run_item(item: IR, passes: Sequence[Any], instruments: Sequence[Any]) -> IR:
+def run_item(item: IR, passes: Sequence[Any], instruments: Sequence[Any], target: Optional[Any] = None) -> IR:
+    """Run `passes` on one item, with `target` (default: the generic one) in the pass context."""
+    from ..ir.target import GENERIC
     from ..passes.base import PassManager
 
+    manager = PassManager(passes, instruments, target=target or GENERIC)
     if isinstance(item, lp.Kernel):
-        out = PassManager(passes, instruments).run(kernel_program(item))
+        out = manager.run(kernel_program(item))
         assert isinstance(out, lp.Program)
         return out.kernels[0] if len(out.kernels) == 1 else out
-    return PassManager(passes, instruments).run(item)
+    return manager.run(item)
 
 
-def emit(items: Sequence[IR], kind: str) -> str:
+def resolve_target(name: Optional[str]) -> Any:
+    """The target `--target` names (else `TORCHBURN_TARGET`, else the host)."""
+    from ..codegen.target import TargetError, named_target
+    from ..runtime.config import get_config
+
+    try:
+        return named_target(name if name is not None else get_config().target)
+    except TargetError as err:
+        raise UsageError(str(err)) from None
+    except ImportError:  # no llvmlite to describe the host: passes plan for the generic target
+        from ..ir.target import GENERIC
+
+        return GENERIC
+
+
+def emit(items: Sequence[IR], kind: str, target: Optional[Any] = None) -> str:
     if kind == "ir":
         return "\n".join(print_ir(i) for i in items)
     programs = []
@@ -183,10 +203,10 @@ def emit(items: Sequence[IR], kind: str) -> str:
     if kind == "wgsl":
         return "\n".join(_wgsl(p) for p in programs)
     from ..codegen.llvm.module import emit_program
-    from ..codegen.target import Target
+    from ..codegen.target import host_target
     from ..runtime import jit
 
-    target = Target.host()
+    target = target or host_target()
     out = []
     for p in programs:
         llvm_ir = emit_program(p, target)
@@ -241,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--verify-each", action=argparse.BooleanOptionalAction, default=True,
                     help="verify the IR after every pass (default: on)")
     ap.add_argument("--emit", choices=("ir", "llvm", "asm", "wgsl"), default="ir", help="what to print (default: ir)")
+    ap.add_argument("--target", default=None, metavar="NAME",
+                    help="the CPU passes plan for and code is emitted for: host, avx2, avx512, znver4, neon, "
+                         "or triple:cpu:features (default: TORCHBURN_TARGET, else host)")
     ap.add_argument("-o", dest="output", metavar="FILE", help="write the result to FILE instead of stdout")
     ap.add_argument("--list-passes", action="store_true", help="list the registered passes and their options")
     ap.add_argument("--load-pass-plugin", action="append", default=[], metavar="FILE.py",
@@ -320,6 +343,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
             raise UsageError(f"cannot read {filename}: {err.strerror or err}") from err
 
     passes = parse_passes(args.passes)
+    target = resolve_target(args.target)
     try:
         items = parse_all(source, filename)
     except IRParseError as err:
@@ -357,7 +381,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
             except (RunError, ArithmeticError) as err:
                 raise InputError(f"{filename}: error: --run-after-each: {err}") from err
         try:
-            results.append(run_item(item, passes, [*instruments, *([watch] if watch else [])]))
+            results.append(run_item(item, passes, [*instruments, *([watch] if watch else [])], target))
         except PassError as err:
             raise InputError(f"{filename}: error: {err}") from err
         except (ValueError, TypeError, KeyError, NotImplementedError, AssertionError) as err:
@@ -371,7 +395,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
 
     if args.run or args.run_after_each:
         if args.output:
-            Path(args.output).write_text(emit(results, args.emit))
+            Path(args.output).write_text(emit(results, args.emit, target))
         if args.run:
             _run_results(results, inputs, args, filename, stdout)
         if args.time_passes:
@@ -379,7 +403,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO
         return 1 if changed else 0
 
     try:
-        text = emit(results, args.emit)
+        text = emit(results, args.emit, target)
     except (UsageError, InputError):
         raise
     except Exception as err:

@@ -1,12 +1,18 @@
-"""Compile one tensor-IR graph to native code: passes, codegen, JIT, with caching.
+"""The compile driver: one tensor-IR graph -> passes -> code for a target, with caching.
 
-This is the middle of the path in DESIGN.md: tensor IR -> pipeline -> loop IR -> LLVM IR ->
-object code -> loaded module. Results are cached by the graph's structural hash combined with
-everything else that changes the code (pipeline and user passes, target, versions).
+This is the middle of the path in DESIGN.md, the same for every engine:
+
+    target (TORCHBURN_TARGET, or given)  -> its engine (`engines.py`: llvm, wgpu, ...)
+    key = graph's structural hash + pipeline (user passes by `uuid()`) + target + versions
+    memory cache (LRU) -> disk cache (engines that keep one) -> dump the tensor IR
+    -> the engine's pipeline, run with the target in the pass context -> loop IR
+    -> the engine's build (LLVM IR -> object -> loaded; or WGSL -> compute pipelines)
+    -> memory cache, disk cache
+
+Code for a CPU other than this one (`TORCHBURN_TARGET=neon` on x86) is compiled to object
+code and assembly and never cached on disk; calling it raises `TargetError`.
 """
 from __future__ import annotations
-
-from .. import __version__
 
 import logging
 import time
@@ -14,18 +20,18 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..codegen.target import Target
+from .. import __version__
 from ..runtime.config import get_config
-from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, llvm_version, source_digest
+from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, source_digest
 
-if TYPE_CHECKING:  # the IR, the passes, the dumps and LLVM load on first compilation, not on cache hits
+if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
     from ..runtime import jit
     from .dump import DumpFolder
+    from .engines import Engine
     from ..ir.loop import Program
+    from ..ir.target import Target
     from ..ir.tensor import Graph
     from ..passes.pipeline import Pipeline
-
-VERSION = __version__
 
 log = logging.getLogger("torchburn")
 
@@ -52,6 +58,20 @@ class CompiledProgram:
     program_text: str = ""
     #: `(kernel name, origin)` of each kernel.
     kernels: tuple[tuple[str, str], ...] = ()
+    #: The target the code is for (None: loaded from the disk cache, the host's).
+    target: Optional["Target"] = None
+    #: The engine that runs it: "llvm", "wgsl" or "reference" (interpreted, no native code).
+    engine: str = "llvm"
+    #: The object code (LLVM engine; None when loaded from disk).
+    object: Any = None
+
+    def assembly(self) -> str:
+        """The program's assembly for its target (LLVM engine, compiled in this process)."""
+        if not self.llvm_ir or self.target is None:
+            raise ValueError(f"program {self.key[:16]} has no LLVM IR here (loaded from disk, or not LLVM)")
+        from ..runtime import jit
+
+        return jit.assembly(self.llvm_ir, self.target)
 
     def kernel_summary(self) -> list[str]:
         """`name: origin` of each kernel, as `explain()` lists them."""
@@ -77,10 +97,6 @@ class CompiledProgram:
 
         self.program = parse_program(self.program_text, f"<disk cache {self.key[:16]}>")
         return self.program
-
-
-def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
-    return tuple((k.name, dict(k.attrs).get("origin", "")) for k in program.kernels)
 
 
 @dataclass
@@ -134,14 +150,23 @@ def memory_cache() -> ModuleCache:
     return _cache
 
 
-def cache_key(graph: "Graph", pipeline: "Pipeline", target: Target) -> str:
+def cache_key(graph: "Graph", pipeline: "Pipeline", target: "Target", engine: Optional["Engine"] = None) -> str:
     """Everything that changes the compiled code: the graph's structure, the passes (user
-    passes by their `uuid()`), the target, and the versions of torchburn (and its source),
-    llvmlite and LLVM."""
+    passes by their `uuid()`), the target and its engine (for LLVM: triple, CPU, features and
+    LLVM's version; for wgpu: the device), and torchburn's version and source."""
     from ..ir.hashing import hash_key, structural_hash
+    from .engines import engine_for
 
-    return hash_key(structural_hash(graph), pipeline.key(), target.triple, target.cpu, target.features,
-                    f"torchburn={VERSION}", source_digest(), llvm_version())
+    engine = engine or engine_for(target)
+    return hash_key(structural_hash(graph), pipeline.key(), target.engine, *engine.key_parts(target),
+                    f"torchburn={__version__}", source_digest())
+
+
+def configured_target() -> "Target":
+    """The target this process compiles for: `TORCHBURN_TARGET` (the host by default)."""
+    from ..codegen.target import named_target
+
+    return named_target(get_config().target)
 
 
 def load_program(key: str) -> Optional[CompiledProgram]:
@@ -165,29 +190,34 @@ def load_program(key: str) -> Optional[CompiledProgram]:
 
 def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
                   dump: Optional["DumpFolder"] = None,
-                  fx_source: Optional[Callable[[], str]] = None) -> tuple[CompiledProgram, bool]:
-    """Compile `graph`, or fetch it from the memory cache, then the disk cache. Returns
-    (compiled, cache_hit). `fx_source` gives the FX graph's code for `TORCHBURN_DUMP`; while
-    dumping, the disk cache is not read (so every stage is written) but still filled."""
+                  fx_source: Optional[Callable[[], str]] = None,
+                  target: Optional["Target"] = None) -> tuple[CompiledProgram, bool]:
+    """Compile `graph` for `target` (by default `configured_target()`), or fetch it from the
+    memory cache, then the disk cache. Returns (compiled, cache_hit). `fx_source` gives the FX
+    graph's code for `TORCHBURN_DUMP`; while dumping, the disk cache is not read (so every
+    stage is written) but still filled. Raises what the engine raises (`WgslUnsupported`,
+    `GpuError`, `PassError`, `TargetError` for an unknown `TORCHBURN_TARGET`)."""
     if get_config().engine == "reference":  # the golden model: loop IR interpreted on NumPy
         return _compile_reference(graph, pipeline, dump, fx_source)
     from .dump import make_dump
+    from .engines import engine_for
+    from ..codegen.target import runs_here
     from ..ir.loop import Program
     from ..ir.printer import print_ir
     from ..passes.base import PassError, PassManager, TimePasses
     from ..passes.pipeline import Pipeline
-    from ..runtime import jit
 
-    pipeline = pipeline or Pipeline.default()
-    target = Target.host()
-    key = cache_key(graph, pipeline, target)
+    target = target or configured_target()
+    engine = engine_for(target)
+    pipeline = engine.pipeline(pipeline or Pipeline.default())
+    key = cache_key(graph, pipeline, target, engine)
     cache = memory_cache()
     hit = cache.get(key)
     if hit is not None:
         STATS.memory_hits += 1
         return hit, True
     config = get_config()
-    disk = disk_cache(config.cache_dir)
+    disk = disk_cache(config.cache_dir) if engine.disk and runs_here(target) else None
     if dump is None:
         dump = make_dump(config.dump_dir, key)
     if disk is not None and dump is None:
@@ -202,33 +232,25 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
         dump.write("01_tensor_ir.tbir", print_ir(graph))
     timer = TimePasses()
     instruments: list[Any] = [timer] + ([dump] if dump is not None else [])
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    program = PassManager(pipeline.passes(), instruments).run(graph)
+    program = PassManager(pipeline.passes(), instruments, target=target).run(graph)
     if not isinstance(program, Program):
         raise PassError(f"the pipeline ended with {type(program).__name__}, not a loop Program")
-    from ..codegen.llvm.module import emit_program, entry_name  # not needed on cache hits
     t1 = time.perf_counter()
-    llvm_ir = emit_program(program, target)
-    t2 = time.perf_counter()
-    obj = jit.compile_llvm_ir(llvm_ir, target, shared=disk is not None)  # a later process loads the library
-    t3 = time.perf_counter()
-    native = jit.load_object(obj)
-    entry = native.entry(entry_name(program))
-    t4 = time.perf_counter()
-    timings.update(passes=t1 - t0, codegen=t2 - t1, llvm=t3 - t2, load=t4 - t3)
     if dump is not None:
         dump.write("program.tbir", print_ir(program))
-        dump.write("module.ll", llvm_ir)
-        dump.write("module.s", jit.assembly(llvm_ir, target))
-    compiled = CompiledProgram(key, program, native, entry, timings, timer.times, llvm_ir,
-                               kernels=kernel_origins(program))
+    built = engine.build(program, target, dump, shared=disk is not None)  # a later process loads the library
+    timings = {"passes": t1 - t0, **built.timings}
+    compiled = CompiledProgram(key, program, built.native, built.entry, timings, timer.times, built.llvm_ir,
+                               kernels=built.kernels, target=target, object=built.object, engine=target.engine)
     STATS.compiled += 1
-    log.debug("torchburn: compiled %s in %.1f ms (%s)", program.name, (t4 - t0) * 1e3,
-              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in timings.items()))
+    log.debug("torchburn: compiled %s for %s in %.1f ms (%s)", program.name, target.describe(),
+              (time.perf_counter() - t0) * 1e3, ", ".join(f"{k} {v * 1e3:.1f}" for k, v in timings.items()))
     cache.put(key, compiled)
-    if disk is not None:
-        _store_to_disk(disk, key, program, obj, entry_name(program))
+    if disk is not None and built.object is not None:
+        from ..codegen.llvm.module import entry_name
+
+        _store_to_disk(disk, key, program, built.object, entry_name(program))
     return compiled, False
 
 
@@ -240,11 +262,12 @@ def _compile_reference(graph: "Graph", pipeline: Optional["Pipeline"], dump: Opt
     from ..ir.printer import print_ir
     from ..passes.pipeline import Pipeline
     from .dump import make_dump
+    from .engines import kernel_origins
     from .reference import ENGINE, lower_for_reference, reference_pipeline
 
     pipeline = pipeline or Pipeline.default()
     key = hash_key(structural_hash(graph), reference_pipeline(pipeline).key(), f"engine={ENGINE}",
-                   f"torchburn={VERSION}", source_digest())
+                   f"torchburn={__version__}", source_digest())
     cache = memory_cache()
     hit = cache.get(key)
     if hit is not None:
@@ -256,7 +279,8 @@ def _compile_reference(graph: "Graph", pipeline: Optional["Pipeline"], dump: Opt
             dump.write("00_fx_graph.py", fx_source())
         dump.write("01_tensor_ir.tbir", print_ir(graph))
     program, entry, timings, pass_times = lower_for_reference(graph, pipeline, dump)
-    compiled = CompiledProgram(key, program, None, entry, timings, pass_times, kernels=kernel_origins(program))
+    compiled = CompiledProgram(key, program, None, entry, timings, pass_times, kernels=kernel_origins(program),
+                               engine=ENGINE)
     STATS.compiled += 1
     cache.put(key, compiled)
     return compiled, False
@@ -299,7 +323,8 @@ def _load_native(obj: "jit.ObjectCode") -> Any:
     return jit.load_object(obj)
 
 
-def _store_to_disk(disk: DiskCache, key: str, program: "Program", obj: jit.ObjectCode, entry_name: str) -> None:
+def _store_to_disk(disk: DiskCache, key: str, program: "Program", obj: "jit.ObjectCode", entry_name: str) -> None:
+    from .engines import kernel_origins
     from ..ir.parser import parse_program
     from ..ir.printer import print_ir
 

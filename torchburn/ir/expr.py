@@ -12,9 +12,10 @@ shapes such as `s0 * 1 + 0` stay readable as `s0`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Any, Iterator, Union
 
 from . import dtypes as dt
 from . import semantics as sem
@@ -459,14 +460,22 @@ def _free_names(e: Expr) -> frozenset[str]:
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    """Replace variables by expressions (capture cannot happen: expressions bind nothing)."""
-    from .transform import ExprMutator  # local: transform imports this module
-
-    class _Subst(ExprMutator):
-        def visit_Var(self, node: Var) -> Expr:
-            return mapping.get(node.name, node)
-
-    return _Subst().visit(e)
+    """Replace variables by expressions (capture cannot happen: expressions bind nothing).
+    Unchanged subtrees are returned as they are (shared), as `transform.ExprMutator` does."""
+    if isinstance(e, Var):
+        return mapping.get(e.name, e)
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(e):  # type: ignore[arg-type]
+        v = getattr(e, f.name)
+        if isinstance(v, Expr):
+            nv = substitute(v, mapping)
+            if nv is not v:
+                changes[f.name] = nv
+        elif isinstance(v, tuple) and v and isinstance(v[0], Expr):
+            nt = tuple(substitute(x, mapping) for x in v)
+            if any(a is not b for a, b in zip(nt, v)):
+                changes[f.name] = nt
+    return dataclasses.replace(e, **changes) if changes else e  # type: ignore[type-var]
 
 
 def evaluate_index(e: Expr, env: dict[str, int]) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from . import dtypes as dt
 from .expr import (COMPARISONS, INFIX_OPS, NAMED_BINARY_OPS, UNARY_FUNCS, Const, Expr, as_expr,
                    floordiv, mul, sub)
-from .tensor import TensorType
+from .tensor_type import TensorType
 
 InferFn = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
 

@@ -8,12 +8,62 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Union
+from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
 from . import expr as ex
 from . import loop as lp
 from .dtypes import DType
-from .tensor import Graph, Op, TensorType, Value
+from .tensor_type import TensorType
+
+
+class ValueLike(Protocol):
+    """A tensor value as the printer reads it (`tensor.Value`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def type(self) -> TensorType: ...
+
+    @property
+    def strides(self) -> Optional[tuple[ex.Expr, ...]]: ...
+
+
+class OpLike(Protocol):
+    """An op as the printer reads it (`tensor.Op`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def operands(self) -> Sequence[ValueLike]: ...
+
+    @property
+    def results(self) -> Sequence[ValueLike]: ...
+
+    @property
+    def attrs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def loc(self) -> Optional[str]: ...
+
+
+class GraphLike(Protocol):
+    """A tensor graph as the printer reads it (`tensor.Graph`, which prints itself through
+    this module: the printer needs only the graph's shape, so the two files do not import
+    each other)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inputs(self) -> Sequence[Union[ValueLike, ex.Var]]: ...
+
+    @property
+    def ops(self) -> Sequence[OpLike]: ...
+
+    @property
+    def outputs(self) -> Sequence[ValueLike]: ...
 
 #: Annotation and attribute keys that record where IR came from, not what it computes.
 PROVENANCE_KEYS = frozenset({"origin", "source"})
@@ -141,16 +191,16 @@ class Printer:
     def tensor_type(self, t: TensorType) -> str:
         return f"{t.dtype}{self.dims(t.shape)}"
 
-    def graph(self, g: Graph) -> str:
+    def graph(self, g: GraphLike) -> str:
         params = []
         for v in g.inputs:
-            if isinstance(v, Value):
+            if isinstance(v, ex.Var):
+                params.append(self.var_name(v.name))
+            else:
                 s = f"{self.value_name(v.name)}: {self.tensor_type(v.type)}"
                 if v.strides is not None:
                     s += f" strides {self.dims(v.strides)}"
                 params.append(s)
-            else:
-                params.append(self.var_name(v.name))
         lines = [f"graph {self.func_name(g.name)}({', '.join(params)}) {{"]
         for op in g.ops:
             lines.append("  " + self.op(op))
@@ -158,7 +208,7 @@ class Printer:
         lines.append("}")
         return "\n".join(lines) + "\n"
 
-    def op(self, op: Op) -> str:
+    def op(self, op: OpLike) -> str:
         results = ", ".join(self.value_name(r.name) for r in op.results)
         operands = ", ".join(self.value_name(v.name) for v in op.operands)
         text = f"{results} = {op.name}({operands})"
@@ -247,7 +297,7 @@ def print_stmt(s: lp.Stmt) -> str:
     return "\n".join(Printer().stmt(s, 0)) + "\n"
 
 
-def print_graph(g: Graph, canonical: bool = False) -> str:
+def print_graph(g: GraphLike, canonical: bool = False) -> str:
     return Printer(canonical).graph(g)
 
 
@@ -259,12 +309,12 @@ def print_program(p: lp.Program, canonical: bool = False) -> str:
     return Printer(canonical).program(p)
 
 
-def print_ir(ir: Union[Graph, lp.Kernel, lp.Program], canonical: bool = False) -> str:
-    """Print any top-level IR object."""
-    if isinstance(ir, Graph):
-        return print_graph(ir, canonical)
+def print_ir(ir: Union[GraphLike, lp.Kernel, lp.Program], canonical: bool = False) -> str:
+    """Print any top-level IR object (a loop program or kernel, else a tensor graph)."""
     if isinstance(ir, lp.Kernel):
         return print_kernel(ir, canonical)
     if isinstance(ir, lp.Program):
         return print_program(ir, canonical)
+    if all(hasattr(ir, a) for a in ("inputs", "ops", "outputs")):
+        return print_graph(ir, canonical)
     raise TypeError(f"cannot print {type(ir).__name__}")

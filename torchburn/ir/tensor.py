@@ -19,33 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Union
 
 from .dtypes import DType
-from .expr import Const, Expr, Var, as_expr
+from .expr import Const, Expr, Var
 from .loop import contiguous_strides
+from .ops import infer_types
+from .printer import print_graph
+from .tensor_type import TensorType
 
-
-@dataclass(frozen=True)
-class TensorType:
-    """Element dtype and shape; each dimension is an index expression (`4`, `s0`, `s0 * 2`)."""
-
-    dtype: DType
-    shape: tuple[Expr, ...]
-
-    @staticmethod
-    def of(dtype: DType, shape: Iterable[Union[Expr, int]]) -> "TensorType":
-        return TensorType(dtype, tuple(as_expr(d) for d in shape))
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    def static_shape(self) -> Optional[tuple[int, ...]]:
-        """The shape as ints, or None when some dimension is symbolic."""
-        if all(isinstance(d, Const) for d in self.shape):
-            return tuple(int(d.value) for d in self.shape)  # type: ignore[attr-defined]
-        return None
-
-    def with_dtype(self, dtype: DType) -> "TensorType":
-        return TensorType(dtype, self.shape)
+__all__ = ["AttrValue", "Graph", "Op", "TensorType", "Value", "normalize_attr"]
 
 
 _value_ids = itertools.count()
@@ -143,8 +123,6 @@ class Graph:
         index: Optional[int] = None,
     ) -> Op:
         """Append (or insert at `index`) an op; result types are inferred when not given."""
-        from .ops import infer_types
-
         operands = list(operands)
         attrs = {k: normalize_attr(v) for k, v in (attrs or {}).items()}
         if result_types is None:
@@ -233,13 +211,9 @@ class Graph:
         """Structural equality: same ops, attributes, types, locations and value names."""
         if not isinstance(other, Graph):
             return NotImplemented
-        from .printer import print_graph
-
         return print_graph(self) == print_graph(other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __str__(self) -> str:
-        from .printer import print_graph
-
         return print_graph(self)

@@ -16,6 +16,11 @@ pipeline string, so one definition serves Python and the command line:
 
 Instrumentation (print after each pass, time passes, dump to a folder) hooks into the pass
 manager; passes themselves print nothing.
+
+A pass that depends on the machine (the vector width, the cache sizes, a native dot product)
+reads it from the `PassContext` the pass manager hands to `run_in`, never from the host:
+
+    PassManager(passes, target=named_target("avx512")).run(graph)
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Optional, Sequence, TextIO, Union
 
 from ..ir.loop import Program
+from ..ir.target import GENERIC, Target
 from ..ir.tensor import Graph
 
 IR = Union[Graph, Program]
@@ -35,6 +41,13 @@ IR = Union[Graph, Program]
 
 class PassError(ValueError):
     """A pass or pipeline is misconfigured (unknown pass, bad option, wrong IR level)."""
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may know besides its IR and its options: the target it compiles for."""
+
+    target: Target = GENERIC
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,11 @@ class Pass:
 
     def run(self, ir: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError(f"pass {self.name} does not implement run()")
+
+    def run_in(self, ir: Any, ctx: PassContext) -> Any:
+        """Run with the pipeline's context; a pass that depends on the target overrides this
+        (and its `run` uses `PassContext()`, the generic target)."""
+        return self.run(ir)
 
     def options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -305,11 +323,14 @@ class VerifyAfterEach(Instrument):
 
 
 class PassManager:
-    """Runs passes in order, calling each instrument before and after every pass."""
+    """Runs passes in order, each in one `PassContext` (the target), calling each instrument
+    before and after every pass."""
 
-    def __init__(self, passes: Sequence[Pass], instruments: Optional[Sequence[Instrument]] = None) -> None:
+    def __init__(self, passes: Sequence[Pass], instruments: Optional[Sequence[Instrument]] = None,
+                 target: Target = GENERIC) -> None:
         self.passes = list(passes)
         self.instruments = list(instruments or [])
+        self.context = PassContext(target)
 
     def run(self, ir: IR) -> IR:
         for p in self.passes:
@@ -319,7 +340,7 @@ class PassManager:
             for inst in self.instruments:
                 inst.before_pass(p, ir)
             t0 = time.perf_counter()
-            ir = p.run(ir)
+            ir = p.run_in(ir, self.context)
             dt = time.perf_counter() - t0
             for inst in self.instruments:
                 inst.after_pass(p, ir, dt)

@@ -45,7 +45,7 @@ from ..ir.expr import Const, ScalarType, Var
 from ..ir.tensor import Op, Value
 from .base import register_pass
 from .loopgen.kernel_builder import KernelBuilder
-from .loopgen.matmul import fused_matmul
+from .loopgen.matmul import CpuInfo, fused_matmul
 from .lower_to_loops import LowerToLoops
 
 
@@ -93,10 +93,10 @@ class LowerToLoopsGpu(LowerToLoops):
     simd_qlinear: ClassVar[bool] = False
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
-                    temps: list[lp.Buffer]) -> lp.Kernel:
+                    temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         mm = fused_matmul(op, set(buffers))
         if mm is None:
-            return super()._lower_root(name, op, buffers, symbols, temps)
+            return super()._lower_root(name, op, buffers, symbols, temps, cpu)
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
         body = build_plain_gemm(kb, op, mm, out)

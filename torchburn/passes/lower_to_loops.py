@@ -1,5 +1,12 @@
 """`lower-to-loops`: turn a fused tensor graph into a loop-level program.
 
+Matrix products and quantized linears are blocked for the pass context's target (vector
+width, cache sizes, threads, native dot products; see `loopgen/matmul.py`). Options steer the
+GEMM kernels, for tests and experiments: `gemm_swap` (`auto` compares the plain and the
+swapped plan by cost, `always`, `never`), `gemm_direct_b` (read a small row-major B in place)
+and `gemm_dot` (the dot-product form for a few rows), as in
+`lower-to-loops{gemm_swap=always,gemm_dot=false}`.
+
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
 it is a graph output and to a workspace temporary otherwise. Graph inputs keep their strides,
 so kernels read the caller's memory in place. Without a prior `fuse`, every op is its own
@@ -41,10 +48,14 @@ from ..ir.expr import Var
 from ..ir.loop import contiguous_strides
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
-from .base import Pass, register_pass
+from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
-from .loopgen.matmul import fused_matmul
-from .loopgen.qlinear import build_qlinear, build_qlinear_plain, fused_qlinear
+from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
+from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
+from .loopgen.qlinear_forms import build_qlinear
+
+#: Values of `lower-to-loops{gemm_swap=...}`.
+SWAP_CHOICES = {"auto": None, "always": True, "never": False}
 
 
 def _is_root(op: Op, fused: bool) -> bool:
@@ -79,8 +90,25 @@ class LowerToLoops(Pass):
     #: Lower `qlinear` to the SIMD dequantizing kernel (`loopgen/qlinear.py`); GPUs want the
     #: plain per-element nest instead.
     simd_qlinear: ClassVar[bool] = True
+    #: GEMM plan choice: "auto" (by cost), "always" or "never" swap the operands' roles.
+    gemm_swap: str = "auto"
+    #: Let the micro-kernel read a small row-major B in place instead of packing it.
+    gemm_direct_b: bool = True
+    #: The dot-product form for products of a few rows.
+    gemm_dot: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gemm_swap not in SWAP_CHOICES:
+            raise PassError(f"pass {self.name}: gemm_swap={self.gemm_swap!r}; expected one of {', '.join(SWAP_CHOICES)}")
+
+    def gemm_options(self) -> GemmOptions:
+        return GemmOptions(SWAP_CHOICES[self.gemm_swap], self.gemm_direct_b, self.gemm_dot)
 
     def run(self, graph: Graph) -> lp.Program:
+        return self.run_in(graph, PassContext())
+
+    def run_in(self, graph: Graph, ctx: PassContext) -> lp.Program:
+        cpu = CpuInfo.of(ctx.target)
         fused = any("kernel" in op.attrs for op in graph.ops)
         buffers: dict[Value, lp.Buffer] = {}
         inputs: list[lp.Buffer] = []
@@ -107,7 +135,7 @@ class LowerToLoops(Pass):
         kernels: list[lp.Kernel] = []
         calls: list[lp.KernelCall] = []
         for n, op in enumerate(roots):
-            kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps)
+            kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps, cpu)
             kernels.append(kernel)
             calls.append(lp.KernelCall(kernel.name, tuple(p.name for p in kernel.params)))
         results = tuple(buffers[v].name for v in graph.outputs)
@@ -117,15 +145,15 @@ class LowerToLoops(Pass):
                           tuple(calls), tuple(kernels), results=results)
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
-                    temps: list[lp.Buffer]) -> lp.Kernel:
+                    temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         """One kernel for `op`; workspace it asks for (`KernelBuilder.scratch`) joins `temps`."""
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
         qop = fused_qlinear(op, set(buffers))
         if qop is not None:
-            body = build_qlinear(kb, op, qop, out) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
+            body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
-            body = kb.matmul_root(op, out)
+            body = gemm_root(kb, op, out, cpu, self.gemm_options())
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)
         else:

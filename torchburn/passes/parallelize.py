@@ -42,14 +42,13 @@ Without collapsing (`parallelize{collapse=false}`) the same nest gets `parallel 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Expr, Var
-from .base import LoopPass, register_pass
+from .base import LoopPass, PassContext, register_pass
 from .bounds import Bounds, kernel_bounds
 from .loop_utils import (
     Access,
@@ -197,9 +196,9 @@ class _Parallelizer:
 
 
 def parallelize_kernel(kernel: lp.Kernel, min_work: int = 32768, collapse: bool = True,
-                       threads: int = 0) -> lp.Kernel:
-    """Mark the outermost independent loops of one kernel parallel (see the module docstring)."""
-    threads = threads or os.cpu_count() or 1
+                       threads: int = 1) -> lp.Kernel:
+    """Mark the outermost independent loops of one kernel parallel (see the module docstring);
+    `threads` is what collapsing plans for."""
     body = _Parallelizer(kernel, min_work, collapse, threads).stmt(kernel.body, kernel_bounds(kernel.symbols))
     return kernel if body is kernel.body else replace(kernel, body=body)
 
@@ -236,8 +235,12 @@ class Parallelize(LoopPass):
     min_work: int = 32768
     #: Fuse a small parallel loop with the loop it holds, so all threads get work.
     collapse: bool = True
-    #: Threads assumed when collapsing; 0 means the number of CPUs.
+    #: Threads assumed when collapsing; 0 means the target's (`PassContext.target.threads`).
     threads: int = 0
 
     def run(self, program: lp.Program) -> lp.Program:
-        return map_kernels(program, lambda k: parallelize_kernel(k, self.min_work, self.collapse, self.threads))
+        return self.run_in(program, PassContext())
+
+    def run_in(self, program: lp.Program, ctx: PassContext) -> lp.Program:
+        threads = self.threads or max(ctx.target.threads, 1)
+        return map_kernels(program, lambda k: parallelize_kernel(k, self.min_work, self.collapse, threads))

@@ -49,9 +49,9 @@ moves by a stride other than 0 or 1 per iteration) wins, the innermost on ties. 
 vectorizes its reduction loop, a column sum vectorizes the output loop around it (no gathers,
 and no reassociation), and `out[i, j] += a[i, k] * b[k, j]` vectorizes `j`.
 
-`width=0` takes the host's number of f32 lanes (`Target.host().lanes(f32)`: 16 with
-AVX-512, 8 with AVX2, 4 with SSE or NEON) for every dtype: f32 is what kernels compute in,
-and wider elements simply take several registers per vector.
+`width=0` takes the target's number of f32 lanes (`ctx.target.lanes(f32)`, from the pass
+context: 16 with AVX-512, 8 with AVX2, 4 with SSE or NEON) for every dtype: f32 is what
+kernels compute in, and wider elements simply take several registers per vector.
 
 Before (`vectorize{width=8}`):
 
@@ -82,7 +82,7 @@ from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Expr, ScalarType, Var
 from ..ir.printer import print_expr
-from .base import LoopPass, PassError, register_pass
+from .base import LoopPass, PassContext, PassError, register_pass
 from .loop_utils import (
     NameSupply,
     Poly,
@@ -101,19 +101,6 @@ from .loop_utils import (
 REDUCTION_OPS = ("add", "mul", "min", "max", "and", "or")
 #: The smallest constant trip count the pass vectorizes on its own.
 MIN_AUTO_EXTENT = 4
-
-
-def host_lanes() -> int:
-    """f32 lanes of the host CPU's vector registers.
-
-    The target description lives in `codegen`; passes otherwise import only `ir`, so the import
-    is local, and a machine without the codegen's dependencies gets 8 (256-bit vectors).
-    """
-    try:
-        from ..codegen.target import Target
-    except ImportError:  # pragma: no cover - only without llvmlite
-        return 8
-    return Target.host().lanes(dt.f32)
 
 
 def identity(op: str, t: ScalarType) -> Const:
@@ -607,11 +594,14 @@ class Vectorize(LoopPass):
     """
 
     name = "vectorize"
-    #: Lanes per vector; 0 takes the host's number of f32 lanes.
+    #: Lanes per vector; 0 takes the target's number of f32 lanes.
     width: int = 0
 
     def run(self, program: lp.Program) -> lp.Program:
-        width = self.width or host_lanes()
+        return self.run_in(program, PassContext())
+
+    def run_in(self, program: lp.Program, ctx: PassContext) -> lp.Program:
+        width = self.width or ctx.target.lanes(dt.f32)
         if width < 2:
             return program
         return map_kernels(program, lambda k: vectorize_kernel(k, width))

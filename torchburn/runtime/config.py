@@ -10,6 +10,7 @@
 | TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
+| TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
 | TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products) | auto |
 """
 from __future__ import annotations
@@ -67,6 +68,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _target_name(env: Mapping[str, str]) -> str:
+    """`TORCHBURN_TARGET`, normalized; the CPUs it can name are in `codegen/target_names.py`."""
+    from ..codegen.target_names import check_target_name
+
+    raw = env.get("TORCHBURN_TARGET", "")
+    try:
+        return check_target_name(raw)
+    except ValueError as err:
+        raise ConfigError(f"TORCHBURN_TARGET={raw.strip()!r}: {err}") from None
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "torchburn"
@@ -84,6 +96,8 @@ class Config:
     dump_dir: Optional[Path]
     #: "int8", "f32" or "auto": the activations of `qlinear` kernels (docs/quantization.md).
     qlinear_activations: str = "auto"
+    #: The CPU code is compiled for (`codegen/target.py` resolves the name; "host" by default).
+    target: str = "host"
 
     @staticmethod
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -104,6 +118,7 @@ class Config:
             debug=env.get("TORCHBURN_DEBUG", "0").strip() not in ("", "0", "false", "no"),
             dump_dir=Path(dump) if dump else None,
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
+            target=_target_name(env),
         )
 
 

@@ -22,12 +22,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import llvmlite.binding as llvm
 
-from ..codegen.target import Target
 from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
+    from ..codegen.target import Target
 
 _lock = threading.Lock()
 log = logging.getLogger("torchburn")
@@ -89,10 +91,24 @@ def get_num_threads() -> int:
     return 1 if lib is None else int(lib.omp_get_max_threads())
 
 
+@functools.lru_cache(maxsize=1)
+def _init_all_targets() -> None:
+    """Every target LLVM was built with: code for another CPU (`TORCHBURN_TARGET=neon` on an
+    x86 machine) is compiled to object code and assembly, never run."""
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+def _llvm_target(target: "Target") -> llvm.Target:
+    _init_llvm()
+    if target.triple.split("-", 1)[0] != llvm.get_process_triple().split("-", 1)[0]:
+        _init_all_targets()
+    return llvm.Target.from_triple(target.triple)
+
+
 def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
     """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
-    _init_llvm()
-    return llvm.Target.from_triple(target.triple).create_target_machine(
+    return _llvm_target(target).create_target_machine(
         cpu=target.cpu, features=target.features, opt=opt_level, reloc="default", codemodel="jitdefault")
 
 
@@ -145,8 +161,7 @@ def _linker() -> Optional[str]:
 
 @functools.lru_cache(maxsize=8)
 def _pic_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
-    _init_llvm()
-    return llvm.Target.from_triple(target.triple).create_target_machine(
+    return _llvm_target(target).create_target_machine(
         cpu=target.cpu, features=target.features, opt=opt_level, reloc="pic", codemodel="small")
 
 
@@ -228,8 +243,10 @@ class NativeModule:
 def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
     """Link an object file into the process (MCJIT: an empty module, then the object).
     Plain bytes are taken as an object for the host."""
+    from ..codegen.target import Target, host_target
+
     if not isinstance(obj, ObjectCode):
-        host = Target.host()
+        host = host_target()
         obj = ObjectCode(bytes(obj), host.triple, host.cpu, host.features)
     _init_llvm()
     _openmp(required=obj.uses_openmp)

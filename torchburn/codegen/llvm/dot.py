@@ -22,20 +22,17 @@ from ..target import Target
 from .context import ModuleContext
 from .types import I32, lanes_of
 
-#: `vpdpbusd` intrinsics by i32 lane count, and the features each needs besides avx512vnni.
-_VPDPBUSD: dict[int, tuple[str, tuple[str, ...]]] = {
-    16: ("llvm.x86.avx512.vpdpbusd.512", ()),
-    8: ("llvm.x86.avx512.vpdpbusd.256", ("avx512vl",)),
-    4: ("llvm.x86.avx512.vpdpbusd.128", ("avx512vl",)),
+#: `vpdpbusd` intrinsics by i32 lane count (the features each needs: `ir.target.DOT4_FEATURES`).
+_VPDPBUSD: dict[int, str] = {
+    16: "llvm.x86.avx512.vpdpbusd.512",
+    8: "llvm.x86.avx512.vpdpbusd.256",
+    4: "llvm.x86.avx512.vpdpbusd.128",
 }
 
 
 def has_native_dot4(target: Target, lanes: int) -> bool:
     """Whether `dot4_u8i8_acc` on `lanes` i32 lanes is one instruction on `target`."""
-    entry = _VPDPBUSD.get(lanes)
-    if entry is None or not target.triple.startswith(("x86_64", "i686", "i386")):
-        return False
-    return target.has_feature("avx512vnni") and all(target.has_feature(f) for f in entry[1])
+    return lanes in _VPDPBUSD and target.native_dot4(lanes)
 
 
 def emit_dot4(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
@@ -44,7 +41,7 @@ def emit_dot4(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w
     if lanes_of(a.type) != 4 * lanes or lanes_of(w.type) != 4 * lanes:
         raise CodegenError(f"dot4_u8i8_acc needs 4 x {lanes} bytes per operand, got {a.type} and {w.type}")
     if has_native_dot4(ctx.target, lanes):
-        name = _VPDPBUSD[lanes][0]
+        name = _VPDPBUSD[lanes]
         vt = ir.VectorType(I32, lanes)
         fn = ctx.declare(name, vt, [vt, vt, vt])
         return b.call(fn, [acc, b.bitcast(a, vt), b.bitcast(w, vt)])

@@ -12,17 +12,30 @@ Bools live in memory as bytes (0/1) and in registers as i1; conversion happens h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import llvmlite.ir as ir
 
 from ...ir import expr as ex
 from ...ir.loop import Buffer
 from ..errors import CodegenError
+from .function import FunctionState, Scope
 from .types import I1, I32, I64, PTR, lanes_of, splat_const, storage_type, vector_of
 
-if TYPE_CHECKING:
-    from .expr import ExprEmitter
+
+class ExprEmitter(Protocol):
+    """What memory accesses need of the expression emitter (`expr.ExprEmitter`, which builds
+    on this module): the builder, the scope of buffers, index values, splats, values."""
+
+    fs: FunctionState
+    scope: Scope
+    b: ir.IRBuilder
+
+    def emit(self, e: ex.Expr) -> ir.Value: ...
+
+    def index_value(self, e: ex.Expr) -> ir.Value: ...
+
+    def splat(self, v: ir.Value, lanes: int) -> ir.Value: ...
 
 _ZERO = ex.Const(0)
 _ONE = ex.Const(1)

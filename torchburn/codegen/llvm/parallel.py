@@ -20,7 +20,7 @@ one extra iteration. Inside the outlined body, nested parallel loops run seriall
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import llvmlite.ir as ir
 
@@ -29,8 +29,22 @@ from ...ir import loop as lp
 from .function import BufferRef, FunctionState, Scope
 from .types import I32, PTR, VOID
 
-if TYPE_CHECKING:
-    from .stmt import StmtEmitter
+
+class StmtEmitter(Protocol):
+    """What a parallel loop needs of the statement emitter (`stmt.StmtEmitter`, which calls
+    this module): its function state, the loop bounds, and a counted loop; a new emitter of
+    the same class emits the outlined body."""
+
+    fs: FunctionState
+
+    def __init__(self, fs: FunctionState) -> None: ...
+
+    @property
+    def b(self) -> ir.IRBuilder: ...
+
+    def bounds(self, s: lp.For, scope: Scope) -> tuple[ir.Value, ir.Value]: ...
+
+    def counted_loop(self, var: ex.Var, begin: ir.Value, end: ir.Value, body: lp.Stmt, scope: Scope) -> None: ...
 
 
 def free_names(s: lp.For, scope: Scope) -> tuple[list[str], list[str]]:
@@ -87,8 +101,6 @@ def _field(b: ir.IRBuilder, slot: ir.Value, struct: ir.LiteralStructType, k: int
 def _emit_work(se: "StmtEmitter", s: lp.For, buffers: list[BufferRef], var_names: list[str],
                values: list[ir.Value], index_type: ir.Type) -> ir.Function:
     """The loop over one slice `lo..hi`, with every free value as a parameter."""
-    from .stmt import StmtEmitter
-
     fs = se.fs
     ctx = fs.ctx
     arg_types = [PTR] * len(buffers) + [v.type for v in values] + [index_type, index_type]
@@ -109,7 +121,7 @@ def _emit_work(se: "StmtEmitter", s: lp.For, buffers: list[BufferRef], var_names
         arg.name = name
         scope.vars[name] = arg
     lo, hi = args[-2], args[-1]
-    StmtEmitter(inner_fs).counted_loop(s.var, lo, hi, s.body, scope)
+    type(se)(inner_fs).counted_loop(s.var, lo, hi, s.body, scope)
     inner_fs.finish()
     return fn
 

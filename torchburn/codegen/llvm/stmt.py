@@ -20,6 +20,7 @@ from ..errors import CodegenError
 from . import memory
 from .expr import ExprEmitter
 from .function import BufferRef, FunctionState, Scope
+from .parallel import emit_parallel_loop
 from .types import I1, storage_type
 
 #: Unrolling fully beyond this many iterations is left to LLVM's own heuristics.
@@ -137,8 +138,6 @@ class StmtEmitter:
         if self.fs.in_parallel:
             self._serial(s, scope)
             return
-        from .parallel import emit_parallel_loop  # parallel.py builds on this module
-
         emit_parallel_loop(self, s, scope)
 
 

@@ -27,17 +27,15 @@ per element on the accumulators before the only store.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, Var
+from .kernel_state import KernelContext, Local
 from .shader import Grid, KernelShader
-from .types import WgslUnsupported
+from .types import WgslUnsupported, value_type
 
-if TYPE_CHECKING:
-    from .kernel import KernelEmitter
 
 XYZW = "xyzw"
 
@@ -176,9 +174,9 @@ def match_matmul(root: lp.For, symbols: frozenset[str] = frozenset()) -> MatmulN
 
 
 class GemmEmitter:
-    """Emits the tiled GEMM shader through a `KernelEmitter`'s renderer and buffers."""
+    """Emits the tiled GEMM shader through a kernel emitter's renderer (`KernelContext`) and buffers."""
 
-    def __init__(self, k: "KernelEmitter") -> None:
+    def __init__(self, k: KernelContext) -> None:
         self.k = k
 
     def emit(self, root: lp.For) -> KernelShader:
@@ -213,11 +211,8 @@ class GemmEmitter:
 
     def _epilogue_fn(self) -> str:
         """`tb_epi(batch.., i, j, acc) -> value stored`: the epilogue of one element."""
-        from .kernel import _Local
-        from .types import value_type
-
         k, nest = self.k, self.nest
-        k.locals[nest.acc.name] = _Local(nest.acc, 1)
+        k.locals[nest.acc.name] = Local(nest.acc, 1)
         params = "".join(f"v_{f.var.name}: i32, " for f in (*nest.batch, nest.i, nest.j))
         saved, k.lines, k.indent = k.lines, [], 1
         for s in nest.epilogue:
@@ -267,7 +262,7 @@ class GemmEmitter:
         if mode != "scalar":
             load = lets[0].value if lets else value
             assert isinstance(load, ex.Load)
-            off = k._offset(k.params[load.buffer].buffer, load.index)
+            off = k.offset(k.params[load.buffer].buffer, load.index)
             return (f"fn {name}4({params}) -> vec4<f32> {{\n  return ld4_{load.buffer}({off});\n}}\n"
                     f"fn {name}({params}) -> f32 {{\n" + "\n".join(body) + f"\n  return {text};\n}}")
         return f"fn {name}({params}) -> f32 {{\n" + "\n".join(body) + f"\n  return {text};\n}}"
@@ -293,7 +288,7 @@ class GemmEmitter:
         if nest.batch:
             saved, k.lines, k.indent = k.lines, [], 1
             k.line("let tb_z = wid.z;")
-            k._unflatten("tb_z", nest.batch, [f.extent for f in nest.batch])
+            k.unflatten("tb_z", nest.batch, [f.extent for f in nest.batch])
             L += k.lines
             k.lines = saved
         bargs = "".join(f"v_{f.var.name}, " for f in nest.batch)
@@ -423,12 +418,12 @@ class GemmEmitter:
                         return f"tb_epi({bargs}v_{row.name}, {colv}, {acc}.{XYZW[e]})"
 
                     if vec_ok:
-                        off = k._offset(out, (*bvars, row, col))
+                        off = k.offset(out, (*bvars, row, col))
                         value = f"vec4<f32>({', '.join(epi(e) for e in range(4))})"
                         line(f"if (v_{col.name} < tb_N) {{ st4_{nest.out}({off}, {value}); }}", 3)
                     else:
                         for e in range(4):
-                            off = k._offset(out, (*bvars, row, ex.add(col, Const(e))))
+                            off = k.offset(out, (*bvars, row, ex.add(col, Const(e))))
                             line(f"if (v_{col.name} + {e} < tb_N) {{ st_{nest.out}({off}, {epi(e)}); }}", 3)
                     line("}", 2)
                 line("}")

@@ -19,7 +19,6 @@ vectorized) that hide its storage type (bool lives in `u32`) and binding shape.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from ...ir import expr as ex
@@ -28,6 +27,8 @@ from ...ir.dtypes import DType
 from ...ir.expr import Const, Expr, Var
 from . import ops
 from .expr import ExprRenderer, Helpers, Rendered
+from .gemm import GemmEmitter
+from .kernel_state import Access, Local
 from .shader import Binding, Grid, KernelShader
 from .types import Caps, WgslUnsupported, storage_type, value_type, vec
 
@@ -54,21 +55,6 @@ def stores_to(s: lp.Stmt) -> set[str]:
     return {x.buffer for x in lp.walk_stmts(s) if isinstance(x, lp.Store)}
 
 
-@dataclass
-class Access:
-    """How one kernel parameter is accessed: scalar, vec4, read, written."""
-
-    buffer: lp.Buffer
-    vec4: bool = False
-    written: bool = False
-
-
-@dataclass
-class _Local:
-    buffer: lp.Buffer
-    size: int
-
-
 class KernelEmitter:
     """Emits one kernel (see the module docstring)."""
 
@@ -91,7 +77,7 @@ class KernelEmitter:
         for s in lp.walk_stmts(kernel.body):
             if isinstance(s, lp.For) and self.r.is_nonneg(s.start):
                 self.r.nonneg.add(s.var.name)
-        self.locals: dict[str, _Local] = {}
+        self.locals: dict[str, Local] = {}
         self.vector_vars: set[str] = set()
         #: The innermost grid loop variable of vectorized code.
         self.vec_var: Optional[str] = None
@@ -108,8 +94,6 @@ class KernelEmitter:
     def emit(self) -> KernelShader:
         body = self.kernel.body
         if isinstance(body, lp.For) and body.annotation("gpu") == "gemm":
-            from .gemm import GemmEmitter
-
             return GemmEmitter(self).emit(body)
         grid_loops, inner = loop_nest(body, "grid")
         if grid_loops:
@@ -129,7 +113,7 @@ class KernelEmitter:
         count = product(extents)
         self.line(f"let tb_g = (wid.y * nwg.x + wid.x) * {wg}u + lid;")
         self.line(f"if (tb_g >= u32({self.r.scalar(count)})) {{ return; }}")
-        self._unflatten("tb_g", loops, extents, scale_last=4 if vec4 else 1)
+        self.unflatten("tb_g", loops, extents, scale_last=4 if vec4 else 1)
         self.stmt(inner)
         groups = (ex.floordiv(ex.add(count, Const(wg - 1)), Const(wg)), Const(1), Const(1))
         summary = "threads/vec4" if vec4 else "threads"
@@ -141,7 +125,7 @@ class KernelEmitter:
         count = product([f.extent for f in loops])
         self.line("let tb_g = wid.y * nwg.x + wid.x;")
         self.line(f"if (tb_g >= u32({self.r.scalar(count)})) {{ return; }}")
-        self._unflatten("tb_g", loops, [f.extent for f in loops])
+        self.unflatten("tb_g", loops, [f.extent for f in loops])
         self.wg = wg
         self.stmt(inner)
         reduce = sorted({f.annotation("gpu_reduce") or "" for f in lp.walk_stmts(inner)
@@ -167,7 +151,7 @@ class KernelEmitter:
             raise WgslUnsupported(f"workgroup size {wg} is not a power of two within the device limit")
         return wg
 
-    def _unflatten(self, linear: str, loops: list[lp.For], extents: list[Expr], scale_last: int = 1) -> None:
+    def unflatten(self, linear: str, loops: list[lp.For], extents: list[Expr], scale_last: int = 1) -> None:
         """Bind each loop variable from a linear u32 index (row-major, innermost fastest)."""
         cur = linear
         for k in range(len(loops) - 1, -1, -1):
@@ -281,7 +265,7 @@ class KernelEmitter:
                 raise WgslUnsupported(f"local buffer %{b.name} has a symbolic size")
             size *= int(d.value)
         t = self._local_type(b.dtype)
-        self.locals[b.name] = _Local(b, size)
+        self.locals[b.name] = Local(b, size)
         if size == 1:
             self.line(f"var l_{b.name}: {t};")
         else:
@@ -295,7 +279,7 @@ class KernelEmitter:
             raise WgslUnsupported(f"store to unknown buffer %{s.buffer}")
         acc = self.params[s.buffer]
         value = self.r.render(s.value)
-        offset = self._offset(acc.buffer, s.index)
+        offset = self.offset(acc.buffer, s.index)
         if acc.vec4 and self.vec_var is not None and s.index and s.index[-1] == Var(self.vec_var):
             text = f"st4_{s.buffer}({offset}, {self.r.splat(value, acc.buffer.dtype, 4)});"
         else:
@@ -343,7 +327,7 @@ class KernelEmitter:
         total = self.r.scalar(product(extents))
         self.line(f"for (var tb_r: u32 = lid; tb_r < u32({total}); tb_r = tb_r + {wg}u) {{")
         self.indent += 1
-        self._unflatten("tb_r", loops, extents)
+        self.unflatten("tb_r", loops, extents)
         self.in_threads = True
         self.stmt(body)
         self.in_threads = False
@@ -378,12 +362,12 @@ class KernelEmitter:
         if acc is None:
             raise WgslUnsupported(f"load from unknown buffer %{e.buffer}")
         vec_last = acc.vec4 and self.vec_var is not None and bool(e.index) and e.index[-1] == Var(self.vec_var)
-        offset = self._offset(acc.buffer, e.index)
+        offset = self.offset(acc.buffer, e.index)
         if vec_last:
             return f"ld4_{e.buffer}({offset})", 4
         return f"ld_{e.buffer}({offset})", 1
 
-    def _offset(self, b: lp.Buffer, index: tuple[Expr, ...]) -> str:
+    def offset(self, b: lp.Buffer, index: tuple[Expr, ...]) -> str:
         if len(index) != b.ndim:
             raise WgslUnsupported(f"%{b.name} has {b.ndim} dims but is indexed with {len(index)}")
         off: Expr = Const(0)
@@ -400,7 +384,7 @@ class KernelEmitter:
         loc = self.locals[name]
         if loc.size == 1:
             return f"l_{name}"
-        return f"l_{name}[{self._offset(loc.buffer, index)}]"
+        return f"l_{name}[{self.offset(loc.buffer, index)}]"
 
     # ---- assembly --------------------------------------------------------------------------------------
     def _finish(self, grid: Grid, wg: int, summary: str) -> KernelShader:

@@ -472,20 +472,5 @@ class KernelBuilder:
             self.emit(lp.For(vars_[k], Const(0), shape[k], "serial", body, ann))
         return self.pop()
 
-    def matmul_root(self, op: Op, out: lp.Buffer) -> lp.Stmt:
-        """A GEMM kernel (`loopgen/matmul.py`): `op` is a matmul, or the last elementwise op of
-        an epilogue computed from one (fused by `fuse`)."""
-        from .matmul import build_gemm, fused_matmul
-
-        if op.loc and op.loc not in self.origins:
-            self.origins.append(op.loc)
-        mm = fused_matmul(op, set(self.buffers))
-        if mm is None:
-            raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused matmul")
-        if mm.loc and mm.loc not in self.origins:
-            self.origins.append(mm.loc)
-        self.used_buffers[out.name] = out
-        return build_gemm(self, op, mm, out)
-
     def _origin_annotation(self) -> tuple[tuple[str, str], ...]:
         return (("origin", "; ".join(self.origins)),) if self.origins else ()

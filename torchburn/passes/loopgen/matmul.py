@@ -91,19 +91,17 @@ Products below `MIN_PARALLEL_FLOPS` stay serial.
 """
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.target import DOT4_FEATURES, Target
 from ...ir.tensor import Op, Value
 
-if TYPE_CHECKING:
-    from .kernel_builder import KernelBuilder
+from .kernel_builder import KernelBuilder, LoweringError
 
 Index = tuple[Expr, ...]
 
@@ -117,44 +115,36 @@ PACK_BLOCK, PACK_GROUP = 8, 8
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """What the blocking depends on: vector width, data cache sizes and threads."""
+    """What the blocking depends on: vector width, data cache sizes, threads, and the i32 lane
+    counts at which `dot4_u8i8_acc` is one instruction (see `qlinear_i8`)."""
 
     vector_bits: int = 256
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
     threads: int = 1
+    dot4_lanes: frozenset[int] = frozenset()
+
+    @staticmethod
+    def of(target: Target) -> "CpuInfo":
+        """The part of a target description the blocking reads."""
+        return CpuInfo(target.vector_bits, target.l1_bytes, target.l2_bytes, target.threads,
+                       frozenset(n for n in DOT4_FEATURES if target.native_dot4(n)))
 
     def lanes(self, dtype: dt.DType) -> int:
         return max(1, self.vector_bits // max(dtype.bits, 8))
 
 
-def _sysconf(name: str, default: int) -> int:
-    try:
-        value = os.sysconf(name)
-    except (ValueError, OSError):
-        return default
-    return value if value and value > 0 else default
+@dataclass(frozen=True)
+class GemmOptions:
+    """Choices `lower-to-loops` passes on as its options (`lower-to-loops{gemm_swap=always}`)."""
 
-
-@functools.lru_cache(maxsize=1)
-def host_cpu() -> CpuInfo:
-    """The host's vector width (from the codegen target), cache sizes and CPU count.
-
-    The target description lives in `codegen`; passes otherwise import only `ir`, so the import
-    is local, and without the codegen's dependencies the vectors are 256 bits wide.
-    """
-    try:
-        from ...codegen.target import Target
-
-        bits = Target.host().vector_bits
-    except ImportError:  # pragma: no cover - only without llvmlite
-        bits = 256
-    return CpuInfo(
-        vector_bits=bits,
-        l1_bytes=_sysconf("SC_LEVEL1_DCACHE_SIZE", 32 * 1024),
-        l2_bytes=_sysconf("SC_LEVEL2_CACHE_SIZE", 1024 * 1024),
-        threads=os.cpu_count() or 1,
-    )
+    #: None: compare the plain and the swapped plan by cost; True/False: always/never swap
+    #: (tests and experiments).
+    swap: Optional[bool] = None
+    #: Let the micro-kernel read a small row-major B in place instead of packing it.
+    direct_b: bool = True
+    #: Use the dot-product form for products of a few rows (see `dot_plan`).
+    dot: bool = True
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -383,9 +373,10 @@ class GemmBuilder:
     """Builds the loop nest of one GEMM kernel (see the module docstring)."""
 
     def __init__(self, kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, plan: GemmPlan,
-                 cpu_l2: int = 1 << 20) -> None:
+                 cpu_l2: int = 1 << 20, options: GemmOptions = GemmOptions()) -> None:
         self.kb = kb
         self.cpu_l2 = cpu_l2
+        self.options = options
         self.root = root
         self.mm = mm
         self.out = out
@@ -590,7 +581,7 @@ class GemmBuilder:
         partial panel (columns a multiple of NR), and all of it fits in a quarter of L2, so
         rows of it far apart do not evict each other."""
         cols, k = static_int(self.cols), static_int(self.k)
-        if cols is None or k is None or cols % self.plan.nr or not DIRECT_B:
+        if cols is None or k is None or cols % self.plan.nr or not self.options.direct_b:
             return None
         if k * cols * self.acc_t.itemsize > self.cpu_l2 // 4 or self.mm_t != self.acc_t:
             return None
@@ -892,12 +883,6 @@ PACK_COPY, PACK_TRANSPOSE = 0.5, 2.0
 STORE_DIRECT, STORE_TRANSPOSED = 0.0, 1.0
 #: Sizes assumed for a dimension that is not known at compile time, when comparing plans.
 GUESSED_SIZE = 1024
-#: Tests and experiments: always (True) or never (False) swap, instead of comparing costs.
-FORCE_SWAP: Optional[bool] = None
-#: Let the micro-kernel read a small row-major B in place instead of packing it.
-DIRECT_B = True
-#: Use the dot-product form for products of a few rows (see `dot_plan`).
-DOT = True
 
 
 def _batch_size(shape: tuple[Expr, ...]) -> Optional[int]:
@@ -908,7 +893,23 @@ def _batch_size(shape: tuple[Expr, ...]) -> Optional[int]:
     return batch
 
 
-def build_gemm(kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, cpu: Optional[CpuInfo] = None) -> lp.Stmt:
+def gemm_root(kb: "KernelBuilder", op: Op, out: lp.Buffer, cpu: CpuInfo,
+              options: GemmOptions = GemmOptions()) -> lp.Stmt:
+    """A GEMM kernel: `op` is a matmul, or the last elementwise op of an epilogue computed from
+    one (fused by `fuse`)."""
+    if op.loc and op.loc not in kb.origins:
+        kb.origins.append(op.loc)
+    mm = fused_matmul(op, set(kb.buffers))
+    if mm is None:
+        raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused matmul")
+    if mm.loc and mm.loc not in kb.origins:
+        kb.origins.append(mm.loc)
+    kb.used_buffers[out.name] = out
+    return build_gemm(kb, op, mm, out, cpu, options)
+
+
+def build_gemm(kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, cpu: CpuInfo,
+               options: GemmOptions = GemmOptions()) -> lp.Stmt:
     """The loop nest computing `root` (a matmul, or the last op of its epilogue) into `out`.
 
     A few rows (M <= `DOT_MAX_ROWS`, both operands unit-stride along k) take the dot-product
@@ -917,7 +918,7 @@ def build_gemm(kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, cpu: Optio
     not known at compile time both are, chosen at run time by comparing M with the size where
     they cost the same.
     """
-    cpu = cpu or host_cpu()
+    force_swap = options.swap
     shape = mm.result.shape
     batch = _batch_size(shape)
     a, b = mm.operands
@@ -940,14 +941,14 @@ def build_gemm(kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, cpu: Optio
 
     k_runs = (_Probe(kb, a, (*zeros, xv, kv), kv, xv).unit("k")
               and _Probe(kb, b, (*zeros, kv, xv), kv, xv).unit("k"))
-    if m is not None and 0 < m <= DOT_MAX_ROWS and k_runs and FORCE_SWAP is None and DOT:
-        return GemmBuilder(kb, root, mm, out, dot_plan(m, n, k, batch, dtype, cpu), cpu.l2_bytes).build()
+    if m is not None and 0 < m <= DOT_MAX_ROWS and k_runs and force_swap is None and options.dot:
+        return GemmBuilder(kb, root, mm, out, dot_plan(m, n, k, batch, dtype, cpu), cpu.l2_bytes, options).build()
     if m is not None:
         normal, swapped = plans(m)
         plan = swapped if m > 0 and swap_wins(m) else normal
-        if FORCE_SWAP is not None:
-            plan = swapped if FORCE_SWAP else normal
-        return GemmBuilder(kb, root, mm, out, plan, cpu.l2_bytes).build()
+        if force_swap is not None:
+            plan = swapped if force_swap else normal
+        return GemmBuilder(kb, root, mm, out, plan, cpu.l2_bytes, options).build()
     # M is known at run time only: find the largest M for which swapping wins.
     cross = 0
     for m_ in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
@@ -956,11 +957,11 @@ def build_gemm(kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, cpu: Optio
         else:
             break
     normal, _ = plans(None)
-    if FORCE_SWAP is not None:
-        cross = GUESSED_SIZE if FORCE_SWAP else 0
+    if force_swap is not None:
+        cross = GUESSED_SIZE if force_swap else 0
     if cross == 0:
-        return GemmBuilder(kb, root, mm, out, normal, cpu.l2_bytes).build()
+        return GemmBuilder(kb, root, mm, out, normal, cpu.l2_bytes, options).build()
     swapped = plan_gemm(n, None, k, batch, dtype, cpu, swap=True, n_max=cross)
-    small = GemmBuilder(kb, root, mm, out, swapped, cpu.l2_bytes).build()
-    large = GemmBuilder(kb, root, mm, out, normal, cpu.l2_bytes).build()
+    small = GemmBuilder(kb, root, mm, out, swapped, cpu.l2_bytes, options).build()
+    large = GemmBuilder(kb, root, mm, out, normal, cpu.l2_bytes, options).build()
     return lp.If(ex.binary("le", shape[-2], Const(cross)), small, large)

@@ -2,7 +2,8 @@
 
 A quantized linear is a stream over its weight: at batch 1 every weight byte is used once, so
 the kernel must read the packed bytes at memory speed and never write the dequantized weight
-anywhere. `build_qlinear` lowers one `qlinear` (and the elementwise ops `fuse` put after it:
+anywhere. `build_qlinear` (`qlinear_forms.py`, which also picks the int8-activation form of
+`qlinear_i8.py`) lowers one `qlinear` (and the elementwise ops `fuse` put after it:
 bias add, activation, cast back to x's dtype) to explicit SIMD loops over the packed bytes
 (M rows of x, N output features, K inputs, `g` the group size, `h = g / 2`, W lanes):
 
@@ -52,7 +53,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, fused_product, host_cpu, static_int
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, fused_product, static_int
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
@@ -403,33 +404,3 @@ def _probes(kb: "KernelBuilder", ql: QLinear) -> Optional[tuple[ex.Load, ex.Load
     if ql.x.dtype not in (dt.f32, dt.f16, dt.bf16):
         return None
     return xp.load, qp.load, row, k, n
-
-
-def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
-                  cpu: Optional[CpuInfo] = None, activations: Optional[str] = None) -> lp.Stmt:
-    """The CPU kernel computing `root` (a `qlinear`, or the last op of its epilogue) into
-    `out`: the SIMD nest when x and the weight can be streamed and K is static, else the
-    plain nest. With M known only at run time, the GEMV and the multi-row form are both
-    built and chosen by M. `activations` ("auto", "int8", "f32"; by default the op's attribute)
-    says when x is quantized to int8 (`qlinear_i8`)."""
-    from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
-
-    cpu = cpu or host_cpu()
-    ql = QLinear.of(qop)
-    choice = activations or ql.activations
-    probes = _probes(kb, ql) if static_int(ql.k) is not None else None
-    if probes is None:
-        return build_qlinear_plain(kb, root, qop, out)
-    x_load, q_load, row, k, n = probes
-
-    def form(m: Optional[int]) -> lp.Stmt:
-        i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
-        if i8_plan is not None:
-            return build_qlinear_i8(kb, root, qop, out, i8_plan, (x_load, q_load, row, k, n))
-        plan = plan_qlinear(ql, m, cpu)
-        return QLinearBuilder(kb, root, qop, out, plan, x_load, q_load, row, k, n).build()
-
-    m = static_int(ql.m)
-    if m is not None:
-        return form(m)
-    return lp.If(ex.binary("le", ql.m, Const(1)), form(1), form(None))

@@ -80,17 +80,6 @@ class Q8Plan:
                 f"parallel={'yes' if self.parallel else 'no'}")
 
 
-def native_dot4(lanes: int) -> bool:
-    """Whether the host runs `dot4_u8i8_acc` on `lanes` lanes as one instruction (the import
-    is local: passes otherwise see only the IR)."""
-    try:
-        from ...codegen.llvm.dot import has_native_dot4
-        from ...codegen.target import Target
-    except ImportError:  # pragma: no cover - only without llvmlite
-        return False
-    return has_native_dot4(Target.host(), lanes)
-
-
 def activation_group(ql: QLinear) -> int:
     """Elements of x sharing one scale: the weight's group (int4, and int8 groups up to 256),
     else a divisor of it (per-channel int8)."""
@@ -102,7 +91,7 @@ def activation_group(ql: QLinear) -> int:
 def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[Q8Plan]:
     """The plan for int8 activations, or None to keep f32 ones: `choice` "f32", M unknown, a
     group too short for a dot product of 16 bytes, x too large for its stack buffer, or
-    ("auto") no native dot product on the host."""
+    ("auto") no native dot product on the target (`cpu.dot4_lanes`)."""
     k = static_int(ql.k)
     if choice == "f32" or m is None or k is None:
         return None
@@ -111,7 +100,7 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
     chunk = math.gcd(span, max(cpu.vector_bits // 8, MIN_CHUNK))
     if chunk < MIN_CHUNK or max(m, 1) * k > MAX_XQ_BYTES:
         return None
-    if choice == "auto" and not native_dot4(chunk // 4):
+    if choice == "auto" and chunk // 4 not in cpu.dot4_lanes:
         return None
     mr = 1 if m <= 1 else min(m, MR_ROWS)
     nr = 4 if mr == 1 else 2

@@ -1,7 +1,7 @@
-"""The GPU variant of the pipeline (`gpu_launcher.gpu_pipeline`): what it keeps and drops."""
+"""The GPU variant of the pipeline (`passes/gpu_pipeline.py`): what it keeps and drops."""
 from __future__ import annotations
 
-from torchburn.backend.gpu_launcher import gpu_pipeline
+from torchburn.passes.gpu_pipeline import gpu_pipeline
 from torchburn.passes.fusion import Fuse
 from torchburn.passes.pipeline import Pipeline
 

@@ -1,0 +1,159 @@
+"""The engine-specific stages of the compile driver: which pipeline, what joins the cache key,
+and how a finished loop program becomes something to call.
+
+The driver (`driver.py`) owns everything the engines share (cache key, memory and disk
+caches, dumps, running the pipeline with the target in the pass context); an engine is:
+
+| engine | pipeline | key | build | disk cache |
+|---|---|---|---|---|
+| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR -> O3 -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
+| `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
+
+A third engine (the NumPy reference interpreter) registers itself in `ENGINES` under the
+target's engine name, `reference`, with the same three methods.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+if TYPE_CHECKING:
+    from ..ir.loop import Program
+    from ..ir.target import Target
+    from ..passes.pipeline import Pipeline
+    from .dump import DumpFolder
+
+
+@dataclass
+class Build:
+    """What an engine made of a program: the loaded code (`native`), the callable entry, and
+    its stages' seconds; for LLVM also the LLVM IR and the object code."""
+
+    native: Any
+    entry: Any
+    timings: dict[str, float] = field(default_factory=dict)
+    #: `(kernel name, description)` of each kernel, as `explain()` lists them.
+    kernels: tuple[tuple[str, str], ...] = ()
+    llvm_ir: str = ""
+    object: Any = None
+
+
+class Engine(Protocol):
+    """The stages of the compile driver that differ between engines."""
+
+    #: Whether compiled programs go to the disk cache (object code a later process loads).
+    disk: bool
+
+    def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
+        """The pipeline this engine runs, given the user's (default or with user passes)."""
+
+    def key_parts(self, target: "Target") -> tuple[str, ...]:
+        """What besides graph, pipeline and torchburn's version changes this engine's code."""
+
+    def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
+        """Native code for `program` (`shared`: also a shared library for the disk cache)."""
+
+
+def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
+    return tuple((k.name, dict(k.attrs).get("origin", "")) for k in program.kernels)
+
+
+class LlvmEngine:
+    """CPUs, through LLVM: the host, or another CPU (compiled, not run: see `runs_here`)."""
+
+    disk = True
+
+    def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
+        return pipeline
+
+    def key_parts(self, target: "Target") -> tuple[str, ...]:
+        from ..runtime.disk_cache import llvm_version
+
+        return (target.triple, target.cpu, target.features, llvm_version())
+
+    def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
+        from ..codegen.llvm.module import emit_program, entry_name
+        from ..codegen.target import runs_here
+        from ..runtime import jit
+
+        t0 = time.perf_counter()
+        llvm_ir = emit_program(program, target)
+        t1 = time.perf_counter()
+        runnable = runs_here(target)
+        obj = jit.compile_llvm_ir(llvm_ir, target, shared=shared and runnable)
+        t2 = time.perf_counter()
+        if dump is not None:
+            dump.write("module.ll", llvm_ir)
+            dump.write("module.s", jit.assembly(llvm_ir, target))
+        if not runnable:
+            return Build(None, _not_here(target), {"codegen": t1 - t0, "llvm": t2 - t1},
+                         kernel_origins(program), llvm_ir, obj)
+        native = jit.load_object(obj)
+        entry = native.entry(entry_name(program))
+        t3 = time.perf_counter()
+        return Build(native, entry, {"codegen": t1 - t0, "llvm": t2 - t1, "load": t3 - t2},
+                     kernel_origins(program), llvm_ir, obj)
+
+
+def _not_here(target: "Target") -> Callable[..., None]:
+    """The entry of code compiled for another CPU: calling it says so."""
+    from ..codegen.target import TargetError, host_target
+
+    host = host_target()
+
+    def entry(*args: Any) -> None:
+        raise TargetError(f"this code is for {target.describe()}, which this machine ({host.cpu}, "
+                          f"{host.triple}) cannot run; it is compiled to object code and assembly only "
+                          "(TORCHBURN_DUMP writes them). Unset TORCHBURN_TARGET to run on this machine.")
+
+    return entry
+
+
+class WgslEngine:
+    """GPUs, through WGSL compute shaders on wgpu."""
+
+    disk = False
+
+    def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
+        from ..passes.gpu_pipeline import gpu_pipeline
+
+        return gpu_pipeline(pipeline)
+
+    def key_parts(self, target: "Target") -> tuple[str, ...]:
+        from ..runtime.gpu import get_device
+
+        return ("wgsl", get_device().cache_tag())
+
+    def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
+        from ..codegen.wgsl import WgslUnsupported, emit_program
+        from ..runtime.gpu import GpuError, GpuProgram, get_device
+
+        dev = get_device()
+        t0 = time.perf_counter()
+        shaders = emit_program(program, dev.caps)
+        t1 = time.perf_counter()
+        if dump is not None:
+            for s in shaders:
+                dump.write(f"kernel_{s.name}.wgsl", s.source)
+        try:
+            gpu = GpuProgram(dev, program, shaders)
+        except Exception as err:  # a shader the WGSL front end rejects: report, run on the CPU
+            if isinstance(err, GpuError):
+                raise
+            raise WgslUnsupported(f"the device rejected a shader: {str(err).strip()[:400]}") from err
+        t2 = time.perf_counter()
+        kernels = tuple((s.name, f"{s.summary}; {dict(k.attrs).get('origin', '')}")
+                        for s, k in zip(shaders, program.kernels))
+        return Build(gpu, None, {"wgsl": t1 - t0, "pipelines": t2 - t1}, kernels)
+
+
+#: Engine name (a target's `engine`) -> its stages.
+ENGINES: dict[str, Engine] = {"llvm": LlvmEngine(), "wgpu": WgslEngine()}
+
+
+def engine_for(target: "Target") -> Engine:
+    try:
+        return ENGINES[target.engine]
+    except KeyError:
+        raise ValueError(f"no compile engine {target.engine!r}; engines: {', '.join(sorted(ENGINES))}") from None

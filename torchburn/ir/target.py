@@ -1,0 +1,102 @@
+"""The machine code is compiled for, as plain data: what passes may know about it.
+
+A pass never probes the host: the pass manager hands it a `Target` (see `passes/base.py`,
+`PassContext`), built elsewhere, by the runtime's host probe (`codegen/target.py`) or from a
+name such as `avx2`, `avx512` or `neon` (`TORCHBURN_TARGET`). So the same pass compiles for
+this machine or for another one, and IR tools run passes for a target without LLVM.
+
+    Target(engine="llvm", arch="x86_64", triple="x86_64-unknown-linux-gnu", cpu="znver3",
+           features="+avx,+avx2,+fma,...", vector_bits=256, l1_bytes=32768, l2_bytes=524288,
+           threads=2)
+    target.lanes(f32) == 8;  target.native_dot4(8) is False (no AVX512-VNNI)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only annotations: a warm start loading cached code never imports the IR
+    from .dtypes import DType
+
+#: The engines a target may name: LLVM native code, WGSL on wgpu, the NumPy reference interpreter.
+ENGINES = ("llvm", "wgpu", "reference")
+
+#: Features `dot4_u8i8_acc` needs, by i32 lane count, to be one instruction (`vpdpbusd` of
+#: AVX512-VNNI; the 256- and 128-bit forms also need AVX512VL). Elsewhere it is a plain sequence.
+DOT4_FEATURES: dict[int, tuple[str, ...]] = {
+    16: ("avx512vnni",),
+    8: ("avx512vnni", "avx512vl"),
+    4: ("avx512vnni", "avx512vl"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compilation target. For CPUs, `features` is LLVM's comma-separated `+feat,-feat` string;
+    the cache sizes and thread count are what GEMM blocking plans for."""
+
+    #: "llvm", "wgpu" or "reference" (see `ENGINES`).
+    engine: str = "llvm"
+    #: "x86_64" or "aarch64" for CPUs; "" for a GPU.
+    arch: str = "x86_64"
+    triple: str = "x86_64-unknown-linux-gnu"
+    cpu: str = "x86-64-v3"
+    features: str = "+avx,+avx2,+fma,+f16c"
+    #: Width of one SIMD register in bits: 512 (AVX-512), 256 (AVX/AVX2) or 128 (SSE, NEON).
+    vector_bits: int = 256
+    l1_bytes: int = 32 * 1024
+    l2_bytes: int = 1024 * 1024
+    threads: int = 1
+    #: How the target was asked for ("host", "avx2", ...), for messages.
+    name: str = "generic"
+
+    @classmethod
+    def from_features(cls, triple: str, cpu: str, features: str, **fields: object) -> "Target":
+        """Describe a CPU from LLVM's triple, CPU name and feature string (other fields, such
+        as cache sizes and threads, by keyword)."""
+        return cls(arch=arch_of(triple), triple=triple, cpu=cpu, features=features,  # type: ignore[arg-type]
+                   vector_bits=vector_bits_for(features), **fields)
+
+    def lanes(self, dtype: "DType") -> int:
+        """How many elements of `dtype` fill one vector register."""
+        return max(1, self.vector_bits // dtype.bits)
+
+    def has_feature(self, name: str) -> bool:
+        return "+" + name in self.features.split(",")
+
+    def native_dot4(self, lanes: int) -> bool:
+        """Whether `dot4_u8i8_acc` on `lanes` i32 lanes is one instruction here."""
+        needed = DOT4_FEATURES.get(lanes)
+        if needed is None or self.arch != "x86_64":
+            return False
+        return all(self.has_feature(f) for f in needed)
+
+    def describe(self) -> str:
+        if not self.arch:
+            return f"{self.engine} ({self.name})"
+        return f"{self.name}: {self.triple} cpu={self.cpu} {self.vector_bits}-bit vectors"
+
+
+#: What a pass assumes when it runs outside a pipeline that names a target (a test calling
+#: `Vectorize().run(program)`): an x86-64-v3 (AVX2) CPU, 256-bit vectors, one thread.
+GENERIC = Target()
+
+
+def arch_of(triple: str) -> str:
+    """The architecture of an LLVM triple ("x86_64", "aarch64", or its first component)."""
+    head = triple.split("-", 1)[0]
+    if head in ("x86_64", "amd64"):
+        return "x86_64"
+    if head in ("aarch64", "arm64"):
+        return "aarch64"
+    return head
+
+
+def vector_bits_for(features: str) -> int:
+    """SIMD register width implied by a feature string; 128 when nothing wider is enabled."""
+    enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
+    if "avx512f" in enabled:
+        return 512
+    if "avx2" in enabled or "avx" in enabled:
+        return 256
+    return 128

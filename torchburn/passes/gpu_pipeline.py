@@ -1,0 +1,40 @@
+"""The pipeline the wgpu engine runs: the CPU pipeline's tensor passes and the user's loop
+passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
+
+    Pipeline.default()   canonicalize, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
+    gpu_pipeline(p)      canonicalize, fuse{epilogue_reshape=false,row_reductions=false}
+                         | lower-to-loops-gpu | gpu-map
+
+The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .fusion import Fuse
+from .gpu_lower import LowerToLoopsGpu
+from .gpu_map import GpuMap
+from .lower_to_loops import LowerToLoops
+from .pipeline import Pipeline
+
+
+def gpu_pipeline(p: Pipeline) -> Pipeline:
+    """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
+    of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
+    lowered as plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
+    builtin = [x.spelling() for x in Pipeline.default().loop]
+    loop = []
+    for x in p.loop:
+        if x.spelling() in builtin:
+            builtin.remove(x.spelling())
+        else:
+            loop.append(x)
+    if not any(x.name == GpuMap.name for x in loop):
+        loop.append(GpuMap())
+    lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
+    # The plain GPU GEMM nest computes epilogues at the product's own index only; and a row
+    # kernel (row fusion) would run each row's loops serially in one invocation, where
+    # `gpu-map` spreads a plain reduction over a workgroup: rows stay separate kernels here.
+    tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
+              for x in p.tensor]
+    return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])
