@@ -466,3 +466,18 @@ def test_random_kernels_give_the_same_results_in_lanes_and_serially(k: lp.Kernel
     assert serial.keys() == laned.keys()
     for name in serial:
         np.testing.assert_array_equal(laned[name], serial[name], err_msg=f"%{name}")
+
+
+def test_a_reduction_outside_any_lanes() -> None:
+    text = """
+    kernel @k(%x: f32[5] strides [1], %out: f32[] strides []) {
+      alloc %acc: f32[1] strides [1] local
+      %acc[0] = 0.0:f32
+      for r in 0..5 {
+        %acc[0] = %acc[0] + %x[r]
+      }
+      %out[] = %acc[0]
+    }
+    """
+    x = np.arange(5, dtype=np.float32)
+    assert run(text, x=x)["out"] == 10

@@ -389,6 +389,7 @@ class KernelCode:
             lanes = int(np.prod(s.lane_shape))
             step = max(1, min(n, REDUCTION_BLOCK // max(lanes, 1)))
             accs = [f[3](s) for f in folds]
+            shapes = [np.shape(a) for a in accs]
             saved = s.depth
             for k0 in range(lo, lo + n, step):
                 m = min(step, lo + n - k0)
@@ -409,7 +410,9 @@ class KernelCode:
                         acc = ops.binary(op, d, acc, x) if left else ops.binary(op, d, x, acc)
                     accs[j] = acc
             s.vars.pop(name, None)
-            for (_, _, _, _, _, write), acc in zip(folds, accs):
+            for (_, _, _, _, _, write), acc, shape in zip(folds, accs, shapes):
+                if np.ndim(acc) != len(shape) and np.size(acc) == int(np.prod(shape)):
+                    acc = np.reshape(acc, shape)  # a lane-uniform accumulator stays its own shape
                 write(s, acc)
 
         return reduction
