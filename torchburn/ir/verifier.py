@@ -123,6 +123,12 @@ def verify_graph(g: Graph) -> None:
 # --------------------------------------------------------------------------------------------
 # Loop level
 
+def _short(e: ex.Expr, limit: int = 200) -> str:
+    """`e` as text for a message, cut short when long (an expression can be thousands deep)."""
+    text = print_expr(e)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class _Scope:
     """What is visible at one point of a kernel: variables with their types, and buffers."""
 
@@ -266,16 +272,17 @@ class _KernelVerifier:
 
     # ---- expressions -----------------------------------------------------------------------
     def expr(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> None:
-        for c in e.children():
-            self.expr(c, scope, stmt)
-        expected = self.expected_type(e, scope, stmt)
-        if e.type != expected:
-            raise self.fail(f"{print_expr(e)} has type {e.type} but should have {expected}", stmt)
+        """Check every node of `e`, operands before the node (post-order without recursion:
+        expressions can be thousands deep)."""
+        for node in ex.postorder(e):
+            expected = self.expected_type(node, scope, stmt)
+            if node.type != expected:
+                raise self.fail(f"{_short(node)} has type {node.type} but should have {expected}", stmt)
 
     def expected_type(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> ex.ScalarType:
         """The type the builders give `e`, after checking its operands fit together."""
         def bad(message: str) -> VerificationError:
-            return self.fail(f"{print_expr(e)}: {message}", stmt)
+            return self.fail(f"{_short(e)}: {message}", stmt)
 
         if isinstance(e, ex.Const):
             if e.lanes != 1:
