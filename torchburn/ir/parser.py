@@ -380,16 +380,24 @@ class _Parser:
         elif dtype.is_int:
             if is_float:
                 raise self.error(f"{tok.text} is not an integer but the constant's dtype is {dtype}", tok)
-            value = sign * int(tok.text)
+            value = sign * self.int_value(tok)
         else:
             raise self.error("bool constants are written true or false", tok)
         return ex.Const(value, ex.ScalarType(dtype))
+
+    def int_value(self, tok: Token) -> int:
+        """The value of an integer token; one past 64 bits is an error here, at its place
+        (and `int()` of thousands of digits would raise a bare ValueError)."""
+        if len(tok.text) > 20 or int(tok.text) >= 1 << 64:
+            raise self.error(f"integer constant {tok.text[:24]}{'...' if len(tok.text) > 24 else ''} "
+                             "does not fit in 64 bits", tok)
+        return int(tok.text)
 
     def int_literal(self, what: str) -> int:
         tok = self.expect("number", what)
         if not tok.text.isdigit():
             raise self.error(f"expected {what} but found {tok.describe()}", tok)
-        return int(tok.text)
+        return self.int_value(tok)
 
     def _load(self) -> _Parse:
         tok = self.advance()
@@ -482,7 +490,10 @@ class _Parser:
                     self.advance()
                 sign = -1 if k else 1
                 if lit.kind == "number" and lit.text.isdigit():
-                    return sign * int(lit.text)
+                    try:  # attributes hold Python ints of any size, up to int()'s digit limit
+                        return sign * int(lit.text)
+                    except ValueError:
+                        raise self.error(f"integer attribute of {len(lit.text)} digits is too long", lit) from None
                 return sign * float(lit.text)
         return self.expr()
 
