@@ -7,7 +7,7 @@
 | TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
-| TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
+| TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products) | auto |
