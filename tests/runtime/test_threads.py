@@ -79,3 +79,9 @@ def test_num_threads_sets_the_team_of_generated_loops() -> None:
 def test_set_num_threads_rejects_negative_counts() -> None:
     with pytest.raises(ValueError):
         threads.set_num_threads(-1)
+
+
+def test_runtime_and_codegen_agree_on_the_global() -> None:
+    from torchburn.codegen.llvm import parallel
+
+    assert threads.THREADS_GLOBAL == parallel.THREADS_GLOBAL

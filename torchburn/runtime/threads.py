@@ -14,8 +14,11 @@ from __future__ import annotations
 import ctypes
 from typing import Callable, Optional
 
-from ..codegen.llvm.parallel import THREADS_GLOBAL
 from .config import get_config
+
+#: The global's name, as `codegen/llvm/parallel.py` spells it (not imported from there: the warm
+#: path loads cached libraries without importing the compiler; a test checks the two agree).
+THREADS_GLOBAL = "torchburn_num_threads"
 
 #: The one thread count all loaded modules read.
 _count = ctypes.c_int(0)
