@@ -88,13 +88,21 @@ class Printer:
         produced left to right, so canonical names are handed out in order of appearance."""
         out: list[str] = []
         stack: list[Union[str, tuple[ex.Expr, int]]] = [(e, parent_prec)]
+        var, const = ex.Var, ex.Const
         while stack:
             item = stack.pop()
-            if isinstance(item, str):
+            if type(item) is str:
                 out.append(item)
                 continue
-            node, context = item
-            if _precedence(node) <= context:
+            node, context = item  # type: ignore[misc]
+            kind = type(node)
+            if kind is var:  # the leaves, most of the nodes, without building pieces
+                out.append(self.var_name(node.name))  # type: ignore[attr-defined]
+                continue
+            if kind is const:
+                out.append(self.const(node))  # type: ignore[arg-type]
+                continue
+            if context >= 1 and _precedence(node) <= context:
                 stack.append(")")
                 stack.append((node, -1))
                 stack.append("(")
