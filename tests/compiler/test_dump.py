@@ -98,3 +98,52 @@ def test_debug_logging() -> None:
     quiet = subprocess.run([sys.executable, "-c", code], env=dict(env, TORCHBURN_DEBUG="0"), capture_output=True,
                            text=True, timeout=300)
     assert "[torchburn" not in quiet.stderr
+
+
+def _compile_two_graphs() -> None:
+    from tests.helpers import assert_fully_compiled, run_compiled
+
+    for fn in (lambda x: x.exp() + 1.0, lambda x: x.tanh() * 3.0):
+        x = torch.randn(4, 8)
+        out, reports = run_compiled(fn, x)
+        torch.testing.assert_close(out, fn(x))
+        assert_fully_compiled(reports)
+
+
+def _dump_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "TORCHBURN_DUMP" in r.getMessage()]
+
+
+def test_unwritable_dump_folder_warns_once_and_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # so even root cannot create the dump folder under it
+    monkeypatch.setenv("TORCHBURN_DUMP", str(blocker / "dump"))
+    monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")
+    config.reload_config()
+    driver.memory_cache().clear()
+    try:
+        with caplog.at_level("WARNING", logger="torchburn"):
+            _compile_two_graphs()
+        assert len(_dump_warnings(caplog)) == 1, caplog.text
+        assert str(blocker / "dump") in _dump_warnings(caplog)[0]
+    finally:
+        monkeypatch.undo()
+        config.reload_config()
+        driver.memory_cache().clear()
+
+
+def test_full_disk_while_dumping_warns_once_and_compiles(dump_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    real_write = Path.write_text
+
+    def full_disk(self: Path, *args: object, **kwargs: object) -> int:
+        if str(self).startswith(str(dump_dir)) and self.name != "00_fx_graph.py":
+            raise OSError(28, "No space left on device")
+        return real_write(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with caplog.at_level("WARNING", logger="torchburn"):
+        _compile_two_graphs()
+    assert len(_dump_warnings(caplog)) == 1, caplog.text
+    assert "No space left" in _dump_warnings(caplog)[0]

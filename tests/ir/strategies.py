@@ -169,8 +169,20 @@ def gen_index(draw: Any, b: lp.Buffer, lanes: int, env: Env, depth: int) -> tupl
     vector_dims: set[int] = set()
     if lanes > 1:
         vector_dims = set(draw(st.lists(st.integers(0, b.ndim - 1), min_size=1, max_size=b.ndim)))
-    return tuple(gen_expr(draw, ex.ScalarType(dt.index, lanes if i in vector_dims else 1), env, max(depth, 0))
+    return tuple(_in_extent(gen_expr(draw, ex.ScalarType(dt.index, lanes if i in vector_dims else 1), env,
+                                     max(depth, 0)), b.shape[i])
                  for i in range(b.ndim))
+
+
+def _in_extent(i: ex.Expr, size: ex.Expr) -> ex.Expr:
+    """An index the verifier cannot prove out of range: random index arithmetic modulo a
+    constant size (the verifier rejects accesses its loop ranges prove past the extent)."""
+    if not isinstance(size, ex.Const):
+        return i
+    if isinstance(i, ex.Const) and 0 <= i.value < size.value:
+        return i
+    n = size if i.lanes == 1 else ex.Broadcast(size, i.type)
+    return _binary("mod", i, n)
 
 
 def _scalar_type(draw: Any) -> ex.ScalarType:

@@ -306,3 +306,57 @@ def test_workspace_is_planned_for_all_temporaries_or_none() -> None:
     verify(parse_program(PROGRAM), planned=True)
     extra = "  temp %t2: f32[4] strides [1]\n  workspace"
     _rejects(parse_program(PROGRAM.replace("  workspace", extra)), "temporary %t2 has no workspace offset")
+
+
+# ---- sizes and extents -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("old, new, match", [
+    ("%x: f32[s0, 8]", "%x: f32[s0, -4]", r"%x has a negative size -4 in dim 1"),
+    ("%x: f32[s0, 8]", "%x: f32[s0, 9223372036854775808]", r"%x has size 9223372036854775808 in dim 1, past"),
+    ("%x: f32[s0, 8] strides [8, 1]", "%x: f32[4294967296, 4294967296] strides [4294967296, 1]",
+     r"%x has 18446744073709551616 elements, past the index type"),
+    ("%x: f32[s0, 8] strides [8, 1]", "%x: f32[s0, 8] strides [9223372036854775808, 1]",
+     "stride 9223372036854775808 in dim 0"),
+    ("alloc %acc: f32[1] strides [1] local", "alloc %acc: f32[-1] strides [1] local",
+     r"in `alloc %acc.*`: buffer %acc has a negative size -1"),
+    ("vectorized for j in 0..8", "vectorized for j in 0..16",
+     r"in `let t = %x\[i, j\] \* 2.0:f32`: index j of %x \(dim 1\) runs over 0..15, past the extent 8"),
+    ("vectorized for j in 0..8", "vectorized for j in 1..+8", r"runs over 1..8, past the extent 8"),
+    ("%y[i, ramp(0, 1, 8)] = %x[i, ramp(0, 1, 8)]", "%y[i, ramp(0, 1, 8)] = %x[i, ramp(1, 1, 8)]",
+     r"index 1 of %x \(dim 1\) runs over 1..8"),
+    ("%acc[0] = vreduce_add", "%acc[2 - 1] = vreduce_add", r"index 2 - 1 of %acc \(dim 0\) runs over 1..1"),
+    ("let t = %x[i, j] * 2.0:f32", "let q = j * 2 - 1\n      let t = %x[i, q] * 2.0:f32",
+     r"index q of %x \(dim 1\) runs over -1..13"),
+])
+def test_sizes_and_provable_overruns_are_rejected(old: str, new: str, match: str) -> None:
+    assert old in KERNEL
+    _rejects(parse_kernel(KERNEL.replace(old, new)), match)
+
+
+@pytest.mark.parametrize("old, new", [
+    # guarded by an `if`: the loop range does not prove the access is made
+    ("%y[i, 0] = select", "%y[i, 9] = select"),
+    # not linear (clamped), or the loop runs over a symbolic range
+    ("%y[i, j] = t", "%y[i, min(j * 2, 7)] = t"),
+    ("%y[i, j] = t", "%y[i, j % 8] = t"),
+    ("vectorized for j in 0..8", "vectorized for j in 0..0"),
+])
+def test_unprovable_accesses_are_accepted(old: str, new: str) -> None:
+    assert old in KERNEL
+    verify(parse_kernel(KERNEL.replace(old, new)))
+
+
+def test_graph_sizes_are_checked() -> None:
+    _rejects(parse_graph(GRAPH.replace("%x: f32[4, s0]", "%x: f32[-4, s0]")), "input %x has a negative size -4")
+    _rejects(parse_graph(GRAPH.replace(": f32[4]\n", ": f32[-4]\n")), r"op `%b = .*`: result %b has a negative size")
+
+
+def test_errors_carry_where_and_what() -> None:
+    with pytest.raises(VerificationError) as info:
+        verify(parse_kernel(KERNEL.replace("%y[i, j] = t", "%z[i, j] = t")))
+    err = info.value
+    assert err.where == "kernel @k: in `%z[i, j] = t`"
+    assert err.message == "%z is neither a parameter nor an allocation in scope"
+    import pickle
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.where, back.message, str(back)) == (err.where, err.message, str(err))

@@ -1,60 +1,93 @@
-"""`runtime/config.py`: engine names and their aliases, and the error for an unknown one."""
+"""runtime/config.py: every variable of the README's configuration table is read, a bad value
+fails at `torch.compile()` naming the variable, and each variable sets what the table says."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
-import torch
 
 from torchburn.runtime import config
-from torchburn.runtime.config import ConfigError, Config
+from torchburn.runtime.config import Config, ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+#: Per variable: a value and the Config field it must set (what the table says it does), and a
+#: value it must refuse (None: every string is meaningful, a folder or a flag).
+EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
+    "TORCHBURN_DEVICE": ("gpu", "device", "gpu", "tpu"),
+    "TORCHBURN_ENGINE": ("reference", "engine", "reference", "cuda"),
+    "TORCHBURN_WGPU_BACKEND": ("vulkan", "wgpu_backend", "vulkan", "directx9"),
+    "TORCHBURN_CACHE_SIZE": ("7", "cache_size", 7, "0"),
+    "TORCHBURN_CACHE_DIR": ("off", "cache_dir", None, None),
+    "TORCHBURN_NUM_THREADS": ("3", "num_threads", 3, "-2"),
+    "TORCHBURN_DEBUG": ("1", "debug", True, None),
+    "TORCHBURN_DUMP": ("/tmp/tb-dump", "dump_dir", Path("/tmp/tb-dump"), None),
+    "TORCHBURN_QLINEAR_ACTIVATIONS": ("f32", "qlinear_activations", "f32", "int4"),
+    "TORCHBURN_TARGET": ("avx2", "target", "avx2", "sparc"),
+}
 
 
-@pytest.mark.parametrize("value, engine", [
-    ("", "llvm"), ("llvm", "llvm"), ("native_cpu", "llvm"), ("NATIVE-CPU", "llvm"),
-    ("wgpu", "wgpu"), ("burn_wgpu", "wgpu"), ("burn-wgpu", "wgpu"),
-    ("reference", "reference"), ("burn_ndarray", "reference"), ("burn-ndarray", "reference"), (" burn ", "reference"),
-])
-def test_engine_names_and_the_seed_readme_aliases(value: str, engine: str) -> None:
-    assert Config.from_env({"TORCHBURN_ENGINE": value}).engine == engine
-    assert Config.from_env({}).engine == "llvm"
+def readme_variables() -> list[str]:
+    """The variables in the README's configuration table (rows `| `TORCHBURN_X` | ...`)."""
+    return re.findall(r"^\| `(TORCHBURN_[A-Z_]+)` \|", README.read_text(), re.M)
 
 
-def test_an_unknown_engine_names_every_choice() -> None:
-    with pytest.raises(ConfigError) as info:
-        Config.from_env({"TORCHBURN_ENGINE": "ndarray"})
-    message = str(info.value)
-    assert message.startswith("TORCHBURN_ENGINE='ndarray': expected one of llvm (native_cpu/native-cpu), ")
-    for spelling in ("wgpu", "burn_wgpu", "burn-wgpu", "reference", "burn_ndarray", "burn"):
-        assert spelling in message
+class RecordingEnv(dict):  # type: ignore[type-arg]
+    """An environment that remembers which names were asked for."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.asked.add(key)
+        return super().__getitem__(key)
 
 
-def test_active_engine_reports_the_reference_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torchburn
+def test_the_table_lists_every_variable_config_knows() -> None:
+    assert sorted(readme_variables()) == sorted(EXPECTED)
 
-    monkeypatch.setenv("TORCHBURN_ENGINE", "burn")
-    monkeypatch.setenv("TORCHBURN_DEVICE", "gpu")  # the reference engine wins over a GPU request
-    config.reload_config()
+
+def test_every_variable_in_the_table_is_read() -> None:
+    env = RecordingEnv()
+    Config.from_env(env)
+    assert set(readme_variables()) <= env.asked
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_variable_sets_its_field(name: str) -> None:
+    value, field, expected, _ = EXPECTED[name]
+    default = Config.from_env({})
+    got = Config.from_env({name: value})
+    assert getattr(got, field) == expected
+    assert getattr(got, field) != getattr(default, field)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPECTED.items() if e[3] is not None))
+def test_bad_values_name_the_variable(name: str) -> None:
+    bad = EXPECTED[name][3]
+    with pytest.raises(ConfigError, match=name):
+        Config.from_env({name: bad})
+
+
+@pytest.mark.parametrize("name, bad", [("TORCHBURN_CACHE_SIZE", "many"), ("TORCHBURN_NUM_THREADS", "-2")])
+def test_bad_values_fail_at_torch_compile(name: str, bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch._dynamo.backends import registry
+
+    monkeypatch.setenv(name, bad)
+    monkeypatch.setattr(config, "_config", None)  # read the environment again
+    registry._COMPILER_FNS.pop("torchburn", None)  # load the entry point again, as a fresh process
     try:
-        assert torchburn.active_engine() == "reference"
-        assert torchburn.active_engine(alias=True) == "burn_ndarray"
+        with pytest.raises(ConfigError, match=name):
+            torch.compile(lambda x: x + 1, backend="torchburn")  # before any call
     finally:
         monkeypatch.undo()
+        registry._COMPILER_FNS.pop("torchburn", None)
         config.reload_config()
-    assert torchburn.active_engine(alias=True) in ("native_cpu", "burn_wgpu")
-
-
-def test_torch_compile_reports_a_bad_engine_as_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchburn.backend.entry import torchburn_backend
-
-    monkeypatch.setenv("TORCHBURN_ENGINE", "ndarray")
-    monkeypatch.setattr(config, "_config", None)
-    torch._dynamo.reset()
-    try:
-        with pytest.raises(Exception) as info:
-            torch.compile(lambda x: x + 1, backend=torchburn_backend)(torch.ones(2))
-        # Dynamo wraps what a backend raises; the message and the inner exception are ours
-        assert isinstance(getattr(info.value, "inner_exception", info.value), ConfigError), repr(info.value)
-        assert "ConfigError: TORCHBURN_ENGINE='ndarray': expected one of llvm" in str(info.value)
-    finally:
-        monkeypatch.undo()
-        config.reload_config()
-        torch._dynamo.reset()

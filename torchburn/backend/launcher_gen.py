@@ -115,6 +115,31 @@ def _tuple_src(items: list[str]) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
+#: Reductions that have no value over an empty dim: eager raises there.
+_NEEDS_NONEMPTY = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
+
+
+def nonempty_checks(g: Graph, bound: set[str]) -> list[str]:
+    """Conditions sending a call to eager when a max/min/argmax/argmin of the graph reduces
+    over a symbolic dim that is 0 in this call: eager raises its own error there, where the
+    kernel would return -inf or 0. (A dim known to be 0 never gets here: the lowering leaves
+    such a reduction to PyTorch.)"""
+    checks: list[str] = []
+    for op in g.ops:
+        if op.name not in _NEEDS_NONEMPTY or not op.operands:
+            continue
+        src = op.operands[0]
+        dims = op.attrs.get("dims", (op.attrs.get("dim", 0),))
+        for d in dims:
+            size = src.shape[int(d)]
+            if isinstance(size, Const) or not ex.free_vars(size) <= bound:
+                continue
+            check = f"{python_expr(size)} == 0"
+            if check not in checks:
+                checks.append(check)
+    return checks
+
+
 def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     """Generate the launcher of `program`, compiled from `graph`."""
     g, p = graph, program
@@ -178,6 +203,7 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
                     body.append(f"{solved[0]} = {solved[1]}")
                     bound.add(solved[0])
                     checks.append(f"{solved[0]} < 0")
+    checks += nonempty_checks(g, bound)
     if checks:
         body.append(f"if {' or '.join(checks)}:")
         body.append(f"    return _slow({slow_args}, why='dtype, device, sizes or strides differ from the compiled ones')")

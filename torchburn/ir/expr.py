@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Iterator, Union
 
 from . import dtypes as dt
@@ -268,25 +268,84 @@ class VectorReduce(Expr):
         return (self.value,)
 
 
+#: The field-wise hash `dataclass` generated for each node class (see `_remember_hash`).
+_FIELD_HASH: dict[type, object] = {}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _hash_subtree(root: "Expr") -> None:
+    """Remember the hash of every node under `root`, children first, with an explicit stack:
+    the field-wise hash of a node then finds its children's hashes remembered, so hashing a
+    tree 20,000 deep never recurses."""
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if "_hash" in node.__dict__:
+            continue
+        if children_done:
+            object.__setattr__(node, "_hash", _FIELD_HASH[type(node)](node))  # type: ignore[operator]
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in node.children() if type(k) in _FIELD_HASH)
+
+
 def _remember_hash(cls: type) -> None:
     """Give `cls` a hash computed once per node: a frozen dataclass hashes all of its fields
     on every call, so hashing a tree costs its size, and passes that keep expressions in
     dicts (memo tables, CSE) would pay that at every level of every tree."""
-    computed = cls.__hash__
+    _FIELD_HASH[cls] = cls.__hash__
 
     def __hash__(self: Expr) -> int:
         try:
             return self.__dict__["_hash"]  # type: ignore[no-any-return]
         except KeyError:
-            h = computed(self)
-            object.__setattr__(self, "_hash", h)
-            return h
+            _hash_subtree(self)
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
 
     cls.__hash__ = __hash__  # type: ignore[method-assign]
 
 
+def _fields_equal(x: object, y: object, pending: list[tuple["Expr", "Expr"]]) -> bool:
+    """Compare one field of two nodes; expression operands are queued on `pending`."""
+    if isinstance(x, Expr) and isinstance(y, Expr):
+        pending.append((x, y))
+        return True
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        return len(x) == len(y) and all(_fields_equal(a, b, pending) for a, b in zip(x, y))
+    return bool(x == y)
+
+
+def _structural_eq(self: "Expr", other: object) -> bool:
+    """Field-wise equality, as `dataclass` defines it, walked with an explicit stack (the
+    generated `__eq__` recurses once per level of the tree)."""
+    if other.__class__ is not self.__class__:
+        return NotImplemented  # type: ignore[return-value]
+    pending: list[tuple[Expr, Expr]] = [(self, other)]  # type: ignore[list-item]
+    while pending:
+        a, b = pending.pop()
+        if a is b:
+            continue
+        cls = a.__class__
+        if cls is not b.__class__:
+            return False
+        names = _FIELDS.get(cls)
+        if names is None:  # a leaf with its own equality (Const)
+            if not a == b:
+                return False
+            continue
+        ha, hb = a.__dict__.get("_hash"), b.__dict__.get("_hash")
+        if ha is not None and hb is not None and ha != hb:
+            return False
+        for name in names:
+            if not _fields_equal(getattr(a, name), getattr(b, name), pending):
+                return False
+    return True
+
+
 for _cls in (Var, Binary, Call, Cast, Bitcast, Select, Load, Ramp, Broadcast, VectorReduce):
     _remember_hash(_cls)
+    _FIELDS[_cls] = tuple(f.name for f in fields(_cls))
+    _cls.__eq__ = _structural_eq  # type: ignore[method-assign,assignment]
 del _cls  # not part of the module's surface (tools/gen_ir_docs.py documents what it finds)
 
 
@@ -427,6 +486,19 @@ def walk(e: Expr) -> Iterator[Expr]:
         stack.extend(reversed(node.children()))
 
 
+def postorder(e: Expr) -> Iterator[Expr]:
+    """Every node of an expression tree, children (left to right) before their parent: the
+    order a recursive evaluator meets them, without the recursion (trees can be deep)."""
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in reversed(node.children()))
+
+
 def free_vars(e: Expr) -> set[str]:
     """Names of the variables an expression reads (a fresh set the caller may change)."""
     return set(_free_names(e))
@@ -461,21 +533,28 @@ def _free_names(e: Expr) -> frozenset[str]:
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
     """Replace variables by expressions (capture cannot happen: expressions bind nothing).
-    Unchanged subtrees are returned as they are (shared), as `transform.ExprMutator` does."""
-    if isinstance(e, Var):
-        return mapping.get(e.name, e)
-    changes: dict[str, Any] = {}
-    for f in dataclasses.fields(e):  # type: ignore[arg-type]
-        v = getattr(e, f.name)
-        if isinstance(v, Expr):
-            nv = substitute(v, mapping)
-            if nv is not v:
-                changes[f.name] = nv
-        elif isinstance(v, tuple) and v and isinstance(v[0], Expr):
-            nt = tuple(substitute(x, mapping) for x in v)
-            if any(a is not b for a, b in zip(nt, v)):
-                changes[f.name] = nt
-    return dataclasses.replace(e, **changes) if changes else e  # type: ignore[type-var]
+    Unchanged subtrees are returned as they are (shared), as `transform.ExprMutator` does;
+    post-order without recursion (trees can be deep)."""
+    done: dict[int, Expr] = {}
+    for node in postorder(e):
+        if id(node) in done:
+            continue
+        if isinstance(node, Var):
+            done[id(node)] = mapping.get(node.name, node)
+            continue
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(node):  # type: ignore[arg-type]
+            v = getattr(node, f.name)
+            if isinstance(v, Expr):
+                nv = done[id(v)]
+                if nv is not v:
+                    changes[f.name] = nv
+            elif isinstance(v, tuple) and v and isinstance(v[0], Expr):
+                nt = tuple(done[id(x)] for x in v)
+                if any(a is not b for a, b in zip(nt, v)):
+                    changes[f.name] = nt
+        done[id(node)] = dataclasses.replace(node, **changes) if changes else node  # type: ignore[type-var]
+    return done[id(e)]
 
 
 def evaluate_index(e: Expr, env: dict[str, int]) -> int:

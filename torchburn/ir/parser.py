@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Generator, Mapping, Optional, TypeVar, Union
 
 from . import dtypes as dt
 from . import expr as ex
@@ -141,6 +141,29 @@ def _lex(text: str) -> list[Token]:
 
 
 #: Infix spelling -> (precedence, op name), from the printer's table so the two never drift.
+#: A sub-parse written as a generator (see `_Parser.expr`): it yields the sub-parses it needs
+#: and returns its result.
+_Parse = Generator["_Parse", object, object]
+
+
+def _run(parse: _Parse) -> Any:
+    """Run a generator parse and its sub-parses with an explicit stack: each yielded generator
+    runs to its end and its result is sent back to the one that asked for it."""
+    stack = [parse]
+    value: object = None
+    while True:
+        try:
+            sub = stack[-1].send(value)
+        except StopIteration as done:
+            stack.pop()
+            if not stack:
+                return done.value
+            value = done.value
+            continue
+        stack.append(sub)
+        value = None
+
+
 _INFIX: dict[str, tuple[int, str]] = {sym: (PRECEDENCE[name], name) for name, sym in ex.INFIX_OPS.items()}
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "signbit"})
 
@@ -276,9 +299,16 @@ class _Parser:
         return TensorType(dtype, self.dims())
 
     # ---- expressions -----------------------------------------------------------------------
+    # Expressions nest without bound (a fused chain of thousands of ops is one expression), so
+    # their grammar is written as generators run by `_run`: `x = yield self._atom()` asks for
+    # a sub-parse, and the parse stack lives in a list rather than on Python's call stack.
     def expr(self, min_prec: int = 1) -> ex.Expr:
+        """One expression whose infix operators bind at least as tightly as `min_prec`."""
+        return _run(self._expr(min_prec))
+
+    def _expr(self, min_prec: int = 1) -> _Parse:
         """Precedence climbing; every infix operator is left-associative, as printed."""
-        lhs = self.atom()
+        lhs = yield self._atom()
         while True:
             tok = self.peek(operator=True)
             info = _INFIX.get(tok.kind)
@@ -286,10 +316,20 @@ class _Parser:
                 return lhs
             prec, op = info
             self.advance()
-            rhs = self.expr(prec + 1)
+            rhs = yield self._expr(prec + 1)
             lhs = ex.Binary(op, lhs, rhs, _binary_type(op, lhs))
 
-    def atom(self) -> ex.Expr:
+    def _expr_list(self, close: str) -> _Parse:
+        """`expr, expr, ...` up to and including `close` (`comma_list` for expressions)."""
+        items: list[ex.Expr] = []
+        if not self.accept(close):
+            items.append((yield self._expr()))
+            while self.accept(","):
+                items.append((yield self._expr()))
+            self.expect(close)
+        return items
+
+    def _atom(self) -> _Parse:
         tok = self.peek()
         if tok.kind == "-":
             nxt = self.raw(1)
@@ -301,11 +341,11 @@ class _Parser:
             return self.literal(negative=False)
         if tok.kind == "(":
             self.advance()
-            e = self.expr()
+            e = yield self._expr()
             self.expect(")")
             return e
         if tok.kind == "value":
-            return self.load()
+            return (yield self._load())
         if tok.kind == "ident":
             if tok.text in ("true", "false"):
                 self.advance()
@@ -313,7 +353,7 @@ class _Parser:
             if tok.text in ("inf", "nan"):
                 return self.literal(negative=False)
             if self.raw(1).kind == "(" or (tok.text in ("cast", "bitcast") and self.raw(1).kind == "<"):
-                return self.call()
+                return (yield self._call())
             self.advance()
             return ex.Var(tok.text, self.var_type(tok.text))
         raise self.error(f"expected an expression but found {tok.describe()}", tok)
@@ -340,26 +380,34 @@ class _Parser:
         elif dtype.is_int:
             if is_float:
                 raise self.error(f"{tok.text} is not an integer but the constant's dtype is {dtype}", tok)
-            value = sign * int(tok.text)
+            value = sign * self.int_value(tok)
         else:
             raise self.error("bool constants are written true or false", tok)
         return ex.Const(value, ex.ScalarType(dtype))
+
+    def int_value(self, tok: Token) -> int:
+        """The value of an integer token; one past 64 bits is an error here, at its place
+        (and `int()` of thousands of digits would raise a bare ValueError)."""
+        if len(tok.text) > 20 or int(tok.text) >= 1 << 64:
+            raise self.error(f"integer constant {tok.text[:24]}{'...' if len(tok.text) > 24 else ''} "
+                             "does not fit in 64 bits", tok)
+        return int(tok.text)
 
     def int_literal(self, what: str) -> int:
         tok = self.expect("number", what)
         if not tok.text.isdigit():
             raise self.error(f"expected {what} but found {tok.describe()}", tok)
-        return int(tok.text)
+        return self.int_value(tok)
 
-    def load(self) -> ex.Load:
+    def _load(self) -> _Parse:
         tok = self.advance()
         dtype = self.buffer_dtype(tok.text, tok)
         self.expect("[")
-        index = tuple(self.comma_list(self.expr, "]"))
+        index = tuple((yield self._expr_list("]")))
         lanes = max((i.lanes for i in index), default=1)
         return ex.Load(tok.text, index, ex.ScalarType(dtype, lanes))
 
-    def call(self) -> ex.Expr:
+    def _call(self) -> _Parse:
         tok = self.advance()
         name = tok.text
         if name in ("cast", "bitcast"):
@@ -367,23 +415,23 @@ class _Parser:
             dtype = self.dtype()
             self.expect(">")
             self.expect("(")
-            value = self.expr()
+            value = yield self._expr()
             self.expect(")")
             node = ex.Cast if name == "cast" else ex.Bitcast
             return node(value, ex.ScalarType(dtype, value.lanes))
         self.expect("(")
         if name in ("ramp", "broadcast"):
-            first = self.expr()
+            first = yield self._expr()
             self.expect(",")
             if name == "ramp":
-                stride = self.expr()
+                stride = yield self._expr()
                 self.expect(",")
             lanes = self.int_literal("a lane count")
             self.expect(")")
             if name == "ramp":
                 return ex.Ramp(first, stride, ex.ScalarType(first.dtype, lanes))
             return ex.Broadcast(first, ex.ScalarType(first.dtype, lanes))
-        args = self.comma_list(self.expr, ")")
+        args = yield self._expr_list(")")
         if name == "select":
             self.check_arity(name, args, 3, tok)
             return ex.Select(args[0], args[1], args[2], args[1].type)
@@ -442,7 +490,10 @@ class _Parser:
                     self.advance()
                 sign = -1 if k else 1
                 if lit.kind == "number" and lit.text.isdigit():
-                    return sign * int(lit.text)
+                    try:  # attributes hold Python ints of any size, up to int()'s digit limit
+                        return sign * int(lit.text)
+                    except ValueError:
+                        raise self.error(f"integer attribute of {len(lit.text)} digits is too long", lit) from None
                 return sign * float(lit.text)
         return self.expr()
 

@@ -87,6 +87,23 @@ def format_float(v: float) -> str:
     return repr(float(v))
 
 
+def _precedence(e: ex.Expr) -> int:
+    """How tightly the printed form of `e` binds: an infix operator's precedence, else atom."""
+    if isinstance(e, ex.Binary) and e.op in ex.INFIX_OPS:
+        return PRECEDENCE[e.op]
+    return ATOM
+
+
+def _joined(items: "tuple[ex.Expr, ...]") -> list[Union[str, tuple[ex.Expr, int]]]:
+    """Operands separated by `, `, each printed without parentheses."""
+    pieces: list[Union[str, tuple[ex.Expr, int]]] = []
+    for k, x in enumerate(items):
+        if k:
+            pieces.append(", ")
+        pieces.append((x, 0))
+    return pieces
+
+
 class Printer:
     """Prints IR; `canonical` renames everything by order of appearance."""
 
@@ -114,36 +131,64 @@ class Printer:
 
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e: ex.Expr, parent_prec: int = 0) -> str:
-        text, prec = self._expr(e)
-        return f"({text})" if prec <= parent_prec else text
+        """`e` as text, in parentheses when it binds no tighter than `parent_prec`.
 
-    def _expr(self, e: ex.Expr) -> tuple[str, int]:
+        Written with an explicit stack of pending pieces (text, or a node with the precedence
+        of its context) instead of recursion, so expressions of any depth print; pieces are
+        produced left to right, so canonical names are handed out in order of appearance."""
+        out: list[str] = []
+        stack: list[Union[str, tuple[ex.Expr, int]]] = [(e, parent_prec)]
+        var, const = ex.Var, ex.Const
+        while stack:
+            item = stack.pop()
+            if type(item) is str:
+                out.append(item)
+                continue
+            node, context = item  # type: ignore[misc]
+            kind = type(node)
+            if kind is var:  # the leaves, most of the nodes, without building pieces
+                out.append(self.var_name(node.name))  # type: ignore[attr-defined]
+                continue
+            if kind is const:
+                out.append(self.const(node))  # type: ignore[arg-type]
+                continue
+            if context >= 1 and _precedence(node) <= context:
+                stack.append(")")
+                stack.append((node, -1))
+                stack.append("(")
+                continue
+            pieces = self._pieces(node)
+            stack.extend(reversed(pieces))
+        return "".join(out)
+
+    def _pieces(self, e: ex.Expr) -> list[Union[str, tuple[ex.Expr, int]]]:
+        """The text of one node as literal pieces and operands with their context precedence."""
         if isinstance(e, ex.Const):
-            return self.const(e), ATOM
+            return [self.const(e)]
         if isinstance(e, ex.Var):
-            return self.var_name(e.name), ATOM
+            return [self.var_name(e.name)]
         if isinstance(e, ex.Binary):
             if e.op in ex.INFIX_OPS:
                 p = PRECEDENCE[e.op]
                 # Left-associative: the right operand needs parentheses at equal precedence.
-                return f"{self.expr(e.a, p - 1)} {ex.INFIX_OPS[e.op]} {self.expr(e.b, p)}", p
-            return f"{e.op}({self.expr(e.a)}, {self.expr(e.b)})", ATOM
+                return [(e.a, p - 1), f" {ex.INFIX_OPS[e.op]} ", (e.b, p)]
+            return [f"{e.op}(", (e.a, 0), ", ", (e.b, 0), ")"]
         if isinstance(e, ex.Call):
-            return f"{e.name}({', '.join(self.expr(a) for a in e.args)})", ATOM
+            return [f"{e.name}(", *_joined(e.args), ")"]
         if isinstance(e, ex.Cast):
-            return f"cast<{e.type.dtype}>({self.expr(e.value)})", ATOM
+            return [f"cast<{e.type.dtype}>(", (e.value, 0), ")"]
         if isinstance(e, ex.Bitcast):
-            return f"bitcast<{e.type.dtype}>({self.expr(e.value)})", ATOM
+            return [f"bitcast<{e.type.dtype}>(", (e.value, 0), ")"]
         if isinstance(e, ex.Select):
-            return f"select({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})", ATOM
+            return ["select(", *_joined((e.cond, e.a, e.b)), ")"]
         if isinstance(e, ex.Load):
-            return f"{self.value_name(e.buffer)}[{', '.join(self.expr(i) for i in e.index)}]", ATOM
+            return [f"{self.value_name(e.buffer)}[", *_joined(e.index), "]"]
         if isinstance(e, ex.Ramp):
-            return f"ramp({self.expr(e.base)}, {self.expr(e.stride)}, {e.type.lanes})", ATOM
+            return ["ramp(", (e.base, 0), ", ", (e.stride, 0), f", {e.type.lanes})"]
         if isinstance(e, ex.Broadcast):
-            return f"broadcast({self.expr(e.value)}, {e.type.lanes})", ATOM
+            return ["broadcast(", (e.value, 0), f", {e.type.lanes})"]
         if isinstance(e, ex.VectorReduce):
-            return f"vreduce_{e.op}({self.expr(e.value)})", ATOM
+            return [f"vreduce_{e.op}(", (e.value, 0), ")"]
         raise TypeError(f"cannot print expression {type(e).__name__}")
 
     def const(self, c: ex.Const) -> str:

@@ -13,28 +13,111 @@ from . import expr as ex
 from . import loop as lp
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _operand_fields(node: ex.Expr) -> list[tuple[str, int]]:
+    """The fields of `node` that hold operands, with how many each holds (-1: one Expr, n: a
+    tuple of n Exprs), in field order: the order `generic_visit` visits them."""
+    names = _FIELD_NAMES.get(type(node))
+    if names is None:
+        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))  # type: ignore[arg-type]
+    slots: list[tuple[str, int]] = []
+    for name in names:
+        v = getattr(node, name)
+        if isinstance(v, ex.Expr):
+            slots.append((name, -1))
+        elif isinstance(v, tuple) and v and isinstance(v[0], ex.Expr):
+            slots.append((name, len(v)))
+    return slots
+
+
 class ExprMutator:
-    """Rebuild an expression bottom-up; override `visit_<Node>` to change some nodes."""
+    """Rebuild an expression bottom-up; override `visit_<Node>` to change some nodes.
+
+    Nodes without a `visit_<Node>` are rebuilt with an explicit stack rather than by recursion,
+    so a mutator that overrides only a few node kinds handles trees of any depth."""
 
     def visit(self, e: ex.Expr) -> ex.Expr:
         method = getattr(self, "visit_" + type(e).__name__, None)
         if method is not None:
-            return method(e)
-        return self.generic_visit(e)
+            return self.leave(method(e))
+        return self.leave(self.generic_visit(e))
+
+    def leave(self, e: ex.Expr) -> ex.Expr:
+        """Called with every visited node once its operands are rebuilt (bottom-up rewrites
+        hook in here rather than override `visit`, which would make the walk recursive)."""
+        return e
 
     def generic_visit(self, e: ex.Expr) -> ex.Expr:
+        """`e` rebuilt from its visited operands (the same object when none changed)."""
+        if type(self).visit is not ExprMutator.visit:  # an overridden `visit` sees every node
+            return self._recursive_generic_visit(e)
+        results: list[ex.Expr] = []
+        # (node, None): visit it; (node, slots): its operands' results are on `results`.
+        stack: list[tuple[ex.Expr, Any]] = [(e, _operand_fields(e))]
+        for name, n in reversed(stack[0][1]):
+            stack.extend(self._operands_of(e, name, n))
+        while stack:
+            node, slots = stack.pop()
+            if slots is None:
+                method = getattr(self, "visit_" + type(node).__name__, None)
+                if method is not None:
+                    results.append(self.leave(method(node)))
+                    continue
+                slots = _operand_fields(node)
+                if not slots:
+                    results.append(self.leave(node))
+                    continue
+                stack.append((node, slots))
+                for name, n in reversed(slots):
+                    stack.extend(self._operands_of(node, name, n))
+                continue
+            rebuilt = self._rebuild(node, slots, results)
+            results.append(rebuilt if node is e else self.leave(rebuilt))
+        return results[0]
+
+    def _recursive_generic_visit(self, e: ex.Expr) -> ex.Expr:
         changes: dict[str, Any] = {}
-        for f in fields(e):  # type: ignore[arg-type]
-            v = getattr(e, f.name)
-            if isinstance(v, ex.Expr):
+        for name, n in _operand_fields(e):
+            v = getattr(e, name)
+            if n < 0:
                 nv = self.visit(v)
                 if nv is not v:
-                    changes[f.name] = nv
-            elif isinstance(v, tuple) and v and isinstance(v[0], ex.Expr):
+                    changes[name] = nv
+            else:
                 nt = tuple(self.visit(x) for x in v)
                 if any(a is not b for a, b in zip(nt, v)):
-                    changes[f.name] = nt
+                    changes[name] = nt
         return replace(e, **changes) if changes else e  # type: ignore[type-var]
+
+    @staticmethod
+    def _operands_of(node: ex.Expr, name: str, n: int) -> list[tuple[ex.Expr, None]]:
+        """Stack entries visiting the operands of one field, the first on top."""
+        v = getattr(node, name)
+        items = [v] if n < 0 else list(v)
+        return [(x, None) for x in reversed(items)]
+
+    @staticmethod
+    def _rebuild(node: ex.Expr, slots: list[tuple[str, int]], results: list[ex.Expr]) -> ex.Expr:
+        """Pop the visited operands of `node` off `results` and rebuild it if any changed."""
+        total = sum(1 if n < 0 else n for _, n in slots)
+        new = results[len(results) - total:]
+        del results[len(results) - total:]
+        changes: dict[str, Any] = {}
+        pos = 0
+        for name, n in slots:
+            old = getattr(node, name)
+            if n < 0:
+                if new[pos] is not old:
+                    changes[name] = new[pos]
+                pos += 1
+            else:
+                part = tuple(new[pos:pos + n])
+                if any(a is not b for a, b in zip(part, old)):
+                    changes[name] = part
+                pos += n
+        return replace(node, **changes) if changes else node  # type: ignore[type-var]
 
 
 class StmtMutator(ExprMutator):

@@ -33,7 +33,42 @@ from .tensor import Graph, Op, Value
 
 
 class VerificationError(ValueError):
-    """IR that breaks an invariant; the message says where and what."""
+    """IR that breaks an invariant. `where` locates it (the graph, kernel or program, and the
+    op or statement when there is one), `message` says what is wrong; `str()` gives both."""
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable despite the custom signature
+        return (VerificationError, (self.where, self.message))
+
+
+#: The index type is i64: a size, stride or element count must stay below 2**63.
+INDEX_LIMIT = 2 ** 63
+
+
+def _size_problem(dims: tuple[ex.Expr, ...], what: str) -> Optional[str]:
+    """Why constant sizes `dims` cannot be a shape (negative, or past the index type)."""
+    count = 1
+    for k, d in enumerate(dims):
+        if isinstance(d, ex.Const) and isinstance(d.value, int):
+            if d.value < 0:
+                return f"{what} has a negative size {d.value} in dim {k}"
+            if d.value >= INDEX_LIMIT:
+                return f"{what} has size {d.value} in dim {k}, past the index type (2**63)"
+            count *= d.value
+    if count >= INDEX_LIMIT:
+        return f"{what} has {count} elements, past the index type (2**63)"
+    return None
+
+
+def _stride_problem(strides: tuple[ex.Expr, ...], what: str) -> Optional[str]:
+    for k, d in enumerate(strides):
+        if isinstance(d, ex.Const) and isinstance(d.value, int) and abs(d.value) >= INDEX_LIMIT:
+            return f"{what} has stride {d.value} in dim {k}, past the index type (2**63)"
+    return None
 
 
 #: Vector reductions the codegen implements.
@@ -75,53 +110,66 @@ def verify_graph(g: Graph) -> None:
     def define(name: str, obj: object, what: str) -> None:
         spelled = name if what == "symbol" else "%" + name
         if id(obj) in defined:
-            raise VerificationError(f"{where}: {what} {spelled} (one object) is defined twice")
+            raise VerificationError(where, f"{what} {spelled} (one object) is defined twice")
         if spelled in names:
-            raise VerificationError(f"{where}: {what} {spelled} is defined twice")
+            raise VerificationError(where, f"{what} {spelled} is defined twice")
         names.add(spelled)
         defined.add(id(obj))
 
     for v in g.inputs:
         if isinstance(v, Value):
             if v.strides is not None and len(v.strides) != v.type.rank:
-                raise VerificationError(f"{where}: input %{v.name} has {v.type.rank} dims but "
+                raise VerificationError(where, f"input %{v.name} has {v.type.rank} dims but "
                                         f"{len(v.strides)} strides")
+            problem = _size_problem(v.type.shape, f"input %{v.name}")
+            if problem is not None:
+                raise VerificationError(where, problem)
             define(v.name, v, "input")
         elif isinstance(v, ex.Var):
             if v.type != ex.INDEX:
-                raise VerificationError(f"{where}: symbol {v.name} must be i64, not {v.type}")
+                raise VerificationError(where, f"symbol {v.name} must be i64, not {v.type}")
             define(v.name, v, "symbol")
         else:
-            raise VerificationError(f"{where}: input {v!r} is neither a Value nor a symbol Var")
+            raise VerificationError(where, f"input {v!r} is neither a Value nor a symbol Var")
 
     for op in g.ops:
         at = f"{where}: op `{_op_text(op)}`"
         if op.name not in OPS:
-            raise VerificationError(f"{at}: unknown op {op.name!r}")
+            raise VerificationError(at, f"unknown op {op.name!r}")
         for v in op.operands:
             if id(v) not in defined:
-                raise VerificationError(f"{at}: operand %{v.name} is not defined before use")
+                raise VerificationError(at, f"operand %{v.name} is not defined before use")
         try:
             expected = infer_types(op.name, [v.type for v in op.operands], op.attrs)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             detail = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
-            raise VerificationError(f"{at}: {detail}") from None
+            raise VerificationError(at, f"{detail}") from None
+        for r in op.results:
+            problem = _size_problem(r.type.shape, f"result %{r.name}")
+            if problem is not None:
+                raise VerificationError(at, problem)
         actual = [r.type for r in op.results]
         if actual != expected:
             p = Printer()
             raise VerificationError(
-                f"{at}: result types {', '.join(p.tensor_type(t) for t in actual) or 'none'} but "
+                at, f"result types {', '.join(p.tensor_type(t) for t in actual) or 'none'} but "
                 f"the op gives {', '.join(p.tensor_type(t) for t in expected) or 'none'}")
         for r in op.results:
             define(r.name, r, "value")
 
     for v in g.outputs:
         if id(v) not in defined:
-            raise VerificationError(f"{where}: output %{v.name} is not defined")
+            raise VerificationError(where, f"output %{v.name} is not defined")
 
 
 # --------------------------------------------------------------------------------------------
 # Loop level
+
+def _short(e: ex.Expr, limit: int = 200) -> str:
+    """`e` as text for a message, cut short when long (an expression can be thousands deep)."""
+    text = print_expr(e)
+    return text if len(text) <= limit else text[:limit] + "..."
+
 
 class _Scope:
     """What is visible at one point of a kernel: variables with their types, and buffers."""
@@ -148,10 +196,47 @@ class _Scope:
         return None
 
 
+#: An index as `c0 + sum(coef * var)`: the constant and the coefficients by variable name.
+Linear = tuple[int, dict[str, int]]
+
+
+def _linear(e: ex.Expr, forms: dict[str, Linear]) -> Optional[Linear]:
+    """`e` as a linear form over the variables in `forms`, or None (anything else)."""
+    done: dict[int, Optional[Linear]] = {}
+    for node in ex.postorder(e):
+        form: Optional[Linear] = None
+        if isinstance(node, ex.Const) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            form = (node.value, {})
+        elif isinstance(node, ex.Var):
+            form = forms.get(node.name)
+        elif isinstance(node, ex.Binary) and node.op in ("add", "sub", "mul") and node.type == ex.INDEX:
+            a, b = done[id(node.a)], done[id(node.b)]
+            if a is not None and b is not None:
+                if node.op == "mul":
+                    if not a[1] or not b[1]:
+                        k, other = (a[0], b) if not a[1] else (b[0], a)
+                        form = (k * other[0], {n: k * c for n, c in other[1].items()})
+                else:
+                    sign = 1 if node.op == "add" else -1
+                    coefs = dict(a[1])
+                    for n, c in b[1].items():
+                        coefs[n] = coefs.get(n, 0) + sign * c
+                    form = (a[0] + sign * b[0], coefs)
+        done[id(node)] = form
+    return done[id(e)]
+
+
 class _KernelVerifier:
     def __init__(self, k: lp.Kernel) -> None:
         self.k = k
         self.where = f"kernel @{k.name}"
+        #: Loop variables with constant ranges (and i64 lets linear in them) as linear forms;
+        #: their ranges, by loop variable.
+        self.forms: dict[str, Linear] = {}
+        self.ranges: dict[str, tuple[int, int]] = {}
+        #: How many enclosing statements may skip an access (an `if`, an empty loop): inside
+        #: them the loop ranges do not prove an access is made.
+        self.uncertain = 0
 
     def fail(self, message: str, stmt: Optional[lp.Stmt] = None) -> VerificationError:
         at = ""
@@ -159,7 +244,7 @@ class _KernelVerifier:
             lines = Printer().stmt(stmt, 0) if not isinstance(stmt, lp.Block) else []
             head = lines[0].strip() if lines else ""
             at = f": in `{head}`" if head else ""
-        return VerificationError(f"{self.where}{at}: {message}")
+        return VerificationError(f"{self.where}{at}", message)
 
     # ---- binding -------------------------------------------------------------------------
     def bind(self, scope: _Scope, var: ex.Var, stmt: Optional[lp.Stmt]) -> None:
@@ -172,6 +257,9 @@ class _KernelVerifier:
             raise self.fail(f"buffer %{b.name} is declared again while already in scope", stmt)
         for e in (*b.shape, *b.strides):
             self.index_expr(e, scope, stmt, f"shape or stride of %{b.name}")
+        problem = _size_problem(b.shape, f"buffer %{b.name}") or _stride_problem(b.strides, f"buffer %{b.name}")
+        if problem is not None:
+            raise self.fail(problem, stmt)
         scope.buffers[b.name] = b
 
     # ---- the kernel --------------------------------------------------------------------------
@@ -202,6 +290,11 @@ class _KernelVerifier:
             if s.var.type != s.value.type:
                 raise self.fail(f"let {s.var.name} has type {s.var.type} but its value is {s.value.type}", s)
             self.bind(scope, s.var, s)
+            form = _linear(s.value, self.forms) if s.value.type == ex.INDEX else None
+            if form is None:
+                self.forms.pop(s.var.name, None)
+            else:
+                self.forms[s.var.name] = form
         elif isinstance(s, lp.Alloc):
             if s.buffer.scope != "local":
                 raise self.fail(f"alloc %{s.buffer.name} must have local scope", s)
@@ -212,9 +305,11 @@ class _KernelVerifier:
             self.expr(s.cond, scope, s)
             if s.cond.type != ex.BOOL:
                 raise self.fail(f"if condition must be a scalar bool, not {s.cond.type}", s)
+            self.uncertain += 1
             self.stmt(s.then, _Scope(scope), in_vector)
             if s.orelse is not None:
                 self.stmt(s.orelse, _Scope(scope), in_vector)
+            self.uncertain -= 1
         else:
             raise self.fail(f"unknown statement {type(s).__name__}")
 
@@ -233,7 +328,45 @@ class _KernelVerifier:
             raise self.fail(f"{s.kind} loop needs a constant extent, not {print_expr(s.extent)}", s)
         inner = _Scope(scope)
         self.bind(inner, s.var, s)
-        self.stmt(s.body, _Scope(inner), in_vector or s.kind == "vectorized")
+        name = s.var.name
+        known = isinstance(s.start, ex.Const) and isinstance(s.extent, ex.Const)
+        empty = known and int(s.extent.value) <= 0
+        if known and not empty:
+            first = int(s.start.value)
+            self.forms[name] = (0, {name: 1})
+            self.ranges[name] = (first, first + int(s.extent.value) - 1)
+        self.uncertain += empty
+        try:
+            self.stmt(s.body, _Scope(inner), in_vector or s.kind == "vectorized")
+        finally:
+            self.uncertain -= empty
+            self.forms.pop(name, None)
+            self.ranges.pop(name, None)
+
+    def check_extent(self, b: lp.Buffer, dim: int, i: ex.Expr, stmt: Optional[lp.Stmt]) -> None:
+        """Fail when the loop ranges prove that index `i` of dim `dim` leaves `b` (constant
+        loop bounds, an index linear in the loop variables, a constant size)."""
+        size = b.shape[dim]
+        if self.uncertain or not isinstance(size, ex.Const):
+            return
+        spread = (0, 0)
+        if isinstance(i, ex.Ramp) and isinstance(i.stride, ex.Const):
+            step = int(i.stride.value) * (i.lanes - 1)
+            spread, i = (min(0, step), max(0, step)), i.base
+        elif isinstance(i, ex.Broadcast):
+            i = i.value
+        form = _linear(i, self.forms)
+        if form is None or any(n not in self.ranges for n in form[1]):
+            return
+        lo = hi = form[0]
+        for n, c in form[1].items():
+            a, z = self.ranges[n]
+            lo += min(c * a, c * z)
+            hi += max(c * a, c * z)
+        lo, hi = lo + spread[0], hi + spread[1]
+        if lo < 0 or hi >= int(size.value):
+            raise self.fail(f"index {_short(i)} of %{b.name} (dim {dim}) runs over {lo}..{hi}, "
+                            f"past the extent {size.value} of the buffer", stmt)
 
     # ---- buffers and indices -----------------------------------------------------------------
     def buffer(self, name: str, scope: _Scope, stmt: Optional[lp.Stmt]) -> lp.Buffer:
@@ -248,11 +381,12 @@ class _KernelVerifier:
         if len(index) != b.ndim:
             raise self.fail(f"%{b.name} has {b.ndim} dims but is indexed with {len(index)}", stmt)
         lanes = 1
-        for i in index:
+        for dim, i in enumerate(index):
             if visit:
                 self.expr(i, scope, stmt)
             if not i.dtype.is_int:
-                raise self.fail(f"index {print_expr(i)} of %{b.name} is {i.type}, not an integer", stmt)
+                raise self.fail(f"index {_short(i)} of %{b.name} is {i.type}, not an integer", stmt)
+            self.check_extent(b, dim, i, stmt)
             if i.lanes != 1:
                 if lanes not in (1, i.lanes):
                     raise self.fail(f"index of %{b.name} mixes vectors of {lanes} and {i.lanes} lanes", stmt)
@@ -266,16 +400,17 @@ class _KernelVerifier:
 
     # ---- expressions -----------------------------------------------------------------------
     def expr(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> None:
-        for c in e.children():
-            self.expr(c, scope, stmt)
-        expected = self.expected_type(e, scope, stmt)
-        if e.type != expected:
-            raise self.fail(f"{print_expr(e)} has type {e.type} but should have {expected}", stmt)
+        """Check every node of `e`, operands before the node (post-order without recursion:
+        expressions can be thousands deep)."""
+        for node in ex.postorder(e):
+            expected = self.expected_type(node, scope, stmt)
+            if node.type != expected:
+                raise self.fail(f"{_short(node)} has type {node.type} but should have {expected}", stmt)
 
     def expected_type(self, e: ex.Expr, scope: _Scope, stmt: Optional[lp.Stmt]) -> ex.ScalarType:
         """The type the builders give `e`, after checking its operands fit together."""
         def bad(message: str) -> VerificationError:
-            return self.fail(f"{print_expr(e)}: {message}", stmt)
+            return self.fail(f"{_short(e)}: {message}", stmt)
 
         if isinstance(e, ex.Const):
             if e.lanes != 1:
@@ -373,7 +508,7 @@ def _unique(names: Iterable[str], where: str, what: str) -> None:
     seen: set[str] = set()
     for n in names:
         if n in seen:
-            raise VerificationError(f"{where}: {what} {n} is declared twice")
+            raise VerificationError(where, f"{what} {n} is declared twice")
         seen.add(n)
 
 
@@ -386,39 +521,42 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
     symbols = {v.name for v in p.symbols}
     for v in p.symbols:
         if v.type != ex.INDEX:
-            raise VerificationError(f"{where}: symbol {v.name} must be i64, not {v.type}")
+            raise VerificationError(where, f"symbol {v.name} must be i64, not {v.type}")
 
     def symbolic(e: ex.Expr, what: str) -> None:
         if e.type != ex.INDEX:
-            raise VerificationError(f"{where}: {what} must be an i64 expression, not {e.type}")
+            raise VerificationError(where, f"{what} must be an i64 expression, not {e.type}")
         for n in ex.walk(e):
             if isinstance(n, ex.Var) and n.name not in symbols:
-                raise VerificationError(f"{where}: {what} uses {n.name}, which is not a program symbol")
+                raise VerificationError(where, f"{what} uses {n.name}, which is not a program symbol")
             if isinstance(n, ex.Load):
-                raise VerificationError(f"{where}: {what} reads a buffer")
+                raise VerificationError(where, f"{what} reads a buffer")
 
     for b in buffers:
         if b.scope != "global":
-            raise VerificationError(f"{where}: buffer %{b.name} must have global scope")
+            raise VerificationError(where, f"buffer %{b.name} must have global scope")
         for d in (*b.shape, *b.strides):
             symbolic(d, f"shape or stride of %{b.name}")
+        problem = _size_problem(b.shape, f"buffer %{b.name}") or _stride_problem(b.strides, f"buffer %{b.name}")
+        if problem is not None:
+            raise VerificationError(where, problem)
 
     returnable = {b.name for b in (*p.inputs, *p.outputs)}
     for r in p.results:
         if r not in returnable:
-            raise VerificationError(f"{where}: returns %{r}, which is not an input or output buffer")
+            raise VerificationError(where, f"returns %{r}, which is not an input or output buffer")
 
     temp_names = {t.name for t in p.temps}
     _unique((f"%{n}" for n, _ in p.temp_offsets), where, "offset of")
     for name, off in p.temp_offsets:
         if name not in temp_names:
-            raise VerificationError(f"{where}: offset given for %{name}, which is not a temporary")
+            raise VerificationError(where, f"offset given for %{name}, which is not a temporary")
         symbolic(off, f"offset of %{name}")
     offsets = dict(p.temp_offsets)
     if planned or offsets:
         for t in p.temps:
             if t.name not in offsets:
-                raise VerificationError(f"{where}: temporary %{t.name} has no workspace offset")
+                raise VerificationError(where, f"temporary %{t.name} has no workspace offset")
     symbolic(p.workspace_bytes, "workspace size")
 
     kernels = {k.name: k for k in p.kernels}
@@ -426,7 +564,7 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
         verify_kernel(k)
         for s in k.symbols:
             if s.name not in symbols:
-                raise VerificationError(f"{where}: kernel @{k.name} uses symbol {s.name}, "
+                raise VerificationError(where, f"kernel @{k.name} uses symbol {s.name}, "
                                         "which is not a program symbol")
 
     by_name = {b.name: b for b in buffers}
@@ -434,16 +572,16 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
         at = f"{where}: call @{c.kernel}"
         k = kernels.get(c.kernel)
         if k is None:
-            raise VerificationError(f"{at}: no kernel @{c.kernel} in the program")
+            raise VerificationError(at, f"no kernel @{c.kernel} in the program")
         if len(c.args) != len(k.params):
-            raise VerificationError(f"{at}: {len(c.args)} arguments for {len(k.params)} parameters")
+            raise VerificationError(at, f"{len(c.args)} arguments for {len(k.params)} parameters")
         for a, param in zip(c.args, k.params):
             b = by_name.get(a)
             if b is None:
-                raise VerificationError(f"{at}: argument %{a} is not a buffer of the program")
+                raise VerificationError(at, f"argument %{a} is not a buffer of the program")
             if b.dtype != param.dtype:
-                raise VerificationError(f"{at}: argument %{a} is {b.dtype} but parameter "
+                raise VerificationError(at, f"argument %{a} is {b.dtype} but parameter "
                                         f"%{param.name} is {param.dtype}")
             if b.ndim != param.ndim:
-                raise VerificationError(f"{at}: argument %{a} has rank {b.ndim} but parameter "
+                raise VerificationError(at, f"argument %{a} has rank {b.ndim} but parameter "
                                         f"%{param.name} has rank {param.ndim}")

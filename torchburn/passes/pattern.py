@@ -289,8 +289,7 @@ class _ExprRewriter(StmtMutator):
         self.per_node_limit = per_node_limit
         self.fired: Counter[str] = Counter()
 
-    def visit(self, e: ex.Expr) -> ex.Expr:
-        e = super().visit(e)
+    def leave(self, e: ex.Expr) -> ex.Expr:
         for _ in range(self.per_node_limit):
             new = self._rewrite_once(e)
             if new is None:

@@ -393,9 +393,24 @@ class _ExprSimplifier:
         hit = self.cache.get(e)
         if hit is not None:
             return hit
+        self._warm(e)
         out = self._rewrite(self._children(e))
         self.cache[e] = out
         return out
+
+    def _warm(self, e: Expr) -> None:
+        """Simplify the operands below `e` deepest first, with an explicit stack, so the
+        recursion of `visit` finds them cached (expressions can be thousands deep)."""
+        stack: list[tuple[Expr, bool]] = [(k, False) for k in reversed(e.children())]
+        while stack:
+            node, children_done = stack.pop()
+            if node in self.cache:
+                continue
+            if children_done or not node.children():
+                self.cache[node] = self._rewrite(self._children(node))
+                continue
+            stack.append((node, True))
+            stack.extend((k, False) for k in reversed(node.children()))
 
     def _children(self, e: Expr) -> Expr:
         changes: dict[str, Any] = {}

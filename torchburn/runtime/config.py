@@ -7,7 +7,7 @@
 | TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
-| TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
+| TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |

@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from . import threads
+
 #: Resolve every symbol when loading (a missing one fails the load, not a later call).
 _BIND_NOW = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
 
@@ -137,4 +139,13 @@ def load_shared(obj: ObjectCode) -> SharedModule:
                 os.unlink(leftover)
             except OSError:
                 pass
+    threads.attach(lambda name: _global_address(lib, name))
     return SharedModule(lib, obj)
+
+
+def _global_address(lib: ctypes.CDLL, name: str) -> Optional[int]:
+    """The address of a data symbol of `lib`, or None."""
+    try:
+        return ctypes.addressof(ctypes.c_void_p.in_dll(lib, name))
+    except ValueError:
+        return None

@@ -43,6 +43,28 @@ class ExprEmitter:
         hit = self._memo.get(id(e))
         if hit is not None and hit[0] is e:
             return hit[1]
+        if e.children():
+            self._emit_operands_first(e)
+        return self._emit_node(e)
+
+    def _emit_operands_first(self, e: ex.Expr) -> None:
+        """Emit the arithmetic below `e` deepest first with an explicit stack, so that each
+        handler's own `emit` of its operands is a memo hit: a fused chain of thousands of ops
+        is one deep expression, too deep for recursion. Loads and ramps are left to their
+        handlers (memory.py decides how to emit an index), which recurse only into indices."""
+        stack: list[tuple[ex.Expr, bool]] = [(k, False) for k in reversed(e.children())]
+        while stack:
+            node, children_done = stack.pop()
+            hit = self._memo.get(id(node))
+            if hit is not None and hit[0] is node:
+                continue
+            if children_done or not isinstance(node, _ARITHMETIC) or not node.children():
+                self._emit_node(node)
+                continue
+            stack.append((node, True))
+            stack.extend((k, False) for k in reversed(node.children()))
+
+    def _emit_node(self, e: ex.Expr) -> ir.Value:
         handler = _HANDLERS.get(type(e))
         if handler is None:
             raise CodegenError(f"cannot generate code for expression {type(e).__name__}")
@@ -157,6 +179,8 @@ class ExprEmitter:
 _CALL_NODES: dict[str, Callable[[ExprEmitter, ex.Call], ir.Value]] = {
     ex.DOT4_U8I8: ExprEmitter._dot4,
 }
+#: Nodes whose handlers emit each operand as a value (so emitting operands first is exact).
+_ARITHMETIC = (ex.Binary, ex.Call, ex.Cast, ex.Bitcast, ex.Select, ex.Broadcast, ex.VectorReduce)
 
 _HANDLERS: dict[type, Callable[[ExprEmitter, Any], ir.Value]] = {
     ex.Const: ExprEmitter._const,

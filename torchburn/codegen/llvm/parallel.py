@@ -14,8 +14,11 @@ A `parallel for i in start..+extent { body }` becomes three pieces:
 Free values are every buffer pointer, symbol, `let` and outer loop index the body uses
 (including symbols in the strides of buffers it touches). Buffers are real `noalias`
 parameters of `.work`, so alias analysis inside the body is as good as in the kernel itself.
-`num_threads = 0` lets the OpenMP runtime choose, honouring `omp_set_num_threads` (the runtime
-calls it for TORCHBURN_NUM_THREADS). Slices are balanced: the first `n % threads` threads take
+The team size passed to `GOMP_parallel` is read at each parallel loop through the module
+global `@torchburn_num_threads`, a pointer the loader sets to the process's one thread count
+(`runtime/threads.py`, TORCHBURN_NUM_THREADS); it starts out pointing at a 0, and 0 lets the
+OpenMP runtime choose (torch's own setting). So the variable sets the threads of generated code
+without touching torch's `omp_set_num_threads`. Slices are balanced: the first `n % threads` threads take
 one extra iteration. Inside the outlined body, nested parallel loops run serially.
 """
 from __future__ import annotations
@@ -45,6 +48,25 @@ class StmtEmitter(Protocol):
     def bounds(self, s: lp.For, scope: Scope) -> tuple[ir.Value, ir.Value]: ...
 
     def counted_loop(self, var: ex.Var, begin: ir.Value, end: ir.Value, body: lp.Stmt, scope: Scope) -> None: ...
+
+
+#: The module global holding the address of the thread count (an i32) parallel loops use.
+THREADS_GLOBAL = "torchburn_num_threads"
+
+
+def thread_count_global(module: ir.Module) -> ir.GlobalVariable:
+    """`@torchburn_num_threads`, defined on first use: a pointer to an internal 0 until the
+    loader points it at the process's thread count."""
+    existing = module.globals.get(THREADS_GLOBAL)
+    if isinstance(existing, ir.GlobalVariable):
+        return existing
+    zero = ir.GlobalVariable(module, I32, THREADS_GLOBAL + ".default")
+    zero.linkage = "internal"
+    zero.global_constant = True
+    zero.initializer = ir.Constant(I32, 0)
+    g = ir.GlobalVariable(module, PTR, THREADS_GLOBAL)
+    g.initializer = zero
+    return g
 
 
 def free_names(s: lp.For, scope: Scope) -> tuple[list[str], list[str]]:
@@ -89,7 +111,9 @@ def emit_parallel_loop(se: "StmtEmitter", s: lp.For, scope: Scope) -> None:
     trip = b.sub(end, begin)
     with b.if_else(b.icmp_signed(">", trip, ir.Constant(trip.type, 1))) as (many, few):
         with many:
-            b.call(gomp, [omp, slot, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+            where = b.load(thread_count_global(fs.ctx.module), typ=PTR)
+            threads = b.load(where, name="num_threads", typ=I32)
+            b.call(gomp, [omp, slot, threads, ir.Constant(I32, 0)])
         with few:
             b.call(work, [*(r.ptr for r in buffers), *values, begin, end])
 

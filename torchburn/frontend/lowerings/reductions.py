@@ -29,6 +29,18 @@ def _dims(x: Value, dims: Any) -> tuple[int, ...]:
     return tuple(sorted({normalize_dim(d, rank) for d in dims}))
 
 
+def require_nonempty(name: str, x: Value, dims: tuple[int, ...]) -> None:
+    """Leave to PyTorch a max/min/argmax/argmin over an empty dim: eager raises there
+    (IndexError or RuntimeError, "Expected reduction dim ... to have non-zero size"), and the
+    node left to PyTorch raises the very same error when the compiled graph is called. A dim
+    of size 0 is always a constant here (Dynamo specializes sizes 0 and 1); a symbolic one the
+    launcher checks at each call (`launcher_gen.nonempty_checks`)."""
+    if x.type.rank == 0:
+        return
+    if any(isinstance(x.shape[d], Const) and int(x.shape[d].value) == 0 for d in dims):
+        raise Unsupported(f"{name} over an empty dim: PyTorch raises there")
+
+
 def _reduce(b: Builder, kind: str, x: Value, dims: tuple[int, ...], keepdim: bool, acc: dt.DType) -> Value:
     src = b.cast(x, acc)
     if x.type.rank == 0:
@@ -73,6 +85,7 @@ def _minmax(kind: str) -> Any:
         if b.node.target in (aten.max.default, aten.min.default):
             dims, keepdim = None, False
         acc = dt.compute_dtype(x.dtype)
+        require_nonempty(f"a{kind}", x, _dims(x, dims))
         return b.cast(_reduce(b, kind, x, _dims(x, dims), keepdim, acc), x.dtype)
     return fn
 
@@ -95,6 +108,8 @@ lowering(aten.all)(_anyall("all"))
 
 def _arg(kind: str) -> Any:
     def fn(b: Builder, x: Value, dim: Optional[int] = None, keepdim: bool = False) -> Value:
+        require_nonempty(kind, x, tuple(range(x.type.rank)) if dim is None
+                         else (normalize_dim(dim, x.type.rank),))
         src = b.to_compute(x)
         if dim is None:
             src = b.reshape(src, (numel(x.shape),))

@@ -19,6 +19,7 @@ from ...ir.expr import Const
 from ...ir.tensor import Value
 from ..builder import Builder, normalize_dim
 from ..registry import lowering
+from .reductions import require_nonempty
 
 aten = torch.ops.aten
 
@@ -95,6 +96,7 @@ def _extreme(kind: str) -> Any:
         if x.type.rank == 0:
             return x, b.full(0, (), dt.i64)
         d = normalize_dim(dim, x.type.rank)
+        require_nonempty(kind, x, (d,))
         xc = _sortable(b, x)
         values = b.op(f"reduce_{kind}", xc, dims=(d,), keepdim=bool(keepdim))
         where = b.op(f"arg{kind}", xc, dim=d, keepdim=bool(keepdim))

@@ -170,8 +170,10 @@ class KernelBuilder:
             level -= 1
         return level
 
-    def _memo_get(self, key: tuple[int, Index]) -> Optional[Expr]:
-        for scope in reversed(self._scopes):
+    def _memo_get(self, key: tuple[int, Index], cap: Optional[int] = None) -> Optional[Expr]:
+        """The memoized element, looked up from scope `cap` (default: the innermost) outwards."""
+        scopes = self._scopes if cap is None else self._scopes[:cap + 1]
+        for scope in reversed(scopes):
             if key in scope:
                 return scope[key]
         return None
@@ -218,11 +220,61 @@ class KernelBuilder:
 
     def value_at(self, v: Value, idx: Index) -> Expr:
         """The element `v[idx]`, computing inlined producers as needed."""
+        hit = self._memo_get((id(v), idx))
+        if hit is not None:
+            return hit
+        self._precompute(v, idx)
+        return self._value_at(v, idx, None)
+
+    def _inline_operands(self, v: Value, idx: Index) -> Optional[list[tuple[Value, Index]]]:
+        """The operand elements `_compute` would ask for first, when `v[idx]` is computed by an
+        elementwise op or a view inlined here; None for everything else (loads, rules)."""
+        op = v.producer
+        if op is None or v in self.buffers or self._reads_row_cache(v, idx) or op.name in ELEMENT_RULES:
+            return None
+        view = VIEW_INDEX.get(op.name)
+        if view is not None:
+            return [(op.operands[0], view(op, idx))]
+        if get_op(op.name).category == "elementwise":
+            return [(u, idx) for u in op.operands]
+        return None
+
+    def _precompute(self, v: Value, idx: Index) -> None:
+        """Compute the elementwise producers below `v[idx]` deepest first, with an explicit
+        stack, so that the recursion of `_compute` -> `value_at` finds each operand computed
+        already: a chain of thousands of fused ops would otherwise exceed Python's recursion
+        limit. The order of the emitted lets is the one the recursion gives, and each element
+        lands in the scope the recursion would choose (never deeper than its consumer's)."""
+        top = self._home(idx)
+        stack: list[tuple[Value, Index, int, bool]] = [(v, idx, top, False)]
+        while stack:
+            u, uidx, cap, expanded = stack.pop()
+            if expanded:
+                if u is not v:
+                    self._value_at(u, uidx, cap)
+                continue
+            if self._memo_get((id(u), uidx), cap) is not None:
+                continue
+            kids = self._inline_operands(u, uidx)
+            if kids is None:
+                if u is not v:
+                    self._value_at(u, uidx, cap)
+                continue
+            stack.append((u, uidx, cap, True))
+            for w, widx in reversed(kids):
+                stack.append((w, widx, min(self._home(widx), cap), False))
+
+    def _value_at(self, v: Value, idx: Index, cap: Optional[int]) -> Expr:
+        """`value_at` computed in scope `min(home, cap)`; `cap` is the scope of the consumer
+        that asks (the recursion computes an operand while the consumer's inner scopes are
+        closed, see below)."""
         key = (id(v), idx)
-        hit = self._memo_get(key)
+        hit = self._memo_get(key, cap)
         if hit is not None:
             return hit
         level = self._home(idx)
+        if cap is not None:
+            level = min(level, cap)
         inner = (self._scopes[level + 1:], self._stmts[level + 1:], self._bound[level + 1:])
         # Compute in scope `level`: close the inner scopes for a while (their statements so far
         # stay theirs), so what is emitted lands before the inner loops.
