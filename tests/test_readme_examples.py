@@ -80,3 +80,20 @@ def test_python_blocks_run_as_written(page: str, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "run.py", "blocks.json"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{page}: a documented example fails\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+
+def test_ci_runs_the_readmes_set_up_and_test_blocks() -> None:
+    """`.ci/run` reads its commands from the README (so they cannot drift apart) and runs
+    them in a fresh virtual environment; this checks it extracts the README's blocks."""
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "python3 -m venv" in script
+    function = script[script.index("readme_block() {"):]
+    function = function[:function.index("\n}\n") + 3]
+    readme = (ROOT / "README.md").read_text()
+    for heading, must in (("## Set-up", "pip install"), ("## Tests", "pytest")):
+        done = subprocess.run(["bash", "-c", function + f'readme_block "{heading}"'], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        lines = done.stdout.splitlines()
+        assert lines and any(must in ln for ln in lines), (heading, done.stdout)
+        section = readme.split(heading + "\n", 1)[1]
+        assert all(ln in section.split("```")[1] for ln in lines)
