@@ -52,9 +52,6 @@ class ExplainReport:
     """The graphs compiled for one call, as data (`graphs`) and as text (`str(report)`)."""
 
     graphs: list[rep.GraphReport]
-    #: Compiled subgraphs found compiled (memory, disk or FX-graph cache) / compiled now.
-    cache_hits: int = 0
-    cache_misses: int = 0
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     #: Dynamo graphs handed to the backend (graph breaks split a function into several).
     dynamo_graphs: int = 0
@@ -63,6 +60,10 @@ class ExplainReport:
     eager_ops: Optional[dict[str, int]] = None
     #: The Dynamo graph (1-based) each entry of `graphs` belongs to.
     graph_index: list[int] = field(default_factory=list)
+    #: Compiled subgraphs found compiled (memory, disk or FX-graph cache) / compiled now:
+    #: counted from `graphs`, so the header cannot disagree with the body.
+    cache_hits: int = field(init=False, default=0)
+    cache_misses: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         compiled = self.compiled_subgraphs
