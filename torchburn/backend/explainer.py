@@ -237,17 +237,45 @@ def _count_eager_ops() -> Iterator[Optional[Counter[str]]]:
             ranges.pop().__exit__(None, None, None)
 
     counts: Counter[str] = Counter()
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with _quiet_stderr():  # the profiler logs its own start and stop there
+            prof.start()
+        try:
             yield counts
+        finally:
+            with _quiet_stderr():
+                prof.stop()
     finally:
         callback_handler.remove_start_callback(start)
         callback_handler.remove_end_callback(end)
     for event in prof.events():
         if event.name.startswith("aten::") and _outside_ranges(event):
             counts[event.name] += 1
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Process-level stderr (file descriptor 2) to /dev/null for the block: the profiler's
+    native code prints a line on start and on stop that is no business of the user's. Where
+    descriptor 2 cannot be redirected, nothing is silenced."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _outside_ranges(event: Any) -> bool:
