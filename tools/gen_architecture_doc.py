@@ -71,6 +71,7 @@ from text.
 
 Parameters are graph inputs; `s0` would appear here for a dynamic batch.
 
+<!-- doc-test: skip: generated output of TORCHBURN_DUMP, not an example -->
 ```python
 {fx}
 ```

@@ -115,3 +115,23 @@ I8 = torch.zeros(2, 4, dtype=torch.int8)
 def test_invalid_layouts_raise_value_error(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_results_unpack_like_the_seed_readme():
+    """`packed, scales = quantize_weight_int4_grouped(w)` (the seed's example), with the
+    attributes kept; asymmetric adds the minimums; INT8 gives (qweight, scales)."""
+    from torchburn.quant import quantize_weight_int4_grouped, quantize_weight_int8
+
+    w = torch.randn(8, 128)
+    sym = quantize_weight_int4_grouped(w, group_size=64)
+    packed, scales = sym
+    assert packed is sym.packed and scales is sym.scales and len(sym) == 2
+    assert sym[0] is sym.packed and sym.group_size == 64
+    asym = quantize_weight_int4_grouped(w, group_size=64, symmetric=False)
+    packed, scales, mins = asym
+    assert mins is asym.mins and len(asym) == 3
+    with pytest.raises(ValueError):
+        packed, scales = asym  # three parts: the minimums are not dropped silently
+    q8 = quantize_weight_int8(w)
+    qweight, scales = q8
+    assert qweight is q8.qweight and scales is q8.scales and tuple(q8) == (q8.qweight, q8.scales)

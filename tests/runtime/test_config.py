@@ -91,3 +91,10 @@ def test_bad_values_fail_at_torch_compile(name: str, bad: str, monkeypatch: pyte
         monkeypatch.undo()
         registry._COMPILER_FNS.pop("torchburn", None)
         config.reload_config()
+
+
+def test_wgpu_backend_auto_is_wgpus_choice() -> None:
+    assert Config.from_env({"TORCHBURN_WGPU_BACKEND": "auto"}).wgpu_backend is None
+    assert Config.from_env({"TORCHBURN_WGPU_BACKEND": "Vulkan"}).wgpu_backend == "vulkan"
+    with pytest.raises(ConfigError, match="or auto"):
+        Config.from_env({"TORCHBURN_WGPU_BACKEND": "opengl"})

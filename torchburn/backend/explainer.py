@@ -1,12 +1,50 @@
-"""`torchburn.explain(fn, *args)`: compile and run `fn` once, then report what happened."""
+"""`torchburn.explain(fn, *args)`: compile and run `fn` once, then report what happened.
+
+Three sources, so that nothing that ran in PyTorch goes unsaid:
+
+- our backend's `GraphReport`s: per ATen graph, the compiled subgraphs, their kernels and the
+  ops that stayed in PyTorch inside the graph;
+- Dynamo's graph breaks (`torch._dynamo.utils.graph_break_reasons`, the list
+  `torch._dynamo.explain` reads): where Dynamo split the function, why, at which user line;
+- the ops that ran in PyTorch *between* Dynamo's graphs (the code at each break), counted with
+  the profiler: ATen ops outside our compiled graphs and outside compilation.
+"""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 from . import report as rep
-from ..compiler.driver import memory_cache
+from ..compiler.engines import INT8_ACTIVATIONS_TAG
+
+#: Marks the profiler ranges whose ATen ops are not "between graphs".
+_RANGE = "torchburn.explain:"
+
+#: A gloss for Dynamo's terser reasons.
+_GLOSS = {"generic_jump": "a Python branch (`if`/`while`) on a tensor's value"}
+
+INT8_NOTE = ("numerics: x is quantized to int8 per group (byte dot products), so results differ from "
+             "eager's f32 activations (about 0.6% relative, docs/quantization.md); "
+             "TORCHBURN_QLINEAR_ACTIVATIONS=f32 keeps f32 activations")
+
+
+@dataclass
+class GraphBreak:
+    """Where Dynamo split the function: its reason and the user's source line."""
+
+    reason: str
+    #: `file:line` of the user's code (the innermost frame outside torch and torchburn).
+    location: str
+    #: The text of that line.
+    source: str = ""
+
+    def __str__(self) -> str:
+        code = f" `{self.source}`" if self.source else ""
+        return f"{self.location}{code}: {self.reason}"
 
 
 @dataclass
@@ -14,58 +52,239 @@ class ExplainReport:
     """The graphs compiled for one call, as data (`graphs`) and as text (`str(report)`)."""
 
     graphs: list[rep.GraphReport]
-    cache_hits: int
-    cache_misses: int
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    #: Dynamo graphs handed to the backend (graph breaks split a function into several).
+    dynamo_graphs: int = 0
+    #: ATen op -> calls that ran in PyTorch between Dynamo's graphs; None when not counted
+    #: (a profiler was already running).
+    eager_ops: Optional[dict[str, int]] = None
+    #: The Dynamo graph (1-based) each entry of `graphs` belongs to.
+    graph_index: list[int] = field(default_factory=list)
+    #: Compiled subgraphs found compiled (memory, disk or FX-graph cache) / compiled now:
+    #: counted from `graphs`, so the header cannot disagree with the body.
+    cache_hits: int = field(init=False, default=0)
+    cache_misses: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        compiled = self.compiled_subgraphs
+        self.cache_hits = sum(s.cache_hit for s in compiled)
+        self.cache_misses = len(compiled) - self.cache_hits
 
     @property
     def fallback_ops(self) -> list[str]:
+        """Ops that ran in PyTorch inside the compiled graphs."""
         return [op for g in self.graphs for op in g.fallback_ops]
 
     @property
     def compiled_subgraphs(self) -> list[rep.SubgraphReport]:
         return [s for g in self.graphs for s in g.subgraphs if s.compiled]
 
+    @property
+    def eager_op_count(self) -> int:
+        return sum((self.eager_ops or {}).values())
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def _header(self) -> str:
+        between = ("not counted (a profiler was running)" if self.eager_ops is None
+                   else f"{self.eager_op_count}")
+        breaks = f" ({len(self.graph_breaks)} graph break(s))" if self.graph_breaks else ""
+        return (f"torchburn explain: {self.dynamo_graphs or len(self.graphs)} Dynamo graph(s){breaks}, "
+                f"{len(self.graphs)} ATen graph(s), {len(self.compiled_subgraphs)} compiled subgraph(s); "
+                f"op(s) in PyTorch: {len(self.fallback_ops)} inside graphs, {between} between graphs; "
+                f"cache {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
+
     def __str__(self) -> str:
-        lines = [f"torchburn explain: {len(self.graphs)} graph(s), "
-                 f"{len(self.compiled_subgraphs)} compiled subgraph(s), "
-                 f"{len(self.fallback_ops)} op(s) in PyTorch; cache {self.cache_hits} hit(s), "
-                 f"{self.cache_misses} miss(es)"]
-        for g in self.graphs:
-            lines.append(f"[{g.kind} graph]")
-            for s in g.subgraphs:
-                if s.compiled:
-                    status = "cache hit" if s.cache_hit else "compiled " + ", ".join(
-                        f"{k} {v * 1e3:.1f} ms" for k, v in s.timings.items())
-                    lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) on {s.engine} ({status})")
-                    if s.engine_note:
-                        lines.append(f"    note: {s.engine_note}")
-                    for k in s.kernels:
-                        lines.append(f"    {k}")
-                else:
-                    lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch: {s.reason}")
-            for op, why in g.fallbacks:
-                lines.append(f"  fallback {op}: {why}")
+        lines = [self._header()]
+        if self.graph_breaks:
+            lines.append("graph breaks (Dynamo ends a graph there; the code at the break runs in PyTorch):")
+            lines.extend(f"  {b}" for b in self.graph_breaks)
+        if self.eager_ops:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.eager_ops.items()))
+            lines.append(f"ran in PyTorch between graphs: {ops}")
+        many = (self.dynamo_graphs or 1) > 1
+        for i, g in enumerate(self.graphs):
+            index = self.graph_index[i] if i < len(self.graph_index) else 0
+            lines.append(f"[graph {index}: {g.kind}]" if many and index else f"[{g.kind} graph]")
+            lines.extend(_graph_lines(g))
         return "\n".join(lines)
 
 
+def _graph_lines(g: rep.GraphReport) -> list[str]:
+    lines = []
+    for s in g.subgraphs:
+        if s.compiled:
+            status = "cache hit" if s.cache_hit else "compiled " + ", ".join(
+                f"{k} {v * 1e3:.1f} ms" for k, v in s.timings.items())
+            lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) on {s.engine} ({status})")
+            if s.engine_note:
+                lines.append(f"    note: {s.engine_note}")
+            if any(INT8_ACTIVATIONS_TAG in k for k in s.kernels):
+                lines.append(f"    {INT8_NOTE}")
+            for k in s.kernels:
+                lines.append(f"    {k}")
+        else:
+            lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch: {s.reason}")
+    for op, why in g.fallbacks:
+        lines.append(f"  fallback {op}: {why}")
+    return lines
+
+
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
-    """Compile `fn` with the torchburn backend, run it on `args`, and report.
+    """Compile `fn` with the torchburn backend, run it once on `args`, and report.
 
     Dynamo's caches are reset first so that the report covers a full compilation.
     """
     import torch
+    from torch._dynamo import utils as dynamo_utils
 
     from .entry import torchburn_backend
 
     torch._dynamo.reset()
-    cache = memory_cache()
-    hits0, misses0 = cache.hits, cache.misses
     records = rep.start_recording()
+    graph_index: list[int] = []
+    dynamo_graphs = 0
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        nonlocal dynamo_graphs
+        dynamo_graphs += 1
+        compiled = torchburn_backend(gm, example_inputs)
+        graph_index.extend([dynamo_graphs] * (len(records) - len(graph_index)))
+
+        def run(*a: Any) -> Any:
+            with torch.profiler.record_function(_RANGE + " graph"):
+                return compiled(*a)
+
+        return run
+
+    eager: Optional[Counter[str]] = None
     try:
-        torch.compile(fn, backend=torchburn_backend)(*args, **kwargs)
+        with _count_eager_ops() as eager:
+            torch.compile(fn, backend=backend)(*args, **kwargs)
     finally:
         rep.stop_recording()
-    return ExplainReport(list(records), cache.hits - hits0, cache.misses - misses0)
+    graph_index.extend([dynamo_graphs] * (len(records) - len(graph_index)))
+    reasons = list(getattr(dynamo_utils, "graph_break_reasons", []))
+    return ExplainReport(list(records), graph_breaks=_graph_breaks(reasons), dynamo_graphs=dynamo_graphs,
+                         eager_ops=None if eager is None else dict(eager), graph_index=graph_index)
+
+
+def _graph_breaks(reasons: list[Any]) -> list[GraphBreak]:
+    """One `GraphBreak` per distinct (place, reason) Dynamo recorded."""
+    out: list[GraphBreak] = []
+    seen: set[tuple[str, str]] = set()
+    for r in reasons:
+        frame = _user_frame(list(getattr(r, "user_stack", []) or []))
+        location = f"{frame.filename}:{frame.lineno}" if frame is not None else "<unknown>"
+        text = _reason_text(str(getattr(r, "reason", r)))
+        if (location, text) in seen:
+            continue
+        seen.add((location, text))
+        out.append(GraphBreak(text, location, (frame.line or "").strip() if frame is not None else ""))
+    return out
+
+
+def _reason_text(reason: str) -> str:
+    """Dynamo's reason: its first line and its explanation (the hints and the developer
+    context are for Dynamo's developers)."""
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(no reason given)"
+    head = lines[0]
+    for key, gloss in _GLOSS.items():
+        if head.startswith(key):
+            head = f"{head} ({gloss})"
+    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines[1:]
+                        if ln.startswith("Explanation:")), "")
+    return f"{head}: {explanation}" if explanation else head
+
+
+def _user_frame(stack: list[Any]) -> Any:
+    """The innermost frame outside torch and torchburn (the user's line), else the innermost."""
+    import torch
+
+    libraries = [os.path.dirname(os.path.realpath(m.__file__)) + os.sep
+                 for m in (torch,) if getattr(m, "__file__", None)]
+    libraries.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep)
+    for frame in reversed(stack):
+        path = os.path.realpath(frame.filename)
+        if not any(path.startswith(lib) for lib in libraries):
+            return frame
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _count_eager_ops() -> Iterator[Optional[Counter[str]]]:
+    """Count the top-level ATen ops run outside our graphs and outside Dynamo's compilation
+    (both marked as profiler ranges), i.e. the ops that ran in PyTorch between graphs. Yields
+    None, counting nothing, when a profiler is already running (profilers do not nest)."""
+    import torch
+    from torch._dynamo.callback import callback_handler
+
+    if torch.autograd.profiler._is_profiler_enabled:
+        yield None
+        return
+    ranges: list[Any] = []
+
+    def start(_: Any) -> None:
+        r = torch.profiler.record_function(_RANGE + " compiling")
+        r.__enter__()
+        ranges.append(r)
+
+    def end(_: Any) -> None:
+        if ranges:
+            ranges.pop().__exit__(None, None, None)
+
+    counts: Counter[str] = Counter()
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
+    try:
+        with _quiet_stderr():  # the profiler logs its own start and stop there
+            prof.start()
+        try:
+            yield counts
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+    finally:
+        callback_handler.remove_start_callback(start)
+        callback_handler.remove_end_callback(end)
+    for event in prof.events():
+        if event.name.startswith("aten::") and _outside_ranges(event):
+            counts[event.name] += 1
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Process-level stderr (file descriptor 2) to /dev/null for the block: the profiler's
+    native code prints a line on start and on stop that is no business of the user's. Where
+    descriptor 2 cannot be redirected, nothing is silenced."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _outside_ranges(event: Any) -> bool:
+    """A top-level ATen op (its parent is no ATen op) in none of explain's ranges."""
+    parent = event.cpu_parent
+    if parent is not None and parent.name.startswith("aten::"):
+        return False
+    while parent is not None:
+        if parent.name.startswith(_RANGE):
+            return False
+        parent = parent.cpu_parent
+    return True

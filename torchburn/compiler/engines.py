@@ -55,8 +55,29 @@ class Engine(Protocol):
         """Native code for `program` (`shared`: also a shared library for the disk cache)."""
 
 
+#: Appended to a kernel's origin when it quantizes x to int8 (numerics differ from eager).
+INT8_ACTIVATIONS_TAG = " [int8 activations]"
+
+
 def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
-    return tuple((k.name, dict(k.attrs).get("origin", "")) for k in program.kernels)
+    """`(name, origin)` of each kernel; a quantized linear computing with int8 activations
+    says so (`INT8_ACTIVATIONS_TAG`), since its result then differs from eager's."""
+    out = []
+    for k in program.kernels:
+        origin = dict(k.attrs).get("origin", "")
+        out.append((k.name, origin + (INT8_ACTIVATIONS_TAG if _uses_int8_activations(k, origin) else "")))
+    return tuple(out)
+
+
+def _uses_int8_activations(kernel: Any, origin: str) -> bool:
+    """Whether the kernel multiplies int8-quantized x (walked only for quantized linears)."""
+    from ..ir import expr as ex
+    from ..ir import loop as lp
+
+    if "linear_int" not in origin:
+        return False
+    return any(isinstance(e, ex.Call) and e.name == ex.DOT4_U8I8
+               for s in lp.walk_stmts(kernel.body) for root in lp.stmt_exprs(s) for e in ex.walk(root))
 
 
 class LlvmEngine:

@@ -2,6 +2,7 @@
 half-precision compute (f16/bf16 are computed in f32 and stored in their own type)."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Optional, Sequence, Union
 
@@ -19,6 +20,14 @@ from .registry import Unsupported
 
 Operand = Union[Value, Expr, int, float, bool]
 PROMOTE = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
+def _in_torchburn(path: str) -> bool:
+    """Whether a stack frame's file is part of the torchburn package."""
+    return os.path.realpath(path).startswith(_PACKAGE)
 
 
 class Builder:
@@ -40,9 +49,11 @@ class Builder:
         trace = self.node.meta.get("stack_trace")
         if trace:
             lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
-            if lines:
-                where = lines[-1].replace("File ", "").split(", in ")[0].replace('"', "").replace(", line ", ":")
-                return f"{target} @ {where}"
+            frames = [ln.replace("File ", "").split(", in ")[0].replace('"', "").replace(", line ", ":") for ln in lines]
+            # the user's line, not torchburn's own (a QuantizedLinear's forward calls our op)
+            users = [f for f in frames if not _in_torchburn(f.rsplit(":", 1)[0])]
+            if users:
+                return f"{target} @ {users[-1]}"
         stack = self.node.meta.get("nn_module_stack") or self.node.meta.get("fwd_nn_module_stack")
         if stack:
             path, cls = list(stack.values())[-1]

@@ -46,7 +46,7 @@ ggml's bit for bit, whether or not a kernel contracts the two into a fused multi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -172,6 +172,20 @@ class Int8Weight:
     def per_channel(self) -> bool:
         return self.scales.dim() == 1
 
+    def _parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.qweight, self.scales)
+
+    # Tuple-like, so that the seed's ``qweight, scales = quantize_weight_int8(w)`` works
+    # while the attributes and checks stay.
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._parts())
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self._parts()[index]
+
 
 @dataclass(frozen=True, eq=False)
 class Int4Weight:
@@ -200,6 +214,23 @@ class Int4Weight:
     @property
     def symmetric(self) -> bool:
         return self.mins is None
+
+    def _parts(self) -> tuple[torch.Tensor, ...]:
+        if self.mins is None:
+            return (self.packed, self.scales)
+        return (self.packed, self.scales, self.mins)
+
+    # Tuple-like, so that the seed's ``packed, scales = quantize_weight_int4_grouped(w)``
+    # works (``packed, scales, mins = ...`` when asymmetric) while the attributes and
+    # checks stay; ``group_size`` is an attribute only.
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._parts())
+
+    def __len__(self) -> int:
+        return len(self._parts())
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self._parts()[index]
 
 
 def pack_int4(q: torch.Tensor, group_size: int) -> torch.Tensor:

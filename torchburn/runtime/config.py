@@ -103,8 +103,10 @@ class Config:
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env
         backend = env.get("TORCHBURN_WGPU_BACKEND", "").strip().lower() or None
+        if backend == "auto":  # the seed's spelling of "wgpu's choice"
+            backend = None
         if backend is not None and backend not in ("vulkan", "metal", "dx12", "gl"):
-            raise ConfigError(f"TORCHBURN_WGPU_BACKEND={backend!r}: expected vulkan, metal, dx12 or gl")
+            raise ConfigError(f"TORCHBURN_WGPU_BACKEND={backend!r}: expected vulkan, metal, dx12, gl or auto")
         cache_raw = env.get("TORCHBURN_CACHE_DIR", "").strip()
         cache_dir = None if cache_raw.lower() in ("off", "0", "none") else Path(cache_raw) if cache_raw else _default_cache_dir()
         dump = env.get("TORCHBURN_DUMP", "").strip()
