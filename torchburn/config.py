@@ -8,7 +8,8 @@
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
 | TORCHBURN_NUM_THREADS | threads for parallel loops (0: OpenMP's default) | 0 |
-| TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
+| TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT) | 0 |
+| TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products) | auto |
 """
@@ -46,6 +47,10 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "torchburn"
@@ -63,6 +68,9 @@ class Config:
     dump_dir: Optional[Path]
     #: "int8", "f32" or "auto": the activations of `qlinear` kernels (docs/quantization.md).
     qlinear_activations: str = "auto"
+    #: An internal compiler error raises (`backend.InternalCompilerError`) instead of leaving
+    #: the subgraph to PyTorch. Capability misses (no lowering for an op) still fall back.
+    strict: bool = False
 
     @staticmethod
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -80,9 +88,10 @@ class Config:
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
-            debug=env.get("TORCHBURN_DEBUG", "0").strip() not in ("", "0", "false", "no"),
+            debug=_flag(env, "TORCHBURN_DEBUG"),
             dump_dir=Path(dump) if dump else None,
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
+            strict=_flag(env, "TORCHBURN_STRICT"),
         )
 
 
