@@ -11,6 +11,9 @@ Tolerances: compiled and eager code sum in different orders (blocked GEMMs, spli
 reductions); these models are two layers deep, in float32. Outputs agree to ~1e-6 absolute
 (logits of size ~1); gradients are compared relative to their largest entry, since a
 gradient of 1e-9 entries is rounding noise on both sides.
+
+The default run (13 tests) took 174 CPU-seconds (user time; 19 minutes of wall time on a
+2-core machine at load 8-13, shared with other work); `TORCHBURN_MODELS_FULL=1` runs all 53.
 """
 from __future__ import annotations
 
@@ -76,14 +79,18 @@ def projection(out: torch.Tensor) -> torch.Tensor:
 
 
 def assert_grads_close(model: nn.Module, eager: nn.Module) -> None:
+    """Every parameter's gradient equals eager's, up to GRAD_REL of the largest gradient entry
+    of the model (a gradient that is zero in exact arithmetic, such as an attention key's
+    bias, is rounding noise of different sizes on both sides)."""
+    pairs = list(zip(model.named_parameters(), eager.parameters()))
+    scale = max(q.grad.abs().max().item() for _, q in pairs if q.grad is not None)
     checked = 0
-    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+    for (name, p), q in pairs:
         if q.grad is None:  # not on the loss's path: the compiled graph may still hand zeros
             assert p.grad is None or not p.grad.any(), f"{name}: gradient where eager has none"
             continue
         assert p.grad is not None, f"{name}: no gradient"
-        scale = q.grad.abs().max().item()
-        torch.testing.assert_close(p.grad, q.grad, rtol=GRAD_REL, atol=GRAD_REL * scale + 1e-12,
+        torch.testing.assert_close(p.grad, q.grad, rtol=GRAD_REL, atol=GRAD_REL * scale,
                                    msg=lambda m: f"{name}: {m}")
         checked += 1
     assert checked, "no parameter got a gradient"
