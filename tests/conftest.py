@@ -1,12 +1,32 @@
-"""Test-session set-up: tests never read or write the user's on-disk compile cache.
+"""Test-session set-up.
 
-Tests that exercise the disk cache pass their own TORCHBURN_CACHE_DIR to the processes they
-start; everything else compiles fresh, so what a test inspects is what it compiled."""
+- Tests never read or write the user's on-disk compile cache: tests that exercise the disk
+  cache pass their own TORCHBURN_CACHE_DIR to the processes they start; everything else
+  compiles fresh, so what a test inspects is what it compiled.
+- Strict mode (`TORCHBURN_STRICT=1`): an internal compiler error raises instead of silently
+  falling back to PyTorch, so no test passes on the strength of eager PyTorch. A test that
+  checks the fallback on purpose turns it off locally (`strict_off` fixture)."""
 from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ["TORCHBURN_CACHE_DIR"] = "off"
+os.environ["TORCHBURN_STRICT"] = "1"
+
+
+@pytest.fixture
+def strict_off(monkeypatch: pytest.MonkeyPatch):
+    """Internal compiler errors fall back to PyTorch (the users' default) for this test."""
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_STRICT", "0")
+    monkeypatch.delenv("TORCHBURN_DEBUG", raising=False)
+    reload_config()
+    yield
+    monkeypatch.undo()
+    reload_config()
 
 
 def pytest_addoption(parser) -> None:  # type: ignore[no-untyped-def]

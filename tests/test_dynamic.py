@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from tests.helpers import assert_fully_compiled
+from tests.helpers import assert_fully_compiled, check
 from torchburn.backend import report as rep
 from torchburn.backend.entry import torchburn_backend
 
@@ -52,3 +52,14 @@ def test_symbolic_batch_and_sequence_compile_once() -> None:
         rep.stop_recording()
     assert len(records) == 1, f"expected one compilation for 20 sequence lengths, got {len(records)}"
     assert_fully_compiled(records)
+
+
+def test_slices_from_zero_keep_their_traced_length() -> None:
+    """`x[:, 0:] * y[:, :x.shape[1]]` with dynamic shapes: both slices have length s0 (Dynamo
+    guards s0 <= s1); clamped bounds (`min(s0, s1)`, `max(s0, min(0, s0)) - min(0, s0)`)
+    made the broadcast fail with an internal error (transformers' Llama at a dynamic length)."""
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[:, 0:] * y[:, :x.shape[1]]
+
+    for n in (5, 7):
+        check(fn, torch.randn(3, n), torch.randn(3, n + 2), dynamic=True)

@@ -167,3 +167,64 @@ def test_identical_graph_compiles_nothing_second_time() -> None:
     run_compiled(lambda b: torch.tanh(b) * 3, x)
     assert cache.misses == misses
     assert cache.hits == hits + 1
+
+
+def _break_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every compilation of a subgraph hit an internal error (a stand-in compiler bug)."""
+    import torchburn.compiler.driver as driver
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("stand-in compiler bug")
+
+    monkeypatch.setattr(driver, "compile_graph", broken)
+    memory_cache().clear()
+
+
+def test_strict_mode_raises_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchburn.backend import InternalCompilerError
+    from torchburn.runtime.config import get_config
+
+    assert get_config().strict, "tests/conftest.py runs the suite in strict mode"
+    _break_codegen(monkeypatch)
+    with pytest.raises(Exception) as info:
+        run_compiled(lambda x: x * 2 + 1, torch.randn(8))
+    chain = []
+    err: BaseException | None = info.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    ice = [e for e in chain if isinstance(e, InternalCompilerError)]
+    assert ice, f"no InternalCompilerError in {chain!r}"
+    assert "stand-in compiler bug" in str(ice[0]) and isinstance(ice[0].__cause__, KeyError)
+
+
+def test_internal_error_falls_back_and_explain_shows_it(monkeypatch: pytest.MonkeyPatch, strict_off: None) -> None:
+    _break_codegen(monkeypatch)
+    fn = lambda x: torch.exp(x) + 1  # noqa: E731
+    x = torch.randn(8)
+    report = torchburn.explain(fn, x)
+    errors = report.internal_errors
+    assert len(errors) == 1 and errors[0].internal_error == "KeyError: 'stand-in compiler bug'"
+    # the innermost torchburn frame (the stand-in bug itself lives in this test file)
+    assert errors[0].error_where is not None and errors[0].error_where.startswith("torchburn/backend/entry.py:")
+    text = str(report)
+    assert "INTERNAL COMPILER ERROR" in text.splitlines()[1], text
+    out, _ = run_compiled(fn, x)
+    torch.testing.assert_close(out, fn(x))
+
+
+def test_capability_miss_falls_back_even_in_strict_mode() -> None:
+    # the FFT has no lowering: a capability miss, reported as a fallback, never raised
+    fn = lambda x: torch.fft.fft(torch.exp(x)).real + 1  # noqa: E731
+    x = torch.randn(16)
+    report = torchburn.explain(fn, x)
+    assert report.fallback_ops and not report.internal_errors
+    assert "INTERNAL" not in str(report)
+
+
+def test_strict_variable_is_parsed() -> None:
+    from torchburn.runtime.config import Config
+
+    assert Config.from_env({"TORCHBURN_STRICT": "1"}).strict
+    assert not Config.from_env({"TORCHBURN_STRICT": "0"}).strict
+    assert not Config.from_env({}).strict

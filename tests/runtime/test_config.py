@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
     "TORCHBURN_DUMP": ("/tmp/tb-dump", "dump_dir", Path("/tmp/tb-dump"), None),
     "TORCHBURN_QLINEAR_ACTIVATIONS": ("f32", "qlinear_activations", "f32", "int4"),
     "TORCHBURN_TARGET": ("avx2", "target", "avx2", "sparc"),
+    "TORCHBURN_STRICT": ("1", "strict", True, None),
 }
 
 
@@ -81,16 +82,28 @@ def test_bad_values_fail_at_torch_compile(name: str, bad: str, monkeypatch: pyte
     import torch
     from torch._dynamo.backends import registry
 
+    registry.lookup_backend("torchburn")  # registered as in any process that used it
+    saved = dict(registry._COMPILER_FNS), dict(registry._BACKENDS)
     monkeypatch.setenv(name, bad)
     monkeypatch.setattr(config, "_config", None)  # read the environment again
     registry._COMPILER_FNS.pop("torchburn", None)  # load the entry point again, as a fresh process
+    registry._BACKENDS["torchburn"] = saved[1]["torchburn"] or _entry_point()
     try:
         with pytest.raises(ConfigError, match=name):
             torch.compile(lambda x: x + 1, backend="torchburn")  # before any call
     finally:
         monkeypatch.undo()
-        registry._COMPILER_FNS.pop("torchburn", None)
+        registry._COMPILER_FNS.clear()
+        registry._COMPILER_FNS.update(saved[0])
+        registry._BACKENDS.clear()
+        registry._BACKENDS.update(saved[1])
         config.reload_config()
+
+
+def _entry_point():  # type: ignore[no-untyped-def]
+    from importlib.metadata import entry_points
+
+    return entry_points(group="torch_dynamo_backends")["torchburn"]
 
 
 def test_wgpu_backend_auto_is_wgpus_choice() -> None:

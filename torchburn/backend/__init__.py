@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .entry import compile_fx_graph
+from .entry import InternalCompilerError, compile_fx_graph
 
-__all__ = ["compile_fx_graph", "torchburn_backend"]
+__all__ = ["InternalCompilerError", "compile_fx_graph", "torchburn_backend"]
 
 
 def __getattr__(name: str) -> Any:

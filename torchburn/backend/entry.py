@@ -145,10 +145,10 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     from ..compiler.driver import compile_graph
     from ..frontend.importer import import_graph
     from ..frontend.partition import partition
-    from ..frontend.registry import Unsupported
     from .gpu_launcher import compile_subgraph, gpu_requested
     from .launcher_gen import launcher_spec
 
+    capability = capability_misses()
     t0 = time.perf_counter()
     result = partition(gm)
     report.stages["partition"] = time.perf_counter() - t0
@@ -172,7 +172,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub), target=target)
             spec = launcher_spec(graph, compiled.signature())
             launcher = Launcher(spec, compiled.entry, sub.forward, keepalive=compiled)
-        except Unsupported as err:
+        except capability as err:
             sub_report.compiled = False
             sub_report.reason = str(err)
             log.info("torchburn: %s stays in PyTorch: %s", name, err)
@@ -180,12 +180,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
                 manifest.subgraphs.append({"name": name, "ops": sub_report.ops, "reason": sub_report.reason})
             continue
         except Exception as err:  # noqa: BLE001 - a compiler bug must not break the user's model
-            if get_config().debug:
-                raise
-            sub_report.compiled = False
-            sub_report.reason = f"internal compiler error ({type(err).__name__}: {err})"
-            log.warning("torchburn: %s stays in PyTorch after an internal error: %s: %s "
-                        "(TORCHBURN_DEBUG=1 raises it)", name, type(err).__name__, err)
+            _internal_error(name, sub_report, err)
             manifest = None
             continue
         sub_report.cache_hit = hit
@@ -200,6 +195,51 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         _install(module, name, sub, launcher)
     report.stages["subgraphs"] = time.perf_counter() - t0 - report.stages["partition"]
     return module, manifest
+
+
+class InternalCompilerError(RuntimeError):
+    """A compiler bug met while compiling a subgraph, raised in strict mode
+    (`TORCHBURN_STRICT=1`, or `TORCHBURN_DEBUG=1`); the original error is its `__cause__`.
+    Without strict mode the subgraph runs in PyTorch and `explain()` shows the error."""
+
+
+def capability_misses() -> tuple[type[BaseException], ...]:
+    """The errors that mean "torchburn cannot compile this (yet)": no lowering for an op, a
+    dtype it has no type for, a symbolic size its index arithmetic cannot express. The
+    subgraph runs in PyTorch, in every mode. Any other error in the compile path is a bug."""
+    from ..frontend.dtypes import UnsupportedDType
+    from ..frontend.registry import Unsupported
+    from ..frontend.symbols import UnsupportedSymbolic
+
+    return (Unsupported, UnsupportedDType, UnsupportedSymbolic)
+
+
+def _where(err: BaseException) -> Optional[str]:
+    """The innermost frame of the traceback inside torchburn, as "path:line in function"."""
+    import os
+    import traceback
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the torchburn package
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename).startswith(root)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{os.path.relpath(f.filename, os.path.dirname(root))}:{f.lineno} in {f.name}"
+
+
+def _internal_error(name: str, sub_report: rep.SubgraphReport, err: Exception) -> None:
+    """Record an internal compiler error on the subgraph's report; in strict mode, raise it."""
+    sub_report.compiled = False
+    sub_report.internal_error = f"{type(err).__name__}: {err}"
+    sub_report.error_where = _where(err)
+    sub_report.reason = f"internal compiler error ({sub_report.internal_error})"
+    config = get_config()
+    if config.strict or config.debug:
+        raise InternalCompilerError(
+            f"torchburn: internal compiler error in {name} ({len(sub_report.ops)} ops) at "
+            f"{sub_report.error_where}: {sub_report.internal_error}") from err
+    log.warning("torchburn: %s stays in PyTorch after an internal compiler error: %s (at %s; "
+                "TORCHBURN_STRICT=1 raises it)", name, sub_report.internal_error, sub_report.error_where)
 
 
 def _fx_source(sub: torch.fx.GraphModule) -> str:

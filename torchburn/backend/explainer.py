@@ -76,6 +76,11 @@ class ExplainReport:
         return [op for g in self.graphs for op in g.fallback_ops]
 
     @property
+    def internal_errors(self) -> list[rep.SubgraphReport]:
+        """Subgraphs left to PyTorch by a compiler bug (not by a missing lowering)."""
+        return [s for g in self.graphs for s in g.internal_errors]
+
+    @property
     def compiled_subgraphs(self) -> list[rep.SubgraphReport]:
         return [s for g in self.graphs for s in g.subgraphs if s.compiled]
 
@@ -97,6 +102,13 @@ class ExplainReport:
 
     def __str__(self) -> str:
         lines = [self._header()]
+        errors = self.internal_errors
+        if errors:  # a compiler bug: first and loud, not one reason among the fallbacks
+            lines.append(f"!! {len(errors)} INTERNAL COMPILER ERROR(S): a torchburn bug, not a missing "
+                         f"lowering; {sum(len(s.ops) for s in errors)} op(s) ran in PyTorch because of it "
+                         f"(TORCHBURN_STRICT=1 raises it; please report it)")
+            for s in errors:
+                lines.append(f"!!   {s.name}: {s.internal_error}" + (f" (at {s.error_where})" if s.error_where else ""))
         if self.graph_breaks:
             lines.append("graph breaks (Dynamo ends a graph there; the code at the break runs in PyTorch):")
             lines.extend(f"  {b}" for b in self.graph_breaks)
@@ -124,6 +136,9 @@ def _graph_lines(g: rep.GraphReport) -> list[str]:
                 lines.append(f"    {INT8_NOTE}")
             for k in s.kernels:
                 lines.append(f"    {k}")
+        elif s.internal_error is not None:
+            lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch after an INTERNAL COMPILER "
+                         f"ERROR: {s.internal_error}")
         else:
             lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch: {s.reason}")
     for op, why in g.fallbacks:

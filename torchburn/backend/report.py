@@ -19,6 +19,10 @@ class SubgraphReport:
     compiled: bool = True
     #: Why it runs in PyTorch instead, when `compiled` is False.
     reason: Optional[str] = None
+    #: When it runs in PyTorch because the compiler failed (a bug, not a missing lowering):
+    #: the error as "Type: message", and where it was raised ("path:line in function").
+    internal_error: Optional[str] = None
+    error_where: Optional[str] = None
     timings: dict[str, float] = field(default_factory=dict)
     pass_times: list[tuple[str, float]] = field(default_factory=list)
     #: The engine that runs it: "cpu" (LLVM), "wgpu" or "reference" (the NumPy interpreter).
@@ -40,6 +44,11 @@ class GraphReport:
     stages: dict[str, float] = field(default_factory=dict)
     #: Whether the whole graph came from the FX-graph cache.
     graph_cache_hit: bool = False
+
+    @property
+    def internal_errors(self) -> list[SubgraphReport]:
+        """The subgraphs left to PyTorch by an internal compiler error."""
+        return [s for s in self.subgraphs if s.internal_error is not None]
 
     @property
     def fallback_ops(self) -> list[str]:

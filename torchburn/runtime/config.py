@@ -8,7 +8,8 @@
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
 | TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
-| TORCHBURN_DEBUG | 1 turns on diagnostic logging | 0 |
+| TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT) | 0 |
+| TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
 | TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products) | auto |
@@ -77,6 +78,8 @@ def _target_name(env: Mapping[str, str]) -> str:
         return check_target_name(raw)
     except ValueError as err:
         raise ConfigError(f"TORCHBURN_TARGET={raw.strip()!r}: {err}") from None
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _default_cache_dir() -> Path:
@@ -98,6 +101,9 @@ class Config:
     qlinear_activations: str = "auto"
     #: The CPU code is compiled for (`codegen/target.py` resolves the name; "host" by default).
     target: str = "host"
+    #: An internal compiler error raises (`backend.InternalCompilerError`) instead of leaving
+    #: the subgraph to PyTorch. Capability misses (no lowering for an op) still fall back.
+    strict: bool = False
 
     @staticmethod
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -117,10 +123,11 @@ class Config:
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
-            debug=env.get("TORCHBURN_DEBUG", "0").strip() not in ("", "0", "false", "no"),
+            debug=_flag(env, "TORCHBURN_DEBUG"),
             dump_dir=Path(dump) if dump else None,
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
             target=_target_name(env),
+            strict=_flag(env, "TORCHBURN_STRICT"),
         )
 
 

@@ -12,6 +12,9 @@ Entry ABI (the runtime calls this, once per compiled graph):
 
 The entry loads the pointers and symbols and calls the kernels in `program.calls` order.
 
+Kernels equal up to names and provenance (the same structural hash: a transformer's layers
+give the same kernels again) share one function, so codegen and LLVM do their work once.
+
 Kernel functions take their parameters as pointers followed by their `symbols` as i64, bound
 by name to the program's symbols. Aliasing contract: a buffer a kernel writes never overlaps
 any other buffer passed to the same call (outputs and temps never alias inputs; memory
@@ -55,9 +58,27 @@ def build_module(program: lp.Program, target: Target) -> ModuleContext:
     """Build the llvmlite module (kept for callers that inspect it before printing)."""
     ctx = ModuleContext(program.name, target)
     unsafe = _aliased_params(program)
-    functions = {k.name: _emit_kernel(ctx, program, k, unsafe[k.name]) for k in program.kernels}
+    groups = _identical_kernels(program)
+    functions: dict[str, ir.Function] = {}
+    for names in groups:
+        first = program.kernel(names[0])
+        shared_unsafe = set().union(*(unsafe[n] for n in names))  # every call's aliasing holds
+        fn = _emit_kernel(ctx, program, first, shared_unsafe)
+        for n in names:
+            functions[n] = fn
     _emit_entry(ctx, program, functions)
     return ctx
+
+
+def _identical_kernels(program: lp.Program) -> list[list[str]]:
+    """The kernels' names grouped by structural hash (names and `origin` ignored: parameters
+    and symbols correspond by position), in program order."""
+    from ...ir.hashing import structural_hash
+
+    groups: dict[str, list[str]] = {}
+    for k in program.kernels:
+        groups.setdefault(structural_hash(k), []).append(k.name)
+    return list(groups.values())
 
 
 def written_buffers(body: lp.Stmt) -> set[str]:

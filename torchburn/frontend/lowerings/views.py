@@ -13,7 +13,7 @@ from ...ir.expr import Const, Expr
 from ...ir.tensor import Value
 from ..builder import Builder, normalize_dim, numel
 from ..registry import Unsupported, lowering
-from ..symbols import UnsupportedSymbolic, shape_to_exprs
+from ..symbols import UnsupportedSymbolic, shape_to_exprs, size_to_expr
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -106,6 +106,8 @@ def _clamp_index(v: Any, size: Expr, default: Any) -> Expr:
     if v is None:
         return ex.as_expr(default)
     if isinstance(v, int):
+        if v == 0:  # sizes are never negative: min(0, size) is 0 (and keeps the length exact)
+            return Const(0)
         if isinstance(size, Const):
             n = int(size.value)
             v = v + n if v < 0 else v
@@ -129,10 +131,29 @@ def slice_(b: Builder, x: Value, dim: int = 0, start: Any = None, end: Any = Non
     size = x.shape[dim]
     lo = _clamp_index(start, size, 0)
     hi = _clamp_index(end, size, size)
-    hi = ex.maximum(hi, lo) if not (isinstance(hi, Const) and isinstance(lo, Const)) else Const(max(int(hi.value), int(lo.value)))
+    if isinstance(hi, Const) and isinstance(lo, Const):
+        hi = Const(max(int(hi.value), int(lo.value)))
+    elif lo != Const(0):  # a clamped end is never negative: max(hi, 0) is hi
+        hi = ex.maximum(hi, lo)
+    if lo == Const(0) and step == 1 and not isinstance(hi, Const):
+        hi = _traced_length(b, dim, hi)
     if lo == Const(0) and hi == size and step == 1:
         return x
     return b.op("slice", x, dim=dim, start=lo, end=hi, step=step)
+
+
+def _traced_length(b: Builder, dim: int, hi: Expr) -> Expr:
+    """The length of a slice from 0, as Dynamo's shape environment knows it: `y[:, :n]` with
+    `n <= y.shape[1]` guarded has length `n`, where our clamp says `min(n, s1)` (and a later
+    broadcast against another tensor of length `n` could not prove them equal). `hi` when
+    the traced shape is not at hand."""
+    val = b.node.meta.get("val") if b.node is not None else None
+    if not isinstance(val, torch.Tensor) or val.dim() <= dim:
+        return hi
+    try:
+        return size_to_expr(val.shape[dim])
+    except UnsupportedSymbolic:
+        return hi
 
 
 @lowering(aten.select.int, aten.select_copy.int)

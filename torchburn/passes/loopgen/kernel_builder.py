@@ -156,14 +156,19 @@ class KernelBuilder:
     def _home(self, idx: Index) -> int:
         """The outermost scope where an element at `idx` can be computed: below it, no scope
         binds a variable of `idx` (in a row kernel, a row's reduction lands before the loop over
-        the row's elements). The innermost scope unless hoisting is on."""
+        the row's elements). The innermost scope unless hoisting is on.
+
+        An index may name `let`s as well as loop variables (a gather's clamped index
+        `let t18 = min(max(t17, 0), 1)`); the element cannot move above the scope such a let
+        is emitted in, or its load would read a name not bound there."""
         level = len(self._scopes) - 1
         if self._hoist_base is None:
             return level
         used: set[str] = set()
         for e in idx:
             used |= ex.free_vars(e)
-        while level > self._hoist_base:
+        floor = max([self._hoist_base] + [self._let_level[n] for n in used if n in self._let_level])
+        while level > floor:
             bound = self._bound[level]
             if bound is None or bound & used:
                 break
