@@ -73,7 +73,7 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
         if text in ("/exit", "/quit"):
             return
         if text == "/reset":
-            del history[len(history) if not system_prompt else 1:]
+            del history[1 if system_prompt else 0:]
             out.write("[conversation reset]\n")
             continue
         if text.startswith("/"):
