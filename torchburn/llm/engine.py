@@ -313,6 +313,9 @@ class LLM:
             if ready:
                 yield ready
                 text = text[len(ready):]
+        text += decoder.flush()
+        if stops:
+            text = _cut(text, stops)[0]
         if text:
             yield text
 

@@ -88,6 +88,12 @@ class StreamDecoder:
         self.emitted = ""
         return piece
 
+    def flush(self) -> str:
+        """What is still held back at the end (invalid bytes come out as U+FFFD)."""
+        text = self.tokenizer.decode(self.ids[self.start:], skip_special_tokens=True)
+        self.start = len(self.ids)
+        return text
+
 
 def _pre_tokenizer(pre: str) -> Any:
     import warnings
