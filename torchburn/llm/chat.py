@@ -80,14 +80,14 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
             out.write(f"unknown command {text}. {HELP}\n")
             continue
         history.append({"role": "user", "content": text})
+        answer: list[str] = []
         try:
-            ids = _fit(llm, history, reserve, out)
-        except ValueError as e:
-            out.write(f"error: {e}\n")
-            history.pop()
-            continue
-        answer = []
-        try:
+            try:
+                ids = _fit(llm, history, reserve, out)
+            except ValueError as e:
+                out.write(f"error: {e}\n")
+                history.pop()
+                continue
             for piece in llm.stream_ids(ids, limit, params, seed, None):
                 answer.append(piece)
                 out.write(piece)
