@@ -71,3 +71,14 @@ def test_quantized_on_load_stays_close(tiny_checkpoint, quant: str, atol: float)
     got, ref = our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps)
     err = max((a - b).abs().max().item() for a, b in zip(got[1:], ref[1:]))
     assert 0 < err < atol
+
+
+def test_sharded_checkpoint_loads(tiny_checkpoint, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``model.safetensors.index.json`` with several shards gives the same model."""
+    hf, _ = tiny_checkpoint("qwen3")
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    ours = load_safetensors_model(tmp_path, None)
+    rows, steps = BATCHES[1], _decode_tokens(1)[:, :2]
+    assert_same_logits(our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps), rows)

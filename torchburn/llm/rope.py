@@ -122,8 +122,4 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotated * sin[:, None]
 
 
-def needs_dynamic(config: DecoderConfig) -> bool:
-    return config.rope_type == "dynamic"
-
-
-__all__ = ["rope_parameters", "dynamic_inv_freq", "cos_sin", "apply_rope", "needs_dynamic"]
+__all__ = ["rope_parameters", "dynamic_inv_freq", "cos_sin", "apply_rope"]

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..quant import Int4Weight, Int8Weight, QuantizedLinear
 from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
+from .config import DecoderConfig
 from .model import Decoder, QuantizedEmbedding
 from .rope import rope_parameters
 
@@ -35,10 +36,6 @@ class WeightError(ValueError):
 def _split(name: str) -> tuple[str, str]:
     module, _, attr = name.rpartition(".")
     return module, attr
-
-
-def _is_layer_linear(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear)
 
 
 class WeightSink:
@@ -149,7 +146,7 @@ def _int8_parts(weight: Int8Weight) -> tuple[torch.Tensor, torch.Tensor]:
     return weight.qweight, weight.scales
 
 
-def meta_decoder(config) -> Decoder:  # type: ignore[no-untyped-def]
+def meta_decoder(config: DecoderConfig) -> Decoder:
     """A `Decoder` whose parameters take no memory yet."""
     with torch.device("meta"):
         return Decoder(config)
