@@ -82,3 +82,27 @@ def test_sharded_checkpoint_loads(tiny_checkpoint, tmp_path) -> None:  # type: i
     ours = load_safetensors_model(tmp_path, None)
     rows, steps = BATCHES[1], _decode_tokens(1)[:, :2]
     assert_same_logits(our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps), rows)
+
+
+def test_compiled_int4_model_matches_its_eager_run(tiny_checkpoint, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Quantized linears and the INT8 embedding/head compile too (float activations: exact)."""
+    from torchburn.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")
+    reload_config()
+    try:
+        _, folder = tiny_checkpoint("llama")
+        ours = load_safetensors_model(folder, "int4")
+
+        def step(*args):  # type: ignore[no-untyped-def]
+            return ours(*args)
+
+        compiled = torch.compile(step, backend="torchburn", dynamic=False)
+        rows, steps = BATCHES[1], _decode_tokens(1)[:, :3]
+        expected = our_logits(ours, ours, rows, steps)
+        got = our_logits(compiled, ours, rows, steps)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    finally:
+        monkeypatch.undo()
+        reload_config()
