@@ -16,6 +16,7 @@ _LAZY = {
     "explain": ("torchburn.backend.explainer", "explain"),
     "ExplainReport": ("torchburn.backend.explainer", "ExplainReport"),
     "backend": ("torchburn.backend", "torchburn_backend"),
+    "LLM": ("torchburn.llm", "LLM"),
     **{name: ("torchburn.runtime.gpu", name) for name in ("gpu_available", "gpu_info", "active_engine")},
     **{name: ("torchburn.quant", name) for name in (
         "QuantizedLinear", "quantize_", "quantize_weight_int8", "quantize_weight_int4_grouped",

@@ -1,0 +1,32 @@
+"""``python -m torchburn.llm generate|benchmark`` as a user runs them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TORCHBURN_DEBUG="0")
+    return subprocess.run([sys.executable, "-m", "torchburn.llm", *args], input=stdin,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_generate_reads_stdin_and_streams(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("qwen2")
+    common = ["--model", str(folder), "--eager", "--device", "cpu", "--tokens", "6",
+              "--temperature", "1", "--seed", "0"]
+    plain = _run("generate", *common, stdin="hello world\n")
+    streamed = _run("generate", "hello world\n", "--stream", *common)
+    assert plain.returncode == 0 and streamed.returncode == 0, plain.stderr + streamed.stderr
+    assert plain.stdout.strip() and plain.stdout == streamed.stdout
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    result = _run("generate", "hi", "--model", str(tmp_path / "nothing.gguf"))
+    assert result.returncode == 1
+    assert "error:" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr

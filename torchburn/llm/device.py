@@ -1,0 +1,40 @@
+"""Which engine runs the model: ``cpu`` (LLVM), ``gpu`` (wgpu), or ``auto`` (the GPU when a real,
+non-software adapter is present).  The choice is the process's TorchBurn configuration
+(``TORCHBURN_DEVICE``), so it is set here, once, for everything compiled afterwards."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def real_gpu_present() -> bool:
+    from ..runtime.gpu import gpu_info
+
+    info = gpu_info()
+    return info is not None and str(info.get("device_type", "")).lower() not in ("cpu", "")
+
+
+def select_device(device: str, threads: Optional[int]) -> str:
+    """Apply ``device`` and ``threads`` to the configuration; returns "cpu" or "gpu"."""
+    from ..runtime.config import reload_config
+    from ..runtime.gpu import gpu_available, gpu_unavailable_reason
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    if threads is not None:
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer; got {threads!r}")
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["TORCHBURN_NUM_THREADS"] = str(threads)
+    chosen = device
+    if device == "auto":
+        chosen = "gpu" if real_gpu_present() else "cpu"
+    if chosen == "gpu" and not gpu_available():
+        raise RuntimeError(f"device='gpu' but no GPU adapter is usable: {gpu_unavailable_reason()}")
+    os.environ["TORCHBURN_DEVICE"] = chosen
+    reload_config()
+    return chosen

@@ -1,0 +1,365 @@
+"""`LLM`: load a model, then generate, stream or chat.
+
+Generation runs the `Decoder` one step at a time over a static KV cache: a prefill step per
+prompt chunk (padded up to one of `PREFILL_BUCKETS` tokens, so a handful of graphs serve every
+prompt length) and one decode step per token, whose inputs (ids, positions, slots) are
+tensors, so the compiled decode graph is the same for every position.
+"""
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from dataclasses import dataclass, replace
+
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+
+from .chat_template import Message, render_chat
+from .model import Decoder
+from .sampling import SamplingParams, next_tokens
+from .tokenizer import StreamDecoder, Tokenizer
+
+#: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
+PREFILL_BUCKETS = (16, 64, 256)
+#: ``max_context`` default: the model's context length, capped here (the KV cache is
+#: ``2 * layers * kv_heads * head_dim * 4`` bytes per slot and row).
+DEFAULT_CONTEXT_CAP = 4096
+DEFAULT_MAX_NEW_TOKENS = 256
+
+Prompt = Union[str, Sequence[Message]]
+
+
+class ContextError(ValueError):
+    """A prompt that does not fit in ``max_context``."""
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Defaults of `LLM.generate`, from the model's ``generation_config.json`` when it has one."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    sampling: SamplingParams = SamplingParams(temperature=0.0)
+
+    @staticmethod
+    def from_dict(cfg: dict[str, Any]) -> "GenerationDefaults":
+        do_sample = bool(cfg.get("do_sample", False))
+        params = SamplingParams(
+            temperature=float(cfg.get("temperature", 1.0)) if do_sample else 0.0,
+            top_k=int(cfg.get("top_k") or 0) if do_sample else 0,
+            top_p=float(cfg.get("top_p") or 1.0) if do_sample else 1.0,
+            min_p=float(cfg.get("min_p") or 0.0) if do_sample else 0.0,
+            repetition_penalty=float(cfg.get("repetition_penalty") or 1.0),
+        )
+        return GenerationDefaults(int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS), params)
+
+
+class LLM:
+    """A loaded language model with its tokenizer; see `from_pretrained`."""
+
+    def __init__(
+        self,
+        model: Decoder,
+        tokenizer: Tokenizer,
+        *,
+        max_context: Optional[int] = None,
+        defaults: Optional[GenerationDefaults] = None,
+        compile: bool = True,
+        name: str = "model",
+        device: str = "cpu",
+        quant: Optional[str] = None,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        limit = min(self.config.max_position_embeddings, DEFAULT_CONTEXT_CAP)
+        if max_context is not None and (not isinstance(max_context, int) or max_context < 1):
+            raise ValueError(f"max_context must be a positive integer; got {max_context!r}")
+        self.max_context = max_context or limit
+        self.defaults = defaults or GenerationDefaults()
+        self.name, self.device, self.quant = name, device, quant
+        self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
+        self.pad_id = next(iter(x for x in (tokenizer.pad_token_id, self.config.pad_token_id,
+                                            *sorted(self.eos_ids), 0) if x is not None))
+        self._caches: dict[int, list[torch.Tensor]] = {}
+        self.compiled = compile
+        self._step: Callable[..., torch.Tensor] = self._eager_step
+        if compile:
+            self._step = torch.compile(self._eager_step, backend="torchburn", dynamic=False)
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: Optional[Union[str, os.PathLike[str]]] = None,
+        quant: Optional[str] = None,
+        device: str = "auto",
+        max_context: Optional[int] = None,
+        threads: Optional[int] = None,
+        *,
+        compile: bool = True,
+        chat_template: Optional[str] = None,
+    ) -> "LLM":
+        """Load a folder (``config.json`` + safetensors + ``tokenizer.json``), a ``.gguf``
+        file, or a Hugging Face id; ``None`` loads the default SmolLM2-135M-Instruct GGUF.
+
+        ``quant``: None keeps the checkpoint's weights (GGUF Q4_0/Q4_1/Q8_0 stay quantized),
+        "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
+        """
+        from .device import select_device
+        from .source import resolve
+        from .weights import QUANT_CHOICES
+
+        if quant not in QUANT_CHOICES:
+            raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
+        chosen = select_device(device, threads)
+        path = resolve(source)
+        defaults = None
+        if path.is_file():
+            from .gguf_loader import GGUFError, load_gguf_model
+            from .tokenizer import tokenizer_from_gguf
+
+            if path.suffix != ".gguf":
+                raise GGUFError(f"{path} is a file but not a .gguf file")
+            model, reader = load_gguf_model(path, quant)
+            tokenizer = tokenizer_from_gguf(reader)
+            del reader
+        else:
+            from .safetensors_loader import load_safetensors_model, read_json
+            from .tokenizer import tokenizer_from_folder
+
+            model = load_safetensors_model(path, quant)
+            tokenizer = tokenizer_from_folder(path)
+            gen = path / "generation_config.json"
+            if gen.is_file():
+                defaults = GenerationDefaults.from_dict(read_json(gen))
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        return cls(model, tokenizer, max_context=max_context, defaults=defaults,
+                   compile=compile, name=path.name, device=chosen, quant=quant)
+
+    # ---------------------------------------------------------------- steps
+    def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                    starts: torch.Tensor, cache: list[torch.Tensor],
+                    logit_index: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.model(ids, positions, slots, starts, cache, logit_index)
+
+    def cache_for(self, batch: int) -> list[torch.Tensor]:
+        """The static KV cache for ``batch`` rows (allocated once per batch size)."""
+        if batch not in self._caches:
+            self._caches = {batch: self.model.new_cache(batch, self.max_context)}
+        return self._caches[batch]
+
+    def _prefill(self, rows: list[list[int]], cache: list[torch.Tensor],
+                 starts: torch.Tensor) -> torch.Tensor:
+        """Run the prompts (left-padded to one length) through the model; last logits [B, V]."""
+        n = max(len(r) for r in rows)
+        tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
+        for b, r in enumerate(rows):
+            tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
+        slot = 0
+        logits = None
+        while slot < n:
+            remaining = n - slot
+            fitting = [b for b in PREFILL_BUCKETS if b >= remaining and slot + b <= self.max_context]
+            if fitting:
+                size, real = min(fitting), remaining
+            elif remaining > PREFILL_BUCKETS[-1] and slot + PREFILL_BUCKETS[-1] <= self.max_context:
+                size = real = PREFILL_BUCKETS[-1]
+            else:
+                size = real = remaining
+            chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
+            chunk[:, :real] = tokens[:, slot:slot + real]
+            slots = torch.arange(slot, slot + size)
+            positions = (slots[None, :] - starts[:, None]).clamp(min=0)
+            logits = self._step(chunk, positions, slots, starts, cache,
+                                torch.tensor([real - 1]))
+            slot += real
+        assert logits is not None
+        return logits[:, -1]
+
+    # ---------------------------------------------------------------- generation core
+    def encode_prompt(self, prompt: Prompt, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids for a prompt string or a list of chat messages (rendered by the template)."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        text = self.render(prompt, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The chat template applied to ``messages``."""
+        t = self.tokenizer
+        return render_chat(t.chat_template, messages, add_generation_prompt,
+                           bos_token=t.bos_token or "", eos_token=t.eos_token or "")
+
+    def _params(self, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
+                min_p: Optional[float], repetition_penalty: Optional[float]) -> SamplingParams:
+        given = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                       min_p=min_p, repetition_penalty=repetition_penalty).items()
+                 if v is not None}
+        return replace(self.defaults.sampling, **given)
+
+    def generate_ids(self, rows: list[list[int]], max_new_tokens: int, params: SamplingParams,
+                     seed: Optional[int] = None) -> Iterator[list[Optional[int]]]:
+        """Yield, per step, one new id per row (None for rows that already ended)."""
+        if not rows or any(len(r) == 0 for r in rows):
+            raise ValueError("every prompt must have at least one token")
+        n = max(len(r) for r in rows)
+        if n > self.max_context:
+            raise ContextError(f"the prompt has {n} tokens; max_context is {self.max_context}")
+        budget = min(max_new_tokens, self.max_context - n)
+        generator = torch.Generator().manual_seed(seed if seed is not None
+                                                  else random.getrandbits(63))
+        batch = len(rows)
+        starts = torch.tensor([n - len(r) for r in rows], dtype=torch.long)
+        seen = torch.tensor([[r[0]] * (n - len(r)) + r for r in rows], dtype=torch.long)
+        done = [False] * batch
+        with torch.no_grad():
+            cache = self.cache_for(batch)
+            logits = self._prefill(rows, cache, starts)
+            for step in range(budget):
+                use_seen = seen if params.repetition_penalty != 1.0 else None
+                chosen = next_tokens(logits, params, generator, use_seen)
+                out: list[Optional[int]] = []
+                for b in range(batch):
+                    t = int(chosen[b])
+                    if done[b] or t in self.eos_ids:
+                        done[b] = True
+                        out.append(None)
+                    else:
+                        out.append(t)
+                yield out
+                if all(done) or step == budget - 1:
+                    break
+                if use_seen is not None:
+                    seen = torch.cat([seen, chosen[:, None]], dim=1)
+                slot = n + step
+                slots = torch.tensor([slot])
+                positions = (slots[None, :] - starts[:, None])
+                logits = self._step(chosen[:, None], positions, slots, starts, cache, None)[:, -1]
+        if budget < max_new_tokens and not all(done):
+            warnings.warn(f"generation stopped at max_context={self.max_context} tokens",
+                          stacklevel=3)
+
+    # ---------------------------------------------------------------- public API
+    def generate(
+        self,
+        prompt: Union[Prompt, Sequence[Prompt]],
+        max_new_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+    ) -> Union[str, list[str]]:
+        """The generated text for a prompt (a string or a list of chat messages), or a list of
+        texts for a list of prompts (run as one left-padded batch)."""
+        prompts, single = _as_batch(prompt)
+        rows = [self.encode_prompt(p) for p in prompts]
+        params = self._params(temperature, top_k, top_p, min_p, repetition_penalty)
+        ids: list[list[int]] = [[] for _ in rows]
+        stops = list(stop or [])
+        limit = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
+        for step in self.generate_ids(rows, limit, params, seed):
+            for b, t in enumerate(step):
+                if t is not None:
+                    ids[b].append(t)
+            if stops and all(_cut(self.tokenizer.decode(i, True), stops)[1] for i in ids):
+                break
+        texts = [_cut(self.tokenizer.decode(i, skip_special_tokens=True), stops)[0] for i in ids]
+        return texts[0] if single else texts
+
+    def stream(
+        self,
+        prompt: Prompt,
+        max_new_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+    ) -> Iterator[str]:
+        """Yield the generated text piece by piece (never splitting a UTF-8 character)."""
+        if not isinstance(prompt, str) and prompt and not isinstance(prompt[0], dict):
+            raise ValueError("stream() takes one prompt; use generate() for a batch")
+        rows = [self.encode_prompt(prompt)]
+        params = self._params(temperature, top_k, top_p, min_p, repetition_penalty)
+        limit = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
+        yield from self.stream_ids(rows[0], limit, params, seed, stop)
+
+    def stream_ids(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
+                   seed: Optional[int], stop: Optional[Sequence[str]]) -> Iterator[str]:
+        decoder = StreamDecoder(self.tokenizer)
+        stops = [s for s in (stop or []) if s]
+        hold = max((len(s) for s in stops), default=1) - 1
+        text = ""      # generated text not yet yielded
+        for step in self.generate_ids([prompt_ids], max_new_tokens, params, seed):
+            t = step[0]
+            if t is None:
+                break
+            text += decoder.push(t)
+            if stops:
+                cut, hit = _cut(text, stops)
+                if hit:
+                    if cut:
+                        yield cut
+                    return
+            ready = text[:len(text) - hold] if hold else text
+            if ready:
+                yield ready
+                text = text[len(ready):]
+        text += decoder.flush()
+        if stops:
+            text = _cut(text, stops)[0]
+        if text:
+            yield text
+
+    def chat(self, system_prompt: Optional[str] = None, **kwargs: Any) -> None:
+        """An interactive multi-turn chat on the terminal (``/reset``, ``/exit``, Ctrl-C stops
+        the current answer)."""
+        from .chat import run_chat
+
+        run_chat(self, system_prompt=system_prompt, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"LLM({self.name!r}, architecture={self.config.architecture}, "
+                f"layers={self.config.num_hidden_layers}, quant={self.quant}, "
+                f"device={self.device}, max_context={self.max_context})")
+
+
+def _as_batch(prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[Prompt], bool]:
+    """(prompts, whether a single prompt was given)."""
+    if isinstance(prompt, str):
+        return [prompt], True
+    items = list(prompt)
+    if not items:
+        raise ValueError("empty prompt list")
+    if isinstance(items[0], dict):  # one conversation
+        return [items], True
+    return items, False
+
+
+def _cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first stop string, and whether one occurred."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    if not found:
+        return text, False
+    return text[:min(found)], True
+
+
+def model_size_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+

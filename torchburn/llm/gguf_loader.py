@@ -1,0 +1,225 @@
+"""Loading a GGUF file: configuration from its metadata, weights from its tensors.
+
+Q4_0, Q4_1 and Q8_0 tensors become our INT4/INT8 layouts bit for bit (`torchburn.quant`);
+F32/F16/BF16 are widened to float32 (exactly); other ggml types are dequantized to float32
+with one warning.  llama.cpp's converter permutes the rows of the Q and K projections of
+Llama-family models for its interleaved rope; we undo that permutation, which moves whole
+rows (codes and scales together) and so stays lossless.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from ..quant import Int4Weight, Int8Weight, import_gguf_q4_0, import_gguf_q4_1, import_gguf_q8_0
+from .config import SUPPORTED_ARCHITECTURES, ConfigError, DecoderConfig, unsupported_message
+from .model import Decoder
+from .progress import progress
+from .weights import WeightError, WeightSink, meta_decoder
+
+#: GGUF architectures whose Q/K rows llama.cpp permuted at conversion.
+PERMUTED_QK = ("llama",)
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file we cannot read, with the reason."""
+
+
+def open_gguf(path: Path) -> Any:
+    import gguf
+
+    if not path.is_file():
+        raise GGUFError(f"{path} does not exist")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError/IndexError/struct errors on bad files
+        raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def field(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value as a Python value (str, number, or list), or ``default``."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception as e:
+        raise GGUFError(f"metadata {key!r} is malformed: {e}") from None
+
+
+def gguf_config(reader: Any, path: Path) -> DecoderConfig:
+    arch = field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(unsupported_message(arch))
+
+    def need(key: str) -> Any:
+        value = field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ConfigError(f"{path.name} is missing the metadata key {arch}.{key!r}")
+        return value
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv = field(reader, f"{arch}.attention.head_count_kv", heads)
+    n_layers = int(need("block_count"))
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens else None)
+    if vocab is None:
+        raise ConfigError(f"{path.name} gives no vocabulary size")
+    head_dim = field(reader, f"{arch}.attention.key_length") or hidden // heads
+    scaling: dict[str, Any] = {"rope_type": "default"}
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    factor = field(reader, f"{arch}.rope.scaling.factor")
+    if kind and kind != "none" and factor:
+        scaling = {"rope_type": kind, "factor": float(factor)}
+        original = field(reader, f"{arch}.rope.scaling.original_context_length")
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+    window = field(reader, f"{arch}.attention.sliding_window")
+    names = {t.name for t in reader.tensors}
+    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    return DecoderConfig(
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        tie_word_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        o_bias="blk.0.attn_output.bias" in names,
+        mlp_bias="blk.0.ffn_up.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        layer_windows=tuple([int(window) if window else None] * n_layers),
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        pad_token_id=field(reader, "tokenizer.ggml.padding_token_id"),
+    )
+
+
+def our_name(gguf_name: str) -> Optional[str]:
+    """``blk.3.attn_q.weight`` -> ``layers.3.self_attn.q_proj.weight`` (None if unknown)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def unpermute_rows(n_rows: int, n_heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's Q/K permutation (``rows[perm]`` is HF's order)."""
+    half = n_rows // n_heads // 2
+    return torch.arange(n_rows).reshape(n_heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def _permute(tensor: torch.Tensor, perm: Optional[torch.Tensor]) -> torch.Tensor:
+    return tensor if perm is None else tensor[perm].contiguous()
+
+
+def _permute_weight(w: Union[Int8Weight, Int4Weight],
+                    perm: Optional[torch.Tensor]) -> Union[Int8Weight, Int4Weight]:
+    """Reorder the rows of a quantized weight; each row carries its own scales, so this is
+    exact."""
+    if perm is None:
+        return w
+    if isinstance(w, Int8Weight):
+        return Int8Weight(qweight=_permute(w.qweight, perm), scales=_permute(w.scales, perm))
+    mins = None if w.mins is None else _permute(w.mins, perm)
+    return Int4Weight(packed=_permute(w.packed, perm), scales=_permute(w.scales, perm),
+                      mins=mins, group_size=w.group_size)
+
+
+def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, Any]:
+    """(model, reader); the reader is kept for the tokenizer and chat template."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    reader = open_gguf(path)
+    config = gguf_config(reader, path)
+    sink = WeightSink(meta_decoder(config), quant)
+    permute = config.architecture in PERMUTED_QK
+    tensors = []
+    for t in reader.tensors:
+        name = our_name(t.name)
+        if name is None or not sink.wants(name):
+            continue
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        sink.check(name, shape)
+        expected_bytes = _nbytes(t.tensor_type, shape)
+        if expected_bytes is not None and t.data.nbytes != expected_bytes:
+            raise GGUFError(
+                f"{path.name}: tensor {t.name!r} has {t.data.nbytes} bytes of data; its header "
+                f"({t.tensor_type.name} {list(shape)}) needs {expected_bytes}; the file is "
+                f"truncated or corrupt")
+        tensors.append((t, name, shape))
+    warned: set[str] = set()
+    for t, name, shape in progress(tensors, desc=f"loading {path.name}"):
+        perm = None
+        if permute and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
+                                      "k_proj.bias")):
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            perm = unpermute_rows(shape[0], heads)
+        kind = t.tensor_type
+        importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
+        if kind in importers and len(shape) == 2:
+            w = importers[kind](np.asarray(t.data), shape)
+            sink.put_quantized(name, _permute_weight(w, perm))
+            continue
+        if kind in (Q.F32, Q.F16, Q.BF16):
+            array = np.asarray(t.data)
+            if kind == Q.BF16:
+                value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                value = torch.from_numpy(array.copy())
+        else:
+            try:
+                array = gguf.quants.dequantize(t.data, kind)
+            except NotImplementedError:
+                raise GGUFError(
+                    f"{path.name}: tensor {t.name!r} has ggml type {kind.name}, which we can "
+                    f"neither keep nor dequantize") from None
+            if kind.name not in warned:
+                warned.add(kind.name)
+                warnings.warn(f"{path.name}: {kind.name} tensors are dequantized to float32 "
+                              f"(only Q4_0, Q4_1 and Q8_0 stay quantized)", stacklevel=2)
+            value = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        sink.put(name, _permute(value.reshape(shape), perm))
+    return sink.finish(), reader
+
+
+def _nbytes(kind: Any, shape: tuple[int, ...]) -> Optional[int]:
+    from gguf.constants import GGML_QUANT_SIZES
+
+    if kind not in GGML_QUANT_SIZES:
+        return None
+    block, type_size = GGML_QUANT_SIZES[kind]
+    n = int(np.prod(shape))
+    if n % block:
+        return None
+    return n // block * type_size

@@ -1,0 +1,71 @@
+"""Choosing the next token from logits: greedy, or sampling with temperature, top-k, top-p,
+min-p and a repetition penalty (the definitions Hugging Face's generation uses), from a
+``torch.Generator`` so that a seed makes the choice reproducible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0; got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1]; got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0; got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Divide positive (multiply negative) logits of tokens in ``seen [B, n]`` by ``penalty``."""
+    if penalty == 1.0 or seen.numel() == 0:
+        return logits
+    picked = logits.gather(1, seen)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits.scatter(1, seen, picked)
+
+
+def next_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
+    seen: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One token id per row of ``logits [B, V]``."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    if params.top_k > 0:
+        k = min(params.top_k, logits.shape[-1])
+        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0:
+        floor = probs.max(dim=-1, keepdim=True).values * params.min_p
+        probs = probs.masked_fill(probs < floor, 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

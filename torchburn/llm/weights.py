@@ -1,0 +1,152 @@
+"""Putting weights into a `Decoder` built on the meta device: by name, checked, one tensor at a
+time, optionally quantized on the way in.
+
+Loaders (safetensors, GGUF) hand over tensors through `WeightSink`; it checks each one against
+the shape the config implies (so a wrong checkpoint fails on its first bad tensor, before
+anything large is allocated for the rest), converts floats to float32 and quantizes linear
+weights when asked.  Which tensors are quantized, by ``quant``:
+
+* ``None``: nothing (GGUF Q4_0/Q4_1/Q8_0 tensors stay in their quantized form regardless);
+* ``"int8"``: every linear of every layer as INT8 with groups of 32 (GGUF Q8_0's layout);
+* ``"int4"``: every linear of every layer as asymmetric INT4 with groups of 32 (Q4_1's layout);
+* both: the token embedding and the output head as INT8 groups of 32 (a tied head shares the
+  embedding's bytes).  The norms, biases and rope tables stay float32.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from ..quant import Int4Weight, Int8Weight, QuantizedLinear
+from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
+from .config import DecoderConfig
+from .model import Decoder, QuantizedEmbedding
+from .rope import rope_parameters
+
+QUANT_CHOICES = (None, "int8", "int4")
+GROUP = 32
+
+
+class WeightError(ValueError):
+    """A checkpoint that does not fit its configuration (missing, extra or misshapen tensors)."""
+
+
+def _split(name: str) -> tuple[str, str]:
+    module, _, attr = name.rpartition(".")
+    return module, attr
+
+
+class WeightSink:
+    """Receives named tensors for a meta-device `Decoder` and materialises it."""
+
+    def __init__(self, model: Decoder, quant: Optional[str]) -> None:
+        if quant not in QUANT_CHOICES:
+            raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
+        self.model = model
+        self.quant = quant
+        self.expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.done: set[str] = set()
+
+    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        if name not in self.expected:
+            return
+        if tuple(shape) != self.expected[name]:
+            raise WeightError(
+                f"tensor {name!r} has shape {list(shape)}; the config implies "
+                f"{list(self.expected[name])}")
+
+    def check(self, name: str, shape: tuple[int, ...]) -> None:
+        """Raise `WeightError` now if ``name`` would not fit (call before reading its data)."""
+        self._check_shape(name, shape)
+
+    def wants(self, name: str) -> bool:
+        return name in self.expected
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        """A float tensor, quantized here if ``quant`` asks for it."""
+        if name not in self.expected:
+            return
+        self._check_shape(name, tuple(tensor.shape))
+        module_name, attr = _split(name)
+        module = self.model.get_submodule(module_name)
+        tensor = tensor.to(torch.float32)
+        if attr == "weight" and self.quant and module_name == "embed_tokens":
+            self._set_module(module_name, QuantizedEmbedding(
+                *_int8_parts(quantize_weight_int8(tensor, GROUP, torch.float16))))
+        elif attr == "weight" and self.quant and isinstance(module, nn.Linear):
+            weight: Union[Int8Weight, Int4Weight]
+            if self.quant == "int8" or module_name == "lm_head":
+                weight = quantize_weight_int8(tensor, GROUP, torch.float16)
+            else:
+                weight = quantize_weight_int4_grouped(tensor, GROUP, False, torch.float16)
+            self.put_quantized(name, weight)
+            return
+        else:
+            setattr(module, attr, nn.Parameter(tensor.contiguous(), requires_grad=False))
+        self.done.add(name)
+
+    def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight]) -> None:
+        """An already quantized weight (from GGUF, or from `put`)."""
+        module_name, attr = _split(name)
+        self._check_shape(name, (weight.out_features, weight.in_features))
+        if attr != "weight":
+            raise WeightError(f"tensor {name!r} is quantized; only weights may be")
+        if module_name == "embed_tokens":
+            if not isinstance(weight, Int8Weight):
+                raise WeightError("a quantized token embedding must be INT8 (GGUF Q8_0)")
+            self._set_module(module_name, QuantizedEmbedding(*_int8_parts(weight)))
+        else:
+            old = self.model.get_submodule(module_name)
+            bias = getattr(old, "bias", None)
+            layer = QuantizedLinear.from_weight(weight, None)
+            if bias is not None:  # keep the meta placeholder; `put` of the bias fills it
+                layer.bias = bias
+            self._set_module(module_name, layer)
+        self.done.add(name)
+
+    def _set_module(self, name: str, module: nn.Module) -> None:
+        parent_name, attr = _split(name)
+        parent = self.model.get_submodule(parent_name) if parent_name else self.model
+        setattr(parent, attr, module)
+
+    def finish(self) -> Decoder:
+        """Tie the head if the config says so, check completeness, build the rope tables."""
+        model = self.model
+        if model.config.tie_word_embeddings:
+            self._tie()
+        missing = sorted(set(self.expected) - self.done)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise WeightError(f"checkpoint lacks tensors: {', '.join(missing[:5])}{more}")
+        for name, param in model.named_parameters():
+            if param.is_meta:
+                raise WeightError(f"tensor {name!r} was never loaded")
+        inv_freq, _ = rope_parameters(model.config)
+        model.inv_freq = inv_freq
+        return model.eval()
+
+    def _tie(self) -> None:
+        if "embed_tokens.weight" not in self.done:
+            return
+        embed = self.model.embed_tokens
+        if isinstance(embed, QuantizedEmbedding):
+            weight = Int8Weight(qweight=embed.qweight, scales=embed.scales)
+            self._set_module("lm_head", QuantizedLinear.from_weight(weight, None))
+        else:
+            assert isinstance(embed, nn.Embedding)
+            head = self.model.lm_head
+            assert isinstance(head, nn.Linear)
+            head.weight = embed.weight
+        self.done.add("lm_head.weight")
+
+
+def _int8_parts(weight: Int8Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    return weight.qweight, weight.scales
+
+
+def meta_decoder(config: DecoderConfig) -> Decoder:
+    """A `Decoder` whose parameters take no memory yet."""
+    with torch.device("meta"):
+        return Decoder(config)
