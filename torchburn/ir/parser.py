@@ -370,6 +370,7 @@ class _Parser:
         tok = self.advance()
         is_float = tok.kind == "ident" or any(c in tok.text for c in ".eE")
         dtype = self.literal_suffix(tok)
+        untyped = dtype is None
         if dtype is None:
             if is_float:
                 raise self.error(f"float constant {tok.text} needs a dtype, as in {tok.text}:f32", tok)
@@ -381,6 +382,8 @@ class _Parser:
             if is_float:
                 raise self.error(f"{tok.text} is not an integer but the constant's dtype is {dtype}", tok)
             value = sign * self.int_value(tok)
+            if untyped and not -(1 << 63) <= value < (1 << 63):  # it would wrap to another number
+                raise self.error(f"integer constant {tok.text} is past the index type (2**63)", tok)
         else:
             raise self.error("bool constants are written true or false", tok)
         return ex.Const(value, ex.ScalarType(dtype))
