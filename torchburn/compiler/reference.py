@@ -32,15 +32,9 @@ def reference_pipeline(p: "Pipeline") -> "Pipeline":
     from ..passes.fusion import Fuse
     from ..passes.gpu_lower import LowerToLoopsGpu
     from ..passes.lower_to_loops import LowerToLoops
-    from ..passes.pipeline import Pipeline
+    from ..passes.pipeline import Pipeline, user_loop_passes
 
-    builtin = [x.spelling() for x in Pipeline.default().loop]
-    loop = []
-    for x in p.loop:
-        if x.spelling() in builtin:
-            builtin.remove(x.spelling())
-        else:
-            loop.append(x)
+    loop = user_loop_passes(p)
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
     tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
               for x in p.tensor]

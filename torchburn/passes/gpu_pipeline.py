@@ -15,20 +15,14 @@ from .fusion import Fuse
 from .gpu_lower import LowerToLoopsGpu
 from .gpu_map import GpuMap
 from .lower_to_loops import LowerToLoops
-from .pipeline import Pipeline
+from .pipeline import Pipeline, user_loop_passes
 
 
 def gpu_pipeline(p: Pipeline) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
     lowered as plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
-    builtin = [x.spelling() for x in Pipeline.default().loop]
-    loop = []
-    for x in p.loop:
-        if x.spelling() in builtin:
-            builtin.remove(x.spelling())
-        else:
-            loop.append(x)
+    loop = user_loop_passes(p)
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering

@@ -69,3 +69,17 @@ class Pipeline:
     def key(self) -> str:
         """What the pipeline contributes to the cache key (user passes included)."""
         return ";".join(p.uuid() for p in self.passes())
+
+
+def user_loop_passes(p: "Pipeline") -> list:
+    """The loop passes of `p` that the user added: `p.loop` less one occurrence of each built-in
+    loop pass of the default pipeline. Engines without the CPU loop passes (GPU, reference) keep
+    these."""
+    builtin = [x.spelling() for x in Pipeline.default().loop]
+    loop = []
+    for x in p.loop:
+        if x.spelling() in builtin:
+            builtin.remove(x.spelling())
+        else:
+            loop.append(x)
+    return loop
