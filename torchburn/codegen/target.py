@@ -86,6 +86,11 @@ def gpu_target(tag: str = "") -> Target:
 _PLAIN_CPUS = frozenset({"generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"})
 
 
+def reference_target() -> Target:
+    """The description of the reference engine's target (the NumPy interpreter: no ISA)."""
+    return Target(engine="reference", arch="", triple="", cpu="", features="", vector_bits=128, name="reference")
+
+
 def runs_here(target: Target) -> bool:
     """Whether code for `target` can run in this process: the host's architecture, a CPU name
     that implies nothing the feature string does not say (or the host's own), and every feature

@@ -163,10 +163,12 @@ def cache_key(graph: "Graph", pipeline: "Pipeline", target: "Target", engine: Op
 
 
 def configured_target() -> "Target":
-    """The target this process compiles for: `TORCHBURN_TARGET` (the host by default)."""
-    from ..codegen.target import named_target
+    """The target this process compiles for: the reference interpreter under
+    `TORCHBURN_ENGINE=reference`, else `TORCHBURN_TARGET` (the host by default)."""
+    from ..codegen.target import named_target, reference_target
 
-    return named_target(get_config().target)
+    config = get_config()
+    return reference_target() if config.engine == "reference" else named_target(config.target)
 
 
 def load_program(key: str) -> Optional[CompiledProgram]:
@@ -197,8 +199,6 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     graph's code for `TORCHBURN_DUMP`; while dumping, the disk cache is not read (so every
     stage is written) but still filled. Raises what the engine raises (`WgslUnsupported`,
     `GpuError`, `PassError`, `TargetError` for an unknown `TORCHBURN_TARGET`)."""
-    if get_config().engine == "reference":  # the golden model: loop IR interpreted on NumPy
-        return _compile_reference(graph, pipeline, dump, fx_source)
     from .dump import make_dump
     from .engines import engine_for
     from ..codegen.target import runs_here
@@ -251,38 +251,6 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
         from ..codegen.llvm.module import entry_name
 
         _store_to_disk(disk, key, program, built.object, entry_name(program))
-    return compiled, False
-
-
-def _compile_reference(graph: "Graph", pipeline: Optional["Pipeline"], dump: Optional["DumpFolder"],
-                       fx_source: Optional[Callable[[], str]]) -> tuple[CompiledProgram, bool]:
-    """`compile_graph` for `TORCHBURN_ENGINE=reference` (see `compiler/reference.py`): the
-    memory cache only (the key names the engine), no disk cache, no LLVM."""
-    from ..ir.hashing import hash_key, structural_hash
-    from ..ir.printer import print_ir
-    from ..passes.pipeline import Pipeline
-    from .dump import make_dump
-    from .engines import kernel_origins
-    from .reference import ENGINE, lower_for_reference, reference_pipeline
-
-    pipeline = pipeline or Pipeline.default()
-    key = hash_key(structural_hash(graph), reference_pipeline(pipeline).key(), f"engine={ENGINE}",
-                   f"torchburn={__version__}", source_digest())
-    cache = memory_cache()
-    hit = cache.get(key)
-    if hit is not None:
-        STATS.memory_hits += 1
-        return hit, True
-    dump = dump if dump is not None else make_dump(get_config().dump_dir, key)
-    if dump is not None:
-        if fx_source is not None:
-            dump.write("00_fx_graph.py", fx_source())
-        dump.write("01_tensor_ir.tbir", print_ir(graph))
-    program, entry, timings, pass_times = lower_for_reference(graph, pipeline, dump)
-    compiled = CompiledProgram(key, program, None, entry, timings, pass_times, kernels=kernel_origins(program),
-                               engine=ENGINE)
-    STATS.compiled += 1
-    cache.put(key, compiled)
     return compiled, False
 
 

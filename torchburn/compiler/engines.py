@@ -9,8 +9,7 @@ caches, dumps, running the pipeline with the target in the pass context); an eng
 | `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR -> O3 -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
 | `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
 
-A third engine (the NumPy reference interpreter) registers itself in `ENGINES` under the
-target's engine name, `reference`, with the same three methods.
+| `reference` | `reference_pipeline` of it (`reference.py`: plain nests, no CPU loop passes) | nothing (the interpreter is torchburn's own source) | none: the NumPy interpreter runs the loop program | no |
 """
 from __future__ import annotations
 
@@ -169,8 +168,30 @@ class WgslEngine:
         return Build(gpu, None, {"wgsl": t1 - t0, "pipelines": t2 - t1}, kernels)
 
 
+class ReferenceEngine:
+    """The golden model: the loop program interpreted on NumPy (`runtime.reference`), called
+    exactly as native code is. Nothing here imports llvmlite or wgpu."""
+
+    disk = False
+
+    def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
+        from .reference import reference_pipeline
+
+        return reference_pipeline(pipeline)
+
+    def key_parts(self, target: "Target") -> tuple[str, ...]:
+        return ()
+
+    def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
+        from ..runtime.reference import ReferenceEntry
+
+        t0 = time.perf_counter()
+        entry = ReferenceEntry(program)
+        return Build(None, entry, {"interpreter": time.perf_counter() - t0}, kernel_origins(program))
+
+
 #: Engine name (a target's `engine`) -> its stages.
-ENGINES: dict[str, Engine] = {"llvm": LlvmEngine(), "wgpu": WgslEngine()}
+ENGINES: dict[str, Engine] = {"llvm": LlvmEngine(), "wgpu": WgslEngine(), "reference": ReferenceEngine()}
 
 
 def engine_for(target: "Target") -> Engine:
