@@ -115,6 +115,18 @@ def _tuple_src(items: list[str]) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
+def can_fault(program: lp.Program) -> bool:
+    """Whether the program divides integers by something other than a constant known not to
+    be 0 (`codegen/llvm/faults.py`): then its launcher checks the fault counter after the call."""
+    return any(not _nonzero_const(d) for k in program.kernels for d in lp.integer_divisors(k.body))
+
+
+def _nonzero_const(e: Expr) -> bool:
+    if isinstance(e, ex.Broadcast):
+        e = e.value
+    return isinstance(e, Const) and int(e.value) != 0
+
+
 #: Reductions that have no value over an empty dim: eager raises there.
 _NEEDS_NONEMPTY = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
 
@@ -221,7 +233,13 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     syms = [s.name for s in p.symbols]
     sym_arg = f"_Syms({', '.join(syms)})" if syms else "_NOSYMS"
     ws = "None" if p.workspace_bytes == Const(0) else f"_ws({python_expr(p.workspace_bytes)})"
-    body.append(f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})")
+    call = f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})"
+    if can_fault(p):
+        # the fault counter moved during the call: a divisor was 0 (here or in a concurrent
+        # call); PyTorch raises eager's error, or gives the values when the fault was not ours
+        body += ["_f = _faults.value", call, "if _faults.value != _f:", f"    return _fault({slow_args})"]
+    else:
+        body.append(call)
     # Graph outputs, as the program says (not `g.outputs`: on a cache hit `g` never went
     # through the passes that may forward an input or merge two outputs); inputs returned
     # directly are copied. Program inputs are the graph's tensor inputs, in order.

@@ -147,11 +147,12 @@ class WgslEngine:
         return ("wgsl", get_device().cache_tag())
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
-        from ..codegen.wgsl import WgslUnsupported, emit_program
+        from ..codegen.wgsl import WgslUnsupported, emit_program, refuse_data_divisors
         from ..runtime.gpu import GpuError, GpuProgram, get_device
 
         dev = get_device()
         t0 = time.perf_counter()
+        refuse_data_divisors(program)  # a zero divisor must raise as eager does: the CPU checks
         shaders = emit_program(program, dev.caps)
         t1 = time.perf_counter()
         if dump is not None:

@@ -265,6 +265,25 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     return ()
 
 
+#: Integer operations that divide: undefined for a divisor of 0 (`semantics.DivisionByZero`).
+DIVIDING_OPS: frozenset[str] = frozenset({"div", "floordiv", "mod", "remainder", "fmod"})
+
+
+def integer_divisors(s: Stmt) -> Iterator[Expr]:
+    """The divisor of every integer division or remainder (infix or call) under `s`, for
+    codegen and launchers that must handle a divisor of 0."""
+    from .expr import Binary, Call, walk
+
+    for st in walk_stmts(s):
+        for e in stmt_exprs(st):
+            for node in walk(e):
+                if isinstance(node, Binary) and node.op in DIVIDING_OPS and node.dtype.is_int:
+                    yield node.b
+                elif isinstance(node, Call) and node.name in DIVIDING_OPS and len(node.args) == 2 \
+                        and node.args[0].dtype.is_int:
+                    yield node.args[1]
+
+
 def contiguous_strides(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """Row-major strides for a shape (symbolic shapes give symbolic strides)."""
     from .expr import Const, mul
