@@ -123,10 +123,14 @@ class Launcher:
         return buf.data_ptr()
 
     def _fault(self, *args: Any) -> Any:
-        """The native call counted a fault (an integer divisor of 0, `runtime/faults.py`):
-        PyTorch runs the call again and raises eager's own error; when the fault was another
-        thread's, its values are this call's result."""
+        """The native call counted a fault (`runtime/faults.py`). An access out of range
+        (bounds mode) raises `OutOfBounds`; otherwise (an integer divisor of 0) PyTorch runs
+        the call again and raises eager's own error, and when the fault was another thread's,
+        its values are this call's result."""
         self.stats.faults += 1
+        out_of_bounds = faults.take_out_of_bounds()
+        if out_of_bounds is not None:  # TORCHBURN_DEBUG=bounds: a compiler bug, not the user's
+            raise out_of_bounds
         log.info("torchburn: %s: the native call counted a fault; running this call in PyTorch", self.name)
         with torch.no_grad():
             out = self.eager(*args)

@@ -22,6 +22,7 @@ from ..ir import semantics as sem
 from ..ir.dtypes import DType
 from ..ir.expr import Const, Expr, Var
 from ..ir.tensor import Graph, Value
+from ..runtime.config import get_config
 from .launcher import LauncherSpec
 
 
@@ -234,9 +235,10 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     sym_arg = f"_Syms({', '.join(syms)})" if syms else "_NOSYMS"
     ws = "None" if p.workspace_bytes == Const(0) else f"_ws({python_expr(p.workspace_bytes)})"
     call = f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})"
-    if can_fault(p):
+    if can_fault(p) or get_config().bounds_check:
         # the fault counter moved during the call: a divisor was 0 (here or in a concurrent
-        # call); PyTorch raises eager's error, or gives the values when the fault was not ours
+        # call; PyTorch raises eager's error, or gives the values when the fault was not ours),
+        # or, in bounds mode, an access was out of range (raised as `faults.OutOfBounds`)
         body += ["_f = _faults.value", call, "if _faults.value != _f:", f"    return _fault({slow_args})"]
     else:
         body.append(call)

@@ -89,17 +89,21 @@ class LlvmEngine:
         return pipeline
 
     def key_parts(self, target: "Target") -> tuple[str, ...]:
+        from ..runtime.config import get_config
         from ..runtime.disk_cache import llvm_version
 
-        return (target.triple, target.cpu, target.features, llvm_version())
+        checks = ("bounds",) if get_config().bounds_check else ()
+        return (target.triple, target.cpu, target.features, llvm_version(), *checks)
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
         from ..codegen.llvm.module import emit_program, entry_name
         from ..codegen.target import runs_here
         from ..runtime import jit
 
+        from ..runtime.config import get_config
+
         t0 = time.perf_counter()
-        llvm_ir = emit_program(program, target)
+        llvm_ir = emit_program(program, target, bounds_check=get_config().bounds_check)
         t1 = time.perf_counter()
         runnable = runs_here(target)
         obj = jit.compile_llvm_ir(llvm_ir, target, shared=shared and runnable)
