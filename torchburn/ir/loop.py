@@ -265,6 +265,32 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     return ()
 
 
+#: How deep statements may nest (loops, ifs and blocks inside each other). The printer,
+#: verifier, statement passes and code generators walk statements recursively, a few Python
+#: frames per level; this bound keeps them well inside Python's recursion limit even when
+#: called deep inside torch.compile. Generated kernels nest a few levels per tensor dimension
+#: (tens at most); the parser and the verifier refuse anything deeper, with a location.
+MAX_NESTING = 100
+
+
+def nesting_depth(s: Stmt) -> int:
+    """How many loops, ifs and blocks enclose the innermost statement of `s` (iterative)."""
+    deepest = 0
+    stack = [(s, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, Block):
+            stack.extend((c, depth + 1) for c in node.stmts)
+        elif isinstance(node, For):
+            stack.append((node.body, depth + 1))
+        elif isinstance(node, If):
+            stack.append((node.then, depth + 1))
+            if node.orelse is not None:
+                stack.append((node.orelse, depth + 1))
+    return deepest
+
+
 #: Integer operations that divide: undefined for a divisor of 0 (`semantics.DivisionByZero`).
 DIVIDING_OPS: frozenset[str] = frozenset({"div", "floordiv", "mod", "remainder", "fmod"})
 
