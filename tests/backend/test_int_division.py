@@ -225,3 +225,10 @@ def test_every_integer_op_matches_eager_on_edge_values(dtype: torch.dtype, data:
     expected = _all_ops(a, b)
     for k, (x, y) in enumerate(zip(got, expected)):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=lambda m: f"op #{k} of _all_ops: {m}")
+
+
+def test_the_runtime_spells_the_globals_as_codegen_does() -> None:
+    from torchburn.codegen.llvm import bounds, faults as codegen_faults
+
+    assert faults.FAULT_GLOBAL == codegen_faults.FAULT_GLOBAL
+    assert faults.BOUNDS_GLOBAL == bounds.BOUNDS_GLOBAL
