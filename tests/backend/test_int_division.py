@@ -232,3 +232,18 @@ def test_the_runtime_spells_the_globals_as_codegen_does() -> None:
 
     assert faults.FAULT_GLOBAL == codegen_faults.FAULT_GLOBAL
     assert faults.BOUNDS_GLOBAL == bounds.BOUNDS_GLOBAL
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32], ids=str)
+def test_every_pair_of_edge_values_on_the_llvm_and_reference_engines(dtype: torch.dtype) -> None:
+    """All pairs of edge values (nonzero divisor), through both CPU engines: each equals eager."""
+    values = _edge_values(dtype)
+    a = torch.tensor([x for x in values for y in values if y != 0], dtype=dtype)
+    b = torch.tensor([y for x in values for y in values if y != 0], dtype=dtype)
+    expected = _all_ops(a, b)
+    for name in ("llvm", "reference"):
+        with engine(name):
+            got, reports = run_compiled(_all_ops, a, b)
+        assert {s.engine for r in reports for s in r.subgraphs if s.compiled} == {"cpu" if name == "llvm" else name}
+        for k, (x, y) in enumerate(zip(got, expected)):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=lambda m: f"{name}, op #{k} of _all_ops: {m}")
