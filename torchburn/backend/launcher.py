@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..runtime import faults
+
 log = logging.getLogger("torchburn")
 
 
@@ -58,6 +60,8 @@ class LauncherSpec:
 class LaunchStats:
     calls: int = 0
     eager_fallbacks: int = 0
+    #: Calls whose native code counted a fault (and so ran again in PyTorch).
+    faults: int = 0
     mismatches: list[str] = field(default_factory=list)
 
 
@@ -102,6 +106,7 @@ class Launcher:
         return {
             "__name__": __name__,
             "_entry": self.entry, "_empty": torch.empty, "_slow": self._slow, "_ws": self._workspace,
+            "_faults": faults.counter, "_fault": self._fault,
             "_Ptrs": ctypes.c_void_p * self.spec.n_pointers,
             "_Syms": ctypes.c_int64 * max(self.spec.n_symbols, 1),
             "_NOSYMS": (ctypes.c_int64 * 1)(),  # read by nobody: the program has no symbols
@@ -116,6 +121,20 @@ class Launcher:
             buf = torch.empty(max(nbytes, 64), dtype=torch.uint8)
             self._ws.buffer = buf
         return buf.data_ptr()
+
+    def _fault(self, *args: Any) -> Any:
+        """The native call counted a fault (`runtime/faults.py`). An access out of range
+        (bounds mode) raises `OutOfBounds`; otherwise (an integer divisor of 0) PyTorch runs
+        the call again and raises eager's own error, and when the fault was another thread's,
+        its values are this call's result."""
+        self.stats.faults += 1
+        out_of_bounds = faults.take_out_of_bounds()
+        if out_of_bounds is not None:  # TORCHBURN_DEBUG=bounds: a compiler bug, not the user's
+            raise out_of_bounds
+        log.info("torchburn: %s: the native call counted a fault; running this call in PyTorch", self.name)
+        with torch.no_grad():
+            out = self.eager(*args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def _slow(self, *args: Any, why: str) -> Any:
         self.stats.eager_fallbacks += 1

@@ -22,6 +22,7 @@ from ..ir import semantics as sem
 from ..ir.dtypes import DType
 from ..ir.expr import Const, Expr, Var
 from ..ir.tensor import Graph, Value
+from ..runtime.config import get_config
 from .launcher import LauncherSpec
 
 
@@ -113,6 +114,18 @@ def _dtype_name(dtype: object) -> str:
 
 def _tuple_src(items: list[str]) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def can_fault(program: lp.Program) -> bool:
+    """Whether the program divides integers by something other than a constant known not to
+    be 0 (`codegen/llvm/faults.py`): then its launcher checks the fault counter after the call."""
+    return any(not _nonzero_const(d) for k in program.kernels for d in lp.integer_divisors(k.body))
+
+
+def _nonzero_const(e: Expr) -> bool:
+    if isinstance(e, ex.Broadcast):
+        e = e.value
+    return isinstance(e, Const) and int(e.value) != 0
 
 
 #: Reductions that have no value over an empty dim: eager raises there.
@@ -221,7 +234,14 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     syms = [s.name for s in p.symbols]
     sym_arg = f"_Syms({', '.join(syms)})" if syms else "_NOSYMS"
     ws = "None" if p.workspace_bytes == Const(0) else f"_ws({python_expr(p.workspace_bytes)})"
-    body.append(f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})")
+    call = f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})"
+    if can_fault(p) or get_config().bounds_check:
+        # the fault counter moved during the call: a divisor was 0 (here or in a concurrent
+        # call; PyTorch raises eager's error, or gives the values when the fault was not ours),
+        # or, in bounds mode, an access was out of range (raised as `faults.OutOfBounds`)
+        body += ["_f = _faults.value", call, "if _faults.value != _f:", f"    return _fault({slow_args})"]
+    else:
+        body.append(call)
     # Graph outputs, as the program says (not `g.outputs`: on a cache hit `g` never went
     # through the passes that may forward an input or merge two outputs); inputs returned
     # directly are copied. Program inputs are the graph's tensor inputs, in order.

@@ -88,17 +88,21 @@ class LlvmEngine:
         return pipeline
 
     def key_parts(self, target: "Target") -> tuple[str, ...]:
+        from ..runtime.config import get_config
         from ..runtime.disk_cache import llvm_version
 
-        return (target.triple, target.cpu, target.features, llvm_version())
+        checks = ("bounds",) if get_config().bounds_check else ()
+        return (target.triple, target.cpu, target.features, llvm_version(), *checks)
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
         from ..codegen.llvm.module import emit_program, entry_name
         from ..codegen.target import runs_here
         from ..runtime import jit
 
+        from ..runtime.config import get_config
+
         t0 = time.perf_counter()
-        llvm_ir = emit_program(program, target)
+        llvm_ir = emit_program(program, target, bounds_check=get_config().bounds_check)
         t1 = time.perf_counter()
         runnable = runs_here(target)
         obj = jit.compile_llvm_ir(llvm_ir, target, shared=shared and runnable)
@@ -146,11 +150,12 @@ class WgslEngine:
         return ("wgsl", get_device().cache_tag())
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
-        from ..codegen.wgsl import WgslUnsupported, emit_program
+        from ..codegen.wgsl import WgslUnsupported, emit_program, refuse_data_divisors
         from ..runtime.gpu import GpuError, GpuProgram, get_device
 
         dev = get_device()
         t0 = time.perf_counter()
+        refuse_data_divisors(program)  # a zero divisor must raise as eager does: the CPU checks
         shaders = emit_program(program, dev.caps)
         t1 = time.perf_counter()
         if dump is not None:

@@ -265,6 +265,51 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     return ()
 
 
+#: How deep statements may nest (loops, ifs and blocks inside each other). The printer,
+#: verifier, statement passes and code generators walk statements recursively, a few Python
+#: frames per level; this bound keeps them well inside Python's recursion limit even when
+#: called deep inside torch.compile. Generated kernels nest a few levels per tensor dimension
+#: (tens at most); the parser and the verifier refuse anything deeper, with a location.
+MAX_NESTING = 100
+
+
+def nesting_depth(s: Stmt) -> int:
+    """How many loops, ifs and blocks enclose the innermost statement of `s` (iterative)."""
+    deepest = 0
+    stack = [(s, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, Block):
+            stack.extend((c, depth + 1) for c in node.stmts)
+        elif isinstance(node, For):
+            stack.append((node.body, depth + 1))
+        elif isinstance(node, If):
+            stack.append((node.then, depth + 1))
+            if node.orelse is not None:
+                stack.append((node.orelse, depth + 1))
+    return deepest
+
+
+#: Integer operations that divide: undefined for a divisor of 0 (`semantics.DivisionByZero`).
+DIVIDING_OPS: frozenset[str] = frozenset({"div", "floordiv", "mod", "remainder", "fmod"})
+
+
+def integer_divisors(s: Stmt) -> Iterator[Expr]:
+    """The divisor of every integer division or remainder (infix or call) under `s`, for
+    codegen and launchers that must handle a divisor of 0."""
+    from .expr import Binary, Call, walk
+
+    for st in walk_stmts(s):
+        for e in stmt_exprs(st):
+            for node in walk(e):
+                if isinstance(node, Binary) and node.op in DIVIDING_OPS and node.dtype.is_int:
+                    yield node.b
+                elif isinstance(node, Call) and node.name in DIVIDING_OPS and len(node.args) == 2 \
+                        and node.args[0].dtype.is_int:
+                    yield node.args[1]
+
+
 def contiguous_strides(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """Row-major strides for a shape (symbolic shapes give symbolic strides)."""
     from .expr import Const, mul

@@ -181,6 +181,8 @@ class _Parser:
         self.pos = 0
         #: Innermost last: names bound by `let` (and loops) to their types.
         self.var_scopes: list[dict[str, ex.ScalarType]] = [{}]
+        #: Bodies (`{ ... }`) open around the current token; a kernel's own body is the first.
+        self.nesting = 0
         #: Innermost last: buffers (params, temps, allocs) visible to loads, by name.
         self.buf_scopes: list[dict[str, DType]] = [{}]
         #: Tensor values of the graph being parsed.
@@ -544,7 +546,10 @@ class _Parser:
 
     def body(self) -> lp.Stmt:
         """`{ stmt* }` as one statement (a `Block` unless it holds exactly one)."""
-        self.expect("{")
+        tok = self.expect("{")
+        self.nesting += 1
+        if self.nesting > lp.MAX_NESTING + 1:
+            raise self.error(f"statements nest more than {lp.MAX_NESTING} deep (loop.MAX_NESTING)", tok)
         self.push()
         stmts: list[lp.Stmt] = []
         while not self.at("}"):
@@ -553,6 +558,7 @@ class _Parser:
             stmts.append(self.stmt())
         self.advance()
         self.pop()
+        self.nesting -= 1
         return lp.block(*stmts)
 
     def stmt(self) -> lp.Stmt:

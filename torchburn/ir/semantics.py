@@ -19,9 +19,9 @@ Integers (i8, i16, i32, i64 = index, u8) wrap two's complement: `add(100, 100)` 
 `floordiv` and `mod` round toward -inf (Python: `-7 // 2 == -4`, `-7 % 2 == 1`); `div`
 truncates (`-7 / 2 == -3`) and `fmod` is C's `%` (`-7 fmod 2 == -1`). Division or remainder by
 zero raises `DivisionByZero` (torch raises too; a folder then leaves the expression alone).
-`INT_MIN // -1` wraps to INT_MIN and `INT_MIN % -1` is 0, PyTorch eager's values for i8/i16
-(for i32/i64 eager traps with SIGFPE; the wrapped value is what the generated code gives on
-the paths that do not trap). Shifts by the bit width or more (or by a negative amount, read
+`INT_MIN // -1` wraps to INT_MIN and `INT_MIN % -1` is 0, PyTorch eager's values (eager's
+truncating `div` traps with SIGFPE on i32/i64 there; the generated code gives the wrapped
+value, and never executes a division by 0 or -1: `codegen/llvm/faults.py`). Shifts by the bit width or more (or by a negative amount, read
 unsigned) give 0, and `>>` of a negative signed value -1, as torch does.
 
 Floats follow IEEE 754: NaN, inf and -0.0 come out as IEEE (and `numpy`) say. f16 and bf16

@@ -498,6 +498,10 @@ class _KernelVerifier:
 
 
 def verify_kernel(k: lp.Kernel) -> None:
+    depth = lp.nesting_depth(k.body)
+    if depth > lp.MAX_NESTING:
+        raise VerificationError(f"kernel @{k.name}", f"statements nest {depth} deep, more than the "
+                                f"{lp.MAX_NESTING} the compiler supports (loop.MAX_NESTING)")
     _KernelVerifier(k).run()
 
 

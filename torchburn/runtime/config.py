@@ -8,7 +8,7 @@
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
 | TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
-| TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT) | 0 |
+| TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT); bounds makes generated code check every load and store against its buffer (runtime/faults.py); both: 1,bounds | 0 |
 | TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
@@ -82,6 +82,24 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+#: The words of TORCHBURN_DEBUG that are not a plain on/off flag.
+DEBUG_MODES = ("bounds",)
+
+
+def _debug(env: Mapping[str, str]) -> tuple[bool, bool]:
+    """TORCHBURN_DEBUG as (logging, bounds checks): comma-separated words, each a flag value
+    (`1`, `yes`, ... turn logging on) or a mode of `DEBUG_MODES`."""
+    raw = env.get("TORCHBURN_DEBUG", "0").strip().lower()
+    words = [w.strip() for w in raw.split(",") if w.strip()]
+    logging_on = bounds = False
+    for w in words:
+        if w == "bounds":
+            bounds = True
+        elif w not in ("0", "false", "no", "off"):
+            logging_on = True
+    return logging_on, bounds
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "torchburn"
@@ -97,6 +115,9 @@ class Config:
     num_threads: int
     debug: bool
     dump_dir: Optional[Path]
+    #: `TORCHBURN_DEBUG=bounds`: generated code checks every load and store against its buffer
+    #: and the launcher raises `faults.OutOfBounds` naming kernel, buffer and index.
+    bounds_check: bool = False
     #: "int8", "f32" or "auto": the activations of `qlinear` kernels (docs/quantization.md).
     qlinear_activations: str = "auto"
     #: The CPU code is compiled for (`codegen/target.py` resolves the name; "host" by default).
@@ -116,6 +137,7 @@ class Config:
         cache_raw = env.get("TORCHBURN_CACHE_DIR", "").strip()
         cache_dir = None if cache_raw.lower() in ("off", "0", "none") else Path(cache_raw) if cache_raw else _default_cache_dir()
         dump = env.get("TORCHBURN_DUMP", "").strip()
+        debug, bounds = _debug(env)
         return Config(
             device=_choice(env, "TORCHBURN_DEVICE", "cpu", ("cpu", "gpu", "auto")),
             engine=engine_name(env.get("TORCHBURN_ENGINE", "").strip() or "llvm"),
@@ -123,8 +145,9 @@ class Config:
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
-            debug=_flag(env, "TORCHBURN_DEBUG"),
+            debug=debug,
             dump_dir=Path(dump) if dump else None,
+            bounds_check=bounds,
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
             target=_target_name(env),
             strict=_flag(env, "TORCHBURN_STRICT"),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import llvmlite.binding as llvm
 
-from . import threads
+from . import faults, threads
 from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
@@ -259,6 +259,7 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj.data))
         engine.finalize_object()
         threads.attach(lambda name: engine.get_global_value_address(name) or None)
+        faults.attach(lambda name: engine.get_global_value_address(name) or None)
     return NativeModule(engine, obj)
 
 

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import threads
+from . import faults, threads
 
 #: Resolve every symbol when loading (a missing one fails the load, not a later call).
 _BIND_NOW = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
@@ -140,6 +140,7 @@ def load_shared(obj: ObjectCode) -> SharedModule:
             except OSError:
                 pass
     threads.attach(lambda name: _global_address(lib, name))
+    faults.attach(lambda name: _global_address(lib, name))
     return SharedModule(lib, obj)
 
 

@@ -4,6 +4,10 @@ Semantics (see `ir/expr.py`):
 - `floordiv` and `mod`/`remainder` round toward negative infinity (Python); on floats they
   follow torch's `div_floor_floating` and `remainder` exactly (sign of zero included).
 - `div` is `fdiv` on floats and truncating (`sdiv`/`udiv`) on integers; `fmod` is C's fmod.
+- Integer division and remainder never execute a division by 0 or by -1 (x86 traps, LLVM
+  calls both undefined): they divide by a safe divisor, give `-a` (wrapping) for `a / -1`,
+  and count a lane whose divisor is 0 as a fault (`faults.py`), which the launcher turns into
+  eager's error. A constant divisor other than 0 and -1 is divided by directly.
 - `min`/`max` on floats propagate NaN (`llvm.minimum`/`llvm.maximum`, like torch.minimum).
 - Comparisons are ordered, except `ne`, which is true when either side is NaN.
 - Shifts by the bit width or more give 0 (`>>` of a negative signed value gives -1), as torch
@@ -16,12 +20,13 @@ The definitions are `ir/semantics.py`'s; `tests/codegen/test_semantics_agreement
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import llvmlite.ir as ir
 
 from ..errors import CodegenError
 from . import helpers
+from .faults import record_fault_if
 from .opcontext import OpContext, is_half, per_lane_call
 from ...ir import dtypes as dt
 from .types import F32, scalar_of, splat_const, vector_of
@@ -109,14 +114,72 @@ def _floor_adjust(cx: OpContext, r: ir.Value, b: ir.Value) -> ir.Value:
     return bb.and_(bb.icmp_signed("!=", r, zero), bb.icmp_signed("<", bb.xor(r, b), zero))
 
 
+def _const_lanes(v: ir.Value) -> Optional[list[int]]:
+    """The integer value of every lane of a constant, or None for a value known only at run time."""
+    if not isinstance(v, ir.Constant):
+        return None
+    c = v.constant
+    items = c if isinstance(c, (list, tuple)) else [v]
+    values = [x.constant if isinstance(x, ir.Constant) else x for x in items]
+    return [int(x) for x in values] if all(isinstance(x, int) for x in values) else None
+
+
+def _safe_divisor(cx: OpContext, b: ir.Value, signed: bool) -> tuple[ir.Value, Optional[ir.Value]]:
+    """The divisor to divide by, never 0 (nor -1 when signed), and where it was -1 (None when
+    it cannot be). A divisor lane of 0 is counted as a fault (`faults.py`); a constant divisor
+    known to be safe is used as it is, so `x // 8` stays a shift."""
+    lanes = _const_lanes(b)
+    if lanes is not None and all(x != 0 and not (signed and x == -1) for x in lanes):
+        return b, None
+    bb = cx.b
+    zero = bb.icmp_signed("==", b, cx.const(0))
+    record_fault_if(bb, cx.ctx, zero)
+    if not signed:
+        return bb.select(zero, cx.const(1), b), None
+    minus_one = bb.icmp_signed("==", b, cx.const(-1))
+    return bb.select(bb.or_(zero, minus_one), cx.const(1), b), minus_one
+
+
+def _negated_where(cx: OpContext, minus_one: Optional[ir.Value], a: ir.Value, q: ir.Value) -> ir.Value:
+    """`q`, but `-a` (wrapping: INT_MIN stays INT_MIN) where the divisor was -1."""
+    if minus_one is None:
+        return q
+    return cx.b.select(minus_one, cx.b.sub(cx.const(0), a), q)
+
+
+def _int_div(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    """Truncating division; by -1 it is negation (INT_MIN / -1 wraps to INT_MIN)."""
+    safe, minus_one = _safe_divisor(cx, b, signed=True)
+    return _negated_where(cx, minus_one, a, cx.b.sdiv(a, safe))
+
+
+def _int_fmod(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    """C's `%`; by -1 it is 0 (dividing by the safe divisor 1 gives that)."""
+    safe, _ = _safe_divisor(cx, b, signed=True)
+    return cx.b.srem(a, safe)
+
+
 def _int_floordiv(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
-    q, r = cx.b.sdiv(a, b), cx.b.srem(a, b)
-    return cx.b.select(_floor_adjust(cx, r, b), cx.b.sub(q, cx.const(1)), q)
+    safe, minus_one = _safe_divisor(cx, b, signed=True)
+    q, r = cx.b.sdiv(a, safe), cx.b.srem(a, safe)
+    q = cx.b.select(_floor_adjust(cx, r, safe), cx.b.sub(q, cx.const(1)), q)
+    return _negated_where(cx, minus_one, a, q)
 
 
 def _int_mod(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
-    r = cx.b.srem(a, b)
-    return cx.b.select(_floor_adjust(cx, r, b), cx.b.add(r, b), r)
+    safe, _ = _safe_divisor(cx, b, signed=True)
+    r = cx.b.srem(a, safe)
+    return cx.b.select(_floor_adjust(cx, r, safe), cx.b.add(r, safe), r)
+
+
+def _uint_div(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    safe, _ = _safe_divisor(cx, b, signed=False)
+    return cx.b.udiv(a, safe)
+
+
+def _uint_rem(cx: OpContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    safe, _ = _safe_divisor(cx, b, signed=False)
+    return cx.b.urem(a, safe)
 
 
 def _shift_too_far(cx: OpContext, amount: ir.Value) -> ir.Value:
@@ -163,11 +226,11 @@ _INT_COMMON: dict[str, BinaryFn] = {
 
 SIGNED_OPS: dict[str, BinaryFn] = {
     **_INT_COMMON,
-    "div": lambda cx, a, b: cx.b.sdiv(a, b),
+    "div": _int_div,
     "floordiv": _int_floordiv,
     "mod": _int_mod,
     "remainder": _int_mod,
-    "fmod": lambda cx, a, b: cx.b.srem(a, b),
+    "fmod": _int_fmod,
     "min": _intrinsic2("llvm.smin"),
     "max": _intrinsic2("llvm.smax"),
     "shr": _ashr,
@@ -177,11 +240,11 @@ SIGNED_OPS: dict[str, BinaryFn] = {
 
 UNSIGNED_OPS: dict[str, BinaryFn] = {
     **_INT_COMMON,
-    "div": lambda cx, a, b: cx.b.udiv(a, b),
-    "floordiv": lambda cx, a, b: cx.b.udiv(a, b),
-    "mod": lambda cx, a, b: cx.b.urem(a, b),
-    "remainder": lambda cx, a, b: cx.b.urem(a, b),
-    "fmod": lambda cx, a, b: cx.b.urem(a, b),
+    "div": _uint_div,
+    "floordiv": _uint_div,
+    "mod": _uint_rem,
+    "remainder": _uint_rem,
+    "fmod": _uint_rem,
     "min": _intrinsic2("llvm.umin"),
     "max": _intrinsic2("llvm.umax"),
     "shr": _lshr,

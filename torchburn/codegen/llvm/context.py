@@ -19,10 +19,12 @@ from .types import mangle
 class ModuleContext:
     """The module being built and the declarations it holds."""
 
-    def __init__(self, name: str, target: Target) -> None:
+    def __init__(self, name: str, target: Target, bounds_check: bool = False) -> None:
         self.module = ir.Module(name=name)
         self.module.triple = target.triple
         self.target = target
+        #: Check every load and store against its buffer (`bounds.py`, TORCHBURN_DEBUG=bounds).
+        self.bounds_check = bounds_check
         self._counter = itertools.count()
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:

@@ -8,6 +8,9 @@ it is a scalar access (broadcast on load), and otherwise it becomes a gather/sca
 always the element's natural alignment: nothing more is known about tensor storage.
 
 Bools live in memory as bytes (0/1) and in registers as i1; conversion happens here.
+
+In bounds mode (`ModuleContext.bounds_check`, `TORCHBURN_DEBUG=bounds`) every address goes
+through `bounds.py`, which checks it against the buffer's extent first.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import llvmlite.ir as ir
 from ...ir import expr as ex
 from ...ir.loop import Buffer
 from ..errors import CodegenError
+from . import bounds
 from .function import FunctionState, Scope
 from .types import I1, I32, I64, PTR, lanes_of, splat_const, storage_type, vector_of
 
@@ -138,10 +142,18 @@ class Access:
     def scalar_pointer(self) -> ir.Value:
         """Address of the first lane (for scalar, contiguous and uniform accesses)."""
         offset = self._scalar_offset() if self.affine is None else self.em.index_value(self.affine.base)
-        return _gep(self.em.b, self.ref.ptr, offset, self.elem)
+        ptr = _gep(self.em.b, self.ref.ptr, offset, self.elem)
+        if self.em.fs.ctx.bounds_check:
+            span = self.lanes if self.kind == "contiguous" else 1
+            ptr = bounds.guard_pointer(self.em, self.ref, offset, span, ptr, self.buf.dtype.itemsize)
+        return ptr
 
     def vector_pointers(self) -> ir.Value:
-        return _gep(self.em.b, self.ref.ptr, self._vector_offsets(), self.elem)
+        offsets = self._vector_offsets()
+        ptrs = _gep(self.em.b, self.ref.ptr, offsets, self.elem)
+        if self.em.fs.ctx.bounds_check:
+            ptrs = bounds.guard_pointers(self.em, self.ref, offsets, ptrs, self.buf.dtype.itemsize)
+        return ptrs
 
     def _scalar_offset(self) -> ir.Value:
         off: ex.Expr = _ZERO

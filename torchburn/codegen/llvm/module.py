@@ -49,14 +49,15 @@ def kernel_function_name(program: lp.Program, kernel: lp.Kernel) -> str:
     return f"{symbol_name(program.name)}.{symbol_name(kernel.name)}"
 
 
-def emit_program(program: lp.Program, target: Target) -> str:
-    """LLVM IR text of one module holding all kernels of `program` and its entry function."""
-    return str(build_module(program, target).module)
+def emit_program(program: lp.Program, target: Target, bounds_check: bool = False) -> str:
+    """LLVM IR text of one module holding all kernels of `program` and its entry function;
+    with `bounds_check`, every load and store is checked against its buffer (`bounds.py`)."""
+    return str(build_module(program, target, bounds_check).module)
 
 
-def build_module(program: lp.Program, target: Target) -> ModuleContext:
+def build_module(program: lp.Program, target: Target, bounds_check: bool = False) -> ModuleContext:
     """Build the llvmlite module (kept for callers that inspect it before printing)."""
-    ctx = ModuleContext(program.name, target)
+    ctx = ModuleContext(program.name, target, bounds_check)
     unsafe = _aliased_params(program)
     groups = _identical_kernels(program)
     functions: dict[str, ir.Function] = {}

@@ -19,7 +19,9 @@ import numpy as np
 
 from ...ir import expr as ex
 from ...ir import loop as lp
+from .. import faults
 from .interp import ExecutionError, program_code, span_elements
+from .ops import DivisionByZero
 from .values import bf16_to_f32, f32_to_bf16, storage_dtype
 
 
@@ -52,7 +54,11 @@ class ReferenceEntry:
                 raise ExecutionError(f"temporary %{b.name} has no workspace offset (run plan-memory)")
             offset = ex.evaluate_index(self._offsets[b.name], env)
             memory[b.name] = _wrap((workspace or 0) + offset if nbytes else None, nbytes, storage_dtype(b.dtype))
-        self.code.run(memory, env)
+        try:
+            self.code.run(memory, env)
+        except DivisionByZero:
+            # as native code does: count the fault, the launcher runs the call in PyTorch
+            faults.record()
 
     @staticmethod
     def _nbytes(b: lp.Buffer, env: dict[str, int]) -> int:
