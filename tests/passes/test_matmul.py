@@ -226,14 +226,16 @@ def _loops(asm: str) -> list[list[str]]:
     return [b for b in bodies if not any(x.strip().startswith(".LBB") for x in b)]
 
 
-def test_avx2_micro_kernel_keeps_its_accumulators_in_registers() -> None:
-    """The AVX2 k loop (assembly for x86-64-v3): 12 ymm fmas per k step, no load or store of
-    the stack among them."""
+@pytest.mark.parametrize("m,fmas", [(96, 12), (2, 12), (3, 12), (4, 8)])
+def test_avx2_micro_kernel_keeps_its_accumulators_in_registers(m: int, fmas: int) -> None:
+    """The AVX2 k loop (assembly for x86-64-v3) of the tiled form (6 x 16: 12 ymm fmas per k
+    step) and of the dot form for 2 to 4 rows: no load or store of the stack among the fmas."""
     from torchburn.codegen.target import named_target
     from torchburn.compiler import driver
 
-    compiled, _ = driver.compile_graph(parse_graph(matmul_graph(96, 96, 64)), target=named_target("avx2"))
-    kernels = [b for b in _loops(compiled.assembly()) if sum("vfmadd" in x for x in b) >= 12]
+    graph = parse_graph(matmul_graph(m, 96, 64 if m > 4 else 512, b_transposed=m <= 4))
+    compiled, _ = driver.compile_graph(graph, target=named_target("avx2"))
+    kernels = [b for b in _loops(compiled.assembly()) if sum("vfmadd" in x for x in b) >= fmas]
     assert kernels, "no loop of fmas in the AVX2 assembly"
     for body in kernels:
         assert all("ymm" in x for x in body if "vfmadd" in x)

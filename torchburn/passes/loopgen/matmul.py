@@ -284,6 +284,8 @@ def plan_gemm(m: Optional[int], n: Optional[int], k: Optional[int], batch: Optio
     return GemmPlan(lanes, mr, nr, 0 if single else kc, nc, mc, parallel, swap, fma=cpu.fma)
 
 
+#: Columns of the dot-product form by its rows, where registers allow (see `dot_plan`).
+DOT_COLUMNS = {1: 8, 2: 6, 3: 5, 4: 4}
 #: Products with at most this many rows use the dot-product form when both operands run
 #: along k (a vector, or a few, times a weight `W[j, k]`).
 DOT_MAX_ROWS = 4
@@ -292,10 +294,13 @@ DOT_MAX_ROWS = 4
 def dot_plan(m: int, n: Optional[int], k: Optional[int], batch: Optional[int], dtype: dt.DType,
              cpu: CpuInfo) -> GemmPlan:
     """The dot-product form for `m <= DOT_MAX_ROWS` rows: each step loads MR vectors of A and NR
-    of B^T along k and does MR x NR fmas (loads stay below two per fma)."""
+    of B^T along k and does MR x NR fmas (loads stay below two per fma). The MR x NR
+    accumulators, the MR vectors of A and the B vector in use fit the registers (with 16, as on
+    AVX2: 1 x 8, 2 x 6, 3 x 4, 4 x 2; with 32: 1 x 8, 2 x 6, 3 x 5, 4 x 4)."""
     lanes = cpu.lanes(dtype)
     mr = max(1, min(m, DOT_MAX_ROWS))
-    nr = {1: 8, 2: 6, 3: 5}.get(mr, 4)
+    spare = 1 + (0 if cpu.fma else 1)
+    nr = max(1, min(DOT_COLUMNS.get(mr, 4), (cpu.vector_registers() - mr - spare) // mr))
     big = 1 << 20
     flops = 2.0 * m * (n if n is not None else big) * (k if k is not None else big) * (batch if batch is not None else big)
     parallel = "columns" if cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS else ""
@@ -565,10 +570,12 @@ class GemmBuilder:
         kb.push()
         k_first = ex.mul(kvec, Const(w))
         av = [element(a_probe, rows[r], k_first, w) for r in range(plan.mr)]
-        bv = [element(b_probe, cols[c], k_first, w) for c in range(plan.nr)]
-        for r, c in tiles:
-            cur = ex.Load(accs[(r, c)].name, (lane,), self.vt)
-            kb.emit(lp.Store(accs[(r, c)].name, (lane,), self.fma(av[r], bv[c], cur)))
+        # Each B vector is loaded just before its MR fmas: one B register in use, not NR.
+        for c in range(plan.nr):
+            bv = element(b_probe, cols[c], k_first, w)
+            for r in range(plan.mr):
+                cur = ex.Load(accs[(r, c)].name, (lane,), self.vt)
+                kb.emit(lp.Store(accs[(r, c)].name, (lane,), self.fma(av[r], bv, cur)))
         kb.emit(self.loop(kvec, ex.floordiv(self.k, Const(w)), kb.pop()))
         kt = self.var("k")
         kb.push()
