@@ -210,6 +210,10 @@ def test_micro_tile_rule() -> None:
     assert micro_tile(CpuInfo(vector_bits=128, registers=32, broadcast_operand=False)) == (8, 2)
     assert micro_tile(CpuInfo(vector_bits=128, registers=8, fma=False)) == (5, 1)
     assert micro_tile(CpuInfo(vector_bits=256, registers=4)) == (2, 1)
+    # 16 f16 lanes accumulating in f32 take two ymm registers per vector
+    assert micro_tile(CpuInfo(vector_bits=256), per_vector=2) == (6, 1)
+    half = plan_gemm(64, 64, 64, 1, gemm_dtype("f16"), CpuInfo(vector_bits=256))
+    assert (half.mr, half.nr) == (6, 16)
 
 
 def _loops(asm: str) -> list[list[str]]:

@@ -218,12 +218,13 @@ def _round_up(a: int, b: int) -> int:
 MAX_ROWS, MAX_B_VECTORS = 8, 2
 
 
-def micro_tile(cpu: CpuInfo, max_vectors: int = MAX_B_VECTORS) -> tuple[int, int]:
+def micro_tile(cpu: CpuInfo, max_vectors: int = MAX_B_VECTORS, per_vector: int = 1) -> tuple[int, int]:
     """MR and NR / W of the micro-kernel: the most accumulators (MR x NR/W vector registers)
     that fit the register file next to the NR/W vectors of B, the broadcast of A (unless the
     fma takes it from memory) and, without fma, the product before its add. Ties go to more
     B vectors (fewer broadcasts per fma). A spilled accumulator is a load and a store per fma:
-    the tile must fit.
+    the tile must fit. `per_vector`: registers one of its vectors takes (2 when W half-precision
+    lanes accumulate in f32).
 
         AVX2 (16 ymm):                            6 x 2   (12 accumulators + 2 B + 1 broadcast)
         AVX-512 (32 zmm, embedded broadcast):     8 x 2   (16 + 2)
@@ -231,9 +232,10 @@ def micro_tile(cpu: CpuInfo, max_vectors: int = MAX_B_VECTORS) -> tuple[int, int
         SSE without FMA (16 xmm):                 6 x 2   (12 + 2 + 1 + 1)
     """
     spare = (0 if cpu.folds_broadcast() else 1) + (0 if cpu.fma else 1)
+    registers = cpu.vector_registers() // max(per_vector, 1)
     best = (1, 1)
     for nvec in range(1, max(max_vectors, 1) + 1):
-        rows = min(MAX_ROWS, (cpu.vector_registers() - nvec - spare) // nvec)
+        rows = min(MAX_ROWS, (registers - nvec - spare) // nvec)
         if rows >= 1 and rows * nvec >= best[0] * best[1]:
             best = (rows, nvec)
     return best
@@ -250,7 +252,8 @@ def plan_gemm(m: Optional[int], n: Optional[int], k: Optional[int], batch: Optio
         return replace(plan, parallel="rows" if rows else plan.parallel)
     lanes = cpu.lanes(dtype)
     item = max(dtype.itemsize, 1)
-    mr, nvec = micro_tile(cpu, 1 if n is not None and n <= lanes else MAX_B_VECTORS)
+    per_vector = max(1, lanes * dt.compute_dtype(dtype).bits // cpu.vector_bits)
+    mr, nvec = micro_tile(cpu, 1 if n is not None and n <= lanes else MAX_B_VECTORS, per_vector)
     nr = nvec * lanes
     if m is not None and 0 < m < mr:
         mr = m
