@@ -4,6 +4,7 @@
     python benchmarks/bench_cpu.py --json out.json          # also write the figures as JSON
     python benchmarks/bench_cpu.py --cases softmax,layernorm --rounds 51
     python benchmarks/bench_cpu.py --no-compile-row         # skip the cold-compile child processes
+    python benchmarks/bench_cpu.py --threads 1 --cpu-time   # one thread, timed by its CPU time
 
 Rows (f32, inference under `torch.no_grad`):
 
@@ -127,7 +128,7 @@ def contenders(case: Case, which: list[str]) -> dict[str, Callable[..., Any]]:
     return fns
 
 
-def run_case(case: Case, which: list[str], rounds: int) -> dict[str, Any]:
+def run_case(case: Case, which: list[str], rounds: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Check every contender against eager, then time them interleaved."""
     torch._dynamo.reset()
     with torch.no_grad():
@@ -139,7 +140,7 @@ def run_case(case: Case, which: list[str], rounds: int) -> dict[str, Any]:
             got = fn(*case.args)
             first_call_s[name] = time.perf_counter() - t0
             torch.testing.assert_close(got, expected, rtol=case.tol, atol=case.tol)
-        timings = compare(fns, case.args, rounds=rounds)
+        timings = compare(fns, case.args, rounds=rounds, clock=clock)
     return {"case": case.name, "what": case.what, "first_call_s": first_call_s, "timings": timings}
 
 
@@ -188,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-cache", action="store_true",
                         help="use TorchBurn's on-disk compile cache (off by default: its key does not "
                              "see changes to the compiler's own code)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by this thread's CPU time (needs --threads 1; on a loaded machine "
+                             "it leaves out the time other processes held the core)")
     args = parser.parse_args(argv)
+    if args.cpu_time and args.threads != 1:
+        parser.error("--cpu-time needs --threads 1 (other threads' CPU time would not be counted)")
+    if args.cpu_time:
+        os.environ["TORCHBURN_NUM_THREADS"] = "1"
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.disk_cache:
@@ -201,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in [c for c in args.cases.split(",") if c]:
         if name not in all_cases:
             raise SystemExit(f"unknown case {name!r}; known: {', '.join(all_cases)}")
-        results.append(run_case(all_cases[name], which, args.rounds))
+        results.append(run_case(all_cases[name], which, args.rounds,
+                                time.thread_time if args.cpu_time else time.perf_counter))
         print(f"  done {name}", file=sys.stderr, flush=True)
     compile_row = None if args.no_compile_row else cold_compile(args.compile_runs)
 
     info = machine_info()
     print(f"# {info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, "
-          f"load {info['loadavg_1m']:.2f}; median of {args.rounds} interleaved rounds")
+          f"load {info['loadavg_1m']:.2f}; median of {args.rounds} interleaved rounds"
+          + (", thread CPU time" if args.cpu_time else ""))
     print(table(results, which))
     if compile_row is not None:
         print(f"cold compile of the README MLP (fresh process, empty cache, median of {args.compile_runs}): "

@@ -53,8 +53,11 @@ def _calls_for(fn: Callable[[], Any], min_round_s: float) -> int:
 
 
 def compare(fns: Mapping[str, Callable[..., Any]], args: Sequence[Any] = (), *, rounds: int = 31,
-            warmup: int = 3, min_round_s: float = 0.02) -> dict[str, Timing]:
-    """Time each function on `args`: warm-up calls, then `rounds` interleaved rounds."""
+            warmup: int = 3, min_round_s: float = 0.02,
+            clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+    """Time each function on `args`: warm-up calls, then `rounds` interleaved rounds. `clock`
+    may be `time.thread_time` (CPU time of this thread: on a loaded machine it leaves out the
+    time other processes held the core, for work that runs on the calling thread only)."""
     bound = {name: (lambda f=f: f(*args)) for name, f in fns.items()}
     for f in bound.values():
         for _ in range(warmup):
@@ -65,10 +68,10 @@ def compare(fns: Mapping[str, Callable[..., Any]], args: Sequence[Any] = (), *, 
         names = list(bound) if r % 2 == 0 else list(reversed(bound))
         for name in names:
             f, n = bound[name], calls[name]
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n):
                 f()
-            samples[name].append((time.perf_counter() - t0) / n)
+            samples[name].append((clock() - t0) / n)
     return {name: Timing(name, statistics.median(s), min(s), max(s), rounds, calls[name], s)
             for name, s in samples.items()}
 

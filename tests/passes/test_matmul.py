@@ -169,6 +169,106 @@ def test_plan_avx512_f32() -> None:
     assert (f64.lanes, f64.nr) == (8, 16)
 
 
+#: Named targets with the micro-tile each must get: (MR, NR) in f32 elements.
+TARGET_TILES = {"avx2": (6, 16), "avx512": (8, 32), "neon": (8, 8),
+                "x86_64-unknown-linux-gnu:x86-64:+sse,+sse2": (6, 8)}
+
+
+def _tile_of(plan: str) -> tuple[int, int]:
+    fields = dict(f.split("=") for f in plan.split() if "=" in f)
+    return int(fields["mr"]), int(fields["nr"])
+
+
+@pytest.mark.parametrize("name", sorted(TARGET_TILES))
+def test_micro_tile_fits_the_targets_registers(name: str) -> None:
+    """`lower-to-loops` under each target's `PassContext` picks a micro-tile whose
+    accumulators, B vectors, broadcast of A (unless the fma takes it from memory) and, without
+    FMA, the product before its add, fit the target's SIMD registers: 16 ymm on AVX2 (a tile of
+    8 x 16 there spilled every accumulator once per k step)."""
+    from torchburn.codegen.target import named_target
+    from torchburn.ir import dtypes as dt
+
+    target = named_target(name)
+    graph = parse_graph(matmul_graph(96, 96, 64))
+    program = PassManager([Fuse(), get_pass("lower-to-loops")()], target=target).run(graph)
+    (plan,) = [p for k in program.kernels for p in dict(k.attrs)["gemm"].split(" | ")]
+    mr, nr = _tile_of(plan)
+    assert (mr, nr) == TARGET_TILES[name], plan
+    nvec = nr // target.lanes(dt.f32)
+    extra = (0 if target.fma_broadcast_operand() else 1) + (0 if target.has_fma() else 1)
+    assert mr * nvec + nvec + extra <= target.vector_registers()
+    assert ("mul-add" in plan) == (not target.has_fma())
+
+
+def test_micro_tile_rule() -> None:
+    """`micro_tile`: the most accumulators that fit, ties to more B vectors, at most 8 rows."""
+    from torchburn.passes.loopgen.matmul import micro_tile
+
+    assert micro_tile(CpuInfo(vector_bits=256)) == (6, 2)
+    assert micro_tile(CpuInfo(vector_bits=256), max_vectors=1) == (8, 1)
+    assert micro_tile(CpuInfo(vector_bits=512)) == (8, 2)
+    assert micro_tile(CpuInfo(vector_bits=128, registers=32, broadcast_operand=False)) == (8, 2)
+    assert micro_tile(CpuInfo(vector_bits=128, registers=8, fma=False)) == (5, 1)
+    assert micro_tile(CpuInfo(vector_bits=256, registers=4)) == (2, 1)
+    # 16 f16 lanes accumulating in f32 take two ymm registers per vector
+    assert micro_tile(CpuInfo(vector_bits=256), per_vector=2) == (6, 1)
+    half = plan_gemm(64, 64, 64, 1, gemm_dtype("f16"), CpuInfo(vector_bits=256))
+    assert (half.mr, half.nr) == (6, 16)
+
+
+def _loops(asm: str) -> list[list[str]]:
+    """The bodies of the innermost loops of x86 assembly: from a label to a jump back to it."""
+    lines = asm.splitlines()
+    where: dict[str, int] = {}
+    bodies = []
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.endswith(":") and text.startswith(".LBB"):
+            where[text[:-1]] = i
+        elif text.startswith("j") and text.split()[-1] in where:
+            bodies.append(lines[where[text.split()[-1]] + 1:i])
+    return [b for b in bodies if not any(x.strip().startswith(".LBB") for x in b)]
+
+
+@pytest.mark.parametrize("m,fmas", [(96, 12), (2, 12), (3, 12), (4, 8)])
+def test_avx2_micro_kernel_keeps_its_accumulators_in_registers(m: int, fmas: int) -> None:
+    """The AVX2 k loop (assembly for x86-64-v3) of the tiled form (6 x 16: 12 ymm fmas per k
+    step) and of the dot form for 2 to 4 rows: no load or store of the stack among the fmas."""
+    from torchburn.codegen.target import named_target
+    from torchburn.compiler import driver
+
+    graph = parse_graph(matmul_graph(m, 96, 64 if m > 4 else 512, b_transposed=m <= 4))
+    compiled, _ = driver.compile_graph(graph, target=named_target("avx2"))
+    kernels = [b for b in _loops(compiled.assembly()) if sum("vfmadd" in x for x in b) >= fmas]
+    assert kernels, "no loop of fmas in the AVX2 assembly"
+    for body in kernels:
+        assert all("ymm" in x for x in body if "vfmadd" in x)
+        assert not [x for x in body if "(%rsp)" in x], "\n".join(body)
+
+
+#: Odd sizes on AVX2's 6 x 16 tile: edge panels of every width, single rows and columns.
+ODD_SHAPES = [(1, 1023, 17), (7, 255, 1023), (17, 7, 255), (255, 17, 7), (1023, 1, 255),
+              (1023, 255, 17), (255, 1023, 1), (7, 17, 1), (1, 1, 1023), (255, 255, 255)]
+
+
+@pytest.mark.parametrize("m,n,k", ODD_SHAPES)
+@pytest.mark.parametrize("b_transposed", [False, True])
+def test_odd_sizes_on_avx2(m: int, n: int, k: int, b_transposed: bool) -> None:
+    from torchburn.codegen.target import named_target
+
+    target = named_target("avx2")
+    if not runs_here_on(target):
+        pytest.skip("AVX2 code does not run on this machine")
+    c = run_case(m, n, k, b_transposed=b_transposed, epilogue="tanh" if (m + n) % 2 else "", machine=target)
+    assert all(_tile_of(p)[1] in (8, 16) for p in c.plans if not p.startswith("dot"))
+
+
+def runs_here_on(target: Target) -> bool:
+    from torchburn.codegen.target import runs_here
+
+    return runs_here(target)
+
+
 def gemm_dtype(name: str) -> Any:
     from torchburn.ir import dtypes as dt
 
@@ -523,7 +623,8 @@ def case(m, n, k, bt, epi, swap, cpu):
 
 big = t.Target(vector_bits=512, l2_bytes=1 << 20, threads=2)
 small = t.tiny_cpu()
-for cpu in (big, small):
+avx2 = t.Target(vector_bits=256, l2_bytes=1 << 20, threads=2)
+for cpu in (big, small, avx2):
     for swap in (False, True):
         for (m, n, k) in ((1, 1, 1), (9, 33, 17), (37, 70, 300), (17, 5, 513)):
             for bt in (False, True):

@@ -9,6 +9,7 @@ this machine or for another one, and IR tools run passes for a target without LL
            features="+avx,+avx2,+fma,...", vector_bits=256, l1_bytes=32768, l2_bytes=524288,
            threads=2)
     target.lanes(f32) == 8;  target.native_dot4(8) is False (no AVX512-VNNI)
+    target.vector_registers() == 16;  target.has_fma() is True
 """
 from __future__ import annotations
 
@@ -63,6 +64,27 @@ class Target:
 
     def has_feature(self, name: str) -> bool:
         return "+" + name in self.features.split(",")
+
+    def vector_registers(self) -> int:
+        """How many SIMD registers code may keep values in: 32 on AArch64 (v0-v31) and on
+        x86-64 with AVX-512 (zmm0-31), 16 on other x86-64 (ymm/xmm0-15). Register-blocked
+        kernels (the GEMM micro-tile) size themselves by it."""
+        if self.arch == "aarch64" or (self.arch == "x86_64" and self.vector_bits >= 512):
+            return 32
+        return 16
+
+    def has_fma(self) -> bool:
+        """Whether a fused multiply-add is one instruction (FMA3 on x86-64, always on AArch64);
+        elsewhere `fma` is a library call, and kernels multiply and add instead."""
+        if self.arch == "aarch64":
+            return True
+        return self.has_feature("fma") or self.vector_bits >= 512
+
+    def fma_broadcast_operand(self) -> bool:
+        """Whether an fma takes a scalar broadcast from memory as its operand (AVX-512's
+        embedded broadcast, `vfmadd231ps (%rax){1to16}, %zmm1, %zmm2`), so the broadcast needs
+        no register of its own. AVX2 and NEON broadcast into a register first."""
+        return self.arch == "x86_64" and self.vector_bits >= 512
 
     def native_dot4(self, lanes: int) -> bool:
         """Whether `dot4_u8i8_acc` on `lanes` i32 lanes is one instruction here."""

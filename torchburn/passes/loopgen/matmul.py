@@ -83,15 +83,17 @@ only store of C, as scalar loops along the tile's vectors (`for c in 0..NR`), wh
 `vectorize` pass widens (and `expand-math` turns transcendentals into polynomials); LLVM
 scalarizes what is left. Half-precision products accumulate in f32 and round once.
 
-**Blocking.** `plan_gemm` takes MR x NR from the vector width (8 x 32 f32 on AVX-512: 16
-accumulator registers, two B vectors, broadcasts folded into the fmas), KC and NC so a packed
+**Blocking.** `plan_gemm` takes MR x NR from the target's register file (`micro_tile`: the
+most accumulators that fit next to the B vectors and the broadcast; 8 x 32 f32 on AVX-512: 16
+zmm accumulators, two B vectors, broadcasts folded into the fmas; 6 x 16 on AVX2: 12 of the 16
+ymm, two B vectors, one broadcast; a target without FMA multiplies, then adds), KC and NC so a packed
 B block fills about half of L2 (K in one block up to 1024), and the parallel split: blocks of
 columns (and batch) across threads, evenly, or the row loop when there are too few columns.
 Products below `MIN_PARALLEL_FLOPS` stay serial.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ...ir import dtypes as dt
@@ -115,23 +117,38 @@ PACK_BLOCK, PACK_GROUP = 8, 8
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """What the blocking depends on: vector width, data cache sizes, threads, and the i32 lane
-    counts at which `dot4_u8i8_acc` is one instruction (see `qlinear_i8`)."""
+    """What the blocking depends on: vector width, data cache sizes, threads, the i32 lane
+    counts at which `dot4_u8i8_acc` is one instruction (see `qlinear_i8`), and what sizes the
+    micro-tile: SIMD registers, whether fma is one instruction, whether an fma can broadcast
+    its scalar operand from memory. Registers and broadcast operand default to what the vector
+    width implies on x86-64 (512 bits: 32 registers with embedded broadcasts; else 16)."""
 
     vector_bits: int = 256
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
     threads: int = 1
     dot4_lanes: frozenset[int] = frozenset()
+    #: SIMD registers (0: by the vector width, see above).
+    registers: int = 0
+    fma: bool = True
+    #: None: by the vector width, see above.
+    broadcast_operand: Optional[bool] = None
 
     @staticmethod
     def of(target: Target) -> "CpuInfo":
         """The part of a target description the blocking reads."""
         return CpuInfo(target.vector_bits, target.l1_bytes, target.l2_bytes, target.threads,
-                       frozenset(n for n in DOT4_FEATURES if target.native_dot4(n)))
+                       frozenset(n for n in DOT4_FEATURES if target.native_dot4(n)),
+                       target.vector_registers(), target.has_fma(), target.fma_broadcast_operand())
 
     def lanes(self, dtype: dt.DType) -> int:
         return max(1, self.vector_bits // max(dtype.bits, 8))
+
+    def vector_registers(self) -> int:
+        return self.registers or (32 if self.vector_bits >= 512 else 16)
+
+    def folds_broadcast(self) -> bool:
+        return self.vector_bits >= 512 if self.broadcast_operand is None else self.broadcast_operand
 
 
 @dataclass(frozen=True)
@@ -171,13 +188,16 @@ class GemmPlan:
     #: Dot-product form for a few rows (`dot_plan`): vectors run along k, MR x NR is the tile
     #: of C each step accumulates, the lanes are summed at the end.
     dot: bool = False
+    #: Accumulate with `fma` (one instruction on the target), else multiply, then add.
+    fma: bool = True
 
     def describe(self) -> str:
+        muladd = "" if self.fma else " mul-add"
         if self.dot:
-            return f"dot mr={self.mr} nr={self.nr} parallel={self.parallel or 'no'}"
+            return f"dot mr={self.mr} nr={self.nr} parallel={self.parallel or 'no'}{muladd}"
         kc = "K" if self.kc == 0 else str(self.kc)
         return (f"mr={self.mr} nr={self.nr} kc={kc} nc={self.nc} mc={self.mc} "
-                f"parallel={self.parallel or 'no'}" + (" swap" if self.swap else ""))
+                f"parallel={self.parallel or 'no'}" + (" swap" if self.swap else "") + muladd)
 
 
 def static_int(e: Expr) -> Optional[int]:
@@ -192,6 +212,35 @@ def _round_up(a: int, b: int) -> int:
     return _cdiv(a, b) * b
 
 
+#: The largest micro-tile: MR rows (broadcasts of A) by MAX_B_VECTORS vectors of B. Taller
+#: tiles load B less often per fma but leave the edge panels emptier; past 8 x 2 nothing is
+#: gained where loads are not the limit.
+MAX_ROWS, MAX_B_VECTORS = 8, 2
+
+
+def micro_tile(cpu: CpuInfo, max_vectors: int = MAX_B_VECTORS, per_vector: int = 1) -> tuple[int, int]:
+    """MR and NR / W of the micro-kernel: the most accumulators (MR x NR/W vector registers)
+    that fit the register file next to the NR/W vectors of B, the broadcast of A (unless the
+    fma takes it from memory) and, without fma, the product before its add. Ties go to more
+    B vectors (fewer broadcasts per fma). A spilled accumulator is a load and a store per fma:
+    the tile must fit. `per_vector`: registers one of its vectors takes (2 when W half-precision
+    lanes accumulate in f32).
+
+        AVX2 (16 ymm):                            6 x 2   (12 accumulators + 2 B + 1 broadcast)
+        AVX-512 (32 zmm, embedded broadcast):     8 x 2   (16 + 2)
+        NEON (32 v):                              8 x 2   (16 + 2 + 1)
+        SSE without FMA (16 xmm):                 6 x 2   (12 + 2 + 1 + 1)
+    """
+    spare = (0 if cpu.folds_broadcast() else 1) + (0 if cpu.fma else 1)
+    registers = cpu.vector_registers() // max(per_vector, 1)
+    best = (1, 1)
+    for nvec in range(1, max(max_vectors, 1) + 1):
+        rows = min(MAX_ROWS, (registers - nvec - spare) // nvec)
+        if rows >= 1 and rows * nvec >= best[0] * best[1]:
+            best = (rows, nvec)
+    return best
+
+
 def plan_gemm(m: Optional[int], n: Optional[int], k: Optional[int], batch: Optional[int],
               dtype: dt.DType, cpu: CpuInfo, swap: bool = False, n_max: Optional[int] = None) -> GemmPlan:
     """Choose the blocking for `batch` products `m x k @ k x n` (None: not known statically;
@@ -200,12 +249,12 @@ def plan_gemm(m: Optional[int], n: Optional[int], k: Optional[int], batch: Optio
         plan = plan_gemm(m, n_max, k, batch, dtype, cpu, swap)
         # All columns fit one block: the rows are what the threads share.
         rows = plan.parallel and (m is None or m >= 2 * cpu.threads * plan.mr)
-        return GemmPlan(plan.lanes, plan.mr, plan.nr, plan.kc, plan.nc, plan.mc,
-                        "rows" if rows else plan.parallel, swap)
+        return replace(plan, parallel="rows" if rows else plan.parallel)
     lanes = cpu.lanes(dtype)
     item = max(dtype.itemsize, 1)
-    nr = (1 if n is not None and n <= lanes else 2) * lanes
-    mr = 8 if lanes >= 8 else 6
+    per_vector = max(1, lanes * dt.compute_dtype(dtype).bits // cpu.vector_bits)
+    mr, nvec = micro_tile(cpu, 1 if n is not None and n <= lanes else MAX_B_VECTORS, per_vector)
+    nr = nvec * lanes
     if m is not None and 0 < m < mr:
         mr = m
     # A packed B block (KC x NC) takes about half of L2, with NC at least 4 micro-panels so
@@ -235,9 +284,11 @@ def plan_gemm(m: Optional[int], n: Optional[int], k: Optional[int], batch: Optio
             elif m is None or m >= 2 * threads * mr:
                 parallel = "rows"
     mc = 0 if single else max(mr, (128 * 1024 // (nc * item)) // mr * mr)
-    return GemmPlan(lanes, mr, nr, 0 if single else kc, nc, mc, parallel, swap)
+    return GemmPlan(lanes, mr, nr, 0 if single else kc, nc, mc, parallel, swap, fma=cpu.fma)
 
 
+#: Columns of the dot-product form by its rows, where registers allow (see `dot_plan`).
+DOT_COLUMNS = {1: 8, 2: 6, 3: 5, 4: 4}
 #: Products with at most this many rows use the dot-product form when both operands run
 #: along k (a vector, or a few, times a weight `W[j, k]`).
 DOT_MAX_ROWS = 4
@@ -246,14 +297,17 @@ DOT_MAX_ROWS = 4
 def dot_plan(m: int, n: Optional[int], k: Optional[int], batch: Optional[int], dtype: dt.DType,
              cpu: CpuInfo) -> GemmPlan:
     """The dot-product form for `m <= DOT_MAX_ROWS` rows: each step loads MR vectors of A and NR
-    of B^T along k and does MR x NR fmas (loads stay below two per fma)."""
+    of B^T along k and does MR x NR fmas (loads stay below two per fma). The MR x NR
+    accumulators, the MR vectors of A and the B vector in use fit the registers (with 16, as on
+    AVX2: 1 x 8, 2 x 6, 3 x 4, 4 x 2; with 32: 1 x 8, 2 x 6, 3 x 5, 4 x 4)."""
     lanes = cpu.lanes(dtype)
     mr = max(1, min(m, DOT_MAX_ROWS))
-    nr = {1: 8, 2: 6, 3: 5}.get(mr, 4)
+    spare = 1 + (0 if cpu.fma else 1)
+    nr = max(1, min(DOT_COLUMNS.get(mr, 4), (cpu.vector_registers() - mr - spare) // mr))
     big = 1 << 20
     flops = 2.0 * m * (n if n is not None else big) * (k if k is not None else big) * (batch if batch is not None else big)
     parallel = "columns" if cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS else ""
-    return GemmPlan(lanes, mr, nr, 0, nr, 0, parallel, dot=True)
+    return GemmPlan(lanes, mr, nr, 0, nr, 0, parallel, dot=True, fma=cpu.fma)
 
 
 def gemm_cost(m: int, n: int, k: int, plan: GemmPlan, pack_cost: float, store_cost: float) -> float:
@@ -394,6 +448,7 @@ class GemmBuilder:
         self.w = plan.lanes
         self.vt = ScalarType(self.acc_t, self.w)
         self.nvec = plan.nr // plan.lanes
+        self.use_fma = plan.fma
         self.has_epilogue = root is not mm
         self.pb: Optional[lp.Buffer] = None
         self.cpart: Optional[lp.Buffer] = None
@@ -431,7 +486,7 @@ class GemmBuilder:
         return ex.const(0, self.acc_t, lanes)
 
     def fma(self, a: Expr, b: Expr, c: Expr) -> Expr:
-        if self.acc_t.is_float:
+        if self.acc_t.is_float and self.use_fma:
             return ex.Call("fma", (a, b, c), c.type)
         return ex.Binary("add", ex.Binary("mul", a, b, c.type), c, c.type)
 
@@ -518,10 +573,12 @@ class GemmBuilder:
         kb.push()
         k_first = ex.mul(kvec, Const(w))
         av = [element(a_probe, rows[r], k_first, w) for r in range(plan.mr)]
-        bv = [element(b_probe, cols[c], k_first, w) for c in range(plan.nr)]
-        for r, c in tiles:
-            cur = ex.Load(accs[(r, c)].name, (lane,), self.vt)
-            kb.emit(lp.Store(accs[(r, c)].name, (lane,), self.fma(av[r], bv[c], cur)))
+        # Each B vector is loaded just before its MR fmas: one B register in use, not NR.
+        for c in range(plan.nr):
+            bv = element(b_probe, cols[c], k_first, w)
+            for r in range(plan.mr):
+                cur = ex.Load(accs[(r, c)].name, (lane,), self.vt)
+                kb.emit(lp.Store(accs[(r, c)].name, (lane,), self.fma(av[r], bv, cur)))
         kb.emit(self.loop(kvec, ex.floordiv(self.k, Const(w)), kb.pop()))
         kt = self.var("k")
         kb.push()
