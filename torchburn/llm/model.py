@@ -103,9 +103,17 @@ class Attention(nn.Module):
         top = torch.maximum(old.amax(-1, keepdim=True), new.amax(-1, keepdim=True))
         e_old, e_new = torch.exp(old - top), torch.exp(new - top)
         total = e_old.sum(-1, keepdim=True) + e_new.sum(-1, keepdim=True)
-        out = (torch.matmul(e_old, v_past) + torch.matmul(e_new, v)) / total
-        out = out.view(b, self.heads, t, self.head_dim).transpose(1, 2)
-        return self.o_proj(out.reshape(b, t, self.heads * self.head_dim)), k, v
+        out = torch.matmul(e_old, v_past) + torch.matmul(e_new, v)
+        if t == 1:
+            # [B, K, G, D] is [B, 1, H * D] in memory; normalizing in that shape makes the
+            # o_proj input a plain row (a quantized linear streams only such rows).
+            scale = (1.0 / total).reshape(b, 1, self.heads, 1).expand(b, 1, self.heads, self.head_dim)
+            out = out.reshape(b, 1, self.heads * self.head_dim) * scale.reshape(b, 1, -1)
+        else:
+            out = out / total
+            out = out.view(b, self.heads, t, self.head_dim).transpose(1, 2)
+            out = out.reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out), k, v
 
 
 class MLP(nn.Module):
