@@ -6,6 +6,7 @@ used, so the first chat needs no network.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt length of the pp test (default 512)")
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--profile", action="store_true",
+                       help="then time a decode step kernel by kernel (also TORCHBURN_PROFILE=1)")
     return parser
 
 
@@ -102,6 +105,10 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     print(report.table())
     if args.json:
         report.write_json(args.json)
+    if args.profile or os.environ.get("TORCHBURN_PROFILE", "0") not in ("", "0"):
+        from .profile import profile_decode
+
+        print(profile_decode(llm).table())
     return 0
 
 
