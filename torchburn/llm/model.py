@@ -1,14 +1,16 @@
 """The decoder: one ``nn.Module`` definition for every supported family, configured by
 `DecoderConfig`.
 
-A step takes token ids, their rope positions, the cache slots they are written to and, per
-batch row, the first slot that holds a real token (rows are left-padded).  It writes the new
-keys and values into the static KV cache in place and attends over the whole cache with a
-mask built from those tensors, so prefill chunks and decode steps are the same graph shape for
-every position: the position is data, never a Python int, and a compiled step is reused as
-the sequence grows.
+A step takes token ids, their rope positions, the cache slots they go to and, per batch row,
+the first slot that holds a real token (rows are left-padded), plus ``past``: the KV cache's
+slots filled before the step (`kv_cache.KVCache.past`, a view whose length is a dynamic
+dimension when compiled).  It attends over ``past`` and its own tokens with masks built from
+those tensors and returns its logits and its new keys and values, which the caller stores
+(`KVCache.write`).  The position is data, never a Python int, and the past's length is
+symbolic, so one compiled step serves every position and attention costs the tokens so far,
+not ``max_context``.
 
-Shapes: ``B`` batch, ``T`` tokens in this step, ``C`` cache slots (``max_context``), ``H``
+Shapes: ``B`` batch, ``T`` tokens in this step, ``P`` past slots read, ``H``
 query heads, ``K`` key/value heads (``H = K * G``), ``D`` head dim.
 """
 from __future__ import annotations
