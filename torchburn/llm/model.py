@@ -15,7 +15,7 @@ query heads, ``K`` key/value heads (``H = K * G``), ``D`` head dim.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
