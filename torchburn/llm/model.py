@@ -1,25 +1,28 @@
 """The decoder: one ``nn.Module`` definition for every supported family, configured by
 `DecoderConfig`.
 
-A step takes token ids, their rope positions, the cache slots they are written to and, per
-batch row, the first slot that holds a real token (rows are left-padded).  It writes the new
-keys and values into the static KV cache in place and attends over the whole cache with a
-mask built from those tensors, so prefill chunks and decode steps are the same graph shape for
-every position: the position is data, never a Python int, and a compiled step is reused as
-the sequence grows.
+A step takes token ids, their rope positions, the cache slots they go to and, per batch row,
+the first slot that holds a real token (rows are left-padded), plus ``past``: the KV cache's
+slots filled before the step (`kv_cache.KVCache.past`, a view whose length is a dynamic
+dimension when compiled).  It attends over ``past`` and its own tokens with masks built from
+those tensors and returns its logits and its new keys and values, which the caller stores
+(`KVCache.write`).  The position is data, never a Python int, and the past's length is
+symbolic, so one compiled step serves every position and attention costs the tokens so far,
+not ``max_context``.
 
-Shapes: ``B`` batch, ``T`` tokens in this step, ``C`` cache slots (``max_context``), ``H``
+Shapes: ``B`` batch, ``T`` tokens in this step, ``P`` past slots read, ``H``
 query heads, ``K`` key/value heads (``H = K * G``), ``D`` head dim.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import DecoderConfig
+from .kv_cache import KVCache
 from .rope import apply_rope, cos_sin, dynamic_inv_freq, rope_parameters
 
 #: Score given to masked keys: finite, so a fully masked (padding) row stays finite too.
@@ -73,9 +76,16 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
-        slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old_allowed: torch.Tensor,
+        new_allowed: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(output, new keys, new values); keys and values are ``[B, K, T, D]``.
+
+        The queries attend to the ``P`` earlier slots in ``k_past``/``v_past`` ``[B, K, P, D]``
+        (``old_allowed [B, 1, T, P]``) and to this step's own tokens (``new_allowed
+        [B, 1, T, T]``): one softmax over both parts, computed as two partial sums against a
+        shared maximum, so the cache is never concatenated (or copied) with the new keys.
+        """
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
@@ -84,17 +94,28 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
-        k_cache.index_copy_(2, slots, k)
-        v_cache.index_copy_(2, slots, v.transpose(1, 2))
+        v = v.transpose(1, 2)
         groups = self.heads // self.kv_heads
         # Query heads grouped under their key/value head: [B, K, G*T, D], no cache copy.
-        q = q.reshape(b, self.kv_heads, groups * t, self.head_dim)
-        scores = torch.matmul(q, k_cache.transpose(2, 3)) * (self.head_dim ** -0.5)
-        mask = allowed.repeat(1, 1, groups, 1)
-        scores = torch.where(mask, scores, MASKED)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = torch.matmul(probs, v_cache).view(b, self.heads, t, self.head_dim)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        q = q.reshape(b, self.kv_heads, groups * t, self.head_dim) * (self.head_dim ** -0.5)
+        old = torch.where(old_allowed.repeat(1, 1, groups, 1),
+                          torch.matmul(q, k_past.transpose(2, 3)), MASKED)
+        new = torch.where(new_allowed.repeat(1, 1, groups, 1),
+                          torch.matmul(q, k.transpose(2, 3)), MASKED)
+        top = torch.maximum(old.amax(-1, keepdim=True), new.amax(-1, keepdim=True))
+        e_old, e_new = torch.exp(old - top), torch.exp(new - top)
+        total = e_old.sum(-1, keepdim=True) + e_new.sum(-1, keepdim=True)
+        out = torch.matmul(e_old, v_past) + torch.matmul(e_new, v)
+        if t == 1:
+            # [B, K, G, D] is [B, 1, H * D] in memory; normalizing in that shape makes the
+            # o_proj input a plain row (a quantized linear streams only such rows).
+            scale = (1.0 / total).reshape(b, 1, self.heads, 1).expand(b, 1, self.heads, self.head_dim)
+            out = out.reshape(b, 1, self.heads * self.head_dim) * scale.reshape(b, 1, -1)
+        else:
+            out = out / total
+            out = out.view(b, self.heads, t, self.head_dim).transpose(1, 2)
+            out = out.reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out), k, v
 
 
 class MLP(nn.Module):
@@ -137,12 +158,9 @@ class Decoder(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def new_cache(self, batch: int, context: int, dtype: torch.dtype = torch.float32,
-                  device: Optional[torch.device] = None) -> list[torch.Tensor]:
-        """A zeroed static KV cache: ``[k0, v0, k1, v1, ...]``, each ``[B, K, C, D]``."""
-        c = self.config
-        shape = (batch, c.num_key_value_heads, context, c.head_dim)
-        return [torch.zeros(shape, dtype=dtype, device=device)
-                for _ in range(2 * c.num_hidden_layers)]
+                  device: Optional[torch.device] = None) -> KVCache:
+        """A zeroed static KV cache for ``batch`` rows and ``context`` slots."""
+        return KVCache(self.config, batch, context, dtype, device)
 
     def forward(
         self,
@@ -150,33 +168,45 @@ class Decoder(nn.Module):
         positions: torch.Tensor,
         slots: torch.Tensor,
         starts: torch.Tensor,
-        cache: Sequence[torch.Tensor],
+        past: torch.Tensor,
         logit_index: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """Logits ``[B, T, V]`` (or ``[B, len(logit_index), V]``); updates ``cache`` in place.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits ``[B, T, V]`` or ``[B, len(logit_index), V]``, new keys and values
+        ``[2 * layers, B, K, T, D]`` to store at ``slots``).
 
-        ``positions [B, T]`` are rope positions, ``slots [T]`` the cache slots written,
-        ``starts [B]`` each row's first real slot (left padding before it is never attended).
+        ``positions [B, T]`` are rope positions, ``slots [T]`` the consecutive cache slots of
+        this step's tokens, ``starts [B]`` each row's first real slot (left padding before it
+        is never attended), ``past [2 * layers, B, K, P, D]`` the cache's first ``P`` slots
+        (`KVCache.past`): only those before ``slots[0]`` are attended.
         """
         x = self.embed_tokens(input_ids)
         inv_freq = self.inv_freq
         if self.config.rope_type == "dynamic":
             inv_freq = dynamic_inv_freq(self.config, positions.max() + 1)
         cos, sin = cos_sin(positions, inv_freq, self.rope_scale)
-        context = cache[0].shape[2]
-        key = torch.arange(context, device=input_ids.device)
         query = slots[:, None]
-        causal = (key[None, :] <= query)[None] & (key[None, None, :] >= starts[:, None, None])
-        masks: dict[Optional[int], torch.Tensor] = {}
+        old_key = torch.arange(past.shape[3], device=input_ids.device)[None, :]
+        new_key = slots[None, :]
+        row_start = starts[:, None, None]
+        old_causal = (old_key < slots[0]).expand(query.shape[0], -1)[None] & (old_key[None] >= row_start)
+        new_causal = (new_key <= query)[None] & (new_key[None] >= row_start)
+        masks: dict[Optional[int], tuple[torch.Tensor, torch.Tensor]] = {}
+        new_kv = []
         for i, layer in enumerate(self.layers):
             window = layer.self_attn.window
             if window not in masks:
-                allowed = causal if window is None else causal & (query - key[None, :] < window)[None]
-                masks[window] = allowed[:, None]
+                old_ok, new_ok = old_causal, new_causal
+                if window is not None:
+                    old_ok = old_ok & (query - old_key < window)[None]
+                    new_ok = new_ok & (query - new_key < window)[None]
+                masks[window] = (old_ok[:, None], new_ok[:, None])
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, masks[window], slots, cache[2 * i], cache[2 * i + 1])
+            old_ok, new_ok = masks[window]
+            a, k, v = layer.self_attn(h, cos, sin, old_ok, new_ok, past[2 * i], past[2 * i + 1])
+            new_kv += [k, v]
+            x = x + a
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
         if logit_index is not None:
             x = x.index_select(1, logit_index)
-        return self.lm_head(x)
+        return self.lm_head(x), torch.stack(new_kv)

@@ -1,0 +1,24 @@
+"""`torchburn.llm.bench`: what a decode step reads, and the parameter count."""
+from __future__ import annotations
+
+from torchburn.llm.bench import decode_weight_bytes, parameter_count
+from torchburn.llm.safetensors_loader import load_safetensors_model
+
+
+def test_decode_weight_bytes_counts_a_tied_head_once(tiny_checkpoint) -> None:
+    hf, folder = tiny_checkpoint("qwen2")  # tied embeddings
+    model = load_safetensors_model(folder, None)
+    c = model.config
+    layers = sum(p.numel() for p in model.layers.parameters()) * 4
+    head = c.vocab_size * c.hidden_size * 4
+    assert decode_weight_bytes(model) == layers + c.hidden_size * 4 + head
+    assert parameter_count(model) == sum(p.numel() for p in hf.parameters())
+
+
+def test_decode_weight_bytes_of_a_quantized_model(tiny_checkpoint) -> None:
+    """INT8 with f16 scales per 32 weights is 1.0625 bytes a weight against float32's 4
+    (norms stay float32), and the embedding adds one row, not its table."""
+    _, folder = tiny_checkpoint("llama")  # untied head
+    f32 = decode_weight_bytes(load_safetensors_model(folder, None))
+    int8 = decode_weight_bytes(load_safetensors_model(folder, "int8"))
+    assert 3.6 < f32 / int8 < 4 / 1.0625
