@@ -180,6 +180,48 @@ def test_random_configurations(data: st.DataObject) -> None:
              data.draw(st.sampled_from(["", "res_tanh"]))).run(machine)
 
 
+class GradWeightCase(ConvCase):
+    """`gw = conv_grad_weight(g, x)`, the weight gradient of the convolution `ConvCase` describes."""
+
+    def text(self) -> str:
+        xs = (self.n, self.c, *self.size)
+        gs = (self.n, self.co, *self.out)
+        ws = (self.co, self.c // self.groups, *self.k)
+        return "\n".join([
+            f"graph @g(%g: f32[{_dims(gs)}], %x: f32[{_dims(xs)}]) {{",
+            f"  %0 = conv_grad_weight(%g, %x) {{stride = [{_dims(self.stride)}], padding = [{_dims(self.padding)}], "
+            f"dilation = [{_dims(self.dilation)}], groups = {self.groups}, window = [{_dims(self.k)}]}} : f32[{_dims(ws)}]",
+            "  return %0", "}"])
+
+    def arrays(self, seed: int = 0) -> dict[str, np.ndarray]:
+        a = super().arrays(seed)
+        return {"x": a["x"], "g": a["r"]}
+
+    def expected(self, a: dict[str, np.ndarray]) -> np.ndarray:
+        x, g = torch.from_numpy(a["x"]).double(), torch.from_numpy(a["g"]).double()
+        w = torch.zeros(self.co, self.c // self.groups, *self.k, dtype=torch.float64)
+        return torch.ops.aten.convolution_backward(g, x, w, None, list(self.stride), list(self.padding),
+                                                   list(self.dilation), False, [0] * len(self.k), self.groups,
+                                                   [False, True, False])[1].numpy()
+
+    def run(self, machine: Optional[Target] = None, seed: int = 0) -> Compiled:
+        compiled = Compiled(self.text(), machine=machine)
+        a = self.arrays(seed)
+        out = np.full((self.co, self.c // self.groups, *self.k), np.nan, np.float32)
+        compiled({**a, "out0": out})
+        red = self.n * int(np.prod(self.out))
+        np.testing.assert_allclose(out, self.expected(a), rtol=1e-4, atol=1e-4 * max(1.0, np.sqrt(red)))
+        return compiled
+
+
+@pytest.mark.parametrize("case", TABLE, ids=lambda c: f"{c[1]}x{c[2]}-{c[3]}-k{c[4]}-s{c[5]}-p{c[6]}-d{c[7]}-g{c[8]}")
+def test_grad_weight_table(case: tuple) -> None:  # type: ignore[type-arg]
+    gw = GradWeightCase(*case[:-1])
+    plans = conv_plans(gw.run(AVX512_2T))
+    # The dot form where the output is at least 2 wide; below that the per-element nest.
+    assert [p.split()[0] for p in plans] == (["grad-weight"] if gw.out[-1] >= 2 else [])
+
+
 GUARD_SCRIPT = r'''
 import ctypes, mmap, sys
 import numpy as np
@@ -205,14 +247,15 @@ def guarded(arr, at_end):
     return out
 
 for row in t.TABLE:
-    case = t.ConvCase(*row[:-1], epilogue="res_tanh")
+  for case in (t.ConvCase(*row[:-1], epilogue="res_tanh"), t.GradWeightCase(*row[:-1])):
     for machine in (t.AVX2, t.AVX512_2T):
         c = t.Compiled(case.text(), machine=machine)
         for at_end in (True, False):
             a = {{k: guarded(v, at_end) for k, v in case.arrays().items()}}
-            out = guarded(np.zeros((case.n, case.co, *case.out), np.float32), at_end)
+            expected = case.expected(a)
+            out = guarded(np.zeros(expected.shape, np.float32), at_end)
             c({{**a, "out0": out}})
-            np.testing.assert_allclose(out, case.expected(a), rtol=1e-4, atol=1e-3)
+            np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 print("GUARDS OK")
 '''
 

@@ -50,7 +50,7 @@ from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
-from .loopgen.conv import conv_root, fused_conv
+from .loopgen.conv import conv_root, fused_conv, grad_weight_root
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
@@ -170,6 +170,9 @@ class LowerToLoops(Pass):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
         elif self._conv_kernel(op, buffers) and (conv := conv_root(kb, op, out, cpu)) is not None:
             body = conv
+        elif (op.name == "conv_grad_weight" and self.simd_conv and self.conv_kernels
+              and (gw := grad_weight_root(kb, op, out, cpu)) is not None):
+            body = gw
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)
         else:
