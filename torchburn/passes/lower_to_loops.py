@@ -5,7 +5,9 @@ width, cache sizes, threads, native dot products; see `loopgen/matmul.py`). Opti
 GEMM kernels, for tests and experiments: `gemm_swap` (`auto` compares the plain and the
 swapped plan by cost, `always`, `never`), `gemm_direct_b` (read a small row-major B in place)
 and `gemm_dot` (the dot-product form for a few rows), as in
-`lower-to-loops{gemm_swap=always,gemm_dot=false}`.
+`lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
+and their weight gradients become the register-blocked kernels of `loopgen/conv.py`;
+`lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
 it is a graph output and to a workspace temporary otherwise. Graph inputs keep their strides,
