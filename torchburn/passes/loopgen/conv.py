@@ -143,6 +143,17 @@ def _clamp(e: Expr, size: Expr) -> Expr:
     return ex.Binary("min", lo, _vec(ex.sub(size, Const(1)), lanes), e.type)
 
 
+def unflatten(let: Callable[[Expr, str], Expr], item: Expr, extents: Sequence[Expr]) -> list[Expr]:
+    """The coordinates of `item` in a row-major grid of `extents` (bound with `let`)."""
+    coords: list[Expr] = []
+    rest = item
+    for size in reversed(extents[1:]):
+        coords.append(let(ex.mod(rest, size), "q"))
+        rest = let(ex.floordiv(rest, size), "q")
+    coords.append(rest)
+    return list(reversed(coords))
+
+
 @dataclass(frozen=True)
 class _Conv:
     """The sizes and attributes of one convolution, as the builders read them."""
@@ -229,14 +240,7 @@ class ConvBuilder:
         return ex.cast(self.kb.value_at(v, idx), self.acc_t)
 
     def unflatten(self, item: Expr, extents: Sequence[Expr]) -> list[Expr]:
-        """The coordinates of `item` in a row-major grid of `extents` (bound as lets)."""
-        coords: list[Expr] = []
-        rest = item
-        for size in reversed(extents[1:]):
-            coords.append(self.let(ex.mod(rest, size), "q"))
-            rest = self.let(ex.floordiv(rest, size), "q")
-        coords.append(rest)
-        return list(reversed(coords))
+        return unflatten(self.let, item, extents)
 
     def outer_loop(self, item: Var, extent: Expr, body: lp.Stmt) -> lp.Stmt:
         kb = self.kb
@@ -560,7 +564,7 @@ class GradWeightBuilder:
         extents = [tiles_co, self.cin_g, *self.k_size[:-1], tiles_k]
         item = self.var("ti")
         kb.push((item,))
-        coords = ConvBuilder.unflatten(self, item, extents)  # type: ignore[arg-type]
+        coords = unflatten(self.let, item, extents)
         tc, ci, ktaps, tk = coords[0], coords[1], coords[2:-1], coords[-1]
         co0 = self.let(ex.mul(tc, Const(self.rows)), "co")
         k0 = self.let(ex.mul(tk, Const(self.tw)), "kw")
