@@ -6,7 +6,8 @@ GEMM kernels, for tests and experiments: `gemm_swap` (`auto` compares the plain 
 swapped plan by cost, `always`, `never`), `gemm_direct_b` (read a small row-major B in place)
 and `gemm_dot` (the dot-product form for a few rows), as in
 `lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
-and their weight gradients become the register-blocked kernels of `loopgen/conv.py`;
+and their weight gradients become the register-blocked kernels of `loopgen/conv.py` and
+`loopgen/conv_grad_weight.py`;
 `lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
@@ -52,7 +53,8 @@ from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
-from .loopgen.conv import conv_root, fused_conv, grad_weight_root
+from .loopgen.conv import conv_root, fused_conv
+from .loopgen.conv_grad_weight import grad_weight_root
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
