@@ -1,8 +1,12 @@
 """The model suite (`tests/models/zoo.py`): eager vs torch.compile(inductor) vs torchburn.
 
     python benchmarks/bench_models.py                        # every model, forward and training
-    python benchmarks/bench_models.py --models llama,resnet18 --modes forward --rounds 21
-    python benchmarks/bench_models.py --json out.json        # also write the figures as JSON
+    python benchmarks/bench_models.py --models resnet18,mobilenetv3 --modes forward --rounds 11
+    python benchmarks/bench_models.py --conv --json out.json # the convolutional models, figures as JSON
+
+A full run compiles every model four times per mode (cold and warm, Inductor and ours):
+expect minutes per model on a busy 2-core machine. Each row is printed as soon as it is
+measured (`--rounds` defaults to 7), so an interrupted run still reports what it finished.
 
 Per model and mode:
 - `forward`: `eval()` under `torch.no_grad()`, the model's default input (batch 2; sequence
@@ -36,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 CONTENDERS = ("eager", "inductor", "torchburn")
 MODES = ("forward", "training")
+#: The models whose time goes to convolutions (`--conv`).
+CONV_MODELS = ("resnet18", "mobilenetv3", "audio1d", "vit")
 
 
 def _clear_compile_caches() -> None:
@@ -162,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated models (default: all)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--rounds", type=int, default=21, help="interleaved timing rounds per row")
+    parser.add_argument("--conv", action="store_true", help="only the convolutional models (" + ", ".join(CONV_MODELS) + ")")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per row")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     which = [c for c in args.contenders.split(",") if c]
-    names = [m for m in args.models.split(",") if m] or list(zoo.CASES)
+    names = [m for m in args.models.split(",") if m] or (list(CONV_MODELS) if args.conv else list(zoo.CASES))
     load_before = os.getloadavg()[0]
     results = []
     for name in names:
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown model {name!r}; known: {', '.join(zoo.CASES)}")
         for mode in [m for m in args.modes.split(",") if m]:
             results.append(run_model(name, mode, which, args.rounds))
-            print(f"  done {name} {mode}", file=sys.stderr, flush=True)
+            print(table(results[-1:], which).splitlines()[-1], file=sys.stderr, flush=True)
     info = machine_info()
     info["loadavg_1m_before"] = load_before
     print(f"# {info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, load "

@@ -32,7 +32,8 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> partition: nodes with a lowering form compiled subgraphs, the rest   frontend/partition.py
      stays PyTorch (reported by torchburn.explain)
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
-  -> tensor passes: canonicalize, fuse (kernel roots and inlined ops)      passes/
+  -> tensor passes: canonicalize, fold-batch-norm, fuse (kernel roots     passes/
+     and inlined ops)
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll, plan-memory (workspace offsets)

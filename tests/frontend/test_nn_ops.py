@@ -80,6 +80,11 @@ CONV: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "transposed_1d_groups": (lambda x, w: F.conv_transpose1d(x, w, stride=3, padding=2, groups=2, dilation=2),
                              (t(2, 4, 5), t(4, 3, 3))),
     "3d": (lambda x, w: F.conv3d(x, w, padding=1), (t(1, 2, 4, 4, 3), t(3, 2, 3, 3, 3))),
+    # Stride 1: the input gradient is a convolution with the flipped, per-group transposed weight.
+    "2d_stride1_groups_dilation": (lambda x, w, b: F.conv2d(x, w, b, padding=(2, 1), dilation=(2, 1), groups=2),
+                                   (t(2, 4, 7, 9), t(6, 2, 3, 3), t(6))),
+    "2d_depthwise_stride1": (lambda x, w: F.conv2d(x, w, padding=1, groups=8), (t(2, 8, 6, 10), t(8, 1, 3, 3))),
+    "transposed_stride1": (lambda x, w: F.conv_transpose2d(x, w, padding=1), (t(2, 4, 5, 6), t(4, 3, 3, 3))),
 }
 
 

@@ -392,6 +392,19 @@ def _conv_out_size(size: Expr, k: Expr, s: int, p: int, d: int) -> Expr:
     return floordiv(sub(sub(size + as_expr(2 * p), span), 1), as_expr(s)) + as_expr(1)
 
 
+def _check_groups(name: str, channels: Expr, cout: Expr, cin_g: Expr, attrs: dict[str, Any]) -> None:
+    """`channels == cin_g * groups` and `cout % groups == 0` where the sizes are known."""
+    groups = attrs.get("groups", 1)
+    if not isinstance(groups, int) or groups < 1:
+        raise OpError(f"{name}: groups must be a positive integer, got {groups!r}")
+    known = [int(e.value) if isinstance(e, Const) and e.type.dtype.is_int else None for e in (channels, cout, cin_g)]
+    c, co, cg = known
+    if c is not None and cg is not None and c != cg * groups:
+        raise OpError(f"{name}: {c} input channels, but the weight takes {cg} per group x {groups} groups")
+    if co is not None and co % groups:
+        raise OpError(f"{name}: {co} output channels do not split into {groups} groups")
+
+
 @define("conv", "contraction", -1, """
 Convolution of `x: [N, C, *in]` with `w: [Cout, C / groups, *k]` (and an optional bias
 `[Cout]`), cross-correlation as in PyTorch. Out-of-range taps (padding) contribute zero.
@@ -411,6 +424,7 @@ def _conv(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     _same_dtype("conv", types)
     if len(types) == 3 and (types[2].rank != 1 or types[2].shape[0] != w.shape[0]):
         raise OpError("conv: bias must be [Cout]")
+    _check_groups("conv", x.shape[1], w.shape[0], w.shape[1], attrs)
     out = tuple(_conv_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
                 for i in range(nsp))
     return [TensorType(x.dtype, (x.shape[0], w.shape[0], *out))]
@@ -430,7 +444,10 @@ def _conv_grad_input(types: list[TensorType], attrs: dict[str, Any]) -> list[Ten
     in_size = tuple(as_expr(d) for d in attrs["in_size"])
     if g.rank != len(in_size) + 2 or w.rank != g.rank:
         raise OpError("conv_grad_input: ranks of grad, w and in_size differ")
+    if g.shape[1] != w.shape[0] and all(isinstance(d, Const) for d in (g.shape[1], w.shape[0])):
+        raise OpError(f"conv_grad_input: grad has {g.shape[1]} channels, the weight {w.shape[0]} outputs")
     groups = int(attrs["groups"])
+    _check_groups("conv_grad_input", mul(w.shape[1], as_expr(groups)), w.shape[0], w.shape[1], attrs)
     return [TensorType(g.dtype, (g.shape[0], mul(w.shape[1], as_expr(groups)), *in_size))]
 
 
@@ -448,6 +465,9 @@ def _conv_grad_weight(types: list[TensorType], attrs: dict[str, Any]) -> list[Te
     if g.rank != len(kernel) + 2 or x.rank != g.rank:
         raise OpError("conv_grad_weight: ranks of grad, x and window differ")
     groups = int(attrs["groups"])
+    for what, d in (("input", x.shape[1]), ("output", g.shape[1])):
+        if isinstance(d, Const) and int(d.value) % groups:
+            raise OpError(f"conv_grad_weight: {d} {what} channels do not split into {groups} groups")
     return [TensorType(g.dtype, (g.shape[1], floordiv(x.shape[1], as_expr(groups)), *kernel))]
 
 

@@ -80,8 +80,9 @@ EXPENSIVE = frozenset({
 
 FUSION_ATTRS = ("kernel", "fused_into")
 #: Contractions whose kernels compute elementwise consumers on their finished tiles: the GEMM
-#: (`loopgen/matmul.py`) and the dequantizing linear (`loopgen/qlinear.py`).
-EPILOGUE_PRODUCTS = frozenset({"matmul", "qlinear"})
+#: (`loopgen/matmul.py`), the dequantizing linear (`loopgen/qlinear.py`) and the convolution
+#: (`loopgen/conv.py`: bias, batch norm, activation, residual add on the output tile).
+EPILOGUE_PRODUCTS = frozenset({"matmul", "qlinear", "conv"})
 
 
 def category(op: Op) -> str:

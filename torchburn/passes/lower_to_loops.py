@@ -5,7 +5,10 @@ width, cache sizes, threads, native dot products; see `loopgen/matmul.py`). Opti
 GEMM kernels, for tests and experiments: `gemm_swap` (`auto` compares the plain and the
 swapped plan by cost, `always`, `never`), `gemm_direct_b` (read a small row-major B in place)
 and `gemm_dot` (the dot-product form for a few rows), as in
-`lower-to-loops{gemm_swap=always,gemm_dot=false}`.
+`lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
+and their weight gradients become the register-blocked kernels of `loopgen/conv.py` and
+`loopgen/conv_grad_weight.py`;
+`lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
 it is a graph output and to a workspace temporary otherwise. Graph inputs keep their strides,
@@ -50,6 +53,8 @@ from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
+from .loopgen.conv import conv_root, fused_conv
+from .loopgen.conv_grad_weight import grad_weight_root
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
@@ -90,12 +95,18 @@ class LowerToLoops(Pass):
     #: Lower `qlinear` to the SIMD dequantizing kernel (`loopgen/qlinear.py`); GPUs want the
     #: plain per-element nest instead.
     simd_qlinear: ClassVar[bool] = True
+    #: Lower convolutions to the register-blocked kernels of `loopgen/conv.py`; GPUs keep the
+    #: per-element nest.
+    simd_conv: ClassVar[bool] = True
     #: GEMM plan choice: "auto" (by cost), "always" or "never" swap the operands' roles.
     gemm_swap: str = "auto"
     #: Let the micro-kernel read a small row-major B in place instead of packing it.
     gemm_direct_b: bool = True
     #: The dot-product form for products of a few rows.
     gemm_dot: bool = True
+    #: Register-blocked convolution kernels (`loopgen/conv.py`); false keeps the per-element
+    #: nest of `loopgen/nn_rules.py` (tests and experiments).
+    conv_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -144,6 +155,13 @@ class LowerToLoops(Pass):
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
                           tuple(calls), tuple(kernels), results=results)
 
+    def _conv_kernel(self, op: Op, buffers: dict[Value, lp.Buffer]) -> bool:
+        """Whether `op`'s kernel is a convolution (with an epilogue) to block."""
+        if not (self.simd_conv and self.conv_kernels):
+            return False
+        return op.name == "conv" or (get_op(op.name).category == "elementwise"
+                                     and fused_conv(op, set(buffers)) is not None)
+
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         """One kernel for `op`; workspace it asks for (`KernelBuilder.scratch`) joins `temps`."""
@@ -154,6 +172,11 @@ class LowerToLoops(Pass):
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
+        elif self._conv_kernel(op, buffers) and (conv := conv_root(kb, op, out, cpu)) is not None:
+            body = conv
+        elif (op.name == "conv_grad_weight" and self.simd_conv and self.conv_kernels
+              and (gw := grad_weight_root(kb, op, out, cpu)) is not None):
+            body = gw
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)
         else:

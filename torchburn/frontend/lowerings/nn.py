@@ -54,6 +54,58 @@ def _conv_attrs(stride: Any, padding: Any, dilation: Any, nsp: int, groups: int)
                 dilation=_spatial(dilation, nsp, "dilation"), groups=int(groups))
 
 
+def _static(e: Expr) -> Optional[int]:
+    return int(e.value) if isinstance(e, Const) and e.type.dtype.is_int else None
+
+
+def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: dict[str, Any]) -> Value:
+    """The gradient of a convolution with respect to its input (a transposed convolution).
+
+    It is itself a convolution with stride 1: of `g` with `stride - 1` zeros inserted between
+    its elements (and up to `stride - 1` after the last, the output padding), with the weight
+    transposed within each group and flipped along its taps, padded by
+    `dilation * (k - 1) - padding`. That form gets the blocked convolution kernels
+    (`passes/loopgen/conv.py`); with stride 1 nothing is inserted. Symbolic sizes, and padding
+    beyond `dilation * (k - 1)`, keep `conv_grad_input`."""
+    stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
+    nsp = len(stride)
+    ks = [_static(k) for k in w.shape[2:]]
+    gs = [_static(d) for d in g.shape[2:]]
+    want = [_static(d) for d in in_size]
+    cout, cin_g = _static(w.shape[0]), _static(w.shape[1])
+    usable = None not in ks + gs + want and cout is not None and cin_g is not None
+    if usable:
+        pads = tuple(d * (k - 1) - p for d, k, p in zip(dilation, ks, padding))  # type: ignore[operator]
+        # Length of g with the zeros inserted, so that the stride-1 convolution gives `in_size`.
+        ups = [i - 2 * q + d * (k - 1) for i, q, d, k in zip(want, pads, dilation, ks)]  # type: ignore[operator]
+        usable = all(q >= 0 for q in pads) and all(
+            (o - 1) * s + 1 <= u <= o * s for o, s, u in zip(gs, stride, ups))  # type: ignore[operator]
+    if not usable:
+        return b.op("conv_grad_input", g, w, in_size=tuple(in_size), **attrs)
+    rank = nsp + 2
+    spatial = tuple(range(2, rank))
+    if any(s > 1 for s in stride):
+        # g[n, c, o] -> up[n, c, o * s] (zeros between): [.., O, 1] padded to [.., O, s], flattened, cut.
+        split: list[Expr] = [g.shape[0], g.shape[1]]
+        for o in g.shape[2:]:
+            split += [o, Const(1)]
+        up = b.op("pad", b.reshape(g, split), low=(0,) * (2 + 2 * nsp),
+                  high=(0, 0, *[x for s in stride for x in (0, s - 1)]), value=0.0)
+        up = b.reshape(up, (g.shape[0], g.shape[1], *[Const(o * s) for o, s in zip(gs, stride)]))  # type: ignore[operator]
+        for dim, (o, s, u) in enumerate(zip(gs, stride, ups)):
+            if u != o * s:  # type: ignore[operator]
+                up = b.op("slice", up, dim=2 + dim, start=0, end=u, step=1)
+        g = up
+    if groups == 1:
+        wt = b.op("permute", w, dims=(1, 0, *spatial))
+    else:
+        per = b.reshape(w, (Const(groups), Const(cout // groups), w.shape[1], *w.shape[2:]))  # type: ignore[operator]
+        per = b.op("permute", per, dims=(0, 2, 1, *range(3, rank + 1)))
+        wt = b.reshape(per, (Const(groups * cin_g), Const(cout // groups), *w.shape[2:]))  # type: ignore[operator]
+    wt = b.op("flip", wt, dims=spatial)
+    return b.op("conv", g, wt, stride=(1,) * nsp, padding=pads, dilation=tuple(dilation), groups=groups)
+
+
 @lowering(aten.convolution.default)
 def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: Any, padding: Any,
                 dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Value:
@@ -64,7 +116,7 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
     xc, wc = _float_compute(b, x, w)
     attrs = _conv_attrs(stride, padding, dilation, nsp, groups)
     if transposed:
-        res = b.op("conv_grad_input", xc, wc, in_size=_out_spatial(b, nsp), **attrs)
+        res = _grad_input(b, xc, wc, _out_spatial(b, nsp), attrs)
         if bias is not None:
             bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
             res = b.op("add", res, b.expand(bc, res.shape))
@@ -89,7 +141,7 @@ def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes
         if transposed:
             gi = b.op("conv", gc, wc, **attrs)
         else:
-            gi = b.op("conv_grad_input", gc, wc, in_size=x.shape[2:], **attrs)
+            gi = _grad_input(b, gc, wc, x.shape[2:], attrs)
         gi = b.cast(gi, x.dtype)
     if output_mask[1]:
         if transposed:

@@ -901,7 +901,7 @@ def _reaches_matmul(op: Op) -> bool:
 
 
 #: Ops a kernel computes as a product with an epilogue (`fuse` never inlines them elsewhere).
-PRODUCT_OPS = frozenset({"matmul", "qlinear"})
+PRODUCT_OPS = frozenset({"matmul", "qlinear", "conv"})
 
 
 def fused_product(root: Op, materialized: set[Value], name: str) -> Optional[Op]:

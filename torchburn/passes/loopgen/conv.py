@@ -1,0 +1,550 @@
+"""Convolution kernels: register-blocked direct convolutions with fused epilogues.
+
+`build_conv` lowers one `conv` (`x: [N, C, *in]`, `w: [Cout, C / groups, *k]`, any number of
+spatial dims, stride, padding, dilation, groups), with the elementwise ops fused after it
+(bias, batch norm, activation, residual add; see `fuse`), to one of two loop nests. Both
+compute a tile of output channels x output positions along the last spatial dim in vector
+accumulators, then run the epilogue on the finished tile before the only store.
+
+**Channels form** (`groups` small, many output channels per group): the vectors run along the
+output channels. The weight is packed first, once per call, into vectors of W channels
+(`%wp[group block, ci, *taps, lane]`, zeros past the group's channels), so the micro-kernel
+loads CV weight vectors per tap and broadcasts one input element per output position
+(`mr` positions, CV x mr accumulators):
+
+    for ti in 0..items (parallel)            n, group, channel block, outer positions, width tile
+      acc[j][c] = 0                          j < CV channel vectors, c < P positions
+      if interior { taps, unmasked } else { taps, clamped and masked }
+        for ci in 0..C/groups
+          for kh in 0..KH { ih = oh*s - p + kh*d; if 0 <= ih < H {
+            for kw in 0..KW {
+              wv_j = %wp[g*CB + b0 + j, ci, kh, kw, ramp(0, 1, W)]
+              xb_c = broadcast(x[n, g*C/groups + ci, ih, (ow0 + c)*s - p + kw*d])
+              acc[j][c] = fma(xb_c, wv_j, acc[j][c]) }}}
+      %ct[c, ramp(j*W, 1, W)] = acc[j][c] ; epilogue loops over %ct -> out
+
+**Width form** (depthwise and other convolutions with few channels per group): the vectors
+run along the output width (a `ramp` of the input positions, stride s), each of R channels
+of the tile broadcasts its own weight tap:
+
+      xv = x[n, cin(co_r), ih, ramp(ow0*s - p + kw*d, s, W)] ; acc[r][v] = fma(xv, broadcast(w[co_r, ci, kh, kw]), acc[r][v])
+
+**Bounds.** A tile is *interior* when every tap of every position it computes lies inside the
+input along the last dim and the tile is whole; its loads are plain. Other tiles clamp every
+input index into the input and select zero for taps in the padding; positions and channels
+past the end are clamped to the last one (computed, never stored). Rows of the outer spatial
+dims that fall into the padding are skipped with an `if`. The epilogue stores only the valid
+part of a tile. No load or store leaves its buffer.
+
+**Epilogue.** As in `matmul.py`: the tile goes to a local `%ct`, and `for r < rows: for c <
+cols: out[n, co0 + r, ..., ow0 + c] = epilogue(%ct[..])`, a loop the vectorizer widens along
+the output width.
+
+A convolution whose output width or channels give no useful vector (`plan_conv` returns None)
+keeps the element-by-element nest of `nn_rules.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.tensor import Op, Value
+from .kernel_builder import KernelBuilder, LoweringError
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, static_int
+
+Index = tuple[Expr, ...]
+
+#: Vector accumulators a micro-kernel keeps (16 vector registers on AVX2: the rest hold the
+#: weight vectors and a broadcast); doubled on targets with 32 registers (AVX-512).
+ACCUMULATORS = 12
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """Blocking of one convolution: `form` "channels" or "width", `lanes` per vector, `cv`
+    vectors (channels form) or channels (width form) per tile, `pos` output positions (channels
+    form) or vectors of positions (width form) per tile, and whether the tiles run on threads."""
+
+    form: str
+    lanes: int
+    cv: int
+    pos: int
+    parallel: bool
+
+    def describe(self) -> str:
+        kind = "vectors over channels" if self.form == "channels" else "vectors over width"
+        return (f"{self.form} lanes={self.lanes} cv={self.cv} pos={self.pos} "
+                f"parallel={'yes' if self.parallel else 'no'} ({kind})")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_floor(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
+              batch: Optional[int], dtype: dt.DType, cpu: CpuInfo) -> Optional[ConvPlan]:
+    """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
+    input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
+    and `positions` in all (None: not known); None when neither form pays."""
+    lanes = cpu.lanes(dtype)
+    budget = ACCUMULATORS * (2 if cpu.vector_bits >= 512 else 1)
+    cout_g = cout // groups
+    big = 1 << 20
+    flops = 2.0 * cout * cin_g * taps * (positions or big) * (batch or big)
+    parallel = cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS
+    # Channels form: at least half of each channel vector is real.
+    if cout_g * 2 >= lanes and lanes >= 2:
+        cv = min(4, _cdiv(cout_g, lanes))
+        pos = max(1, budget // cv)
+        if out_w is not None:
+            pos = min(pos, out_w)
+        return ConvPlan("channels", lanes, cv, pos, parallel)
+    # Width form: vectors along the output width, at most the width (2 lanes at least).
+    if out_w is None or out_w < 2:
+        return None
+    wl = min(lanes, _pow2_floor(out_w))
+    nvec = 2 if out_w >= 2 * wl and budget >= 8 else 1
+    rc = max(1, min(cout, budget // nvec // 2))
+    return ConvPlan("width", wl, rc, nvec, parallel)
+
+
+# ---- small IR helpers ------------------------------------------------------------------------------
+
+def _ramp(base: Expr, lanes: int, stride: Expr = Const(1)) -> Expr:
+    return ex.Ramp(base, stride, ScalarType(dt.index, lanes))
+
+
+def _vec(e: Expr, lanes: int) -> Expr:
+    """A scalar index broadcast to `lanes` (vectors pass through)."""
+    return e if e.type.lanes == lanes else ex.Broadcast(e, ScalarType(e.type.dtype, lanes))
+
+
+def _in_range(e: Expr, size: Expr) -> Expr:
+    lanes = e.type.lanes
+    ge = ex.Binary("ge", e, _vec(Const(0), lanes), ScalarType(dt.bool_, lanes))
+    lt = ex.Binary("lt", e, _vec(size, lanes), ScalarType(dt.bool_, lanes))
+    return ex.Binary("and", ge, lt, ScalarType(dt.bool_, lanes))
+
+
+def _clamp(e: Expr, size: Expr) -> Expr:
+    lanes = e.type.lanes
+    lo = ex.Binary("max", e, _vec(Const(0), lanes), e.type)
+    return ex.Binary("min", lo, _vec(ex.sub(size, Const(1)), lanes), e.type)
+
+
+def unflatten(let: Callable[[Expr, str], Expr], item: Expr, extents: Sequence[Expr]) -> list[Expr]:
+    """The coordinates of `item` in a row-major grid of `extents` (bound with `let`)."""
+    coords: list[Expr] = []
+    rest = item
+    for size in reversed(extents[1:]):
+        coords.append(let(ex.mod(rest, size), "q"))
+        rest = let(ex.floordiv(rest, size), "q")
+    coords.append(rest)
+    return list(reversed(coords))
+
+
+@dataclass(frozen=True)
+class _Conv:
+    """The sizes and attributes of one convolution, as the builders read them."""
+
+    x: Value
+    w: Value
+    bias: Optional[Value]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+    @staticmethod
+    def of(op: Op) -> "_Conv":
+        def ints(key: str) -> tuple[int, ...]:
+            return tuple(int(v) for v in op.attrs[key])
+        bias = op.operands[2] if len(op.operands) == 3 else None
+        return _Conv(op.operands[0], op.operands[1], bias, ints("stride"), ints("padding"), ints("dilation"),
+                     int(op.attrs["groups"]))
+
+    @property
+    def nsp(self) -> int:
+        return len(self.stride)
+
+    @property
+    def in_size(self) -> tuple[Expr, ...]:
+        return self.x.shape[2:]
+
+    @property
+    def k_size(self) -> tuple[Expr, ...]:
+        return self.w.shape[2:]
+
+
+# ---- the builder -----------------------------------------------------------------------------------
+
+class ConvBuilder:
+    """Builds the loop nest of one convolution kernel (see the module docstring)."""
+
+    def __init__(self, kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> None:
+        self.kb = kb
+        self.root = root
+        self.conv = conv
+        self.out = out
+        self.plan = plan
+        self.c = _Conv.of(conv)
+        self.out_size = conv.result.shape[2:]
+        self.cout = conv.result.shape[1]
+        self.cin_g = self.c.w.shape[1]
+        self.cout_g = ex.floordiv(self.cout, Const(self.c.groups))
+        self.conv_t = conv.result.dtype
+        self.acc_t = dt.compute_dtype(self.conv_t)
+        self.has_epilogue = root is not conv
+        self.pack_stmts: list[lp.Stmt] = []
+        self._outer_taps: tuple[Var, ...] = ()
+
+    # -- helpers --
+    def var(self, prefix: str) -> Var:
+        return Var(self.kb.fresh(prefix))
+
+    def let(self, e: Expr, prefix: str) -> Expr:
+        if isinstance(e, (Const, Var)):
+            return e
+        v = Var(self.kb.fresh(prefix), e.type)
+        self.kb.emit(lp.Let(v, e))
+        return v
+
+    def local(self, prefix: str, shape: tuple[int, ...], dtype: Optional[dt.DType] = None) -> lp.Buffer:
+        dims = tuple(Const(d) for d in shape)
+        buf = lp.Buffer(self.kb.fresh(prefix), dtype or self.acc_t, dims, lp.contiguous_strides(dims), "local")
+        self.kb.emit(lp.Alloc(buf))
+        return buf
+
+    @staticmethod
+    def loop(var: Var, extent: Expr, body: lp.Stmt, kind: str = "serial",
+             annotations: tuple[tuple[str, str], ...] = ()) -> lp.Stmt:
+        return lp.For(var, Const(0), extent, kind, body, annotations)
+
+    def fma(self, a: Expr, b: Expr, c: Expr) -> Expr:
+        if self.acc_t.is_float:
+            return ex.Call("fma", (a, b, c), c.type)
+        return ex.Binary("add", ex.Binary("mul", a, b, c.type), c, c.type)
+
+    def scalar_at(self, v: Value, idx: Index) -> Expr:
+        return ex.cast(self.kb.value_at(v, idx), self.acc_t)
+
+    def unflatten(self, item: Expr, extents: Sequence[Expr]) -> list[Expr]:
+        return unflatten(self.let, item, extents)
+
+    def outer_loop(self, item: Var, extent: Expr, body: lp.Stmt) -> lp.Stmt:
+        kb = self.kb
+        described = self.plan.describe()
+        kb.attrs["conv"] = described
+        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("conv", described),)
+        return self.loop(item, extent, body, "parallel" if self.plan.parallel else "serial", notes)
+
+    # -- taps --
+    def taps(self, n: Expr, outer: Sequence[Expr], inner: "Callable[[Expr, Index, Var], None]") -> lp.Stmt:
+        """`for ci { for k0 { ih0 = ...; if valid { ... for k_last { inner(ci, ipos, k_last) }}}}`
+        over the outer spatial dims (rows in the padding skipped)."""
+        kb, c = self.kb, self.c
+        ci = self.var("ci")
+        kb.push((ci,))
+        tap_vars = [self.var("kt") for _ in range(c.nsp)]
+        # Build from the innermost tap loop outwards.
+        kb.push((tap_vars[-1],))
+        ipos: list[Expr] = []
+        conds: list[Optional[Expr]] = []
+        # The positions of the outer dims are bound where their tap variable is (see below);
+        # build them now as expressions (the lets are emitted in the loops' scopes).
+        for s in range(c.nsp - 1):
+            ipos.append(ex.add(ex.sub(ex.mul(outer[s], Const(c.stride[s])), Const(c.padding[s])),
+                               ex.mul(tap_vars[s], Const(c.dilation[s]))))
+            conds.append(_in_range(ipos[-1], c.in_size[s]) if c.padding[s] > 0 else None)
+        self._outer_taps = tuple(tap_vars[:-1])
+        inner(ci, tuple(ipos), tap_vars[-1])
+        body = kb.pop()
+        stmt: lp.Stmt = self.loop(tap_vars[-1], c.k_size[-1], body)
+        for s in range(c.nsp - 2, -1, -1):
+            cond = conds[s]
+            if cond is not None:
+                stmt = lp.If(cond, stmt)
+            stmt = self.loop(tap_vars[s], c.k_size[s], stmt)
+        kb.emit(stmt)
+        return self.loop(ci, self.cin_g, kb.pop())
+
+    def interior(self, ow0: Expr, npos: int) -> Expr:
+        """Whether positions `ow0 .. ow0 + npos - 1` exist and read only inside the input
+        along the last dim, for every tap."""
+        c = self.c
+        e = c.nsp - 1
+        s, p, d = c.stride[e], c.padding[e], c.dilation[e]
+        last = ex.add(ex.sub(ex.mul(ex.add(ow0, Const(npos - 1)), Const(s)), Const(p)),
+                      ex.mul(ex.sub(c.k_size[e], Const(1)), Const(d)))
+        whole = ex.binary("le", ex.add(ow0, Const(npos)), self.out_size[e])
+        cond = ex.Binary("and", whole, ex.binary("le", last, ex.sub(c.in_size[e], Const(1))), ex.BOOL)
+        if p > 0:
+            first = ex.sub(ex.mul(ow0, Const(s)), Const(p))
+            cond = ex.Binary("and", cond, ex.binary("ge", first, Const(0)), ex.BOOL)
+        return cond
+
+    # -- the epilogue --
+    def epilogue(self, n: Expr, co0: Expr, outer: Sequence[Expr], ow0: Expr, rows: Expr, cols: Expr,
+                 tile_value) -> lp.Stmt:  # type: ignore[no-untyped-def]
+        """`for r < rows: for c < cols: out[n, co0 + r, *outer, ow0 + c] = epilogue(tile(r, c))`."""
+        kb = self.kb
+        r, cc = self.var("r"), self.var("c")
+        kb.push()
+        idx = (n, ex.add(co0, r), *outer, ex.add(ow0, cc))
+        total = tile_value(r, cc)
+        if self.c.bias is not None:
+            total = ex.Binary("add", total, self.scalar_at(self.c.bias, (ex.add(co0, r),)), total.type)
+        value = kb.bind(ex.cast(total, self.conv_t), "x")
+        kb.define(self.conv.result, idx, value)
+        result = kb.compute(self.root, idx) if self.has_epilogue else value
+        kb.used_buffers[self.out.name] = self.out
+        kb.emit(lp.Store(self.out.name, idx, result))
+        return self.loop(r, rows, self.loop(cc, cols, kb.pop()))
+
+    def store_tile(self, n: Expr, co0: Expr, outer: Sequence[Expr], ow0: Expr, nch: int, npos: int,
+                   ch_left: Expr, pos_left: Expr, tile_value) -> None:  # type: ignore[no-untyped-def]
+        """The epilogue for a whole tile (constant extents, which the vectorizer likes) or an
+        edge tile (the valid part only)."""
+        full = ex.Binary("and", ex.binary("ge", ch_left, Const(nch)), ex.binary("ge", pos_left, Const(npos)), ex.BOOL)
+        whole = self.epilogue(n, co0, outer, ow0, Const(nch), Const(npos), tile_value)
+        edge = self.epilogue(n, co0, outer, ow0, ex.minimum(Const(nch), ch_left), ex.minimum(Const(npos), pos_left),
+                             tile_value)
+        self.kb.emit(lp.If(full, whole, edge))
+
+    # -- the nest --
+    def build(self) -> lp.Stmt:
+        return self.build_channels() if self.plan.form == "channels" else self.build_width()
+
+    def build_channels(self) -> lp.Stmt:
+        kb, plan, c = self.kb, self.plan, self.c
+        w = plan.lanes
+        vt = ScalarType(self.acc_t, w)
+        lane = _ramp(Const(0), w)
+        groups = Const(c.groups)
+        cb = ex.floordiv(ex.add(self.cout_g, Const(w - 1)), Const(w))  # vector blocks per group
+        wp = self.pack_weight(cb)
+        e = c.nsp - 1
+        ow_n = self.out_size[e]
+        tiles_c = ex.floordiv(ex.add(cb, Const(plan.cv - 1)), Const(plan.cv))
+        tiles_w = ex.floordiv(ex.add(ow_n, Const(plan.pos - 1)), Const(plan.pos))
+        extents = [self.c.x.shape[0], groups, tiles_c, *self.out_size[:-1], tiles_w]
+        item = self.var("ti")
+        kb.push((item,))
+        coords = self.unflatten(item, extents)
+        n, g, tc, outer, tw = coords[0], coords[1], coords[2], coords[3:-1], coords[-1]
+        b0 = self.let(ex.mul(tc, Const(plan.cv)), "b")
+        ow0 = self.let(ex.mul(tw, Const(plan.pos)), "ow")
+        blocks = [self.let(ex.add(ex.mul(g, cb), ex.minimum(ex.add(b0, Const(j)), ex.sub(cb, Const(1)))), "gb")
+                  for j in range(plan.cv)]
+        accs = [[self.local("acc", (w,)) for _ in range(plan.pos)] for _ in range(plan.cv)]
+        for row in accs:
+            for a in row:
+                kb.emit(lp.Store(a.name, (lane,), ex.const(0, self.acc_t, w)))
+        cin0 = ex.mul(g, self.cin_g)
+        s_e, p_e, d_e = c.stride[e], c.padding[e], c.dilation[e]
+
+        def body(masked: bool):  # type: ignore[no-untyped-def]
+            def inner(ci: Expr, ipos: Index, kw: Var) -> None:
+                cabs = ex.add(cin0, ci)
+                wv = [kb.bind(ex.Load(wp.name, (blocks[j], ci, *self._tap_index(kw), lane), vt), "wv")
+                      for j in range(plan.cv)]
+                for q in range(plan.pos):
+                    ow = ex.add(ow0, Const(q))
+                    if masked:
+                        ow = ex.minimum(ow, ex.sub(ow_n, Const(1)))
+                    iw = kb.bind(ex.add(ex.sub(ex.mul(ow, Const(s_e)), Const(p_e)), ex.mul(kw, Const(d_e))), "iw")
+                    pos = [self._row_index(ps) for ps in ipos]
+                    if masked and p_e > 0:
+                        xs = self.scalar_at(c.x, (n, cabs, *pos, _clamp(iw, c.in_size[e])))
+                        xs = ex.select(kb.bind(_in_range(iw, c.in_size[e])), xs, Const(0, ScalarType(self.acc_t)))
+                    else:
+                        xs = self.scalar_at(c.x, (n, cabs, *pos, iw))
+                    xb = kb.bind(ex.Broadcast(kb.bind(xs, "xs"), vt), "xb")
+                    for j in range(plan.cv):
+                        a = accs[j][q]
+                        kb.emit(lp.Store(a.name, (lane,), self.fma(xb, wv[j], ex.Load(a.name, (lane,), vt))))
+            kb.push()
+            kb.emit(self.taps(n, outer, inner))
+            return kb.pop()
+
+        kb.emit(lp.If(self.interior(ow0, plan.pos), body(False), body(True)))
+        tile = self.local("ct", (plan.pos, plan.cv * w))
+        for j in range(plan.cv):
+            for q in range(plan.pos):
+                kb.emit(lp.Store(tile.name, (Const(q), _ramp(Const(j * w), w)), ex.Load(accs[j][q].name, (lane,), vt)))
+        co_in_g = ex.mul(b0, Const(w))
+        co0 = self.let(ex.add(ex.mul(g, self.cout_g), co_in_g), "co")
+        ch_left = ex.sub(self.cout_g, co_in_g)
+        pos_left = ex.sub(ow_n, ow0)
+        self.store_tile(n, co0, outer, ow0, plan.cv * w, plan.pos, ch_left, pos_left,
+                        lambda r, q: ex.Load(tile.name, (q, r), ScalarType(self.acc_t)))
+        return lp.block(*self.pack_stmts, self.outer_loop(item, self._product(extents), kb.pop()))
+
+    def _row_index(self, p: Expr) -> Expr:
+        """An outer input row index (its `if` guarantees it is inside the input)."""
+        return self.kb.bind(p, "ih")
+
+    def _tap_index(self, kw: Var) -> tuple[Expr, ...]:
+        """The tap index of the packed weight: the outer tap variables, then `kw`."""
+        return (*self._outer_taps, kw)
+
+    @staticmethod
+    def _product(extents: Sequence[Expr]) -> Expr:
+        total: Expr = Const(1)
+        for x in extents:
+            total = ex.mul(total, x)
+        return total
+
+    def pack_weight(self, cb: Expr) -> lp.Buffer:
+        """`%wp[g * CB + b, ci, *taps, lane] = w[g * Cout/groups + b * W + lane, ci, *taps]`,
+        zero past the group's channels: a workspace buffer filled once per call, before the
+        tiles (`self.pack_stmts`)."""
+        kb, c, w = self.kb, self.c, self.plan.lanes
+        shape = (ex.mul(Const(c.groups), cb), self.cin_g, *c.k_size, Const(w))
+        wp = kb.scratch(self.acc_t, shape)
+        vars_ = kb.loops(shape, "p")
+        kb.push(vars_)
+        gb, ci, taps, ln = vars_[0], vars_[1], vars_[2:-1], vars_[-1]
+        g = ex.floordiv(gb, cb)
+        co_g = kb.bind(ex.add(ex.mul(ex.mod(gb, cb), Const(w)), ln), "co")
+        co = ex.add(ex.mul(g, self.cout_g), ex.minimum(co_g, ex.sub(self.cout_g, Const(1))))
+        value = self.scalar_at(c.w, (co, ci, *taps))
+        ok = kb.bind(ex.binary("lt", co_g, self.cout_g))
+        kb.emit(lp.Store(wp.name, vars_, ex.select(ok, kb.bind(value, "wx"), Const(0, ScalarType(self.acc_t)))))
+        self.pack_stmts = [kb.nest(vars_, shape, kb.pop())]
+        return wp
+
+    def build_width(self) -> lp.Stmt:
+        kb, plan, c = self.kb, self.plan, self.c
+        w = plan.lanes
+        vt = ScalarType(self.acc_t, w)
+        lane = _ramp(Const(0), w)
+        e = c.nsp - 1
+        ow_n = self.out_size[e]
+        span = plan.pos * w
+        tiles_c = ex.floordiv(ex.add(self.cout, Const(plan.cv - 1)), Const(plan.cv))
+        tiles_w = ex.floordiv(ex.add(ow_n, Const(span - 1)), Const(span))
+        extents = [c.x.shape[0], tiles_c, *self.out_size[:-1], tiles_w]
+        item = self.var("ti")
+        kb.push((item,))
+        coords = self.unflatten(item, extents)
+        n, tc, outer, tw = coords[0], coords[1], coords[2:-1], coords[-1]
+        co0 = self.let(ex.mul(tc, Const(plan.cv)), "co")
+        ow0 = self.let(ex.mul(tw, Const(span)), "ow")
+        chans = [self.let(ex.minimum(ex.add(co0, Const(r)), ex.sub(self.cout, Const(1))), "cr")
+                 for r in range(plan.cv)]
+        cin0 = [self.let(ex.mul(ex.floordiv(ch, self.cout_g), self.cin_g), "cg") for ch in chans]
+        accs = [[self.local("acc", (w,)) for _ in range(plan.pos)] for _ in range(plan.cv)]
+        for row in accs:
+            for a in row:
+                kb.emit(lp.Store(a.name, (lane,), ex.const(0, self.acc_t, w)))
+        s_e, p_e, d_e = c.stride[e], c.padding[e], c.dilation[e]
+        in_w = c.in_size[e]
+
+        def body(masked: bool):  # type: ignore[no-untyped-def]
+            def inner(ci: Expr, ipos: Index, kw: Var) -> None:
+                pos = [self._row_index(ps) for ps in ipos]
+                taps = self._tap_index(kw)
+                base = kb.bind(ex.add(ex.sub(ex.mul(ow0, Const(s_e)), Const(p_e)), ex.mul(kw, Const(d_e))), "iw")
+                for r in range(plan.cv):
+                    wb = kb.bind(ex.Broadcast(kb.bind(self.scalar_at(c.w, (chans[r], ci, *taps)), "ws"), vt), "wb")
+                    cabs = ex.add(cin0[r], ci)
+                    for v in range(plan.pos):
+                        iv = _ramp(ex.add(base, Const(v * w * s_e)), w, Const(s_e))
+                        if masked:
+                            ivl = kb.bind(iv, "iv")
+                            xv: Expr = ex.Load(self._x_buffer(), self._x_index(n, cabs, pos, _clamp(ivl, in_w)),
+                                               ScalarType(c.x.dtype, w))
+                            xv = ex.cast(xv, self.acc_t)
+                            if p_e > 0:
+                                xv = ex.select(kb.bind(_in_range(ivl, in_w)), kb.bind(xv, "xv"), ex.const(0, self.acc_t, w))
+                        else:
+                            xv = ex.cast(ex.Load(self._x_buffer(), self._x_index(n, cabs, pos, iv),
+                                                 ScalarType(c.x.dtype, w)), self.acc_t)
+                        xv = kb.bind(xv, "xv")
+                        a = accs[r][v]
+                        kb.emit(lp.Store(a.name, (lane,), self.fma(xv, wb, ex.Load(a.name, (lane,), vt))))
+            kb.push()
+            kb.emit(self.taps(n, outer, inner))
+            return kb.pop()
+
+        kb.emit(lp.If(self.interior(ow0, span), body(False), body(True)))
+        tile = self.local("ct", (plan.cv, span))
+        for r in range(plan.cv):
+            for v in range(plan.pos):
+                kb.emit(lp.Store(tile.name, (Const(r), _ramp(Const(v * w), w)), ex.Load(accs[r][v].name, (lane,), vt)))
+        self.store_tile(n, co0, outer, ow0, plan.cv, span, ex.sub(self.cout, co0), ex.sub(ow_n, ow0),
+                        lambda r, q: ex.Load(tile.name, (r, q), ScalarType(self.acc_t)))
+        return self.outer_loop(item, self._product(extents), kb.pop())
+
+    def _x_buffer(self) -> str:
+        buf = self.kb.buffers[self.c.x]
+        self.kb.used_buffers[buf.name] = buf
+        return buf.name
+
+    @staticmethod
+    def _x_index(n: Expr, cabs: Expr, pos: Sequence[Expr], last: Expr) -> Index:
+        return (n, cabs, *pos, last)
+
+
+def fused_conv(root: Op, materialized: set[Value]) -> Optional[Op]:
+    """`fused_product` for `conv`."""
+    return fused_product(root, materialized, "conv")
+
+
+def conv_plan_for(conv: Op, cpu: CpuInfo) -> Optional[ConvPlan]:
+    """The plan `build_conv` would use for `conv`, or None (element-by-element nest)."""
+    c = _Conv.of(conv)
+    sizes = [static_int(d) for d in (conv.result.shape[1], c.w.shape[1], *c.k_size)]
+    if any(s is None for s in sizes) or c.groups < 1:
+        return None
+    cout, cin_g, *ks = [int(s) for s in sizes if s is not None]
+    if cout % c.groups or cout == 0 or cin_g == 0 or any(k == 0 for k in ks):
+        return None
+    taps = 1
+    for k in ks:
+        taps *= k
+    out = [static_int(d) for d in conv.result.shape[2:]]
+    positions: Optional[int] = 1
+    for o in out:
+        positions = None if o is None or positions is None else positions * o
+    if positions == 0:
+        return None
+    plan = plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
+                     dt.compute_dtype(conv.result.dtype), cpu)
+    return plan
+
+
+def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
+    """The loop nest computing `root` (a conv, or the last op of its epilogue) into `out`."""
+    for o in (root, conv):
+        if o.loc and o.loc not in kb.origins:
+            kb.origins.append(o.loc)
+    kb.used_buffers[out.name] = out
+    builder = ConvBuilder(kb, root, conv, out, plan)
+    return builder.build()
+
+
+def conv_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
+    """A convolution kernel for root `op` (a conv or its epilogue's last op), or None when the
+    convolution keeps the element-by-element nest."""
+    conv = fused_conv(op, set(kb.buffers))
+    if conv is None:
+        raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused conv")
+    if conv.operands[0] not in kb.buffers:
+        return None  # the width form loads x directly: x must have a buffer (fuse gives it one)
+    plan = conv_plan_for(conv, cpu)
+    if plan is None:
+        return None
+    return build_conv(kb, op, conv, out, plan)

@@ -1,0 +1,207 @@
+"""The weight gradient of a convolution as a kernel: `conv_grad_weight` in dot-product form.
+
+See `GradWeightBuilder`; the helpers (ramps, clamps, the work-item grid) are `conv.py`'s. A
+weight gradient whose sizes are not static, or whose output is narrower than 2, keeps the
+per-element nest of `nn_rules.py`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ...ir import dtypes as dt
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.tensor import Op, Value
+from .conv import ACCUMULATORS, _clamp, _in_range, _pow2_floor, _ramp, unflatten
+from .kernel_builder import KernelBuilder
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
+
+
+class GradWeightBuilder:
+    """The weight gradient `gw[co, ci, *k] = sum_{n, o} g[n, co, o] * x[n, cin(co) + ci, o*s - p + k*d]`
+    in dot-product form: the reduction runs in vectors along the output width (both `g` and,
+    for stride 1, `x` are contiguous there), R output channels x T taps of the last dim per
+    tile, a scalar loop for the last OW % W positions, the lanes summed at the end:
+
+        parallel for ti in 0..items                  co block, ci, outer taps, tap block
+          acc[r][t] = 0 (W lanes); sum[r][t] = 0
+          for n { for oh { ih = oh*s - p + kh*d; if 0 <= ih < H {
+            for ov in 0..OW / W {
+              gv_r = g[n, co_r, oh, ramp(ov*W, 1, W)]
+              xv_t = x[n, cin_r + ci, ih, ramp(ov*W*s - p + kw_t*d, s, W)]   (clamped, masked off the interior)
+              acc[r][t] = fma(gv_r, xv_t, acc[r][t]) }
+            for ow in OW / W * W..OW { sum[r][t] += g[..ow] * x[..] } }}}
+          gw[co_r, ci, kh, kw_t] = vreduce_add(acc[r][t]) + sum[r][t]      (valid r, t only)
+    """
+
+    def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, lanes: int, rows: int, taps: int,
+                 parallel: bool) -> None:
+        self.kb, self.op, self.out = kb, op, out
+        self.g, self.x = op.operands
+        self.stride = tuple(int(v) for v in op.attrs["stride"])
+        self.padding = tuple(int(v) for v in op.attrs["padding"])
+        self.dilation = tuple(int(v) for v in op.attrs["dilation"])
+        self.groups = int(op.attrs["groups"])
+        self.lanes, self.rows, self.tw, self.parallel = lanes, rows, taps, parallel
+        self.res_t = op.result.dtype
+        self.acc_t = dt.compute_dtype(self.res_t)
+        self.cout = op.result.shape[0]
+        self.cin_g = op.result.shape[1]
+        self.k_size = op.result.shape[2:]
+        self.cout_g = ex.floordiv(self.cout, Const(self.groups))
+
+    def var(self, prefix: str) -> Var:
+        return Var(self.kb.fresh(prefix))
+
+    def let(self, e: Expr, prefix: str) -> Expr:
+        if isinstance(e, (Const, Var)):
+            return e
+        v = Var(self.kb.fresh(prefix), e.type)
+        self.kb.emit(lp.Let(v, e))
+        return v
+
+    def local(self, prefix: str, n: int) -> lp.Buffer:
+        dims = (Const(n),)
+        buf = lp.Buffer(self.kb.fresh(prefix), self.acc_t, dims, lp.contiguous_strides(dims), "local")
+        self.kb.emit(lp.Alloc(buf))
+        return buf
+
+    def buffer(self, v: Value) -> str:
+        buf = self.kb.buffers[v]
+        self.kb.used_buffers[buf.name] = buf
+        return buf.name
+
+    def build(self) -> lp.Stmt:
+        kb, w, nsp = self.kb, self.lanes, len(self.stride)
+        e = nsp - 1
+        vt = ScalarType(self.acc_t, w)
+        st = ScalarType(self.acc_t)
+        lane = _ramp(Const(0), w)
+        kw_n = self.k_size[e]
+        tiles_co = ex.floordiv(ex.add(self.cout, Const(self.rows - 1)), Const(self.rows))
+        tiles_k = ex.floordiv(ex.add(kw_n, Const(self.tw - 1)), Const(self.tw))
+        extents = [tiles_co, self.cin_g, *self.k_size[:-1], tiles_k]
+        item = self.var("ti")
+        kb.push((item,))
+        coords = unflatten(self.let, item, extents)
+        tc, ci, ktaps, tk = coords[0], coords[1], coords[2:-1], coords[-1]
+        co0 = self.let(ex.mul(tc, Const(self.rows)), "co")
+        k0 = self.let(ex.mul(tk, Const(self.tw)), "kw")
+        cos = [self.let(ex.minimum(ex.add(co0, Const(r)), ex.sub(self.cout, Const(1))), "cr") for r in range(self.rows)]
+        kws = [self.let(ex.minimum(ex.add(k0, Const(t)), ex.sub(kw_n, Const(1))), "kt") for t in range(self.tw)]
+        cabs = [self.let(ex.add(ex.mul(ex.floordiv(c, self.cout_g), self.cin_g), ci), "cx") for c in cos]
+        tiles = [(r, t) for r in range(self.rows) for t in range(self.tw)]
+        accs = {rt: self.local("acc", w) for rt in tiles}
+        sums = {rt: self.local("sum", 1) for rt in tiles}
+        for rt in tiles:
+            kb.emit(lp.Store(accs[rt].name, (lane,), ex.const(0, self.acc_t, w)))
+            kb.emit(lp.Store(sums[rt].name, (Const(0),), Const(0, st)))
+        gname, xname = self.buffer(self.g), self.buffer(self.x)
+        in_w, ow_n = self.x.shape[2 + e], self.g.shape[2 + e]
+        s_e, p_e, d_e = self.stride[e], self.padding[e], self.dilation[e]
+        n = self.var("n")
+        outs = [self.var("o") for _ in range(nsp - 1)]
+        kb.push((n, *outs))
+        rows_in = [kb.bind(ex.add(ex.sub(ex.mul(o, Const(self.stride[s])), Const(self.padding[s])),
+                                  ex.mul(ktaps[s], Const(self.dilation[s]))), "ih") for s, o in enumerate(outs)]
+        # vector part
+        ov = self.var("ov")
+        kb.push((ov,))
+        base = self.let(ex.mul(ov, Const(w)), "ob")
+
+        def vector_body(masked: bool) -> lp.Stmt:
+            kb.push()
+            gv = [kb.bind(ex.cast(ex.Load(gname, (n, c, *outs, _ramp(base, w)), ScalarType(self.g.dtype, w)),
+                                  self.acc_t), "gv") for c in cos]
+            for t in range(self.tw):
+                start = kb.bind(ex.add(ex.sub(ex.mul(base, Const(s_e)), Const(p_e)), ex.mul(kws[t], Const(d_e))), "iw")
+                iv = _ramp(start, w, Const(s_e))
+                for r in range(self.rows):
+                    if masked:
+                        ivl = kb.bind(iv, "iv")
+                        xv: Expr = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(ivl, in_w)),
+                                                   ScalarType(self.x.dtype, w)), self.acc_t)
+                        xv = ex.select(kb.bind(_in_range(ivl, in_w)), kb.bind(xv, "xv"), ex.const(0, self.acc_t, w))
+                    else:
+                        xv = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, iv), ScalarType(self.x.dtype, w)), self.acc_t)
+                    xv = kb.bind(xv, "xv")
+                    a = accs[(r, t)]
+                    kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (gv[r], xv, ex.Load(a.name, (lane,), vt)), vt)
+                                     if self.acc_t.is_float else
+                                     ex.Binary("add", ex.Binary("mul", gv[r], xv, vt), ex.Load(a.name, (lane,), vt), vt)))
+            return kb.pop()
+
+        first = ex.add(ex.sub(ex.mul(base, Const(s_e)), Const(p_e)), ex.mul(k0, Const(d_e)))
+        last = ex.add(ex.sub(ex.mul(ex.add(base, Const(w - 1)), Const(s_e)), Const(p_e)),
+                      ex.mul(ex.add(k0, Const(self.tw - 1)), Const(d_e)))
+        inside = ex.Binary("and", ex.binary("ge", first, Const(0)), ex.binary("le", last, ex.sub(in_w, Const(1))),
+                           ex.BOOL)
+        inside = ex.Binary("and", inside, ex.binary("le", ex.add(k0, Const(self.tw)), kw_n), ex.BOOL)
+        kb.emit(lp.If(inside, vector_body(False), vector_body(True)))
+        vec_loop = lp.For(ov, Const(0), ex.floordiv(ow_n, Const(w)), "serial", kb.pop())
+        # scalar tail
+        ot = self.var("ot")
+        kb.push((ot,))
+        pos = self.let(ex.add(ot, ex.mul(ex.floordiv(ow_n, Const(w)), Const(w))), "op")
+        for r in range(self.rows):
+            gs = kb.bind(ex.cast(ex.Load(gname, (n, cos[r], *outs, pos), ScalarType(self.g.dtype)), self.acc_t), "gs")
+            for t in range(self.tw):
+                iw = kb.bind(ex.add(ex.sub(ex.mul(pos, Const(s_e)), Const(p_e)), ex.mul(kws[t], Const(d_e))), "iw")
+                xs: Expr = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(iw, in_w)), ScalarType(self.x.dtype)),
+                                   self.acc_t)
+                if p_e > 0:
+                    xs = ex.select(kb.bind(_in_range(iw, in_w)), kb.bind(xs, "xs"), Const(0, st))
+                prod = kb.bind(ex.Binary("mul", gs, kb.bind(xs, "xs"), st))
+                sm = sums[(r, t)]
+                kb.emit(lp.Store(sm.name, (Const(0),), ex.Binary("add", ex.Load(sm.name, (Const(0),), st), prod, st)))
+        tail_loop = lp.For(ot, Const(0), ex.mod(ow_n, Const(w)), "serial", kb.pop())
+        row_body: lp.Stmt = lp.block(vec_loop, tail_loop)
+        conds = [_in_range(ih, self.x.shape[2 + s]) for s, ih in enumerate(rows_in) if self.padding[s] > 0]
+        for cond in conds:
+            row_body = lp.If(cond, row_body)
+        kb.emit(row_body)
+        body = kb.pop()
+        for s in range(nsp - 2, -1, -1):
+            body = lp.For(outs[s], Const(0), self.g.shape[2 + s], "serial", body)
+        kb.emit(lp.For(n, Const(0), self.g.shape[0], "serial", body))
+        # finish: lanes summed, valid entries stored
+        kb.used_buffers[self.out.name] = self.out
+        for r, t in tiles:
+            total = ex.Binary("add", ex.VectorReduce("add", ex.Load(accs[(r, t)].name, (lane,), vt), st),
+                              ex.Load(sums[(r, t)].name, (Const(0),), st), st)
+            store = lp.Store(self.out.name, (cos[r], ci, *ktaps, kws[t]), ex.cast(total, self.res_t))
+            ok = ex.Binary("and", ex.binary("lt", ex.add(co0, Const(r)), self.cout),
+                           ex.binary("lt", ex.add(k0, Const(t)), kw_n), ex.BOOL)
+            kb.emit(lp.If(ok, store))
+        described = f"grad-weight lanes={w} rows={self.rows} taps={self.tw} parallel={'yes' if self.parallel else 'no'}"
+        kb.attrs["conv"] = described
+        notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("conv", described),)
+        total_items: Expr = Const(1)
+        for x in extents:
+            total_items = ex.mul(total_items, x)
+        return lp.For(item, Const(0), total_items, "parallel" if self.parallel else "serial", kb.pop(), notes)
+
+
+def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
+    """A `conv_grad_weight` kernel in dot-product form (`GradWeightBuilder`), or None (the
+    per-element nest) when the sizes are not static or the output width is below 2."""
+    g, x = op.operands
+    if g not in kb.buffers or x not in kb.buffers:
+        return None
+    dims = [static_int(d) for d in (*op.result.shape, *g.shape)]
+    if any(d is None or d == 0 for d in dims):
+        return None
+    ow = int(static_int(g.shape[-1]) or 0)
+    if ow < 2:
+        return None
+    lanes = min(cpu.lanes(dt.compute_dtype(op.result.dtype)), _pow2_floor(ow))
+    kw = int(static_int(op.result.shape[-1]) or 1)
+    taps = min(kw, 4)
+    rows = max(1, min(int(static_int(op.result.shape[0]) or 1), ACCUMULATORS // taps, 4))
+    flops = 2.0
+    for d in (*op.result.shape, *g.shape[:1], *g.shape[2:]):
+        flops *= int(static_int(d) or 1)
+    if op.loc and op.loc not in kb.origins:
+        kb.origins.append(op.loc)
+    return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS).build()
