@@ -233,4 +233,25 @@ class Fuse(TensorPass):
             return cat == "factory"
         if len(consumers) == 1:
             return True
+        if self.epilogues and _reads_product(op) and any(_reads_product(u) for u in consumers):
+            # A residual stream: `x1 = x0 + attn(..)` read by a norm and by `x2 = x1 + mlp(..)`.
+            # Inlined, each add pulls the previous ones along, so every norm of a deep model
+            # recomputes the stream from the embedding: kernels that grow with depth and
+            # differ from layer to layer. Stored, it is its product's epilogue (the product
+            # is never written) and every layer gets the same kernels.
+            return False
         return inline_cost(op, inlined) * (len(consumers) - 1) <= self.max_recompute_cost
+
+
+def _reads_product(op: Op) -> bool:
+    """Whether an elementwise op reads a matmul or quantized linear's result directly (through
+    views only), as an epilogue would."""
+    if category(op) != "elementwise":
+        return False
+    for v in op.operands:
+        p = v.producer
+        while p is not None and category(p) == "view" and p.operands:
+            p = p.operands[0].producer
+        if p is not None and p.name in EPILOGUE_PRODUCTS:
+            return True
+    return False
