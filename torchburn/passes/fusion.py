@@ -6,7 +6,10 @@ or is inlined into the kernels of its consumers (`fused_into = [k, ...]`): eleme
 become one loop nest, views become index arithmetic in the loads, and elementwise producers
 fold into reductions. A value is materialized when it is a graph output, when recomputing it
 in several consumers would duplicate expensive work, or when it feeds a matrix product (which
-reads each element many times).
+reads each element many times), or when it is a residual stream: an elementwise op that
+reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
+product's epilogue, so that each layer of a deep model stores its sum once and gets the same
+kernels, instead of every norm recomputing the stream from the embedding.
 
 Before:
 
