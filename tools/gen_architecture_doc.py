@@ -35,8 +35,10 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> tensor passes: canonicalize, fold-batch-norm, fuse (kernel roots     passes/
      and inlined ops)
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
+  -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/dedup_kernels.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
-     split-accumulators, expand-math, unroll, plan-memory (workspace offsets)
+     split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
+     results kept across graphs; plan-memory (workspace offsets)
   -> LLVM IR through llvmlite, O3, object code for the target CPU          codegen/llvm/, runtime/jit.py
      (the host, or the CPU TORCHBURN_TARGET names: emitted, not run)
   -> launcher: guards, output allocation, one native call                  backend/launcher.py

@@ -64,6 +64,11 @@ class Pass:
     level: ClassVar[str] = "tensor"
     #: Bump when the pass changes behaviour, so cached compilations are not reused.
     version: ClassVar[str] = "1"
+    #: A loop pass that maps each kernel on its own (`loop_utils.map_kernels`), its result a
+    #: function of the kernel, its options and the target alone: the compile driver then runs
+    #: it once per distinct kernel and reuses the result for equal kernels of any graph
+    #: (`compiler/kernel_cache.py`). Leave False for a pass that reads the calls or other kernels.
+    per_kernel: ClassVar[bool] = False
 
     def run(self, ir: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError(f"pass {self.name} does not implement run()")

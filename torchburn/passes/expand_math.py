@@ -126,6 +126,7 @@ class ExpandMath(LoopPass):
     """
 
     name = "expand-math"
+    per_kernel = True
     #: Also expand scalar calls (so scalar tails match the vector body bit for bit).
     scalar: bool = True
 

@@ -163,6 +163,7 @@ class FuseSiblingLoops(LoopPass):
     """
 
     name = "fuse-sibling-loops"
+    per_kernel = True
 
     def run(self, program: lp.Program) -> lp.Program:
         def one(k: lp.Kernel) -> lp.Kernel:

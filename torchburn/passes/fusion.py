@@ -6,7 +6,10 @@ or is inlined into the kernels of its consumers (`fused_into = [k, ...]`): eleme
 become one loop nest, views become index arithmetic in the loads, and elementwise producers
 fold into reductions. A value is materialized when it is a graph output, when recomputing it
 in several consumers would duplicate expensive work, or when it feeds a matrix product (which
-reads each element many times).
+reads each element many times), or when it is a residual stream: an elementwise op that
+reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
+product's epilogue, so that each layer of a deep model stores its sum once and gets the same
+kernels, instead of every norm recomputing the stream from the embedding.
 
 Before:
 
@@ -95,14 +98,25 @@ def _regroups_rows(reshape: Op) -> bool:
     return len(src) >= 1 and len(dst) >= 2 and src[-1] == dst[-1]
 
 
-def inline_cost(op: Op, inlined: set[Op]) -> int:
-    """Rough cost of recomputing `op` with everything inlined into it."""
-    cost = 10 if op.name in EXPENSIVE else 1 if category(op) == "elementwise" else 0
-    for v in op.operands:
-        p = v.producer
-        if p is not None and p in inlined:
-            cost += inline_cost(p, inlined)
-    return cost
+def inline_cost(op: Op, inlined: set[Op], limit: int) -> int:
+    """Rough cost of recomputing `op` with everything inlined into it (1 per cheap elementwise
+    op, 10 per transcendental; a producer read twice counts twice), or any number above
+    `limit` once it is known to exceed it. Stopping there keeps the walk short: the inlined
+    DAG of a deep model, walked as a tree to the end, takes exponential time."""
+    total = 0
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        total += 10 if node.name in EXPENSIVE else 1 if category(node) == "elementwise" else 0
+        if total > limit:
+            return total
+        stack.extend(p for v in node.operands if (p := v.producer) is not None and p in inlined)
+    return total
+
+
+def recompute_too_costly(op: Op, inlined: set[Op], uses: int, max_cost: int) -> bool:
+    """Whether computing `op` in each of its `uses` costs more than `max_cost` beyond the first."""
+    return uses > 1 and inline_cost(op, inlined, max_cost // (uses - 1)) * (uses - 1) > max_cost
 
 
 @register_pass
@@ -144,7 +158,7 @@ class Fuse(TensorPass):
             epilogue_roots = {r for mm in matmuls
                               if (r := self._epilogue_root(mm, users, inlined, self.epilogue_reshape)) is not None}
         if self.row_reductions:
-            inlined |= row_groups(graph, users, outputs, inlined, epilogue_roots, inline_cost,
+            inlined |= row_groups(graph, users, outputs, inlined, epilogue_roots, recompute_too_costly,
                                   self.max_row_recompute_cost)
         kernels: dict[Op, set[int]] = {}
         next_id = 0
@@ -234,4 +248,25 @@ class Fuse(TensorPass):
             return cat == "factory"
         if len(consumers) == 1:
             return True
-        return inline_cost(op, inlined) * (len(consumers) - 1) <= self.max_recompute_cost
+        if self.epilogues and _reads_product(op) and any(_reads_product(u) for u in consumers):
+            # A residual stream: `x1 = x0 + attn(..)` read by a norm and by `x2 = x1 + mlp(..)`.
+            # Inlined, each add pulls the previous ones along, so every norm of a deep model
+            # recomputes the stream from the embedding: kernels that grow with depth and
+            # differ from layer to layer. Stored, it is its product's epilogue (the product
+            # is never written) and every layer gets the same kernels.
+            return False
+        return not recompute_too_costly(op, inlined, len(consumers), self.max_recompute_cost)
+
+
+def _reads_product(op: Op) -> bool:
+    """Whether an elementwise op reads a matmul or quantized linear's result directly (through
+    views only), as an epilogue would."""
+    if category(op) != "elementwise":
+        return False
+    for v in op.operands:
+        p = v.producer
+        while p is not None and category(p) == "view" and p.operands:
+            p = p.operands[0].producer
+        if p is not None and p.name in EPILOGUE_PRODUCTS:
+            return True
+    return False

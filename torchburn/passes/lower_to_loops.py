@@ -185,14 +185,19 @@ class LowerToLoops(Pass):
         params = tuple(kb.used_buffers.values())
         # Outputs last, inputs first: a stable, readable order.
         params = tuple(sorted(params, key=lambda b: b.name == out.name))
-        used: set[str] = set()
-        for b in params:
-            for d in (*b.shape, *b.strides):
-                used |= ex.free_vars(d)
-        for s in lp.walk_stmts(body):
-            for e in lp.stmt_exprs(s):
-                used |= ex.free_vars(e)
-        kernel_symbols = tuple(v for v in symbols if v.name in used)
+        kernel_symbols = _used_symbols(params, body, symbols) if symbols else ()
         attrs: tuple[tuple[str, str], ...] = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
         attrs += tuple(kb.attrs.items())
         return lp.Kernel(name, params, kernel_symbols, body, attrs)
+
+
+def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[Var, ...]) -> tuple[Var, ...]:
+    """The program symbols a kernel reads (in its parameters' layouts or its body), in order."""
+    used: set[str] = set()
+    for b in params:
+        for d in (*b.shape, *b.strides):
+            used |= ex.free_vars(d)
+    for s in lp.walk_stmts(body):
+        for e in lp.stmt_exprs(s):
+            used |= ex.free_vars(e)
+    return tuple(v for v in symbols if v.name in used)

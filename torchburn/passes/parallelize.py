@@ -231,6 +231,7 @@ class Parallelize(LoopPass):
     """
 
     name = "parallelize"
+    per_kernel = True
     #: Loops doing at most this many element stores stay serial.
     min_work: int = 32768
     #: Fuse a small parallel loop with the loop it holds, so all threads get work.

@@ -140,7 +140,8 @@ def _indexed_by_row(root: Op, members: set[Op], joining: set[Op], order: dict[Op
 
 
 def _group(root: Op, users: dict[Value, list[Op]], outputs: set[Value], inlined: set[Op],
-           cost: Callable[[Op, set[Op]], int], max_cost: int, order: dict[Op, int]) -> Optional[set[Op]]:
+           too_costly: Callable[[Op, set[Op], int, int], bool], max_cost: int,
+           order: dict[Op, int]) -> Optional[set[Op]]:
     """The kernel roots that join `root`'s kernel, or None."""
     full = root.result.shape
     excluded: set[Op] = set()
@@ -148,11 +149,12 @@ def _group(root: Op, users: dict[Value, list[Op]], outputs: set[Value], inlined:
         members, joining = _members(root, inlined, excluded, full)
         inside = members | {root}
         bad = set()
+        both = inlined | joining
         for p in joining:
             uses = users.get(p.result, [])
             if p.result in outputs or any(u not in inside for u in uses):
                 bad.add(p)
-            elif _category(p) == "elementwise" and cost(p, inlined | joining) * (len(uses) - 1) > max_cost:
+            elif _category(p) == "elementwise" and too_costly(p, both, len(uses), max_cost):
                 bad.add(p)
         if not bad:
             break
@@ -167,11 +169,13 @@ def _group(root: Op, users: dict[Value, list[Op]], outputs: set[Value], inlined:
 
 
 def row_groups(graph: Graph, users: dict[Value, list[Op]], outputs: set[Value], inlined: set[Op],
-               epilogue_roots: set[Op], cost: Callable[[Op, set[Op]], int], max_cost: int) -> set[Op]:
+               epilogue_roots: set[Op], too_costly: Callable[[Op, set[Op], int, int], bool],
+               max_cost: int) -> set[Op]:
     """The kernel roots to inline into the row kernels of `graph` (see the module docstring).
 
     `inlined` holds the ops `fuse` already inlines; `epilogue_roots` the kernels that hold a
-    matmul; `cost(op, inlined)` is the cost of recomputing `op`."""
+    matmul; `too_costly(op, inlined, uses, max_cost)` whether recomputing `op` for each of
+    its uses costs more than `max_cost` beyond the first."""
     joined: set[Op] = set()
     order = {op: k for k, op in enumerate(graph.ops)}
     for root in reversed(graph.ops):
@@ -179,7 +183,7 @@ def row_groups(graph: Graph, users: dict[Value, list[Op]], outputs: set[Value], 
             continue
         if len(root.results) != 1:
             continue
-        group = _group(root, users, outputs, inlined | joined, cost, max_cost, order)
+        group = _group(root, users, outputs, inlined | joined, too_costly, max_cost, order)
         if group:
             joined |= group
     return joined

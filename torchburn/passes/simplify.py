@@ -612,6 +612,7 @@ class Simplify(LoopPass):
     """
 
     name = "simplify"
+    per_kernel = True
 
     def run(self, program: lp.Program) -> lp.Program:
         return map_kernels(program, simplify_kernel)

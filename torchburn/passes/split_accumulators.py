@@ -234,6 +234,7 @@ class SplitAccumulators(LoopPass):
     """
 
     name = "split-accumulators"
+    per_kernel = True
     #: Independent accumulators per reduction (the unroll factor); 1 changes nothing.
     count: int = 4
 

@@ -231,6 +231,7 @@ class Tile(LoopPass):
     """
 
     name = "tile"
+    per_kernel = True
     #: Tile edge, in iterations of each of the two loops; 1 changes nothing. 16 measured
     #: best for f32, f16 and i64 transposes of 2048x2048 and 4096x4096 (8, 32 and 64 close).
     size: int = 16

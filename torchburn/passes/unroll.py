@@ -118,6 +118,7 @@ class Unroll(LoopPass):
     """
 
     name = "unroll"
+    per_kernel = True
     #: Innermost serial loops with a constant extent up to this are unrolled; 0: only marked ones.
     max_extent: int = 8
 

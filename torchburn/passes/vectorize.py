@@ -594,6 +594,7 @@ class Vectorize(LoopPass):
     """
 
     name = "vectorize"
+    per_kernel = True
     #: Lanes per vector; 0 takes the target's number of f32 lanes.
     width: int = 0
 

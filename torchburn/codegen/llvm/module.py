@@ -13,7 +13,9 @@ Entry ABI (the runtime calls this, once per compiled graph):
 The entry loads the pointers and symbols and calls the kernels in `program.calls` order.
 
 Kernels equal up to names and provenance (the same structural hash: a transformer's layers
-give the same kernels again) share one function, so codegen and LLVM do their work once.
+give the same kernels again) share one function, so codegen and LLVM do their work once
+(`dedup-kernels` already merged most of them before the loop passes). Kernel functions are
+`noinline`: the entry stays a list of calls, and LLVM's time grows with the distinct kernels.
 
 Kernel functions take their parameters as pointers followed by their `symbols` as i64, bound
 by name to the program's symbols. Aliasing contract: a buffer a kernel writes never overlaps
@@ -108,6 +110,9 @@ def _emit_kernel(ctx: ModuleContext, program: lp.Program, kernel: lp.Kernel, uns
     fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), kernel_function_name(program, kernel))
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
+    # A kernel is a whole loop nest called once per call site: inlining it into the entry gains
+    # nothing and would make LLVM's work grow with the number of calls, not of distinct kernels.
+    fn.attributes.add("noinline")
     attrs = dict(kernel.attrs)
     fs = FunctionState(ctx, fn, contract="contract" in attrs.get("fastmath", ""))
     written = written_buffers(kernel.body)
