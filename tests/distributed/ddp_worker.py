@@ -8,7 +8,7 @@ import torch
 import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .models import TinyLM, batches, report_summary
+from .models import SLOW_PATHS, TinyLM, batches, report_summary, watch_slow_paths
 
 STEPS = 5
 BUCKET_MB = 1  # DDPOptimizer's first bucket is 1 MB; a smaller cap is refused by torch
@@ -35,7 +35,8 @@ def _train(rank: int, wrap: Callable[[torch.nn.Module], torch.nn.Module]) -> dic
     model = TinyLM()
     net = wrap(model)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
-    before = len(rep.recent_reports())
+    watch_slow_paths()
+    before, slow_before = len(rep.recent_reports()), len(SLOW_PATHS)
     losses = []
     for idx, target in batches(rank, STEPS):
         loss = net(idx, target)
@@ -45,7 +46,8 @@ def _train(rank: int, wrap: Callable[[torch.nn.Module], torch.nn.Module]) -> dic
         losses.append(loss.detach())
     torch._dynamo.reset()
     return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "reports": report_summary(rep.recent_reports()[before:])}
+            "reports": report_summary(rep.recent_reports()[before:]),
+            "slow_paths": SLOW_PATHS[slow_before:]}
 
 
 def ddp_scenarios(rank: int) -> dict[str, Any]:

@@ -57,3 +57,25 @@ def report_summary(reports: list[Any]) -> list[dict[str, Any]]:
              "compiled": [s.name for s in r.subgraphs if s.compiled],
              "not_compiled": [(s.name, s.reason) for s in r.subgraphs if not s.compiled],
              "internal_errors": [s.internal_error for s in r.internal_errors]} for r in reports]
+
+
+#: Calls a compiled subgraph ran in PyTorch at run time (its inputs did not fit what it was
+#: compiled for), with the reason; filled while `watch_slow_paths()` is installed.
+SLOW_PATHS: list[str] = []
+
+
+def watch_slow_paths() -> None:
+    """Note every run-time fallback of a launcher in SLOW_PATHS (launchers made after this)."""
+    from torchburn.backend.launcher import Launcher
+
+    if getattr(Launcher._slow, "_watched", False):
+        return
+    slow = Launcher._slow
+
+    def watched(self: Any, *args: Any, why: str) -> Any:
+        shapes = [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]
+        SLOW_PATHS.append(f"{self.name}: {why}: {shapes}\n{self.source}")
+        return slow(self, *args, why=why)
+
+    watched._watched = True  # type: ignore[attr-defined]
+    Launcher._slow = watched  # type: ignore[method-assign]

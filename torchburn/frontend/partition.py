@@ -18,6 +18,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 from . import lowerings  # noqa: F401  (registers lowerings)
 from .dtypes import is_supported
 from .registry import get_lowering
+from .view_outputs import MARK as OUTPUT_VIEW
 
 #: Ops that are deliberately left to PyTorch, with the reason. This is the one list: the
 #: OpInfo test expects exactly these (and tensors of dtypes or layouts the compiler never takes,
@@ -141,6 +142,8 @@ class _Support(OperatorSupport):
         self.reasons = reasons
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.meta.get(OUTPUT_VIEW):  # a free view in PyTorch by design (view_outputs.py)
+            return False
         reason = unsupported_reason(node)
         if reason is not None:
             self.reasons[node] = reason
