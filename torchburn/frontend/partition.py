@@ -73,12 +73,25 @@ NOT_COMPILED: dict[str, str] = {
 }
 
 
+#: Namespaces of torch.distributed's collectives (functional collectives and their waits, as
+#: Dynamo, DTensor, FSDP2 and compiled autograd put them in graphs; c10d's own ops): each runs
+#: in PyTorch, on the process group, at its place in the graph; the compute around it is compiled.
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor")
+COLLECTIVE_REASON = "a collective: it runs in PyTorch on the process group (torch.distributed), at its place in the graph"
+
+
+def is_collective(target: str) -> bool:
+    """Whether `target` (such as `_c10d_functional.all_reduce.default`) is a torch.distributed op."""
+    return target.split(".", 1)[0] in COLLECTIVE_NAMESPACES
+
+
 def is_deliberate(target: str, reason: str) -> bool:
     """Whether a node left to PyTorch (`target` such as `aten.nonzero.default`, with the
     reason the partitioner gave) stays there by design: its op is in NOT_COMPILED, or it
-    touches a tensor the compiler never takes (complex, float8 or quantized dtypes, sparse)."""
+    touches a tensor the compiler never takes (complex, float8 or quantized dtypes, sparse), or
+    it is a collective (COLLECTIVE_NAMESPACES)."""
     packet = target.rsplit(".", 1)[0]
-    return (target in NOT_COMPILED or packet in NOT_COMPILED
+    return (target in NOT_COMPILED or packet in NOT_COMPILED or is_collective(target)
             or " has unsupported dtype " in reason or " has layout " in reason)
 
 
@@ -110,6 +123,8 @@ def unsupported_reason(node: torch.fx.Node) -> Optional[str]:
     packet = getattr(node.target, "_overloadpacket", None)
     if packet is not None and str(packet) in NOT_COMPILED:
         return NOT_COMPILED[str(packet)]
+    if is_collective(str(node.target)):
+        return COLLECTIVE_REASON
     lw = get_lowering(node.target)
     if lw is None:
         # A result of a dtype the compiler never takes (uint64, complex) says more than that.
