@@ -74,7 +74,7 @@ def watch_slow_paths() -> None:
 
     def watched(self: Any, *args: Any, why: str) -> Any:
         shapes = [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]
-        SLOW_PATHS.append(f"{self.name}: {why}: {shapes}\n{self.source}")
+        SLOW_PATHS.append(f"{self.name}: {why}: {shapes}")
         return slow(self, *args, why=why)
 
     watched._watched = True  # type: ignore[attr-defined]

@@ -41,6 +41,7 @@ def test_every_graph_compiled_without_fallback(ranks: list[dict[str, Any]], form
         assert [g["kind"] for g in reports].count("backward") == len(graphs)
         for g in reports:
             assert g["compiled"] and not g["fallbacks"] and not g["not_compiled"] and not g["internal_errors"], g
+        assert r[form]["slow_paths"] == []  # no compiled graph ran in PyTorch at run time
 
 
 def test_ddp_optimizer_splits_at_buckets_for_us_as_for_any_backend(ranks: list[dict[str, Any]]) -> None:
