@@ -53,13 +53,15 @@ def test_two_ranks_generate_the_single_process_tokens(checkpoint: Path, tmp_path
 
 
 def test_torchrun_cli(checkpoint: Path) -> None:
+    """The command's plumbing (torchrun's group, --tp, rank 0 printing); eager, since the
+    compiled ranks are the test above."""
     args = ["generate", PROMPT, "--model", str(checkpoint), "--tokens", str(NEW_TOKENS), "--raw"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     single = subprocess.run([sys.executable, "-m", "torchburn.llm", *args, "--eager"], env=env, cwd=ROOT,
                             capture_output=True, timeout=300)
     assert single.returncode == 0, single.stderr.decode()[-2000:]
     tp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         "-m", "torchburn.llm", *args, "--tp", "2"], env=env, cwd=ROOT, capture_output=True, timeout=300)
+                         "-m", "torchburn.llm", *args, "--tp", "2", "--eager"], env=env, cwd=ROOT, capture_output=True, timeout=300)
     assert tp.returncode == 0, tp.stderr.decode()[-2000:]
     assert tp.stdout == single.stdout  # rank 0 prints, rank 1 stays quiet
 
