@@ -24,11 +24,11 @@ def greedy_ids(folder: str, quant: Optional[str], compile: bool, tp: Optional[in
     return [s[0] for s in steps if s[0] is not None]
 
 
-def tp_generate(rank: int, folder: str, quant: Optional[str]) -> dict[str, Any]:
+def tp_generate(rank: int, folder: str, quant: Optional[str], compile: bool) -> dict[str, Any]:
     from torchburn.backend import report as rep
 
     from .models import report_summary
 
     before = len(rep.recent_reports())
-    ids = greedy_ids(folder, quant, compile=True, tp=2)
+    ids = greedy_ids(folder, quant, compile=compile, tp=2)
     return {"ids": ids, "reports": report_summary(rep.recent_reports()[before:])}
