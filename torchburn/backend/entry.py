@@ -96,11 +96,13 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
     graph compiled before (in any process) comes from the FX-graph cache instead."""
     from ..frontend.item_fold import fold_item_round_trips
+    from ..frontend.view_outputs import views_to_pytorch
 
     lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
     report = rep.GraphReport(kind)
     t0 = time.perf_counter()
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
+    views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
     config = get_config()
     key = None
     disk = None

@@ -24,6 +24,10 @@ from ..compiler.engines import INT8_ACTIVATIONS_TAG
 #: Marks the profiler ranges whose ATen ops are not "between graphs".
 _RANGE = "torchburn.explain:"
 
+#: Profiler events counted as ops run in PyTorch between graphs: ATen ops, and torch.distributed's
+#: collectives (FSDP2's all-gathers and reduce-scatters run between the graphs of its modules).
+_EAGER_PREFIXES = ("aten::", "c10d::")
+
 #: A gloss for Dynamo's terser reasons.
 _GLOSS = {"generic_jump": "a Python branch (`if`/`while`) on a tensor's value"}
 
@@ -267,7 +271,7 @@ def _count_eager_ops() -> Iterator[Optional[Counter[str]]]:
         callback_handler.remove_start_callback(start)
         callback_handler.remove_end_callback(end)
     for event in prof.events():
-        if event.name.startswith("aten::") and _outside_ranges(event):
+        if event.name.startswith(_EAGER_PREFIXES) and _outside_ranges(event):
             counts[event.name] += 1
 
 

@@ -18,6 +18,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 from . import lowerings  # noqa: F401  (registers lowerings)
 from .dtypes import is_supported
 from .registry import get_lowering
+from .view_outputs import MARK as OUTPUT_VIEW
 
 #: Ops that are deliberately left to PyTorch, with the reason. This is the one list: the
 #: OpInfo test expects exactly these (and tensors of dtypes or layouts the compiler never takes,
@@ -72,12 +73,25 @@ NOT_COMPILED: dict[str, str] = {
 }
 
 
+#: Namespaces of torch.distributed's collectives (functional collectives and their waits, as
+#: Dynamo, DTensor, FSDP2 and compiled autograd put them in graphs; c10d's own ops): each runs
+#: in PyTorch, on the process group, at its place in the graph; the compute around it is compiled.
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor")
+COLLECTIVE_REASON = "a collective: it runs in PyTorch on the process group (torch.distributed), at its place in the graph"
+
+
+def is_collective(target: str) -> bool:
+    """Whether `target` (such as `_c10d_functional.all_reduce.default`) is a torch.distributed op."""
+    return target.split(".", 1)[0] in COLLECTIVE_NAMESPACES
+
+
 def is_deliberate(target: str, reason: str) -> bool:
     """Whether a node left to PyTorch (`target` such as `aten.nonzero.default`, with the
     reason the partitioner gave) stays there by design: its op is in NOT_COMPILED, or it
-    touches a tensor the compiler never takes (complex, float8 or quantized dtypes, sparse)."""
+    touches a tensor the compiler never takes (complex, float8 or quantized dtypes, sparse), or
+    it is a collective (COLLECTIVE_NAMESPACES)."""
     packet = target.rsplit(".", 1)[0]
-    return (target in NOT_COMPILED or packet in NOT_COMPILED
+    return (target in NOT_COMPILED or packet in NOT_COMPILED or is_collective(target)
             or " has unsupported dtype " in reason or " has layout " in reason)
 
 
@@ -109,6 +123,8 @@ def unsupported_reason(node: torch.fx.Node) -> Optional[str]:
     packet = getattr(node.target, "_overloadpacket", None)
     if packet is not None and str(packet) in NOT_COMPILED:
         return NOT_COMPILED[str(packet)]
+    if is_collective(str(node.target)):
+        return COLLECTIVE_REASON
     lw = get_lowering(node.target)
     if lw is None:
         # A result of a dtype the compiler never takes (uint64, complex) says more than that.
@@ -141,6 +157,8 @@ class _Support(OperatorSupport):
         self.reasons = reasons
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.meta.get(OUTPUT_VIEW):  # a free view in PyTorch by design (view_outputs.py)
+            return False
         reason = unsupported_reason(node)
         if reason is not None:
             self.reasons[node] = reason

@@ -29,6 +29,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--eager", action="store_true", help="run without torch.compile")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel ranks (under torchrun; docs/distributed.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,9 +66,19 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 def _load(args: argparse.Namespace) -> Any:
     from .engine import LLM
 
-    return LLM.from_pretrained(args.model, quant=args.quant, device=args.device,
-                               max_context=args.max_context, threads=args.threads,
-                               compile=not args.eager)
+    if args.tp:  # join torchrun's process group first: loading may print progress on rank 0 only
+        from .tensor_parallel import init_from_env
+
+        if init_from_env(args.tp) != 0:  # every rank computes the same tokens; rank 0 prints them
+            sys.stdout = open(os.devnull, "w")
+    llm = LLM.from_pretrained(args.model, quant=args.quant, device=args.device,
+                              max_context=args.max_context, threads=args.threads,
+                              compile=not args.eager)
+    if args.tp:
+        from .tensor_parallel import shard_llm
+
+        shard_llm(llm, args.tp)
+    return llm
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
