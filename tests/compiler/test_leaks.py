@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from torchburn.compiler import driver
+from torchburn.compiler import driver, kernel_cache
 from torchburn.ir.parser import parse_graph
 from torchburn.runtime import config
 
@@ -51,6 +51,8 @@ def small_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[driver.ModuleCache]
     config.reload_config()
     cache = driver.ModuleCache(4)
     monkeypatch.setattr(driver, "_cache", cache)
+    # the kernel cache is bounded too (KERNELS_PER_PROGRAM per program kept); a private one here
+    monkeypatch.setattr(kernel_cache, "_cache", kernel_cache.KernelCache(4 * kernel_cache.KERNELS_PER_PROGRAM))
     yield cache
     monkeypatch.undo()
     config.reload_config()
@@ -94,15 +96,18 @@ def test_python_objects_do_not_accumulate_over_cycles(small_cache: driver.Module
         driver.compile_graph(parse_graph(graph(3000 + i)))
     tracemalloc.start()
     try:
-        # the cache is emptied before both readings: only allocations made while tracing count,
-        # so entries cached before would be freed uncounted and new ones counted as growth
+        # the caches (programs, kernels) are emptied before both readings: only allocations made
+        # while tracing count, so entries cached before would be freed uncounted and new ones
+        # counted as growth
         small_cache.clear()
+        kernel_cache.kernel_cache().clear()
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
         cycles = 8
         for i in range(cycles):
             driver.compile_graph(parse_graph(graph(3100 + i)))
         small_cache.clear()
+        kernel_cache.kernel_cache().clear()
         gc.collect()
         per_cycle = (tracemalloc.get_traced_memory()[0] - before) / cycles / 2 ** 20
     finally:
