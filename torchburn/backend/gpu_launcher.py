@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -35,6 +36,8 @@ from ..passes.pipeline import Pipeline
 from ..runtime.config import get_config
 from ..runtime.gpu import GpuError, GpuProgram, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
 
+#: Whether a GPU run that failed (a lost or failing adapter) has been warned about.
+_run_failure_warned = False
 log = logging.getLogger("torchburn")
 
 
@@ -161,7 +164,12 @@ class GpuLauncher:
             self.last_args = args
         try:
             views = self.gpu.run_copy(env, specs)
-        except GpuError as err:
+        except GpuError as err:  # the adapter failed or was lost: PyTorch runs it, one warning
+            global _run_failure_warned
+            if not _run_failure_warned:
+                _run_failure_warned = True
+                warnings.warn(f"torchburn: {self.program.name} could not run on the GPU ({err}); calls that "
+                              "fail on the GPU run in PyTorch (warned once per process)", RuntimeWarning, stacklevel=2)
             return self._slow(args, str(err))
         self.calls += 1
         outs = []

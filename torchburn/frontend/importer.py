@@ -37,17 +37,22 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
     graph = Graph(name, [])
     builder = Builder(graph)
     env: dict[torch.fx.Node, Any] = {}
+    bound = _bound_symbols(gm)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
             if isinstance(val, torch.SymInt):
                 e = size_to_expr(val)
                 if not isinstance(e, Var):
-                    # A derived size such as `s0 * 2` passed as an argument: it is an expression
-                    # over symbols bound elsewhere, so no input needs it.
-                    env[node] = e
-                    graph.inputs.append(Var(f"_unused_{node.name}"))
-                    continue
+                    if all(v.name in bound for v in ex.walk(e) if isinstance(v, Var)):
+                        # A derived size such as `s0 * 2` passed as an argument: it is an
+                        # expression over symbols bound elsewhere, so no input needs it.
+                        env[node] = e
+                        graph.inputs.append(Var(f"_unused_{node.name}"))
+                        continue
+                    # An expression over a symbol no tensor shape carries (`k + 1` of a Python
+                    # int Dynamo made dynamic): the argument's value is a symbol of its own.
+                    e = Var(f"arg_{node.name}")
                 env[node] = e
                 graph.inputs.append(e)
             elif isinstance(val, torch.Tensor):
@@ -84,6 +89,24 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
     graph.rename_canonically()
     _rename_symbols(graph)
     return graph
+
+
+def _bound_symbols(gm: torch.fx.GraphModule) -> set[str]:
+    """Names of the symbols the inputs bind: plain symbolic-int arguments and the symbols in
+    tensor inputs' sizes and strides (the launcher reads them from the arguments)."""
+    names: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        exprs: list[Expr] = []
+        if isinstance(val, torch.SymInt):
+            e = size_to_expr(val)
+            exprs = [e] if isinstance(e, Var) else []
+        elif isinstance(val, torch.Tensor):
+            exprs = [*shape_to_exprs(val.shape), *shape_to_exprs(val.stride())]
+        names.update(v.name for e in exprs for v in ex.walk(e) if isinstance(v, Var))
+    return names
 
 
 def _rename_symbols(graph: Graph) -> None:
