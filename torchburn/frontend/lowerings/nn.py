@@ -84,6 +84,15 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
         return b.op("conv_grad_input", g, w, in_size=tuple(in_size), **attrs)
     rank = nsp + 2
     spatial = tuple(range(2, rank))
+    if groups == 1:
+        wt = b.op("permute", w, dims=(1, 0, *spatial))
+    else:
+        per = b.reshape(w, (Const(groups), Const(cout // groups), w.shape[1], *w.shape[2:]))  # type: ignore[operator]
+        per = b.op("permute", per, dims=(0, 2, 1, *range(3, rank + 1)))
+        wt = b.reshape(per, (Const(groups * cin_g), Const(cout // groups), *w.shape[2:]))  # type: ignore[operator]
+    if any(s > 1 for s in stride) and all(d == 1 for s, d in zip(stride, dilation) if s > 1):
+        return _grad_input_phases(b, g, wt, [int(x) for x in want], [int(x) for x in gs],  # type: ignore[arg-type]
+                                  [int(k) for k in ks], attrs)  # type: ignore[arg-type]
     if any(s > 1 for s in stride):
         # g[n, c, o] -> up[n, c, o * s] (zeros between): [.., O, 1] padded to [.., O, s], flattened, cut.
         split: list[Expr] = [g.shape[0], g.shape[1]]
@@ -96,14 +105,66 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
             if u != o * s:  # type: ignore[operator]
                 up = b.op("slice", up, dim=2 + dim, start=0, end=u, step=1)
         g = up
-    if groups == 1:
-        wt = b.op("permute", w, dims=(1, 0, *spatial))
-    else:
-        per = b.reshape(w, (Const(groups), Const(cout // groups), w.shape[1], *w.shape[2:]))  # type: ignore[operator]
-        per = b.op("permute", per, dims=(0, 2, 1, *range(3, rank + 1)))
-        wt = b.reshape(per, (Const(groups * cin_g), Const(cout // groups), *w.shape[2:]))  # type: ignore[operator]
     wt = b.op("flip", wt, dims=spatial)
     return b.op("conv", g, wt, stride=(1,) * nsp, padding=pads, dilation=tuple(dilation), groups=groups)
+
+
+def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], out_size: Sequence[int],
+                       ks: Sequence[int], attrs: dict[str, Any]) -> Value:
+    """The input gradient of a strided convolution, one stride-1 convolution per phase.
+
+    Along a dim of stride `s` (dilation 1), input position `i = s*m + r - p` takes the taps
+    `k = r + s*j` only: `gi[s*m + r - p] = sum_j g[m - j] * w[r + s*j]`. So phase `r` is a
+    stride-1 convolution of `g` with the flipped sub-kernel `w[r::s]` (a fraction `1/s` of the
+    taps), and the phases interleave into the gradient: no multiplication by inserted zeros
+    (the zero-inserted form does `s` times the work per strided dim). `wt` is the weight already
+    transposed per group (`[Cin, Cout / groups, *k]`), not flipped. Phases without taps (a
+    kernel narrower than the stride) are zeros."""
+    stride, padding, groups = attrs["stride"], attrs["padding"], attrs["groups"]
+    nsp = len(stride)
+    n, cin = g.shape[0], wt.shape[0]
+    # Per dim: first phase row m_a = p // s, offset of input 0 in the interleaving, rows M.
+    m_a = [p // s for p, s in zip(padding, stride)]
+    off = [p - s * m for p, s, m in zip(padding, stride, m_a)]
+    rows = [-(-(o + i) // s) for o, i, s in zip(off, in_size, stride)]
+
+    def phase(r: tuple[int, ...]) -> Value:
+        taps = [len(range(rd, k, s)) for rd, k, s in zip(r, ks, stride)]
+        shape = (n, cin, *[Const(m) for m in rows])
+        if 0 in taps:
+            return b.full(0.0, shape, g.dtype)
+        sub = wt
+        for d, (rd, k, s) in enumerate(zip(r, ks, stride)):
+            if s > 1:
+                sub = b.op("slice", sub, dim=2 + d, start=rd, end=k, step=s)
+        sub = b.op("flip", sub, dims=tuple(range(2, 2 + nsp)))
+        low = [kr - 1 - m for kr, m in zip(taps, m_a)]
+        high = [mr + kr - 1 - o - lo for mr, kr, o, lo in zip(rows, taps, out_size, low)]
+        pads = [max(lo, hi, 0) for lo, hi in zip(low, high)]
+        res = b.op("conv", g, sub, stride=(1,) * nsp, padding=tuple(pads), dilation=(1,) * nsp, groups=groups)
+        for d, (pd, lo, mr) in enumerate(zip(pads, low, rows)):
+            start = pd - lo
+            if start != 0 or _static(res.shape[2 + d]) != mr:
+                res = b.op("slice", res, dim=2 + d, start=start, end=start + mr, step=1)
+        return res
+
+    def interleave(prefix: tuple[int, ...]) -> Value:
+        """Phases with the leading `prefix`, as `[N, C, M_0, s_0, ..., M_d, s_d, M_(d+1), ...]`."""
+        d = len(prefix)
+        if d == nsp:
+            v = phase(prefix)
+            split: list[Expr] = [n, cin]
+            for m in rows:
+                split += [Const(m), Const(1)]
+            return b.reshape(v, split)
+        parts = [interleave(prefix + (r,)) for r in range(stride[d])]
+        return parts[0] if len(parts) == 1 else b.op("concat", *parts, dim=3 + 2 * d)
+
+    full = b.reshape(interleave(()), (n, cin, *[Const(m * s) for m, s in zip(rows, stride)]))
+    for d, (o, i, m, s) in enumerate(zip(off, in_size, rows, stride)):
+        if o != 0 or i != m * s:
+            full = b.op("slice", full, dim=2 + d, start=o, end=o + i, step=1)
+    return full
 
 
 @lowering(aten.convolution.default)
