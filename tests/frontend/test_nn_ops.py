@@ -85,6 +85,16 @@ CONV: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                                    (t(2, 4, 7, 9), t(6, 2, 3, 3), t(6))),
     "2d_depthwise_stride1": (lambda x, w: F.conv2d(x, w, padding=1, groups=8), (t(2, 8, 6, 10), t(8, 1, 3, 3))),
     "transposed_stride1": (lambda x, w: F.conv_transpose2d(x, w, padding=1), (t(2, 4, 5, 6), t(4, 3, 3, 3))),
+    # Strides > 1: the input gradient is one stride-1 convolution per phase (sub-kernel w[r::s]).
+    "2d_stride3x2_groups_odd_sizes": (lambda x, w: F.conv2d(x, w, stride=(3, 2), padding=(1, 0), groups=2),
+                                      (t(1, 4, 13, 12), t(8, 2, 3, 4))),
+    "2d_stride2_kernel1_empty_phases": (lambda x, w: F.conv2d(x, w, stride=2), (t(2, 3, 9, 11), t(5, 3, 1, 1))),
+    "2d_stride2_depthwise_k5": (lambda x, w: F.conv2d(x, w, stride=2, padding=2, groups=6),
+                                (t(1, 6, 12, 10), t(6, 1, 5, 5))),
+    "2d_stride_2x1_mixed": (lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=1), (t(1, 4, 10, 9), t(4, 4, 3, 3))),
+    "1d_stride5_k10": (lambda x, w: F.conv1d(x, w, stride=5), (t(2, 3, 41), t(5, 3, 10))),
+    "1d_stride3_k4_pad2": (lambda x, w: F.conv1d(x, w, stride=3, padding=2), (t(2, 4, 33), t(4, 4, 4))),
+    "1d_stride2_dilation2": (lambda x, w: F.conv1d(x, w, stride=2, padding=1, dilation=2), (t(2, 3, 15), t(4, 3, 3))),
 }
 
 
@@ -92,6 +102,28 @@ CONV: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
 def test_convolution(case: str) -> None:
     fn, args = CONV[case]
     check_grad(fn, *args, **TOL)
+
+
+def test_strided_input_gradient_is_one_convolution_per_phase() -> None:
+    """The input gradient of a 3x3 stride-2 convolution: four stride-1 convolutions with the
+    2x2, 2x1, 1x2 and 1x1 sub-kernels, on the gradient itself (nothing zero-inserted)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [8], [2, 2], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    gm = make_fx(bwd, tracing_mode="fake")(torch.randn(2, 8, 8, 8), torch.randn(2, 4, 16, 16), torch.randn(8, 4, 3, 3))
+    graph = import_graph(gm)
+    convs = [op for op in graph.ops if op.name == "conv"]
+    assert sorted(tuple(int(d.value) for d in op.operands[1].type.shape[2:]) for op in convs) == [
+        (1, 1), (1, 2), (2, 1), (2, 2)]
+    for op in convs:
+        assert op.operands[0] is graph.inputs[0]  # the gradient itself
+        assert tuple(op.attrs["stride"]) == (1, 1)
+    assert not [op for op in graph.ops if op.name == "pad"]
 
 
 def test_convolution_bf16_forward() -> None:
