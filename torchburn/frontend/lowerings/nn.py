@@ -61,12 +61,13 @@ def _static(e: Expr) -> Optional[int]:
 def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: dict[str, Any]) -> Value:
     """The gradient of a convolution with respect to its input (a transposed convolution).
 
-    It is itself a convolution with stride 1: of `g` with `stride - 1` zeros inserted between
-    its elements (and up to `stride - 1` after the last, the output padding), with the weight
-    transposed within each group and flipped along its taps, padded by
-    `dilation * (k - 1) - padding`. That form gets the blocked convolution kernels
-    (`passes/loopgen/conv.py`); with stride 1 nothing is inserted. Symbolic sizes, and padding
-    beyond `dilation * (k - 1)`, keep `conv_grad_input`."""
+    With stride 1 it is itself a convolution with stride 1: of `g` with the weight transposed
+    within each group and flipped along its taps, padded by `dilation * (k - 1) - padding`.
+    That form gets the blocked convolution kernels (`passes/loopgen/conv.py`). With strides
+    larger than 1 (and dilation 1 along those dims) it is one such convolution per phase
+    (`_grad_input_phases`); with a dilation there too, a convolution of `g` with `stride - 1`
+    zeros inserted between its elements (and up to `stride - 1` after the last, the output
+    padding). Symbolic sizes, and padding beyond `dilation * (k - 1)`, keep `conv_grad_input`."""
     stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
     nsp = len(stride)
     ks = [_static(k) for k in w.shape[2:]]
