@@ -345,6 +345,11 @@ class QLinearBuilder:
                         m = _f32(kb.value_at(ql.mins, (ns[c], gv)))
                     offset[c] = kb.bind(ex.Broadcast(kb.bind(m, "m"), self.vt), "mv")
 
+        if not ql.per_channel and chunks <= MAX_UNROLLED_CHUNKS:
+            self.factored_group(gv, rows, ns, scale, offset, acc, accs)
+            kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
+            return
+
         def chunk(ch: Expr) -> None:
             base = ex.add(ex.mul(gv, Const(g)), ex.mul(ch, Const(plan.lanes)))
             if ql.kind == "int4":
@@ -380,6 +385,67 @@ class QLinearBuilder:
             chunk(chv)
             kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
         kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
+
+    def factored_group(self, gv: Var, rows: list[Expr], ns: list[Expr], scale: list[Optional[Expr]],
+                       offset: list[Optional[Expr]], acc: Callable[[tuple[int, int, int]], Expr],
+                       accs: dict[tuple[int, int, int], lp.Buffer]) -> None:
+        """One group with its scale taken out of the sum (unrolled chunks, grouped scales):
+
+            p[r][c] = sum_ch f32(q_c[ch]) * x_r[ch]                   (int4: both nibbles)
+            acc[r][c] = fma(p[r][c], d_c, acc[r][c])
+            acc[r][c] = fma(sum_ch x_r[ch], m_c, acc[r][c])           (int4 only: the offset)
+
+        The weight is converted (no scale multiply, no per-element offset) and multiplied in,
+        so a weight vector costs a widening load, a conversion and one fma; `p` starts afresh
+        every group, so the chains of different groups are independent. One accumulator per
+        (r, c) (int4's high half stays 0), so 4 x 4 of them fit the 16 AVX2 registers."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        g = ql.group
+        span = g // 2 if ql.kind == "int4" else g
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        it = ScalarType(dt.i32, plan.lanes)
+        part: dict[tuple[int, int], Expr] = {}
+        xsum: dict[int, Expr] = {}
+
+        def add_product(key: tuple[int, int], w: Expr, xv: Expr) -> None:
+            prev = part.get(key)
+            value = ex.Binary("mul", w, xv, self.vt) if prev is None else _fma(w, xv, prev)
+            part[key] = kb.bind(value, "p")
+
+        for ch in range(span // plan.lanes):
+            base = ex.add(ex.mul(gv, Const(g)), Const(ch * plan.lanes))
+            if ql.kind == "int4":
+                col = ex.add(ex.mul(gv, Const(span)), Const(ch * plan.lanes))
+                xs = [[self.x_vector(rows[r], ex.add(base, Const(s * span))) for s in range(2)]
+                      for r in range(plan.mr)]
+                for r in range(plan.mr):
+                    for s in range(2):
+                        prev_x = xsum.get(r)
+                        xsum[r] = xs[r][s] if prev_x is None else kb.bind(ex.Binary("add", prev_x, xs[r][s], self.vt), "xs")
+                for c in range(plan.nr):
+                    b = kb.bind(ex.cast(self.q_vector(ns[c], col), dt.i32), "b")
+                    codes = (ex.Binary("and", b, ex.const(15, dt.i32, plan.lanes), it),
+                             ex.Binary("shr", b, ex.const(4, dt.i32, plan.lanes), it))
+                    for s in range(2):
+                        qf = kb.bind(_f32(codes[s]), "qf")
+                        for r in range(plan.mr):
+                            add_product((r, c), qf, xs[r][s])
+                continue
+            xs1 = [self.x_vector(rows[r], base) for r in range(plan.mr)]
+            for c in range(plan.nr):
+                qf = kb.bind(_f32(self.q_vector(ns[c], base)), "qf")
+                for r in range(plan.mr):
+                    add_product((r, c), qf, xs1[r])
+        for r in range(plan.mr):
+            for c in range(plan.nr):
+                scl = scale[c]
+                assert scl is not None
+                total = _fma(part[(r, c)], scl, acc((r, c, 0)))
+                off = offset[c]
+                if ql.kind == "int4":
+                    assert off is not None
+                    total = _fma(xsum[r], off, total)
+                kb.emit(lp.Store(accs[(r, c, 0)].name, (lane,), total))
 
     def epilogue(self, tile: lp.Buffer, i0: Expr, n0: Expr, rows: Expr, cols: Expr) -> lp.Stmt:
         """`out[row(i0 + r), n0 + c] = epilogue(%ct[r, c])` for the valid part of the tile."""
