@@ -9,27 +9,36 @@ bias add, activation, cast back to x's dtype) to explicit SIMD loops over the pa
 
     parallel for w in 0..cdiv(N, NR)                 NR weight rows per work item
       for ib in 0..cdiv(M, MR)                       MR rows of x (rows clamped into range)
-        MR x NR (x2 for int4: low/high nibbles) vector accumulators = 0
+        MR x NR vector accumulators = 0
         for G in 0..K / g                            groups: one scale (and min) per row
           d_c = broadcast(f32(scales[n_c, G]))       m_c = broadcast(mins or -8 d_c)
-          for ch in 0..h / L                         (unrolled in the IR when short)
+          p[r][c] = 0;  xs_r = 0                     (values, not memory: chunks unrolled)
+          for ch in 0..h / L
             b_c   = i32(%q[n_c, ramp(G h + ch L, 1, L)])           L packed bytes, one load
-            lo_c  = fma(f32(b_c & 15), d_c, m_c)                   elements G g + ch L + 0..L
-            hi_c  = fma(f32(b_c >> 4), d_c, m_c)                   elements ... + h
-            acc_lo[r][c] = fma(lo_c, %x[i_r, ramp(G g + ch L, 1, L)], acc_lo[r][c])
-            acc_hi[r][c] = fma(hi_c, %x[i_r, ramp(G g + h + ch L, 1, L)], acc_hi[r][c])
-        %ct[r, c] = vreduce_add(acc_lo[r][c] + acc_hi[r][c])
+            xl_r  = %x[i_r, ramp(G g + ch L, 1, L)]                elements G g + ch L + 0..L
+            xh_r  = %x[i_r, ramp(G g + h + ch L, 1, L)]            elements ... + h
+            p[r][c] = fma(f32(b_c >> 4), xh_r, fma(f32(b_c & 15), xl_r, p[r][c]))
+            xs_r += xl_r + xh_r
+          acc[r][c] = fma(xs_r, m_c, fma(p[r][c], d_c, acc[r][c]))
+        %ct[r, c] = vreduce_add(acc[r][c])
         for r < rows left: for c < columns left: %out[i0 + r, n0 + c] = epilogue(%ct[r, c])
 
-INT8 is the same with one `i8 -> f32` conversion per vector and `w = q * d` (per-channel
-scales multiply the finished sum instead). The symmetric INT4 form `d (q - 8)` is written
-`fma(q, d, -8 d)`, one instruction like the asymmetric `d q + m`. The nibble order of the
+The scale is taken out of each group's sum and the offset out of every element:
+`sum_k (d q_k + m) x_k = d sum_k q_k x_k + m sum_k x_k`, so a weight vector costs one widening
+load, one conversion and one fma (plus the nibble mask or shift), the x sums are shared by
+the NR weight rows, and `p` starts afresh each group (the chains of successive groups are
+independent). INT8 is the same without nibbles and offset (`p = sum f32(q) x`, then
+`fma(p, d, acc)`); per-channel scales multiply the finished sum instead. Groups of more than
+MAX_UNROLLED_CHUNKS chunks keep the loop over chunks and dequantize each vector
+(`w = fma(f32(q), d, m)`, `acc = fma(w, x, acc)`, low and high nibbles in two accumulators).
+Rounding: one extra f32 rounding per group (the product `p d`), and for INT4 the offset's sum
+of x; both are far below the weight's own quantization error. The nibble order of the
 layout (byte `j` of a group holds elements `j` and `j + h`) is what makes the low and high
 nibbles of one vector load two *contiguous* vectors of elements: no shuffles.
 
 **Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 4 weight rows per
-step, so eight independent accumulator chains hide the FMA latency and x's vectors are loaded
-once per four weight rows. With more rows (MR = 4) each dequantized weight vector is used four
+step: four accumulators, each growing by one chain of `p` per group (the groups' chains
+overlap, which hides the FMA latency), and x's vectors are loaded once per four weight rows. With more rows (MR = 4) each dequantized weight vector is used four
 times from registers, and the NR weight rows of one work item (a few KiB) stay in L1 while
 all row blocks of x pass over them, so each weight byte comes from memory once per call.
 When M is known only at run time both forms are built and chosen by M.
