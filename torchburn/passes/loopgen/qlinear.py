@@ -37,8 +37,10 @@ layout (byte `j` of a group holds elements `j` and `j + h`) is what makes the lo
 nibbles of one vector load two *contiguous* vectors of elements: no shuffles.
 
 **Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 4 weight rows per
-step: four accumulators, each growing by one chain of `p` per group (the groups' chains
-overlap, which hides the FMA latency), and x's vectors are loaded once per four weight rows. With more rows (MR = 4) each dequantized weight vector is used four
+step for INT4 (x's vectors and sums shared by four rows), NR = 1 for INT8 (one sequential
+stream of bytes, `NR_GEMV_INT8`); each accumulator grows by one chain of `p` per group,
+and the groups' chains overlap, which hides the FMA latency. With more rows (MR = 4) each
+dequantized weight vector is used four
 times from registers, and the NR weight rows of one work item (a few KiB) stay in L1 while
 all row blocks of x pass over them, so each weight byte comes from memory once per call.
 When M is known only at run time both forms are built and chosen by M.
@@ -72,9 +74,12 @@ F32 = ScalarType(dt.f32)
 I32 = ScalarType(dt.i32)
 #: Chunks per group up to this many are unrolled in the IR; longer ones stay a loop.
 MAX_UNROLLED_CHUNKS = 8
-#: Rows of x per step of the multi-row form, and weight rows per step of each form.
+#: Rows of x per step of the multi-row form, and weight rows per step of each form. The INT8
+#: GEMV takes one weight row per step: its bytes are then read as one sequential stream (four
+#: rows read side by side are four short streams when rows are short, K = 576: half the
+#: bandwidth); INT4 keeps four, which share the sums of x.
 MR_ROWS = 4
-NR_GEMV, NR_INT8, NR_INT4 = 4, 4, 2
+NR_GEMV, NR_GEMV_INT8, NR_INT8, NR_INT4 = 4, 1, 4, 2
 
 
 def fused_qlinear(root: Op, materialized: set[Value]) -> Optional[Op]:
@@ -222,7 +227,10 @@ def plan_qlinear(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
     span = ql.group // 2 if ql.kind == "int4" else ql.group
     lanes = math.gcd(span, w)
     mr = 1 if m is not None and m <= 1 else MR_ROWS if m is None else min(m, MR_ROWS)
-    nr = NR_GEMV if mr == 1 else NR_INT4 if ql.kind == "int4" else NR_INT8
+    if mr == 1:
+        nr = NR_GEMV_INT8 if ql.kind == "int8" else NR_GEMV
+    else:
+        nr = NR_INT4 if ql.kind == "int4" else NR_INT8
     k, n = static_int(ql.k) or 0, static_int(ql.n)
     flops = 2.0 * (m if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
     return QPlan(mr, nr, lanes, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS)
