@@ -42,7 +42,8 @@ stream of bytes, `NR_GEMV_INT8`); each accumulator grows by one chain of `p` per
 and the groups' chains overlap, which hides the FMA latency. With more rows (MR = 4) each
 dequantized weight vector is used four times from registers, and the NR weight rows of one
 work item (a few KiB) stay in L1 while all row blocks of x pass over them, so each weight
-byte comes from memory once per call. When M is known only at run time both forms are built and chosen by M.
+byte comes from memory once per call. When M is known only at run time both forms are built
+and chosen by M.
 
 **Bounds.** Chunks of L = gcd(h, W) lanes (gcd(g, W) for INT8) never cross a group, and
 groups divide K, so vector loads stay inside their rows whatever K and g are; edge rows and
