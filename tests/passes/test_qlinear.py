@@ -317,3 +317,31 @@ def test_no_access_outside_buffers() -> None:
                           text=True, env=env, timeout=900, cwd=root)
     assert proc.returncode == 0 and "GUARDS OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:],
                                                                  proc.stderr[-4000:])
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_grouped_gemv_scales_once_per_group(kind: str) -> None:
+    """Grouped scales leave the inner loop: a GEMV over groups of 32 multiplies (f32 `fmul`)
+    only the first chunk of each group per weight row (int8: one weight row per step, int4:
+    four), not every dequantized vector (the old form had one `fmul` per vector: 4 chunks x 4
+    rows for int8), and matches the reference."""
+    import re
+
+    from torchburn.codegen import emit_program, host_target
+
+    m, n, k = 1, 13, 576
+    c = Compiled(qlinear_graph(m, n, k, kind, 32, kind == "int8", epilogue=False))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert ("mr=1 nr=1" if kind == "int8" else "mr=1 nr=4") in plan, plan
+    llvm_ir = emit_program(c.program, host_target())
+    lanes = int(plan.split("lanes=")[1].split()[0])
+    chunks = (32 // lanes) if kind == "int8" else (16 // lanes) * 2
+    fmuls = len(re.findall(r"= fmul <\d+ x float>", llvm_ir))
+    if chunks > 1:
+        assert fmuls == (1 if kind == "int8" else 4), (fmuls, plan)
+    arrays, wd = weights(n, k, kind, 32, kind == "int8")
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
+    expected = reference(x, wd, np.zeros(n), epilogue=False)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

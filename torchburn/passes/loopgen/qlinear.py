@@ -9,30 +9,41 @@ bias add, activation, cast back to x's dtype) to explicit SIMD loops over the pa
 
     parallel for w in 0..cdiv(N, NR)                 NR weight rows per work item
       for ib in 0..cdiv(M, MR)                       MR rows of x (rows clamped into range)
-        MR x NR (x2 for int4: low/high nibbles) vector accumulators = 0
+        MR x NR vector accumulators = 0
         for G in 0..K / g                            groups: one scale (and min) per row
           d_c = broadcast(f32(scales[n_c, G]))       m_c = broadcast(mins or -8 d_c)
-          for ch in 0..h / L                         (unrolled in the IR when short)
+          p[r][c] = 0;  xs_r = 0                     (values, not memory: chunks unrolled)
+          for ch in 0..h / L
             b_c   = i32(%q[n_c, ramp(G h + ch L, 1, L)])           L packed bytes, one load
-            lo_c  = fma(f32(b_c & 15), d_c, m_c)                   elements G g + ch L + 0..L
-            hi_c  = fma(f32(b_c >> 4), d_c, m_c)                   elements ... + h
-            acc_lo[r][c] = fma(lo_c, %x[i_r, ramp(G g + ch L, 1, L)], acc_lo[r][c])
-            acc_hi[r][c] = fma(hi_c, %x[i_r, ramp(G g + h + ch L, 1, L)], acc_hi[r][c])
-        %ct[r, c] = vreduce_add(acc_lo[r][c] + acc_hi[r][c])
+            xl_r  = %x[i_r, ramp(G g + ch L, 1, L)]                elements G g + ch L + 0..L
+            xh_r  = %x[i_r, ramp(G g + h + ch L, 1, L)]            elements ... + h
+            p[r][c] = fma(f32(b_c >> 4), xh_r, fma(f32(b_c & 15), xl_r, p[r][c]))
+            xs_r += xl_r + xh_r
+          acc[r][c] = fma(xs_r, m_c, fma(p[r][c], d_c, acc[r][c]))
+        %ct[r, c] = vreduce_add(acc[r][c])
         for r < rows left: for c < columns left: %out[i0 + r, n0 + c] = epilogue(%ct[r, c])
 
-INT8 is the same with one `i8 -> f32` conversion per vector and `w = q * d` (per-channel
-scales multiply the finished sum instead). The symmetric INT4 form `d (q - 8)` is written
-`fma(q, d, -8 d)`, one instruction like the asymmetric `d q + m`. The nibble order of the
+The scale is taken out of each group's sum and the offset out of every element:
+`sum_k (d q_k + m) x_k = d sum_k q_k x_k + m sum_k x_k`, so a weight vector costs one widening
+load, one conversion and one fma (plus the nibble mask or shift), the x sums are shared by
+the NR weight rows, and `p` starts afresh each group (the chains of successive groups are
+independent). INT8 is the same without nibbles and offset (`p = sum f32(q) x`, then
+`fma(p, d, acc)`); per-channel scales multiply the finished sum instead. Groups of more than
+MAX_UNROLLED_CHUNKS chunks keep the loop over chunks and dequantize each vector
+(`w = fma(f32(q), d, m)`, `acc = fma(w, x, acc)`, low and high nibbles in two accumulators).
+Rounding: one extra f32 rounding per group (the product `p d`), and for INT4 the offset's sum
+of x; both are far below the weight's own quantization error. The nibble order of the
 layout (byte `j` of a group holds elements `j` and `j + h`) is what makes the low and high
 nibbles of one vector load two *contiguous* vectors of elements: no shuffles.
 
 **Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 4 weight rows per
-step, so eight independent accumulator chains hide the FMA latency and x's vectors are loaded
-once per four weight rows. With more rows (MR = 4) each dequantized weight vector is used four
-times from registers, and the NR weight rows of one work item (a few KiB) stay in L1 while
-all row blocks of x pass over them, so each weight byte comes from memory once per call.
-When M is known only at run time both forms are built and chosen by M.
+step for INT4 (x's vectors and sums shared by four rows), NR = 1 for INT8 (one sequential
+stream of bytes, `NR_GEMV_INT8`); each accumulator grows by one chain of `p` per group,
+and the groups' chains overlap, which hides the FMA latency. With more rows (MR = 4) each
+dequantized weight vector is used four times from registers, and the NR weight rows of one
+work item (a few KiB) stay in L1 while all row blocks of x pass over them, so each weight
+byte comes from memory once per call. When M is known only at run time both forms are built
+and chosen by M.
 
 **Bounds.** Chunks of L = gcd(h, W) lanes (gcd(g, W) for INT8) never cross a group, and
 groups divide K, so vector loads stay inside their rows whatever K and g are; edge rows and
@@ -63,9 +74,12 @@ F32 = ScalarType(dt.f32)
 I32 = ScalarType(dt.i32)
 #: Chunks per group up to this many are unrolled in the IR; longer ones stay a loop.
 MAX_UNROLLED_CHUNKS = 8
-#: Rows of x per step of the multi-row form, and weight rows per step of each form.
+#: Rows of x per step of the multi-row form, and weight rows per step of each form. The INT8
+#: GEMV takes one weight row per step: its bytes are then read as one sequential stream (four
+#: rows read side by side are four short streams when rows are short, K = 576: half the
+#: bandwidth); INT4 keeps four, which share the sums of x.
 MR_ROWS = 4
-NR_GEMV, NR_INT8, NR_INT4 = 4, 4, 2
+NR_GEMV, NR_GEMV_INT8, NR_INT8, NR_INT4 = 4, 1, 4, 2
 
 
 def fused_qlinear(root: Op, materialized: set[Value]) -> Optional[Op]:
@@ -213,7 +227,10 @@ def plan_qlinear(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
     span = ql.group // 2 if ql.kind == "int4" else ql.group
     lanes = math.gcd(span, w)
     mr = 1 if m is not None and m <= 1 else MR_ROWS if m is None else min(m, MR_ROWS)
-    nr = NR_GEMV if mr == 1 else NR_INT4 if ql.kind == "int4" else NR_INT8
+    if mr == 1:
+        nr = NR_GEMV_INT8 if ql.kind == "int8" else NR_GEMV
+    else:
+        nr = NR_INT4 if ql.kind == "int4" else NR_INT8
     k, n = static_int(ql.k) or 0, static_int(ql.n)
     flops = 2.0 * (m if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
     return QPlan(mr, nr, lanes, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS)
@@ -345,6 +362,11 @@ class QLinearBuilder:
                         m = _f32(kb.value_at(ql.mins, (ns[c], gv)))
                     offset[c] = kb.bind(ex.Broadcast(kb.bind(m, "m"), self.vt), "mv")
 
+        if not ql.per_channel and chunks <= MAX_UNROLLED_CHUNKS:
+            self.factored_group(gv, rows, ns, scale, offset, acc, accs)
+            kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
+            return
+
         def chunk(ch: Expr) -> None:
             base = ex.add(ex.mul(gv, Const(g)), ex.mul(ch, Const(plan.lanes)))
             if ql.kind == "int4":
@@ -380,6 +402,67 @@ class QLinearBuilder:
             chunk(chv)
             kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
         kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
+
+    def factored_group(self, gv: Var, rows: list[Expr], ns: list[Expr], scale: list[Optional[Expr]],
+                       offset: list[Optional[Expr]], acc: Callable[[tuple[int, int, int]], Expr],
+                       accs: dict[tuple[int, int, int], lp.Buffer]) -> None:
+        """One group with its scale taken out of the sum (unrolled chunks, grouped scales):
+
+            p[r][c] = sum_ch f32(q_c[ch]) * x_r[ch]                   (int4: both nibbles)
+            acc[r][c] = fma(p[r][c], d_c, acc[r][c])
+            acc[r][c] = fma(sum_ch x_r[ch], m_c, acc[r][c])           (int4 only: the offset)
+
+        The weight is converted (no scale multiply, no per-element offset) and multiplied in,
+        so a weight vector costs a widening load, a conversion and one fma; `p` starts afresh
+        every group, so the chains of different groups are independent. One accumulator per
+        (r, c) (int4's high half stays 0), so 4 x 4 of them fit the 16 AVX2 registers."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        g = ql.group
+        span = g // 2 if ql.kind == "int4" else g
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        it = ScalarType(dt.i32, plan.lanes)
+        part: dict[tuple[int, int], Expr] = {}
+        xsum: dict[int, Expr] = {}
+
+        def add_product(key: tuple[int, int], w: Expr, xv: Expr) -> None:
+            prev = part.get(key)
+            value = ex.Binary("mul", w, xv, self.vt) if prev is None else _fma(w, xv, prev)
+            part[key] = kb.bind(value, "p")
+
+        for ch in range(span // plan.lanes):
+            base = ex.add(ex.mul(gv, Const(g)), Const(ch * plan.lanes))
+            if ql.kind == "int4":
+                col = ex.add(ex.mul(gv, Const(span)), Const(ch * plan.lanes))
+                xs = [[self.x_vector(rows[r], ex.add(base, Const(s * span))) for s in range(2)]
+                      for r in range(plan.mr)]
+                for r in range(plan.mr):
+                    for s in range(2):
+                        prev_x = xsum.get(r)
+                        xsum[r] = xs[r][s] if prev_x is None else kb.bind(ex.Binary("add", prev_x, xs[r][s], self.vt), "xs")
+                for c in range(plan.nr):
+                    b = kb.bind(ex.cast(self.q_vector(ns[c], col), dt.i32), "b")
+                    codes = (ex.Binary("and", b, ex.const(15, dt.i32, plan.lanes), it),
+                             ex.Binary("shr", b, ex.const(4, dt.i32, plan.lanes), it))
+                    for s in range(2):
+                        qf = kb.bind(_f32(codes[s]), "qf")
+                        for r in range(plan.mr):
+                            add_product((r, c), qf, xs[r][s])
+                continue
+            xs1 = [self.x_vector(rows[r], base) for r in range(plan.mr)]
+            for c in range(plan.nr):
+                qf = kb.bind(_f32(self.q_vector(ns[c], base)), "qf")
+                for r in range(plan.mr):
+                    add_product((r, c), qf, xs1[r])
+        for r in range(plan.mr):
+            for c in range(plan.nr):
+                scl = scale[c]
+                assert scl is not None
+                total = _fma(part[(r, c)], scl, acc((r, c, 0)))
+                off = offset[c]
+                if ql.kind == "int4":
+                    assert off is not None
+                    total = _fma(xsum[r], off, total)
+                kb.emit(lp.Store(accs[(r, c, 0)].name, (lane,), total))
 
     def epilogue(self, tile: lp.Buffer, i0: Expr, n0: Expr, rows: Expr, cols: Expr) -> lp.Stmt:
         """`out[row(i0 + r), n0 + c] = epilogue(%ct[r, c])` for the valid part of the tile."""
