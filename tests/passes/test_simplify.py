@@ -204,3 +204,37 @@ def test_idempotent_on_its_output() -> None:
           }
         }
     """)
+
+
+def test_simplified_forms_are_kept_per_scope() -> None:
+    """`simplify_expr` keeps its results in the `Bounds` scope: asking again in the same scope
+    is a hit (the same object back), an inner scope starts empty (its ranges differ)."""
+    from torchburn.ir import expr as ex
+    from torchburn.passes.bounds import Bounds, Interval
+    from torchburn.passes.simplify import simplify_expr
+
+    i = parse_expr("i")
+    outer = Bounds()
+    e = parse_expr("(i + 0) % 4")
+    first = simplify_expr(e, outer)
+    assert parse_expr("i + 0") in outer.simplified
+    assert simplify_expr(e, outer) is first
+    inner = outer.bind("i", Interval.const(0, 3))
+    assert inner.simplified == {}
+    assert simplify_expr(e, inner) == i  # the inner scope knows 0 <= i < 4: not the outer's answer
+    assert simplify_expr(e, outer) is first
+
+
+def test_signed_zeros_are_different_constants() -> None:
+    """-0.0 and 0.0 are not equal IR (a memo keyed on expressions must not swap them)."""
+    from torchburn.ir import expr as ex
+    from torchburn.passes.bounds import Bounds
+    from torchburn.passes.simplify import simplify_expr
+
+    f32 = ScalarType(dt.f32)
+    neg, pos = ex.Const(-0.0, f32), ex.Const(0.0, f32)
+    assert neg != pos and neg == ex.Const(-0.0, f32)
+    scope = Bounds()
+    assert simplify_expr(pos, scope) == pos
+    out = simplify_expr(neg, scope)
+    assert out == neg and str(out.value) == "-0.0"

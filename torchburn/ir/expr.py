@@ -114,11 +114,15 @@ class Const(Expr):
             object.__setattr__(self, "value", sem.wrap_int(int(self.value), d))
 
     def __eq__(self, other: object) -> bool:
-        # NaN constants compare equal to each other so that IR equality is reflexive.
+        # NaN constants compare equal to each other so that IR equality is reflexive; the two
+        # zeros of a float type are not equal.
         if not isinstance(other, Const) or other.type != self.type:
             return False
-        if isinstance(self.value, float) and math.isnan(self.value):
-            return isinstance(other.value, float) and math.isnan(other.value)
+        if isinstance(self.value, float):
+            if math.isnan(self.value):
+                return isinstance(other.value, float) and math.isnan(other.value)
+            if self.value == 0.0:  # -0.0 and 0.0 are different constants (1 / x, min, max, printing)
+                return other.value == 0.0 and math.copysign(1.0, self.value) == math.copysign(1.0, other.value)
         return self.value == other.value
 
     def __hash__(self) -> int:

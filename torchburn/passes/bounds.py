@@ -99,13 +99,16 @@ class Bounds:
         self.symbols = frozenset(symbols)
         self.ranges: dict[str, Interval] = dict(ranges or {})
         self._cache: dict[Expr, Interval] = {}
+        #: `simplify_expr`'s results in this scope (a scope never changes once made, so an
+        #: expression simplifies the same way every time it is asked here).
+        self.simplified: dict[Expr, Expr] = {}
 
     # ---- scopes --------------------------------------------------------------------------------
     def bind(self, name: str, interval: Interval) -> "Bounds":
         ranges = dict(self.ranges)
         ranges[name] = interval
         inner = Bounds.__new__(Bounds)
-        inner.symbols, inner.ranges, inner._cache = self.symbols, ranges, {}
+        inner.symbols, inner.ranges, inner._cache, inner.simplified = self.symbols, ranges, {}, {}
         return inner
 
     def bind_loop(self, var: Var, start: Expr, extent: Expr) -> "Bounds":

@@ -380,14 +380,16 @@ RULES: dict[type, tuple[Rule, ...]] = {
 
 
 def simplify_expr(e: Expr, bounds: Optional[Bounds] = None) -> Expr:
-    """Simplify an expression bottom-up with `RULES` (without loop ranges unless given)."""
+    """Simplify an expression bottom-up with `RULES` (without loop ranges unless given). The
+    results, subexpressions included, are kept in the scope (`Bounds.simplified`), so the
+    statements of one loop body share the work on their common index expressions."""
     return _ExprSimplifier(bounds or Bounds()).visit(e)
 
 
 class _ExprSimplifier:
     def __init__(self, bounds: Bounds) -> None:
         self.bounds = bounds
-        self.cache: dict[Expr, Expr] = {}
+        self.cache: dict[Expr, Expr] = bounds.simplified
 
     def visit(self, e: Expr) -> Expr:
         hit = self.cache.get(e)
