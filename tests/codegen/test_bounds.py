@@ -117,7 +117,9 @@ CASES: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
 def test_correct_programs_run_unchanged_in_bounds_mode(bounds_mode: None, name: str, fn: Callable[..., Any],
                                                        args: tuple[Any, ...]) -> None:
     driver.memory_cache().clear()
-    check(fn, *args)
+    # a 600-term sum in another order than eager's: f32 rounding of the order, not of the mode
+    tol = {"rtol": 1e-5, "atol": 1e-4} if name == "parallel" else {}
+    check(fn, *args, **tol)
     modules = list(driver.memory_cache().entries.values())
     stores = [m for m in modules if any(isinstance(s, lp.Store) for k in m.program.kernels for s in lp.walk_stmts(k.body))]
     assert all("torchburn.bounds.check" in m.llvm_ir for m in stores)

@@ -40,6 +40,9 @@ def hub_env(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     repo = home / "hub" / ("models--" + SEED_ID.replace("/", "--"))
     snapshot = repo / "snapshots" / commit
     shutil.copytree(folder, snapshot)
+    config = json.loads((snapshot / "config.json").read_text())
+    config["max_position_embeddings"] = 1024  # room for the benchmark's pp512 + tg128, as the real model has
+    (snapshot / "config.json").write_text(json.dumps(config))
     (snapshot / "generation_config.json").write_text(json.dumps(
         {"max_new_tokens": 12, "do_sample": False, "eos_token_id": 2}))
     (repo / "refs").mkdir()
