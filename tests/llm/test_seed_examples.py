@@ -118,7 +118,8 @@ def test_seed_generate_command_streams(hub_env: dict[str, str]) -> None:
 def test_seed_benchmark_command(hub_env: dict[str, str]) -> None:
     done = _cli(hub_env, "benchmark", "--model", SEED_ID, "--device", "auto", "--tokens", "128")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "tok/s" in done.stdout or "tokens/s" in done.stdout, done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {SEED_ID} ")]
+    assert [r.split("|")[7].strip() for r in rows] == ["pp512", "tg128"], done.stdout
 
 
 def test_hub_id_offline_without_a_cache_is_a_clear_error(tmp_path: Path) -> None:

@@ -70,10 +70,11 @@ def _strided(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
         return False
-    try:
-        shape, strides = tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride())
-    except (TypeError, ValueError, RuntimeError):  # symbolic sizes: leave the node as it is
+    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        # symbolic sizes: leave the node as it is (`int()` of a SymInt would specialise it, a
+        # guard that recompiles the graph for every new size)
         return False
+    shape, strides = tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride())
     return any(size != 1 and st != want for size, st, want in zip(shape, strides, _contiguous_strides(shape)))
 
 

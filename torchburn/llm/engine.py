@@ -11,7 +11,7 @@ import os
 import random
 import warnings
 from dataclasses import dataclass, replace
-
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -138,7 +138,7 @@ class LLM:
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         return cls(model, tokenizer, max_context=max_context, defaults=defaults,
-                   compile=compile, name=path.name, device=chosen, quant=quant)
+                   compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
 
     # ---------------------------------------------------------------- steps
     def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -367,3 +367,10 @@ def model_size_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def _display_name(source: Any, path: Path) -> str:
+    """What a model is called in reports: its Hub id when loaded by one (the snapshot folder's
+    name is a commit hash), else the file or folder name."""
+    text = str(source) if source is not None else ""
+    if text and not Path(text).expanduser().exists() and text.count("/") == 1:
+        return text
+    return path.name
