@@ -53,6 +53,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
+from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder, LoweringError
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, static_int
 
@@ -189,7 +190,7 @@ class _Conv:
 
 # ---- the builder -----------------------------------------------------------------------------------
 
-class ConvBuilder:
+class ConvBuilder(NestHelpers):
     """Builds the loop nest of one convolution kernel (see the module docstring)."""
 
     def __init__(self, kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> None:
@@ -208,28 +209,6 @@ class ConvBuilder:
         self.has_epilogue = root is not conv
         self.pack_stmts: list[lp.Stmt] = []
         self._outer_taps: tuple[Var, ...] = ()
-
-    # -- helpers --
-    def var(self, prefix: str) -> Var:
-        return Var(self.kb.fresh(prefix))
-
-    def let(self, e: Expr, prefix: str) -> Expr:
-        if isinstance(e, (Const, Var)):
-            return e
-        v = Var(self.kb.fresh(prefix), e.type)
-        self.kb.emit(lp.Let(v, e))
-        return v
-
-    def local(self, prefix: str, shape: tuple[int, ...], dtype: Optional[dt.DType] = None) -> lp.Buffer:
-        dims = tuple(Const(d) for d in shape)
-        buf = lp.Buffer(self.kb.fresh(prefix), dtype or self.acc_t, dims, lp.contiguous_strides(dims), "local")
-        self.kb.emit(lp.Alloc(buf))
-        return buf
-
-    @staticmethod
-    def loop(var: Var, extent: Expr, body: lp.Stmt, kind: str = "serial",
-             annotations: tuple[tuple[str, str], ...] = ()) -> lp.Stmt:
-        return lp.For(var, Const(0), extent, kind, body, annotations)
 
     def fma(self, a: Expr, b: Expr, c: Expr) -> Expr:
         if self.acc_t.is_float:

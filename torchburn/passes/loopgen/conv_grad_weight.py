@@ -14,11 +14,12 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .conv import ACCUMULATORS, _clamp, _in_range, _pow2_floor, _ramp, unflatten
+from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
 
 
-class GradWeightBuilder:
+class GradWeightBuilder(NestHelpers):
     """The weight gradient `gw[co, ci, *k] = sum_{n, o} g[n, co, o] * x[n, cin(co) + ci, o*s - p + k*d]`
     in dot-product form: the reduction runs in vectors along the output width (both `g` and,
     for stride 1, `x` are contiguous there), R output channels x T taps of the last dim per
@@ -51,22 +52,6 @@ class GradWeightBuilder:
         self.k_size = op.result.shape[2:]
         self.cout_g = ex.floordiv(self.cout, Const(self.groups))
 
-    def var(self, prefix: str) -> Var:
-        return Var(self.kb.fresh(prefix))
-
-    def let(self, e: Expr, prefix: str) -> Expr:
-        if isinstance(e, (Const, Var)):
-            return e
-        v = Var(self.kb.fresh(prefix), e.type)
-        self.kb.emit(lp.Let(v, e))
-        return v
-
-    def local(self, prefix: str, n: int) -> lp.Buffer:
-        dims = (Const(n),)
-        buf = lp.Buffer(self.kb.fresh(prefix), self.acc_t, dims, lp.contiguous_strides(dims), "local")
-        self.kb.emit(lp.Alloc(buf))
-        return buf
-
     def buffer(self, v: Value) -> str:
         buf = self.kb.buffers[v]
         self.kb.used_buffers[buf.name] = buf
@@ -92,8 +77,8 @@ class GradWeightBuilder:
         kws = [self.let(ex.minimum(ex.add(k0, Const(t)), ex.sub(kw_n, Const(1))), "kt") for t in range(self.tw)]
         cabs = [self.let(ex.add(ex.mul(ex.floordiv(c, self.cout_g), self.cin_g), ci), "cx") for c in cos]
         tiles = [(r, t) for r in range(self.rows) for t in range(self.tw)]
-        accs = {rt: self.local("acc", w) for rt in tiles}
-        sums = {rt: self.local("sum", 1) for rt in tiles}
+        accs = {rt: self.local("acc", (w,)) for rt in tiles}
+        sums = {rt: self.local("sum", (1,)) for rt in tiles}
         for rt in tiles:
             kb.emit(lp.Store(accs[rt].name, (lane,), ex.const(0, self.acc_t, w)))
             kb.emit(lp.Store(sums[rt].name, (Const(0),), Const(0, st)))

@@ -103,6 +103,7 @@ from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.target import DOT4_FEATURES, Target
 from ...ir.tensor import Op, Value
 
+from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder, LoweringError
 
 Index = tuple[Expr, ...]
@@ -423,7 +424,7 @@ class _Probe:
 
 # ---- the builder --------------------------------------------------------------------------------
 
-class GemmBuilder:
+class GemmBuilder(NestHelpers):
     """Builds the loop nest of one GEMM kernel (see the module docstring)."""
 
     def __init__(self, kb: "KernelBuilder", root: Op, mm: Op, out: lp.Buffer, plan: GemmPlan,
@@ -458,29 +459,6 @@ class GemmBuilder:
         self.direct: Optional[tuple[ex.Load, Var, Var]] = None
         #: Reshapes between the product and the root that regroup the rows (see `fuse`).
         self.views = epilogue_views(root, set(kb.buffers))
-
-    # -- helpers --
-    def var(self, prefix: str) -> Var:
-        return Var(self.kb.fresh(prefix))
-
-    def let(self, e: Expr, prefix: str) -> Expr:
-        """Bind an index expression to a name (constants and variables stay as they are)."""
-        if isinstance(e, (Const, Var)):
-            return e
-        v = Var(self.kb.fresh(prefix), e.type)
-        self.kb.emit(lp.Let(v, e))
-        return v
-
-    def local(self, prefix: str, shape: tuple[int, ...], dtype: Optional[dt.DType] = None) -> lp.Buffer:
-        dims = tuple(Const(d) for d in shape)
-        buf = lp.Buffer(self.kb.fresh(prefix), dtype or self.acc_t, dims, lp.contiguous_strides(dims), "local")
-        self.kb.emit(lp.Alloc(buf))
-        return buf
-
-    @staticmethod
-    def loop(var: Var, extent: Expr, body: lp.Stmt, kind: str = "serial",
-             annotations: tuple[tuple[str, str], ...] = ()) -> lp.Stmt:
-        return lp.For(var, Const(0), extent, kind, body, annotations)
 
     def zero(self, lanes: int = 1) -> Expr:
         return ex.const(0, self.acc_t, lanes)
