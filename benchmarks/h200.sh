@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/benchmarks.md, on the lent H200 machine (see docs/benchmarks.md, "GPU").
+#
+# That machine has Python 3.12 and PyTorch with CUDA but no wgpu, no Vulkan loader and no
+# network, so the checkout carries them, ignored by git (`.gl/`: the Vulkan/GL loader .debs and
+# two folders for Python 3.12 / manylinux, installed with `pip install --target --python-version 3.12
+# --platform manylinux_2_28_x86_64 --only-binary=:all: --no-deps` and packed with `tar | xz -9`:
+# llvmlite.tar.xz, and site.tar.xz with wgpu, blake3, gguf, transformers, pytest, hypothesis and
+# their dependencies; xz packs Python sources about twice as tight as the wheels' zip).
+# Usage there, from the repository root:
+#
+#     bash benchmarks/h200.sh [tests|bench|llm|all] ...
+#
+# Results go to $OUT (or ./h200-out): pytest's summary, bench_gpu's JSON and Markdown tables,
+# the LLM benchmark's JSON.
+set -u
+what="${1:-all}"
+out="${OUT:-$PWD/h200-out}"
+mkdir -p "$out"
+
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+mkdir -p /tmp/site
+tar -xJf .gl/site.tar.xz -C /tmp/site || exit 1
+tar -xJf .gl/llvmlite.tar.xz -C /tmp/site || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export TORCHBURN_WGPU_BACKEND=vulkan
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "from torchburn.runtime.gpu import gpu_info; print(gpu_info())" | tee -a "$out/gpu.txt"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    TORCHBURN_DEVICE=gpu timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -x \
+        2>&1 | tail -15 | tee "$out/tests.txt"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    timeout 300 python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" --md "$out/bench_gpu.md" \
+        2>&1 | tail -60 | tee "$out/bench_gpu.txt"
+fi
+if [ "$what" = llm ] || [ "$what" = all ]; then
+    if [ -f benchmarks/bench_llm_gpu.py ]; then
+        timeout 300 python3 benchmarks/bench_llm_gpu.py --json "$out/bench_llm_gpu.json" \
+            2>&1 | tail -40 | tee "$out/bench_llm_gpu.txt"
+    fi
+fi
