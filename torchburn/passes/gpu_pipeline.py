@@ -29,6 +29,6 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
     # The plain GPU GEMM nest computes epilogues at the product's own index only; and a row
     # kernel (row fusion) would run each row's loops serially in one invocation, where
     # `gpu-map` spreads a plain reduction over a workgroup: rows stay separate kernels here.
-    tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
+    tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
               for x in p.tensor]
     return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])

@@ -463,6 +463,10 @@ class KernelEmitter:
 
 def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps) -> KernelShader:
     """One kernel as a WGSL compute shader (raises `WgslUnsupported`)."""
+    if any(isinstance(s, lp.For) and s.annotation("gpu") == "rows" for s in lp.walk_stmts(kernel.body)):
+        from .rows import RowsEmitter  # rows.py builds on this module's emitter
+
+        return RowsEmitter(kernel, program_symbols, caps).emit()
     return KernelEmitter(kernel, program_symbols, caps).emit()
 
 
