@@ -148,3 +148,13 @@ def test_row_reductions_and_dynamic_rows_on_the_device(gpu) -> None:  # type: ig
     check_gpu(lambda t: (t.amax(-1), t.sum(-1, keepdim=True)), x, rtol=1e-5, atol=1e-4)
     (k,) = row_kernels(check_gpu(lambda t: torch.log_softmax(t, -1), torch.randn(9, 130), dynamic=True))
     assert "rows" in k
+
+
+def test_subgroups_only_when_the_adapter_and_the_shader_front_end_take_them(gpu) -> None:  # type: ignore[no-untyped-def]
+    from torchburn.runtime.gpu import _subgroups_compile, get_device
+
+    dev = get_device()
+    if "subgroup" not in dev.adapter.features:  # llvmpipe: the probe shader is rejected, no crash
+        assert not _subgroups_compile(dev.device) and not dev.caps.subgroups
+    else:
+        assert dev.caps.subgroups == _subgroups_compile(dev.device)
