@@ -67,6 +67,17 @@ def test_a_loop_reading_another_elements_store_is_not_a_row_kernel() -> None:
     assert "rows" not in annotations(k, "gpu")
 
 
+@pytest.mark.parametrize("old,new", [
+    ("%out0[i0, i1] = cast<f32>(t14)", "%out0[i0, i1 // 2] = cast<f32>(t14)"),  # two iterations, one element
+    ("let t13 = 1.0:f32 / t11", "let t13 = cast<f32>(%out0[i0, 0]) / t11"),  # lane 0's element read by all
+])
+def test_stores_other_invocations_would_race_on_are_not_row_kernels(old: str, new: str) -> None:
+    text = SOFTMAX.format(n=1000, d="f32")
+    assert old in text
+    k = run_pass(GpuMap(), kernel(text.replace(old, new)))
+    assert "rows" not in annotations(k, "gpu")
+
+
 def test_softmax_shader_is_one_pass_with_the_row_in_registers() -> None:
     shader = emit_kernel(softmax_kernel(4096), (), Caps())
     src = shader.source

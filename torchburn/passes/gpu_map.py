@@ -1,7 +1,13 @@
 """`gpu-map`: decide how each kernel's loops map onto a GPU dispatch, as loop annotations.
 
 WGSL codegen (`codegen/wgsl/`) follows the annotations; the loops themselves do not change.
-Three mappings:
+Four mappings:
+
+- **rows** (row kernels, as row fusion leaves softmax, LayerNorm, RMSNorm and row reductions:
+  loops over the row inside the parallel row loops, reductions into scalar accumulators and
+  the elementwise loops that use them): a workgroup, or a fraction of one, per row, every loop
+  over the row shared by the row's invocations (`gpu = "rows"` / `gpu = "lanes"`, see
+  `gpu_rows.py`); tried first.
 
 - **grid** (elementwise kernels, and reductions too short to share): the outer perfect nest
   of parallel loops becomes the invocation grid, one invocation per element

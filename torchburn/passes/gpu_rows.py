@@ -91,8 +91,8 @@ def _loop_ok(f: lp.For, locals_: set[str], params: set[str]) -> bool:
             if accumulator_update(s, locals_) is None or s.buffer in updated:
                 return False
             updated.add(s.buffer)
-        elif s.buffer not in params or not any(f.var.name in ex.free_vars(i) for i in s.index):
-            return False
+        elif s.buffer not in params or f.var not in s.index:
+            return False  # each iteration its own element: the loop variable is a whole index
     for s in _stmts(f.body):
         exprs = lp.stmt_exprs(s)
         for e in exprs:
@@ -123,6 +123,20 @@ def _same_thread(loops: list[lp.For], params: set[str]) -> bool:
     return True
 
 
+def _read_across_lanes(stmts: tuple[lp.Stmt, ...], row_loops: list[lp.For], params: set[str]) -> bool:
+    """Whether a value one invocation stores is read by another: a buffer stored in a loop over
+    the row read outside the loops, or a buffer stored outside them (by lane 0) read at all."""
+    in_loops = {s.buffer for f in row_loops for s in lp.walk_stmts(f) if isinstance(s, lp.Store)} & params
+    outside = {s.buffer for s in stmts if isinstance(s, lp.Store)} & params
+    for s in stmts:
+        loads = {n.buffer for e in (lp.stmt_exprs(s) if not isinstance(s, lp.For) else ()) for n in ex.walk(e)
+                 if isinstance(n, ex.Load)}
+        if loads & (in_loops | outside):
+            return True
+    return any(isinstance(n, ex.Load) and n.buffer in outside
+               for f in row_loops for x in lp.walk_stmts(f) for e in lp.stmt_exprs(x) for n in ex.walk(e))
+
+
 def rows_annotate(loops: list[lp.For], n: int, params: set[str], workgroup: int,
                   vectorize: bool) -> Optional[lp.Stmt]:
     """The nest of `loops[0]` with the `rows` mapping (module docstring), or None when the body
@@ -149,6 +163,8 @@ def rows_annotate(loops: list[lp.For], n: int, params: set[str], workgroup: int,
         elif isinstance(s, lp.Alloc) and s.buffer.name not in locals_:
             return None
     if not row_loops or len({f.extent for f in row_loops}) != 1 or not _same_thread(row_loops, params):
+        return None
+    if _read_across_lanes(stmts, row_loops, params):
         return None
     extent = row_loops[0].extent
     if isinstance(extent, Const) and int(extent.value) < MIN_ROW:
