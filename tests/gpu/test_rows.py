@@ -85,8 +85,10 @@ def test_softmax_shader_is_one_pass_with_the_row_in_registers() -> None:
     assert shader.grid.mode == "rows" and shader.grid.groups[0].value == 8
     # the row: 4096 = 4 steps of 256 invocations x vec4, the input and the exp in registers
     assert "var tb_c0: array<vec4<f32>, 4>;" in src and "var tb_c1: array<vec4<f32>, 4>;" in src
-    assert src.count("ld4_x(") == 1 + 1  # the accessor and the one load of the row
-    assert src.count("st4_out0(((") == 1  # the exp's store is dropped: the last loop overwrites it
+    # each loop unrolled into its 4 steps (constant register indices)
+    assert "let tb_k = 3u;" in src and "for (var tb_k" not in src
+    assert src.count("ld4_x(") == 1 + 4  # the accessor and one load of the row per step
+    assert src.count("st4_out0(((") == 4  # the exp's store is dropped: the last loop overwrites it
     assert "tb_e < u32(" not in src  # 4096 fills every step: no bounds test needed
     assert "subgroup" not in src
 

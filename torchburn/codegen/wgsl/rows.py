@@ -37,6 +37,8 @@ from .types import WgslUnsupported, value_type
 
 #: Registers (scalars per invocation) the row cache may take.
 MAX_CACHE_SCALARS = 64
+#: Steps per loop over the row up to which the loop is unrolled (register indices constant).
+MAX_UNROLL = 16
 #: Combiners with a subgroup builtin.
 SUBGROUP_OPS = {"add": "subgroupAdd", "mul": "subgroupMul", "min": "subgroupMin", "max": "subgroupMax"}
 
@@ -218,37 +220,33 @@ class RowsEmitter(KernelEmitter):
             self.vec_var = s.var.name
         n_elems = ex.floordiv(s.extent, Const(self.vec)) if self.vec > 1 else s.extent
         n_text = self.r.scalar(n_elems)
-        if self.steps is not None:
-            self.line(f"for (var tb_k: u32 = 0u; tb_k < {self.steps}u; tb_k = tb_k + 1u) {{")
-            self.indent += 1
-            self.line(f"let tb_e = tb_lane + tb_k * {self.row_wg}u;")
-            exact = isinstance(n_elems, Const) and int(n_elems.value) % self.row_wg == 0
-            guard = [] if exact else [f"tb_e < u32({n_text})"]
-        else:
-            self.line(f"for (var tb_e: u32 = tb_lane; tb_e < u32({n_text}); tb_e = tb_e + {self.row_wg}u) {{")
-            self.indent += 1
-            guard = []
-        if self.live:
-            guard.append(self.live)
-        if guard:
-            self.line(f"if ({' && '.join(guard)}) {{")
-            self.indent += 1
-        scale = f" * {self.vec}i" if self.vec > 1 else ""
-        self.line(f"let v_{s.var.name} = i32(tb_e){scale};")
         self.in_lanes = li
         self.cur_loop = s
-        for key in self.cache.fill_at.get(li, []):
-            buf, index = key
-            real = tuple(ex.substitute(i, {"tb_row_e": s.var}) for i in index)
-            text, _ = KernelEmitter._load(self, ex.Load(buf, real, ex.ScalarType(self.cache.dtypes[key])))
-            self.line(f"tb_c{self.cache.slots[key]}[tb_k] = {text};")
-        self.stmt(s.body)
-        self.in_lanes = None
-        if guard:
+        if self.steps is not None and self.steps <= MAX_UNROLL:
+            # unrolled: constant register indices, and only a step that can pass the end is guarded
+            for k in range(self.steps):
+                self.line("{")
+                self.indent += 1
+                self.line(f"let tb_k = {k}u;")
+                self.line(f"let tb_e = tb_lane + {k * self.row_wg}u;")
+                full = isinstance(n_elems, Const) and (k + 1) * self.row_wg <= int(n_elems.value)
+                self._lane_step(s, li, ([] if full else [f"tb_e < u32({n_text})"]))
+                self.indent -= 1
+                self.line("}")
+        else:
+            if self.steps is not None:
+                self.line(f"for (var tb_k: u32 = 0u; tb_k < {self.steps}u; tb_k = tb_k + 1u) {{")
+                self.indent += 1
+                self.line(f"let tb_e = tb_lane + tb_k * {self.row_wg}u;")
+                guard = [f"tb_e < u32({n_text})"]
+            else:
+                self.line(f"for (var tb_e: u32 = tb_lane; tb_e < u32({n_text}); tb_e = tb_e + {self.row_wg}u) {{")
+                self.indent += 1
+                guard = []
+            self._lane_step(s, li, guard)
             self.indent -= 1
             self.line("}")
-        self.indent -= 1
-        self.line("}")
+        self.in_lanes = None
         if self.vec == 4:
             for a in accs:
                 c = ops.COMBINE[ops_[a]]
@@ -259,6 +257,25 @@ class RowsEmitter(KernelEmitter):
             self.vec_var = None
         if accs:
             self._reduce_row([(a, ops_[a]) for a in accs])
+
+    def _lane_step(self, s: lp.For, li: int, guard: list[str]) -> None:
+        """One step of a loop over the row: this invocation's element(s) `tb_e`, if in range."""
+        if self.live:
+            guard = [*guard, self.live]
+        if guard:
+            self.line(f"if ({' && '.join(guard)}) {{")
+            self.indent += 1
+        scale = f" * {self.vec}i" if self.vec > 1 else ""
+        self.line(f"let v_{s.var.name} = i32(tb_e){scale};")
+        for key in self.cache.fill_at.get(li, []):
+            buf, index = key
+            real = tuple(ex.substitute(i, {"tb_row_e": s.var}) for i in index)
+            text, _ = KernelEmitter._load(self, ex.Load(buf, real, ex.ScalarType(self.cache.dtypes[key])))
+            self.line(f"tb_c{self.cache.slots[key]}[tb_k] = {text};")
+        self.stmt(s.body)
+        if guard:
+            self.indent -= 1
+            self.line("}")
 
     def _reduce_row(self, accs: list[tuple[str, str]]) -> None:
         """Combine each invocation's partial of `accs` across the row's invocations."""
