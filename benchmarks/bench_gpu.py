@@ -230,7 +230,8 @@ def compare(name: str, make: Callable[[], tuple[Callable[..., Any], tuple[Any, .
             e2e = wall(lambda: compiled(*args))
         kern = kernel_time(launchers, iters) if launchers else None
     except Exception as err:  # noqa: BLE001 - a row says what failed, the others still run
-        rows.append([name, f"failed: {type(err).__name__}: {str(err)[:120]}", "", "", "", "", "", ""])
+        why = " ".join(str(err).split())[:160]
+        rows.append([name, f"failed: {type(err).__name__}: {why}", "", "", "", "", "", ""])
         record[name] = {"error": f"{type(err).__name__}: {err}"}
         return
     eager = graph = eager_e2e = None

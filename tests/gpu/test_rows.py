@@ -156,6 +156,18 @@ def test_layer_norm_and_rms_norm_on_the_device(gpu, shape: tuple[int, int]) -> N
     assert "rows" in row_kernels(check_gpu(lambda t: rms_norm(t, w), x, rtol=1e-4, atol=1e-5))[0]
 
 
+def test_residual_and_layer_norm_after_a_linear_is_a_row_kernel(gpu) -> None:  # type: ignore[no-untyped-def]
+    """The GPT block's `x + proj(y)` then LayerNorm: row fusion hoists a load of the bias before
+    the row loops (a prelude `gpu-map` keeps); no kernel may fall to one invocation."""
+    x, y = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    lin, g, b = torch.nn.Linear(64, 64), torch.randn(64), torch.randn(64)
+    with torch.no_grad():
+        reports = check_gpu(lambda u, v: F.layer_norm(u + lin(v), (64,), g, b), x, y, rtol=1e-4, atol=1e-4)
+    kernels = [k for r in reports for sg in r.subgraphs for k in sg.kernels]
+    assert any(k.split(": ")[1].startswith("rows") for k in kernels), kernels
+    assert not any(": single" in k for k in kernels), kernels
+
+
 def test_row_reductions_and_dynamic_rows_on_the_device(gpu) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(6, 300)
     check_gpu(lambda t: (t.amax(-1), t.sum(-1, keepdim=True)), x, rtol=1e-5, atol=1e-4)

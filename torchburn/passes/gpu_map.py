@@ -207,11 +207,13 @@ def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
 
 
 def _split_prelude(body: lp.Stmt) -> tuple[tuple[lp.Stmt, ...], lp.Stmt]:
-    """Leading `let`s of constants and symbols (row fusion hoists `1 / n` there), and the rest."""
+    """Leading `let`s before the loops (row fusion hoists `1 / n` and loads of row-invariant
+    elements there), when they read only buffers the kernel does not write; and the rest."""
     stmts = _stmts(body)
+    written = {s.buffer for s in lp.walk_stmts(body) if isinstance(s, lp.Store)}
     k = 0
     while k < len(stmts) - 1 and isinstance(stmts[k], lp.Let) and not any(
-            isinstance(n, ex.Load) for n in ex.walk(stmts[k].value)):
+            isinstance(n, ex.Load) and n.buffer in written for n in ex.walk(stmts[k].value)):
         k += 1
     rest = stmts[k:]
     return stmts[:k], rest[0] if len(rest) == 1 else lp.block(*rest)

@@ -93,6 +93,9 @@ class RowsEmitter(KernelEmitter):
         self.wg = wg
         per_group = wg // self.row_wg
         self.live = ""
+        self.in_lanes: Optional[int] = None
+        self.vec_accs: set[str] = set()
+        self.cache = CachePlan()
         extents = [f.extent for f in loops]
         count = self.r.scalar(product(extents))
         if per_group > 1:
@@ -118,8 +121,6 @@ class RowsEmitter(KernelEmitter):
         if isinstance(extent, Const):
             self.steps = -(-int(extent.value) // (self.vec * self.row_wg))
         self.cache = self._plan_cache()
-        self.in_lanes: Optional[int] = None
-        self.vec_accs: set[str] = set()
         self.uses_subgroups = False
         self.subgroup_ok = self.caps.subgroups and per_group == 1
         self.stmt(inner)
