@@ -108,6 +108,45 @@ def test_subgroup_reductions_only_where_the_adapter_has_them() -> None:
     assert "subgroup" not in without and "tb_red0_f32[lid + 128u]" in without
 
 
+LAYER_NORM = """
+    kernel @k0(%x: f32[4, 256] strides [256, 1], %out: f32[4, 256] strides [256, 1]) {
+      for i0 in 0..4 {
+        alloc %acc1: f32[1] strides [1] local
+        %acc1[0] = 0.0:f32
+        for r2 in 0..256 {
+          %acc1[0] = %acc1[0] + %x[i0, r2]
+        }
+        let t3 = %acc1[0]
+        alloc %acc4: f32[1] strides [1] local
+        %acc4[0] = 0.0:f32
+        for r5 in 0..256 {
+          let x6 = %x[i0, r5]
+          %acc4[0] = %acc4[0] + x6 * x6
+        }
+        let t7 = %acc4[0] - t3 * t3 / 256.0:f32
+        alloc %acc8: f32[1] strides [1] local
+        %acc8[0] = t7
+        for r9 in 0..256 {
+          %acc8[0] = max(%acc8[0], %x[i0, r9] - t3)
+        }
+        for i10 in 0..256 {
+          %out[i0, i10] = (%x[i0, i10] - t3) * rsqrt(t7 + 1e-05:f32) + %acc8[0]
+        }
+      }
+    }
+"""
+
+
+def test_independent_reductions_share_one_tree() -> None:
+    """The sum and the sum of squares do not read each other: one tree for both; the max
+    starts from `t7` (both results): its tree, and its init, come after."""
+    src = emit_kernel(run_pass(GpuMap(), kernel(LAYER_NORM)), (), Caps()).source
+    body = src.split("fn main")[1]
+    assert body.count("if (tb_lane < 32u)") == 2  # two trees (64 lanes of vec4), not three
+    assert "tb_red0_f32[lid] = (tb_red0_f32[lid] + tb_red0_f32[lid + 32u]); tb_red1_f32" in body
+    assert body.index("l_acc8 = v_t7;") < body.index("tb_va_acc8")  # the init precedes its loop
+
+
 def test_short_rows_share_a_workgroup_and_use_the_tree() -> None:
     k = softmax_kernel(40)
     assert k.body.annotation("gpu_row_wg") == "32" and k.body.annotation("gpu_wg") == "64"

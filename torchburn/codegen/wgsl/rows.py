@@ -123,7 +123,7 @@ class RowsEmitter(KernelEmitter):
         self.cache = self._plan_cache()
         self.uses_subgroups = False
         self.subgroup_ok = self.caps.subgroups and per_group == 1
-        self.stmt(inner)
+        self._row_scope(_stmts(inner))
         groups = ex.floordiv(ex.add(product(extents), Const(per_group - 1)), Const(per_group))
         summary = "rows" + ("/vec4" if self.vec == 4 else "") + ("/cached" if self.cache.slots else "") + (
             "/subgroup" if self.uses_subgroups else "/tree")
@@ -144,12 +144,12 @@ class RowsEmitter(KernelEmitter):
             if any(self.row_allocs[a].dtype.is_bool for a in accs):
                 ok = False
             else:
-                body = lp.block(*(s for s in _stmts(f.body) if not (isinstance(s, lp.Store) and s.buffer in accs)))
+                # an update `%acc[0] = %acc[0] op x` is checked as `let probe = x`
+                body = lp.block(*(self._probe(x) if isinstance(x, lp.Store) and x.buffer in accs else x
+                                  for x in _stmts(f.body)))
                 ok = self._plan_vec4([f], body)
                 if ok:
                     varying |= self.vector_vars
-                    ok = all(self._vec_value_ok(s, varying) for s in _stmts(f.body)
-                             if isinstance(s, lp.Store) and s.buffer in accs)
             if not ok:
                 for n, a in self.params.items():
                     a.vec4 = saved[n]
@@ -158,12 +158,13 @@ class RowsEmitter(KernelEmitter):
         self.vector_vars = varying
         return True
 
-    def _vec_value_ok(self, s: lp.Store, varying: set[str]) -> bool:
-        """An accumulator update vectorizes when its operand reads only lets and constants."""
-        for n in ex.walk(s.value):
-            if isinstance(n, ex.Load) and n.buffer != s.buffer:
-                return False
-        return True
+    @staticmethod
+    def _probe(s: lp.Store) -> lp.Let:
+        v = s.value
+        assert isinstance(v, ex.Binary)
+        cur = ex.Load(s.buffer, s.index, v.type)
+        other = v.b if v.a == cur else v.a
+        return lp.Let(Var(f"tb_probe_{s.buffer}", other.type), other)
 
     def _canon(self, f: lp.For, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
         return tuple(ex.substitute(i, {f.var.name: Var("tb_row_e", f.var.type)}) for i in index)
@@ -256,8 +257,53 @@ class RowsEmitter(KernelEmitter):
                 self.line(f"l_{a} = {ops.fill(c, a=f'l_{a}', b=ops.fill(c, a=lo, b=hi))};")
             self.vec_accs = set()
             self.vec_var = None
-        if accs:
-            self._reduce_row([(a, ops_[a]) for a in accs])
+        self.pending += [(a, ops_[a]) for a in accs]
+
+    def _row_scope(self, stmts: tuple[lp.Stmt, ...]) -> None:
+        """The statements of a row, with the reductions of independent loops combined in one
+        tree: a loop's accumulators are reduced across the row only when a later statement
+        needs them, and statements that read them (row scalars, per-row stores) wait until then.
+        LayerNorm's sum, shifted sum and sum of squares then share one tree."""
+        self.pending: list[tuple[str, str]] = []
+        deferred: list[lp.Stmt] = []
+        waiting: set[str] = set()  # pending accumulators and the lets that wait on them
+
+        def reads(x: lp.Stmt) -> set[str]:
+            names: set[str] = set()
+            for y in lp.walk_stmts(x):
+                for e in lp.stmt_exprs(y):
+                    for n in ex.walk(e):
+                        if isinstance(n, ex.Load):
+                            names.add(n.buffer)
+                        elif isinstance(n, Var):
+                            names.add(n.name)
+            return names
+
+        def flush() -> None:
+            if self.pending:
+                self._reduce_row(self.pending)
+                self.pending = []
+            for x in deferred:
+                self.stmt(x)
+            deferred.clear()
+            waiting.clear()
+
+        for x in stmts:
+            waiting |= {a for a, _ in self.pending}
+            needs = reads(x) & waiting
+            if isinstance(x, lp.For):
+                if needs:
+                    flush()
+                self.stmt(x)
+            elif needs:
+                deferred.append(x)
+                if isinstance(x, lp.Let):
+                    waiting.add(x.var.name)
+                elif isinstance(x, lp.Store) and x.buffer in self.row_allocs:
+                    waiting.add(x.buffer)
+            else:
+                self.stmt(x)
+        flush()
 
     def _lane_step(self, s: lp.For, li: int, guard: list[str]) -> None:
         """One step of a loop over the row: this invocation's element(s) `tb_e`, if in range."""
