@@ -11,6 +11,7 @@ from torchburn.codegen.wgsl import Caps, emit_kernel
 from torchburn.ir import loop as lp
 from torchburn.passes.gpu_map import GpuMap
 from tests.gpu.conftest import check_gpu
+from tests.helpers import run_compiled
 from tests.passes.util import kernel, run_pass
 
 SOFTMAX = """
@@ -222,3 +223,23 @@ def test_subgroups_only_when_the_adapter_and_the_shader_front_end_take_them(gpu)
         assert not _subgroups_compile(dev.device) and not dev.caps.subgroups
     else:
         assert dev.caps.subgroups == _subgroups_compile(dev.device)
+
+
+def test_subgroup_and_f16_rows_where_the_adapter_has_them(gpu) -> None:  # type: ignore[no-untyped-def]
+    """Runs the paths llvmpipe through OpenGL lacks where the adapter has them (the H200; Mesa's
+    lavapipe through Vulkan, `TORCHBURN_WGPU_BACKEND=vulkan`, has both)."""
+    from torchburn.runtime.gpu import get_device
+
+    caps = get_device().caps
+    if not (caps.subgroups or caps.f16):
+        pytest.skip("the adapter has neither subgroups nor shader-f16")
+    x = torch.randn(6, 1000)
+    if caps.subgroups:
+        (k,) = row_kernels(check_gpu(lambda t: torch.softmax(t, -1), x))
+        assert "/subgroup" in k
+    if caps.f16:
+        h = x.half()
+        with torch.no_grad():
+            out, reports = run_compiled(lambda t: torch.softmax(t, -1), h)
+        torch.testing.assert_close(out, torch.softmax(x, -1).half(), rtol=2e-3, atol=1e-4)
+        assert out.dtype == torch.float16 and "rows" in row_kernels(reports)[0]
