@@ -278,8 +278,14 @@ class KvAttention(nn.Module):
 
 def bench_softmax(m: int, n: int, rows: list[list[str]], record: dict[str, Any]) -> None:
     x = torch.randn(m, n)
-    compare(f"softmax rows of {m}x{n} f32", lambda: (lambda t: torch.softmax(t, -1), (x,)), rows, record,
-            rtol=1e-5, atol=1e-6, nbytes=8.0 * m * n)
+    name = f"softmax rows of {m}x{n} f32"
+    compare(name, lambda: (lambda t: torch.softmax(t, -1), (x,)), rows, record, rtol=1e-5, atol=1e-6,
+            nbytes=8.0 * m * n)
+    r = record[name]
+    if r.get("kernels_s"):  # the bandwidth view (bytes of input and output once), as before
+        gbps = lambda t: 8.0 * m * n / t / 1e9 if t else None  # noqa: E731
+        rows.append([name, fmt(gbps(r["kernels_s"]), "GB/s"), fmt(gbps(r["torch_eager_s"]), "GB/s"),
+                     ratio(r["torch_eager_s"], r["kernels_s"])])
 
 
 def bench_attention(b: int, h: int, t: int, d: int, rows: list[list[str]], record: dict[str, Any]) -> None:
