@@ -6,14 +6,17 @@ Workloads (f32, TF32 off for PyTorch):
 - GEMM 4096^3 (`a @ b`), TFLOP/s, for several tiles of `gpu-map{gemm_tile=...}`;
 - elementwise chains over 64M elements, GB/s counting the bytes of inputs and outputs once
   (`a*1.5 + b` is 12 bytes an element whatever the number of kernels);
-- softmax over the rows of 8192 x 4096, GB/s the same way;
-- the README MLP (batch 32) and a GPT decoder block, latency per call.
+- softmax over the rows of 8192 x 4096; attention (`F.scaled_dot_product_attention`) causal over
+  4 x 12 x 1024 x 64, and one decode step against a 1024-position KV cache held as module buffers;
+  the README MLP (batch 32) and a GPT decoder block: each against PyTorch CUDA eager and against
+  a CUDA-graph replay of the same eager calls (`torch.cuda.CUDAGraph`), kernels only and end to end.
 
 "kernels" times are the GPU engine's dispatches alone, inputs resident on the device (one
 submission of many runs, `GpuLauncher.benchmark`); "end to end" times are whole calls with CPU
 tensors in and out (copies to and from the device included). PyTorch CUDA times are CUDA-event
-times of its kernels on CUDA tensors, or wall-clock with a synchronize for latencies.
-`--quick` shrinks every size (for a software adapter).
+times of its calls on resident CUDA tensors (eager, graph replay), or wall-clock with a
+synchronize for the end-to-end eager call. Ratios are PyTorch time / ours (above 1: faster).
+Without CUDA only our figures are printed. `--quick` shrinks every size (for a software adapter).
 """
 from __future__ import annotations
 
@@ -162,44 +165,165 @@ def bench_elementwise(n: int, rows: list[list[str]], record: dict[str, Any]) -> 
                      fmt(nbytes / ref / 1e9 if ref else None, "GB/s"), f"{ref / t:.2f}" if ref else ""])
 
 
-def bench_softmax(m: int, n: int, rows: list[list[str]], record: dict[str, Any]) -> None:
-    x = torch.randn(m, n)
-    fn = lambda t: torch.softmax(t, -1)  # noqa: E731
-    _, launchers, out = ours(fn, (x,))
-    torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-6)
-    t = kernel_time(launchers, 20)
-    ref = cuda_kernels(fn, (x,), 20)
-    nbytes = 8.0 * m * n
-    record["softmax"] = {"seconds": t, "gbps": nbytes / t / 1e9, "torch_gbps": nbytes / ref / 1e9 if ref else None,
-                         "kernels": [k for x in launchers for k in x.compiled.kernel_summary()]}
-    rows.append([f"softmax rows of {m}x{n} f32", fmt(nbytes / t / 1e9, "GB/s"),
-                 fmt(nbytes / ref / 1e9 if ref else None, "GB/s"), f"{ref / t:.2f}" if ref else ""])
+def cuda_graph(fn: Callable[..., Any], args: Sequence[Any], iters: int) -> Optional[float]:
+    """Seconds per replay of a CUDA graph captured from one eager call (CUDA events): PyTorch's
+    kernels without its per-op launch cost."""
+    if not torch.cuda.is_available():
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
 
 
-def bench_model(name: str, model: nn.Module, x: torch.Tensor, rows: list[list[str]], record: dict[str, Any]) -> None:
-    model.eval()
-    compiled, launchers, out = ours(model, (x,))
-    with torch.no_grad():
-        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
-        e2e = wall(lambda: compiled(x))
-        kern = kernel_time(launchers, 50) if launchers else None
-        ref = None
-        if torch.cuda.is_available():
-            mc, xc = model.cuda(), x.cuda()
+def cuda_eager(fn: Callable[..., Any], args: Sequence[Any], iters: int) -> Optional[float]:
+    """Seconds per eager call on resident CUDA tensors (CUDA events around `iters` calls)."""
+    if not torch.cuda.is_available():
+        return None
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def ratio(ref: Optional[float], t: Optional[float]) -> str:
+    return f"{ref / t:.2f}" if ref and t else ""
+
+
+def compare(name: str, make: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]], rows: list[list[str]],
+            record: dict[str, Any], iters: int = 20, rtol: float = 1e-4, atol: float = 1e-4,
+            nbytes: Optional[float] = None) -> None:
+    """One workload on our GPU engine and on PyTorch CUDA, eager and CUDA-graph replay.
+
+    `make()` returns `(fn, cpu_args)`; a module `fn` is moved to CUDA for the reference (a fresh
+    `make()` keeps our copy on the CPU). Ours: kernels only (resident inputs, one submission) and
+    end to end (CPU tensors in and out). PyTorch: eager calls and graph replay on CUDA tensors."""
+    fn, args = make()
+    if isinstance(fn, nn.Module):
+        fn.eval()
+    try:
+        compiled, launchers, out = ours(fn, args)
+        with torch.no_grad():
+            expected = make()[0](*make()[1]) if isinstance(fn, nn.Module) else fn(*args)
+            torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+            e2e = wall(lambda: compiled(*args))
+        kern = kernel_time(launchers, iters) if launchers else None
+    except Exception as err:  # noqa: BLE001 - a row says what failed, the others still run
+        why = " ".join(str(err).split())[:160]
+        rows.append([name, f"failed: {type(err).__name__}: {why}", "", "", "", "", "", ""])
+        record[name] = {"error": f"{type(err).__name__}: {err}"}
+        return
+    eager = graph = eager_e2e = None
+    if torch.cuda.is_available():
+        ref_fn, ref_args = make()
+        if isinstance(ref_fn, nn.Module):
+            ref_fn = ref_fn.cuda().eval()
+        dev = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in ref_args)
+        with torch.no_grad():
+            eager = cuda_eager(ref_fn, dev, iters)
+            graph = cuda_graph(ref_fn, dev, iters)
 
             def step() -> None:
-                mc(xc)
+                ref_fn(*dev)
                 torch.cuda.synchronize()
 
-            ref = wall(step)
-            model.cpu()
-    record[name] = {"end_to_end_s": e2e, "kernels_s": kern, "torch_cuda_s": ref,
-                    "subgraphs_on_gpu": len(launchers)}
-    rows.append([f"{name}, end to end (CPU tensors in and out)", fmt(e2e * 1e6, "us"),
-                 fmt(ref * 1e6 if ref else None, "us"), f"{ref / e2e:.2f}" if ref else ""])
-    if kern is not None:
-        rows.append([f"{name}, kernels only", fmt(kern * 1e6, "us"), fmt(ref * 1e6 if ref else None, "us"),
-                     f"{ref / kern:.2f}" if ref else ""])
+            eager_e2e = wall(step)
+    kernels = [k for x in launchers for k in x.compiled.kernel_summary()]
+    record[name] = {"kernels_s": kern, "end_to_end_s": e2e, "torch_eager_s": eager, "torch_graph_s": graph,
+                    "torch_eager_call_s": eager_e2e, "subgraphs_on_gpu": len(launchers), "kernels": kernels}
+    if nbytes:
+        record[name]["gbps"] = nbytes / kern / 1e9 if kern else None
+    us = lambda v: fmt(v * 1e6 if v else None, "us")  # noqa: E731
+    rows.append([name, us(kern), us(e2e), us(eager), us(graph), ratio(eager, kern), ratio(graph, kern),
+                 ratio(eager_e2e, e2e)])
+
+
+class KvAttention(nn.Module):
+    """One decode step of attention with a KV cache held as buffers: the step's key and value
+    are written at `pos`, the query attends to positions `0..pos`."""
+
+    def __init__(self, b: int, h: int, s: int, d: int, pos: int) -> None:
+        super().__init__()
+        self.pos = pos
+        self.register_buffer("k", torch.randn(b, h, s, d))
+        self.register_buffer("v", torch.randn(b, h, s, d))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = self.pos
+        self.k[:, :, p:p + 1] = k
+        self.v[:, :, p:p + 1] = v
+        return F.scaled_dot_product_attention(q, self.k[:, :, :p + 1], self.v[:, :, :p + 1])
+
+
+def bench_softmax(m: int, n: int, rows: list[list[str]], record: dict[str, Any]) -> None:
+    x = torch.randn(m, n)
+    name = f"softmax rows of {m}x{n} f32"
+    compare(name, lambda: (lambda t: torch.softmax(t, -1), (x,)), rows, record, rtol=1e-5, atol=1e-6,
+            nbytes=8.0 * m * n)
+    r = record[name]
+    if r.get("kernels_s"):  # the bandwidth view (bytes of input and output once), as before
+        gbps = lambda t: 8.0 * m * n / t / 1e9 if t else None  # noqa: E731
+        rows.append([name, fmt(gbps(r["kernels_s"]), "GB/s"), fmt(gbps(r["torch_eager_s"]), "GB/s"),
+                     ratio(r["torch_eager_s"], r["kernels_s"])])
+
+
+def bench_attention(b: int, h: int, t: int, d: int, rows: list[list[str]], record: dict[str, Any]) -> None:
+    q, k, v = (torch.randn(b, h, t, d) for _ in range(3))
+    causal = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)  # noqa: E731
+    compare(f"attention causal B={b} H={h} T={t} D={d}", lambda: (causal, (q, k, v)), rows, record)
+    step = [torch.randn(b, h, 1, d) for _ in range(3)]
+
+    def make() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        torch.manual_seed(1)
+        return KvAttention(b, h, t, d, t - 1), tuple(step)
+
+    compare(f"attention decode, KV cache {t} B={b} H={h} D={d}", make, rows, record)
+
+
+def bench_block(d: int, heads: int, t: int, batch: int, rows: list[list[str]], record: dict[str, Any]) -> None:
+    x = torch.randn(batch, t, d)
+
+    def make() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        torch.manual_seed(0)
+        return Block(d, heads), (x,)
+
+    compare(f"GPT block d={d} T={t} batch {batch}", make, rows, record, iters=50)
+
+
+def bench_mlp(rows: list[list[str]], record: dict[str, Any]) -> None:
+    x = torch.randn(32, 512)
+
+    def make() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256)), (x,)
+
+    compare("README MLP, batch 32", make, rows, record, iters=50)
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(md + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def main() -> None:
@@ -207,7 +331,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (software adapters)")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--md", help="write the table as Markdown here")
-    ap.add_argument("--only", default="gemm,elementwise,softmax,mlp,block")
+    ap.add_argument("--only", default="gemm,elementwise,softmax,attention,mlp,block")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -226,21 +350,27 @@ def main() -> None:
         bench_elementwise((1 << 16) if q else (64 << 20), rows, record)
     if "softmax" in only:
         bench_softmax(*((64, 256) if q else (8192, 4096)), rows, record)
+    if "attention" in only:
+        bench_attention(*((1, 2, 32, 16) if q else (4, 12, 1024, 64)), rows, record)
     if "mlp" in only:
-        torch.manual_seed(0)
-        mlp = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256))
-        bench_model("README MLP, batch 32", mlp, torch.randn(32, 512), rows, record)
+        bench_mlp(rows, record)
     if "block" in only:
-        torch.manual_seed(0)
-        d, heads, T = (64, 4, 16) if q else (768, 12, 128)
-        bench_model(f"GPT block d={d} T={T} batch 4", Block(d, heads), torch.randn(4, T, d), rows, record)
+        d, heads, t = (64, 4, 16) if q else (768, 12, 128)
+        bench_block(d, heads, t, 4, rows, record)
     head = ["workload", "TorchBurn wgpu", "PyTorch CUDA", "TorchBurn / PyTorch"]
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    text = "\n".join(md)
+    text = table(head, [r for r in rows if len(r) == 4])
+    head2 = ["workload", "ours kernels", "ours end to end", "CUDA eager", "CUDA graph", "vs eager (kernels)",
+             "vs graph (kernels)", "vs eager (end to end)"]
+    text2 = table(head2, [r for r in rows if len(r) == 8])
     print(f"adapter: {info['name']} ({info['backend']}, {info['device_type']}, shader-f16 {info['shader_f16']}); "
           f"torch {torch.__version__}, CUDA device {record['cuda_device']}")
     print(text)
+    print()
+    print("Ratios are PyTorch time / our time (above 1: we are faster). CUDA eager and graph are CUDA-event")
+    print("times on resident CUDA tensors; 'vs eager (end to end)' compares our whole call (CPU tensors in")
+    print("and out) with an eager call plus synchronize on resident CUDA tensors.")
+    print(text2)
+    text = text + "\n\n" + text2
     if args.md:
         Path(args.md).write_text(text + "\n")
     if args.json:

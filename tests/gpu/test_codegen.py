@@ -54,7 +54,7 @@ def test_elementwise_shader_is_vec4_with_table_helpers() -> None:
 
 
 def test_reduction_shader_has_a_tree_in_workgroup_memory() -> None:
-    k = mapped(REDUCTION)
+    k = run_pass(GpuMap(rows=False), kernel(REDUCTION))
     shader = emit_kernel(k, k.symbols, Caps())
     assert shader.summary == "groups/tree-max"
     assert "var<workgroup> tb_red_f32: array<f32, 256>;" in shader.source

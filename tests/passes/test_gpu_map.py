@@ -61,7 +61,7 @@ REDUCTION = """
 
 
 def test_long_reduction_gets_a_workgroup_per_row() -> None:
-    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=1024)))
+    out = run_pass(GpuMap(rows=False), kernel(REDUCTION.format(n=1024)))
     assert_ir(out, """
         kernel @k0(%x: f32[s0, 1024] strides [1024, 1], %out: f32[s0] strides [1]) symbols(s0) {
           for i0 in 0..s0 attrs {gpu = "block"} {
@@ -85,9 +85,21 @@ def test_short_reduction_gets_a_thread_per_row() -> None:
 
 
 def test_workgroup_shrinks_to_the_reduction() -> None:
-    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=100)))
+    out = run_pass(GpuMap(rows=False), kernel(REDUCTION.format(n=100)))
     red = out.body.body.stmts[2]  # type: ignore[union-attr]
     assert red.annotation("gpu_wg") == "128"
+
+
+def test_row_reduction_gets_the_rows_mapping() -> None:
+    """The same reduction with the default `rows=True`: a workgroup per row, the row loop shared
+    by its invocations (`gpu_rows.py`); 1024 = 256 invocations x vec4, 100 = 32 x 4 (2 rows
+    of 32 invocations in a workgroup of 64)."""
+    out = run_pass(GpuMap(), kernel(REDUCTION.format(n=1024)))
+    assert out.body.annotations == (("gpu", "rows"), ("gpu_wg", "256"), ("gpu_row_wg", "256"))
+    red = out.body.body.stmts[2]  # type: ignore[union-attr]
+    assert red.annotations == (("gpu", "lanes"), ("gpu_vec", "4"), ("gpu_accs", "acc1=add"))
+    short = run_pass(GpuMap(), kernel(REDUCTION.format(n=100)))
+    assert dict(short.body.annotations)["gpu_row_wg"] == "32" and dict(short.body.annotations)["gpu_wg"] == "64"
 
 
 GEMM = """

@@ -1,7 +1,13 @@
 """`gpu-map`: decide how each kernel's loops map onto a GPU dispatch, as loop annotations.
 
 WGSL codegen (`codegen/wgsl/`) follows the annotations; the loops themselves do not change.
-Three mappings:
+Four mappings:
+
+- **rows** (row kernels, as row fusion leaves softmax, LayerNorm, RMSNorm and row reductions:
+  loops over the row inside the parallel row loops, reductions into scalar accumulators and
+  the elementwise loops that use them): a workgroup, or a fraction of one, per row, every loop
+  over the row shared by the row's invocations (`gpu = "rows"` / `gpu = "lanes"`, see
+  `gpu_rows.py`); tried first.
 
 - **grid** (elementwise kernels, and reductions too short to share): the outer perfect nest
   of parallel loops becomes the invocation grid, one invocation per element
@@ -59,6 +65,7 @@ from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Expr
 from .base import LoopPass, register_pass
+from .gpu_rows import rows_annotate
 
 #: Reduction combiners a workgroup can tree-reduce.
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
@@ -199,6 +206,19 @@ def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
     return 0
 
 
+def _split_prelude(body: lp.Stmt) -> tuple[tuple[lp.Stmt, ...], lp.Stmt]:
+    """Leading `let`s before the loops (row fusion hoists `1 / n` and loads of row-invariant
+    elements there), when they read only buffers the kernel does not write; and the rest."""
+    stmts = _stmts(body)
+    written = {s.buffer for s in lp.walk_stmts(body) if isinstance(s, lp.Store)}
+    k = 0
+    while k < len(stmts) - 1 and isinstance(stmts[k], lp.Let) and not any(
+            isinstance(n, ex.Load) and n.buffer in written for n in ex.walk(stmts[k].value)):
+        k += 1
+    rest = stmts[k:]
+    return stmts[:k], rest[0] if len(rest) == 1 else lp.block(*rest)
+
+
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
     p = lo
     while p < n and p < hi:
@@ -220,6 +240,8 @@ class GpuMap(LoopPass):
     gemm_tile: str = "auto"
     #: Ask for vec4 elementwise code where the innermost extent allows it.
     vectorize: bool = True
+    #: Map row kernels (row reductions and their elementwise users) to a workgroup per row.
+    rows: bool = True
 
     def run(self, program: lp.Program) -> lp.Program:
         return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))
@@ -229,6 +251,13 @@ class GpuMap(LoopPass):
         params = {b.name for b in k.params}
         if _gemm_depth(body, params):
             return replace(k, body=self._gemm(body))
+        prelude, nest = _split_prelude(body)
+        loops, _ = _perfect_nest(nest)
+        n = _parallel_prefix(loops, params)
+        if self.rows and loops:
+            rows = rows_annotate(loops, n, params, self.workgroup, self.vectorize)
+            if rows is not None:
+                return replace(k, body=lp.block(*prelude, rows) if prelude else rows)
         loops, _ = _perfect_nest(body)
         n = _parallel_prefix(loops, params)
         inner = loops[n - 1].body if n else body

@@ -2,7 +2,7 @@
 passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
-    gpu_pipeline(p)      canonicalize, fold-batch-norm, fuse{epilogue_reshape=false,row_reductions=false}
+    gpu_pipeline(p)      canonicalize, fold-batch-norm, fuse{epilogue_reshape=false}
                          | lower-to-loops-gpu | gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
@@ -20,15 +20,14 @@ from .pipeline import Pipeline, user_loop_passes
 
 def gpu_pipeline(p: Pipeline) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
-    of the built-in CPU loop passes (threads, SIMD, unrolling), no row fusion, matrix products
-    lowered as plain nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one)."""
+    of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
+    nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one). Row fusion
+    stays: `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`)."""
     loop = user_loop_passes(p)
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    # The plain GPU GEMM nest computes epilogues at the product's own index only; and a row
-    # kernel (row fusion) would run each row's loops serially in one invocation, where
-    # `gpu-map` spreads a plain reduction over a workgroup: rows stay separate kernels here.
-    tensor = [dataclasses.replace(x, epilogue_reshape=False, row_reductions=False) if isinstance(x, Fuse) else x
+    # The plain GPU GEMM nest computes epilogues at the product's own index only.
+    tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
               for x in p.tensor]
     return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])

@@ -89,6 +89,24 @@ def gpu_unavailable_reason() -> str:
     return _find_adapter(get_config().wgpu_backend)[1]
 
 
+_SUBGROUP_PROBE = """@group(0) @binding(0) var<storage, read_write> b: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) n: u32) {
+  b[lid] = subgroupAdd(b[lid]) + f32(n);
+}
+"""
+
+
+def _subgroups_compile(device: Any) -> bool:
+    """Whether the WGSL front end takes the subgroup builtins the row kernels use
+    (`codegen/wgsl/rows.py`); where it does not, row reductions use workgroup memory."""
+    try:
+        device.create_shader_module(code=_SUBGROUP_PROBE)
+    except Exception:  # noqa: BLE001 - any rejection means: no subgroups
+        return False
+    return True
+
+
 def gpu_info() -> Optional[dict[str, Any]]:
     """The adapter the GPU engine uses: name, backend API, device type, shader-f16; None if none."""
     adapter = _find_adapter(get_config().wgpu_backend)[0]
@@ -103,6 +121,7 @@ def gpu_info() -> Optional[dict[str, Any]]:
         "vendor_id": info.get("vendor_id", 0),
         "device_id": info.get("device_id", 0),
         "shader_f16": "shader-f16" in adapter.features,
+        "subgroups": "subgroup" in adapter.features,
     }
 
 
@@ -164,13 +183,14 @@ class GpuDevice:
 
         self.wgpu = wgpu
         self.adapter = adapter
-        features = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
+        features = [f for f in ("shader-f16", "timestamp-query", "subgroup") if f in adapter.features]
         limits = {k: adapter.limits[k] for k in _LIMITS if k in adapter.limits}
         self.device = adapter.request_device_sync(required_features=features, required_limits=limits)
         self.queue = self.device.queue
         lim = self.device.limits
         self.caps = Caps(
             f16="shader-f16" in features,
+            subgroups="subgroup" in features and _subgroups_compile(self.device),
             max_storage_buffers=int(lim["max-storage-buffers-per-shader-stage"]),
             max_invocations=min(int(lim["max-compute-invocations-per-workgroup"]),
                                 int(lim["max-compute-workgroup-size-x"])),

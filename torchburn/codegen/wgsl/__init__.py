@@ -6,7 +6,7 @@
 `WgslUnsupported` says why a program cannot run on WebGPU (f64, i64 tensors, too many buffers,
 an op without a WGSL form); the caller runs it on the CPU engine instead.
 """
-from .kernel import emit_kernel, emit_program, refuse_data_divisors
+from .program import emit_kernel, emit_program, refuse_data_divisors
 from .shader import Binding, Grid, KernelShader
 from .types import Caps, WgslUnsupported, host_dtype, storage_itemsize, storage_type
 

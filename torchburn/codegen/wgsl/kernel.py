@@ -459,32 +459,3 @@ class KernelEmitter:
             parts.append(helpers)
         parts += main
         return "\n".join(parts) + "\n"
-
-
-def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps) -> KernelShader:
-    """One kernel as a WGSL compute shader (raises `WgslUnsupported`)."""
-    return KernelEmitter(kernel, program_symbols, caps).emit()
-
-
-def emit_program(program: lp.Program, caps: Caps) -> list[KernelShader]:
-    """Every kernel of a program, in program order (the calls say which runs when)."""
-    for b in (*program.inputs, *program.outputs, *program.temps):
-        storage_type(b.dtype, caps)
-    return [emit_kernel(k, program.symbols, caps) for k in program.kernels]
-
-
-def refuse_data_divisors(program: lp.Program) -> None:
-    """Raise `WgslUnsupported` when the program divides integers by tensor values.
-
-    WGSL defines integer `x / 0` as `x` and `INT_MIN / -1` as INT_MIN, so a shader never
-    faults: the helpers of `ops.py` then give floordiv `x` (`x - 1` for negative `x`),
-    fmod and remainder `x`. A shader has no way to tell the launcher a divisor was 0, where
-    eager PyTorch raises `ZeroDivisionError`, so the GPU engine (`compiler/engines.py`) sends
-    such programs to the CPU engine, which checks (`codegen/llvm/faults.py`). Divisions in
-    index arithmetic (i64 in the IR: by constants and sizes) stay on the GPU."""
-    for k in program.kernels:
-        for divisor in lp.integer_divisors(k.body):
-            if divisor.dtype.bits != 64 and not (isinstance(divisor, Const) and int(divisor.value) != 0):
-                raise WgslUnsupported(
-                    f"kernel @{k.name}: integer division of {divisor.dtype} tensor values: WGSL gives "
-                    f"x / 0 = x where eager raises ZeroDivisionError; the CPU engine checks divisors")

@@ -37,6 +37,8 @@ class Caps:
 
     #: The adapter has `shader-f16`: f16 values and storage are native.
     f16: bool = False
+    #: The adapter has `subgroups`: row reductions use `subgroupAdd`/`Max`/... (`rows.py`).
+    subgroups: bool = False
     max_storage_buffers: int = 8
     max_invocations: int = 256
     max_workgroup_storage: int = 16384

@@ -1,0 +1,43 @@
+"""A program's kernels -> WGSL shaders: each kernel to the emitter of its mapping (`kernel.py`
+for grid, block, GEMM and single-invocation kernels, `rows.py` for row kernels), and the
+program-level checks.
+"""
+from __future__ import annotations
+
+from ...ir import loop as lp
+from ...ir.expr import Const, Var
+from .kernel import KernelEmitter
+from .rows import RowsEmitter
+from .shader import KernelShader
+from .types import Caps, WgslUnsupported, storage_type
+
+
+def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps) -> KernelShader:
+    """One kernel as a WGSL compute shader (raises `WgslUnsupported`)."""
+    if any(isinstance(s, lp.For) and s.annotation("gpu") == "rows" for s in lp.walk_stmts(kernel.body)):
+        return RowsEmitter(kernel, program_symbols, caps).emit()
+    return KernelEmitter(kernel, program_symbols, caps).emit()
+
+
+def emit_program(program: lp.Program, caps: Caps) -> list[KernelShader]:
+    """Every kernel of a program, in program order (the calls say which runs when)."""
+    for b in (*program.inputs, *program.outputs, *program.temps):
+        storage_type(b.dtype, caps)
+    return [emit_kernel(k, program.symbols, caps) for k in program.kernels]
+
+
+def refuse_data_divisors(program: lp.Program) -> None:
+    """Raise `WgslUnsupported` when the program divides integers by tensor values.
+
+    WGSL defines integer `x / 0` as `x` and `INT_MIN / -1` as INT_MIN, so a shader never
+    faults: the helpers of `ops.py` then give floordiv `x` (`x - 1` for negative `x`),
+    fmod and remainder `x`. A shader has no way to tell the launcher a divisor was 0, where
+    eager PyTorch raises `ZeroDivisionError`, so the GPU engine (`compiler/engines.py`) sends
+    such programs to the CPU engine, which checks (`codegen/llvm/faults.py`). Divisions in
+    index arithmetic (i64 in the IR: by constants and sizes) stay on the GPU."""
+    for k in program.kernels:
+        for divisor in lp.integer_divisors(k.body):
+            if divisor.dtype.bits != 64 and not (isinstance(divisor, Const) and int(divisor.value) != 0):
+                raise WgslUnsupported(
+                    f"kernel @{k.name}: integer division of {divisor.dtype} tensor values: WGSL gives "
+                    f"x / 0 = x where eager raises ZeroDivisionError; the CPU engine checks divisors")
