@@ -95,6 +95,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                      pipeline: "Pipeline | _LazyPipeline", kind: str) -> Callable[..., Any]:
     """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
     graph compiled before (in any process) comes from the FX-graph cache instead."""
+    from ..frontend.inplace_writes import mark_slot_writes
     from ..frontend.item_fold import fold_item_round_trips
     from ..frontend.view_outputs import views_to_pytorch
 
@@ -103,6 +104,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     t0 = time.perf_counter()
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
     views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
+    mark_slot_writes(gm)  # a mutated input's few written elements are stored in place
     config = get_config()
     key = None
     disk = None
@@ -268,7 +270,29 @@ def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule,
                         replacement.meta = dict(node.meta)
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
+            if _drop_writebacks(graph, call, single, getattr(launcher, "inplace_results", {})):
+                launcher.aot_bumps_written = True  # type: ignore[union-attr]
     delattr(module, name)
+
+
+def _drop_writebacks(graph: torch.fx.Graph, call: torch.fx.Node, single: bool, inplace: dict[int, int]) -> bool:
+    """Erase AOTAutograd's `copy_(input, result)` for the results the launcher wrote into the
+    input itself (`GpuLauncher.inplace_results`; its fallback writes them back): on the GPU
+    engine the copy would move the input's version counter and so upload it again. Returns
+    whether any was erased (AOTAutograd's wrapper then bumps those inputs' versions once per
+    call itself, before the graph runs: `gpu_resident.bind` expects that)."""
+    erased = False
+    for k, pos in inplace.items():
+        picks = [call] if single and k == 0 else []
+        picks += [u for u in call.users if u.target is operator.getitem and u.args[1] == k]
+        for pick in picks:
+            for user in list(pick.users):
+                if (user.target is torch.ops.aten.copy_.default and user.args[1] is pick
+                        and user.args[0] is call.args[pos]):
+                    user.replace_all_uses_with(call.args[pos])
+                    graph.erase_node(user)
+                    erased = True
+    return erased
 
 
 def _fast_callable(module: torch.fx.GraphModule) -> Callable[..., Any]:
