@@ -35,13 +35,13 @@ def _run(gpu, owned: bool, steps: int = 5) -> None:  # type: ignore[no-untyped-d
     launcher = gl.recent_launchers()[-1]
     assert launcher.calls == steps and launcher.eager_fallbacks == 0 and launcher.inplace_results
     # no call after the first uploads the buffer again: only slot and x (4 + 16 bytes) go up
-    assert launcher.last_up == 4 + 16
-    assert launcher.resident >= model.state.numel() * 4
+    assert launcher.transfers.last_up == 4 + 16
+    assert launcher.transfers.resident >= model.state.numel() * 4
     if owned:
-        assert gr.is_stale(model.state) and launcher.last_down == 2 * 8 * 4  # only the output
+        assert gr.is_stale(model.state) and launcher.transfers.last_down == 2 * 8 * 4  # only the output
         gr.to_host(model.state)
     else:
-        assert launcher.last_down == 2 * 8 * 4 + model.state.numel() * 4
+        assert launcher.transfers.last_down == 2 * 8 * 4 + model.state.numel() * 4
     assert not gr.is_stale(model.state)
     torch.testing.assert_close(model.state, ref.state)
     # a host write between calls is seen by the next call

@@ -128,7 +128,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         module, manifest = _compile_partitioned(gm, concrete, report, lazy.target if lazy is not None else None)
         if key is not None and disk is not None and manifest is not None:
             fx_cache.store(disk, key, manifest)
-    fn = _fast_callable(module)
+    fn = _guard_gpu_state(module, _fast_callable(module))
     if not getattr(fn, "_boxed_call", False):
         fn = make_boxed_func(fn)
     report.import_seconds = time.perf_counter() - t0
@@ -169,6 +169,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
             if gpu_launcher is not None:
                 _install(module, name, sub, gpu_launcher)
+                module.meta.setdefault("torchburn_gpu_launchers", []).append(gpu_launcher)
                 manifest = None
                 continue
         try:
@@ -293,6 +294,42 @@ def _drop_writebacks(graph: torch.fx.Graph, call: torch.fx.Node, single: bool, i
                     graph.erase_node(user)
                     erased = True
     return erased
+
+
+def _guard_gpu_state(module: torch.fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A graph with GPU subgraphs and anything else (a CPU-engine subgraph, a PyTorch op) must
+    not read a tensor whose values the GPU owns (`gpu_resident.keep_on_gpu`) from its stale host
+    copy: its GPU launchers always write back what they write in place, and stale arguments
+    are brought to the host before it runs. A graph all on the GPU needs neither."""
+    gpu = module.meta.get("torchburn_gpu_launchers") if hasattr(module, "meta") else None
+    if not gpu:
+        return fn
+    launches = {id(g.launch) for g in gpu}
+    mixed = any(n.op == "call_function" and n.target is not operator.getitem and id(n.target) not in launches
+                for n in module.graph.nodes)
+    if not mixed:
+        return fn
+    from . import gpu_resident
+
+    for g in gpu:
+        g.write_back_always = True
+
+    def guarded(args: Any) -> Any:
+        gpu_resident.to_host_all(args)
+        return fn(args)
+
+    guarded._boxed_call = True  # type: ignore[attr-defined]
+    return guarded if getattr(fn, "_boxed_call", False) else _unboxed_guard(fn)
+
+
+def _unboxed_guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from . import gpu_resident
+
+    def guarded(*args: Any) -> Any:
+        gpu_resident.to_host_all(args)
+        return fn(*args)
+
+    return guarded
 
 
 def _fast_callable(module: torch.fx.GraphModule) -> Callable[..., Any]:

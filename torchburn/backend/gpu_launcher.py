@@ -19,8 +19,8 @@ uploaded again). An input the program writes in place (a KV cache's new slots,
 `frontend/inplace_writes.py`) is read back in the same submission and written into the host
 tensor, unless the device owns it (`gpu_resident.keep_on_gpu`): then nothing comes down and
 `gpu_resident.to_host` brings it back. The launcher counts the bytes that cross the device
-boundary per call (`last_up`, `last_down`) and in all (`bytes_up`, `bytes_down`), and the bytes
-of the resident copies it binds (`resident`), for `explain()`.
+boundary (`transfers`: of the last call, in all, and the resident copies it binds), which
+`explain()` prints per GPU subgraph.
 """
 from __future__ import annotations
 
@@ -84,6 +84,9 @@ class GpuLauncher:
     #: Installed in place of an AOTAutograd write-back (`entry._drop_writebacks`): AOTAutograd
     #: bumps the version of each input written in place once per call, before the call.
     aot_bumps_written = False
+    #: In a graph that also runs CPU-engine or PyTorch code (`entry._guard_gpu_state`): read
+    #: back every in-place write, even of a tensor the GPU owns.
+    write_back_always = False
     #: Keep the arguments of the last call in `last_args` (for benchmarks).
     record_args = False
     last_args: tuple[Any, ...] = ()
@@ -113,9 +116,9 @@ class GpuLauncher:
         #: Graph result index -> argument position, for the results that are in-place writes.
         self.inplace_results = {k: inp.position for k, name in enumerate(self.program.result_names())
                                 for inp in self.written if inp.buffer.name == name}
-        #: Bytes across the device boundary: of the last call, in all, and resident.
-        self.last_up = self.last_down = self.bytes_up = self.bytes_down = 0
-        self.resident = 0
+        #: Bytes across the device boundary (of the last call, in all, resident), shared with
+        #: the subgraph's report for `explain()`.
+        self.transfers = rep.Transfers()
 
         def launch(*args: Any) -> tuple[Any, ...]:
             return self(*args)
@@ -185,7 +188,7 @@ class GpuLauncher:
             bound[inp.buffer.name] = buf
             up += n
             resident += t.untyped_storage().nbytes()
-        self.resident = resident
+        self.transfers.resident = resident
         return bound, up
 
     def benchmark(self, *args: Any, iters: int = 20) -> float:
@@ -205,8 +208,8 @@ class GpuLauncher:
             self.last_args = args
         try:
             bound, up = self._resident(args)
-            back = [inp for inp in self.written
-                    if inp.buffer.name not in bound or not gpu_resident.is_owned(args[inp.position])]
+            back = [inp for inp in self.written if inp.buffer.name not in bound or self.write_back_always
+                    or not gpu_resident.is_owned(args[inp.position])]
             views = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back])
         except gpu_resident.GpuStateError:
             raise
@@ -228,10 +231,12 @@ class GpuLauncher:
         for inp in self.written:
             if inp.buffer.name in bound and inp not in back:
                 gpu_resident.written(args[inp.position], None)  # the device keeps it (keep_on_gpu)
-        self.last_up = up + self.gpu.last_uploaded
-        self.last_down = sum(len(v) for v in views)
-        self.bytes_up += self.last_up
-        self.bytes_down += self.last_down
+        tr = self.transfers
+        tr.calls += 1
+        tr.last_up = up + self.gpu.last_uploaded
+        tr.last_down = sum(len(v) for v in views)
+        tr.bytes_up += tr.last_up
+        tr.bytes_down += tr.last_down
         outs = []
         for (b, final, stored), view in zip(self.outputs, views[:n_out]):
             shape = tuple(ex.evaluate_index(d, env) for d in b.shape)
@@ -288,6 +293,8 @@ def _uploader(t: torch.Tensor, inp: _Input, env: dict[str, int]) -> Callable[[],
 
     def data() -> Any:
         src = t
+        if t.dtype is torch.int64 and t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
+            raise GpuError(f"an int64 input holds values past 32 bits; the GPU stores int64 as int32")
         if inp.upload_dtype is not None:
             src = torch.empty_strided(tuple(t.shape), t.stride(), dtype=inp.upload_dtype)
             src.copy_(t)
@@ -334,4 +341,6 @@ def compile_subgraph(sub: torch.fx.GraphModule, name: str, pipeline: Pipeline,
     report.kernels = compiled.kernel_summary()
     report.timings = dict(compiled.timings)
     report.pass_times = list(compiled.pass_times)
-    return GpuLauncher(graph, compiled, sub.forward)
+    launcher = GpuLauncher(graph, compiled, sub.forward)
+    report.transfers = launcher.transfers
+    return launcher

@@ -185,6 +185,15 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
         return t
 
 
+def to_host_all(args: Any) -> None:
+    """`to_host` every stale tensor among `args` (cheap when the GPU owns nothing)."""
+    if not _owned:
+        return
+    for a in args:
+        if isinstance(a, torch.Tensor) and is_stale(a):
+            to_host(a)
+
+
 def release(t: torch.Tensor) -> torch.Tensor:
     """`to_host(t)`, then stop owning it and drop its device copy."""
     with _lock:
