@@ -190,12 +190,21 @@ def test_f64_falls_back_to_cpu_engine(gpu) -> None:  # type: ignore[no-untyped-d
     assert "on cpu" in text and "note:" in text and "f64" in text
 
 
-def test_i64_falls_back_to_cpu_engine(gpu) -> None:  # type: ignore[no-untyped-def]
+def test_i64_is_stored_as_i32_and_values_past_32_bits_run_in_pytorch(gpu) -> None:  # type: ignore[no-untyped-def]
     x = torch.arange(12)
     out, reports = run_compiled(lambda t: t * 3 + 1, x)
     torch.testing.assert_close(out, x * 3 + 1)
     (engine, note), = engines(reports)
-    assert engine == "cpu" and "64-bit integers" in (note or "")
+    assert engine == "wgpu" and note is None
+    from torchburn.backend import gpu_launcher
+
+    big = torch.full((12,), 1 << 40)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: t * 3 + 1, backend=torchburn_backend)
+    fn(x)
+    launcher = gpu_launcher.recent_launchers()[-1]
+    torch.testing.assert_close(fn(big), big * 3 + 1)  # the upload refuses it: PyTorch runs it
+    assert launcher.eager_fallbacks == 1
 
 
 def test_parameters_stay_resident(gpu) -> None:  # type: ignore[no-untyped-def]

@@ -297,16 +297,18 @@ def _drop_writebacks(graph: torch.fx.Graph, call: torch.fx.Node, single: bool, i
 
 
 def _guard_gpu_state(module: torch.fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A graph with GPU subgraphs and anything else (a CPU-engine subgraph, a PyTorch op) must
-    not read a tensor whose values the GPU owns (`gpu_resident.keep_on_gpu`) from its stale host
-    copy: its GPU launchers always write back what they write in place, and stale arguments
-    are brought to the host before it runs. A graph all on the GPU needs neither."""
-    gpu = module.meta.get("torchburn_gpu_launchers") if hasattr(module, "meta") else None
-    if not gpu:
-        return fn
+    """On the GPU engine, a graph that runs anything besides GPU subgraphs (a CPU-engine
+    subgraph, a PyTorch op; or no GPU subgraph at all) must not read a tensor whose values the
+    GPU owns (`gpu_resident.keep_on_gpu`) from its stale host copy: stale arguments are brought
+    to the host before it runs, and its GPU launchers write back what they write in place. A
+    graph all on the GPU needs neither."""
+    gpu = module.meta.get("torchburn_gpu_launchers", []) if hasattr(module, "meta") else []
+    cfg = get_config()
+    if not gpu and (cfg.engine == "reference" or not (cfg.device in ("gpu", "auto") or cfg.engine == "wgpu")):
+        return fn  # the CPU engine only (as `runtime.gpu.wants_gpu`, without importing it)
     launches = {id(g.launch) for g in gpu}
-    mixed = any(n.op == "call_function" and n.target is not operator.getitem and id(n.target) not in launches
-                for n in module.graph.nodes)
+    mixed = not gpu or any(n.op == "call_function" and n.target is not operator.getitem
+                           and id(n.target) not in launches for n in module.graph.nodes)
     if not mixed:
         return fn
     from . import gpu_resident

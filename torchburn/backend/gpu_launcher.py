@@ -110,6 +110,8 @@ class GpuLauncher:
             self.inputs.append(_Input(graph.inputs.index(v), v, to_torch(v.dtype),
                                       None if hd == v.dtype else to_torch(hd), storage_itemsize(v.dtype, caps), b))
         self.outputs = [(b, to_torch(b.dtype), to_torch(host_dtype(b.dtype, caps))) for b in self.program.outputs]
+        #: int64 inputs, stored as int32 on the device: their values are range-checked per call.
+        self.wide = [inp for inp in self.inputs if inp.torch_dtype is torch.int64]
         written = lp.written_inputs(self.program)
         #: The inputs the program writes in place (`frontend/inplace_writes.py`).
         self.written = [inp for inp in self.inputs if inp.buffer.name in written]
@@ -203,6 +205,10 @@ class GpuLauncher:
         env = self._bind(args)
         if env is None:
             return self._slow(args, "sizes, strides, dtype or device differ from the compiled ones")
+        for inp in self.wide:
+            t = args[inp.position]
+            if t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
+                return self._slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as int32)")
         specs = self._specs(args, env)
         if self.record_args:
             self.last_args = args
@@ -293,8 +299,6 @@ def _uploader(t: torch.Tensor, inp: _Input, env: dict[str, int]) -> Callable[[],
 
     def data() -> Any:
         src = t
-        if t.dtype is torch.int64 and t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
-            raise GpuError(f"an int64 input holds values past 32 bits; the GPU stores int64 as int32")
         if inp.upload_dtype is not None:
             src = torch.empty_strided(tuple(t.shape), t.stride(), dtype=inp.upload_dtype)
             src.copy_(t)
