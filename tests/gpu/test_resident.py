@@ -96,3 +96,22 @@ def test_write_reading_its_own_input_is_not_in_place_and_equals_eager(gpu) -> No
         torch.testing.assert_close(fast(slot, x), ref(slot, x))
         torch.testing.assert_close(model.state, ref.state)
     assert not gl.recent_launchers()[-1].inplace_results
+
+
+def test_quantized_weight_is_uploaded_once_across_programs(gpu) -> None:  # type: ignore[no-untyped-def]
+    """Int4 codes and f16 scales (stored converted on the device) stay resident: a second
+    program (another batch size) uploads only its activation."""
+    from torchburn.quant import QuantizedLinear
+
+    torch.manual_seed(0)
+    layer = QuantizedLinear.from_float(torch.nn.Linear(64, 24), "int4", 32, False, torch.float16)
+    torch._dynamo.reset()
+    fast = torch.compile(layer, backend="torchburn", dynamic=False)
+    with torch.no_grad():
+        for batch in (3, 5):
+            x = torch.randn(batch, 64)
+            torch.testing.assert_close(fast(x), layer(x), rtol=1e-4, atol=1e-4)
+            tr = gl.recent_launchers()[-1].transfers
+            if batch == 5:
+                assert tr.last_up == batch * 64 * 4, tr  # only x
+            assert tr.resident > batch * 64 * 4

@@ -184,12 +184,13 @@ class GpuLauncher:
         dev = self.gpu.dev
         for inp in self.inputs:
             t = args[inp.position]
-            if not gpu_resident.eligible(t, inp.upload_dtype is not None, dev.max_binding):
+            written = inp in self.written
+            if not gpu_resident.eligible(t, inp.upload_dtype, written, dev.max_binding):
                 continue
-            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and inp in self.written))
+            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype)
             bound[inp.buffer.name] = buf
             up += n
-            resident += t.untyped_storage().nbytes()
+            resident += gpu_resident.resident_size(t, inp.upload_dtype)
         self.transfers.resident = resident
         return bound, up
 

@@ -20,9 +20,11 @@ a storage; every in-place PyTorch write bumps it):
   code reading a stale tensor sees old values: that is the contract of `keep_on_gpu`. The LLM
   engine keeps its KV cache this way (it never reads the cache on the host).
 
-Not resident (the program's own per-size buffers, uploaded when the stamp changes): inputs at
-a nonzero storage offset, stored in another dtype on the device, inference tensors (no version
-counter), storages over the device's binding limit.
+An input the device stores in another dtype (int8/uint8 codes of a quantized weight as i32,
+f16 scales as f32 without `shader-f16`) is resident too, converted once at upload, unless the
+program writes it. Not resident (the program's own per-size buffers, uploaded when the stamp
+changes): inputs at a nonzero storage offset, converted inputs a program writes, inference
+tensors (no version counter), storages over the device's binding limit.
 """
 from __future__ import annotations
 
@@ -54,15 +56,16 @@ class Resident:
 
 
 _lock = threading.RLock()
-_entries: dict[int, Resident] = {}
+_entries: dict[Any, Resident] = {}
 _owned: dict[int, StorageWeakRef] = {}
 
 
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def _key(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Any:
+    ptr = t.untyped_storage().data_ptr()
+    return ptr if upload is None else (ptr, upload)
 
 
-def _live(key: int) -> Optional[Resident]:
+def _live(key: Any) -> Optional[Resident]:
     e = _entries.get(key)
     if e is not None and e.ref.expired():
         del _entries[key]
@@ -71,9 +74,15 @@ def _live(key: int) -> Optional[Resident]:
     return e
 
 
-def eligible(t: torch.Tensor, converted: bool, max_binding: int) -> bool:
-    """Whether `t` can be bound through a resident whole-storage buffer."""
-    if converted or not t.is_cpu or t.storage_offset() != 0 or t.untyped_storage().nbytes() > max_binding:
+def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_binding: int) -> bool:
+    """Whether `t` can be bound through a resident whole-storage buffer (stored as `upload`
+    on the device, None: as is; `written`: the program writes it)."""
+    size = t.untyped_storage().nbytes()
+    if upload is not None:
+        if written:
+            return False
+        size = size // t.element_size() * torch.empty(0, dtype=upload).element_size()
+    if not t.is_cpu or t.storage_offset() != 0 or size > max_binding:
         return False
     try:
         t._version
@@ -85,7 +94,8 @@ def eligible(t: torch.Tensor, converted: bool, max_binding: int) -> bool:
 def _purge() -> None:
     for key in [k for k, e in _entries.items() if e.ref.expired()]:
         del _entries[key]
-        _owned.pop(key, None)
+        if isinstance(key, int):
+            _owned.pop(key, None)
 
 
 def _host_bytes(t: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -93,15 +103,18 @@ def _host_bytes(t: torch.Tensor, nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), 0, (nbytes,))
 
 
-def bind(t: torch.Tensor, dev: Any, bump: int = 0) -> tuple[Any, int]:
+def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype] = None) -> tuple[Any, int]:
     """The device buffer holding `t`'s storage, uploaded first when the host changed; returns
     (buffer, bytes uploaded). `bump`: version steps the caller made without changing the
     values (AOTAutograd bumps an input the graph mutates once per call, before it). Raises
-    `GpuStateError` for a stale tensor written on the host."""
+    `GpuStateError` for a stale tensor written on the host. `upload`: the dtype the device
+    stores (the storage is converted; such an input is never written by the program)."""
     with _lock:
-        key = _key(t)
+        key = _key(t, upload)
         e = _live(key)
         nbytes = t.untyped_storage().nbytes()
+        if upload is not None:
+            nbytes = nbytes // t.element_size() * torch.empty(0, dtype=upload).element_size()
         if e is not None and (e.dev is not dev or e.nbytes != nbytes):
             if e.device_newer:
                 raise GpuStateError("torchburn: a tensor the GPU owns (keep_on_gpu) changed size or device; "
@@ -118,7 +131,11 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0) -> tuple[Any, int]:
         if e.device_newer:
             raise GpuStateError("torchburn: a tensor whose current values live on the GPU (keep_on_gpu) was written "
                                 "on the host; call torchburn.backend.gpu_resident.to_host(t) before writing it")
-        data = _host_bytes(t, nbytes).numpy()
+        if upload is None:
+            data = _host_bytes(t, nbytes).numpy()
+        else:
+            n = t.untyped_storage().nbytes() // t.element_size()
+            data = torch.as_strided(t, (n,), (1,), 0).to(upload).view(torch.uint8).numpy()
         dev.queue.write_buffer(e.buffer, 0, memoryview(data) if nbytes % 4 == 0 else data.tobytes() + b"\0" * (-nbytes % 4))
         e.version = t._version
         return e.buffer, nbytes
@@ -209,3 +226,10 @@ def resident_bytes(dev: Any = None) -> int:
     with _lock:
         _purge()
         return sum(e.nbytes for e in _entries.values() if dev is None or e.dev is dev)
+
+
+def resident_size(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> int:
+    """Bytes of `t`'s resident copy (0 when it has none)."""
+    with _lock:
+        e = _live(_key(t, upload))
+        return 0 if e is None else e.nbytes
