@@ -43,3 +43,40 @@ def test_unknown_device_is_refused() -> None:
 
     with pytest.raises(ValueError, match="device must be one of auto, cpu, gpu"):
         select_device("tpu", None)
+
+
+@pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
+def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkpoint, monkeypatch) -> None:
+    """Greedy decoding on the GPU engine gives the CPU engine's tokens; the KV cache is owned by
+    the GPU (nothing of it comes down per step) and reads back equal to the CPU engine's."""
+    from torchburn.backend import gpu_launcher, gpu_resident
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
+    _, folder = tiny_checkpoint("llama")
+    greedy = SamplingParams(temperature=0.0)
+    try:
+        results = {}
+        for device in ("cpu", "gpu"):
+            torch._dynamo.reset()
+            llm = LLM.from_pretrained(folder, device=device, max_context=32)
+            llm.eos_ids = frozenset()
+            before = {id(x) for x in gpu_launcher.recent_launchers()}
+            tokens = [s[0] for s in llm.generate_ids([[5, 17, 99]], 5, greedy)]
+            (cache,) = llm._caches.values()
+            if device == "gpu":
+                assert gpu_resident.is_owned(cache.tensor)
+                new = [x for x in gpu_launcher.recent_launchers() if id(x) not in before]
+                assert new and all(x.eager_fallbacks == 0 for x in new)
+                prefill = new[0].transfers
+                # the prefill's in-place cache write stays on the device: only the logits come down
+                assert prefill.last_down == VOCAB * 4, prefill
+                gpu_resident.to_host(cache.tensor)
+            results[device] = (tokens, cache.tensor[..., :7, :].clone())
+        assert results["gpu"][0] == results["cpu"][0]
+        torch.testing.assert_close(results["gpu"][1], results["cpu"][1], rtol=1e-4, atol=1e-4)
+    finally:
+        monkeypatch.undo()
+        reload_config()

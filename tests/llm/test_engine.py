@@ -134,7 +134,8 @@ def test_repetition_penalty_follows_its_definition() -> None:
 def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_checkpoint,
                                                                          monkeypatch) -> None:
     """The decode graph is compiled once for every length (the past's length is a dynamic
-    dimension), and each step is handed only the slots filled so far, not ``max_context``."""
+    dimension), and each step is handed only the slots filled so far and its own, not
+    ``max_context``; the cache write is part of the compiled step."""
     from torchburn.backend import report
     from torchburn.llm.kv_cache import KVCache
 
@@ -144,8 +145,8 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     lengths: list[int] = []
     past = KVCache.past
 
-    def spy(self: KVCache, filled: int) -> torch.Tensor:
-        view = past(self, filled)
+    def spy(self: KVCache, filled: int, tokens: int = 0) -> torch.Tensor:
+        view = past(self, filled, tokens)
         lengths.append(view.shape[3])
         return view
 
@@ -160,4 +161,8 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     # One graph for the prefill bucket (16 tokens), one for every decode step.
     assert len(graphs) == 2, [g.kind for g in graphs]
     assert all(not g.fallback_ops and len(g.subgraphs) == 1 for g in graphs)
-    assert lengths == [2] + list(range(3, 203))
+    # the prefill's 16 slots, then per decode step the filled slots and its own one
+    assert lengths == [16] + list(range(4, 204))
+    # the KV-cache write is inside the one compiled graph: no index_copy_ outside it, and the
+    # decode program stores into the cache input itself (only the new slot)
+    assert all("index_put" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)

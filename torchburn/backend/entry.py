@@ -95,6 +95,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                      pipeline: "Pipeline | _LazyPipeline", kind: str) -> Callable[..., Any]:
     """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
     graph compiled before (in any process) comes from the FX-graph cache instead."""
+    from ..frontend.inplace_writes import mark_slot_writes
     from ..frontend.item_fold import fold_item_round_trips
     from ..frontend.view_outputs import views_to_pytorch
 
@@ -103,6 +104,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     t0 = time.perf_counter()
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
     views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
+    mark_slot_writes(gm)  # a mutated input's few written elements are stored in place
     config = get_config()
     key = None
     disk = None
@@ -126,7 +128,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         module, manifest = _compile_partitioned(gm, concrete, report, lazy.target if lazy is not None else None)
         if key is not None and disk is not None and manifest is not None:
             fx_cache.store(disk, key, manifest)
-    fn = _fast_callable(module)
+    fn = _guard_gpu_state(module, _fast_callable(module))
     if not getattr(fn, "_boxed_call", False):
         fn = make_boxed_func(fn)
     report.import_seconds = time.perf_counter() - t0
@@ -167,6 +169,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
             if gpu_launcher is not None:
                 _install(module, name, sub, gpu_launcher)
+                module.meta.setdefault("torchburn_gpu_launchers", []).append(gpu_launcher)
                 manifest = None
                 continue
         try:
@@ -268,7 +271,67 @@ def _install(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule,
                         replacement.meta = dict(node.meta)
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
+            if _drop_writebacks(graph, call, single, getattr(launcher, "inplace_results", {})):
+                launcher.aot_bumps_written = True  # type: ignore[union-attr]
     delattr(module, name)
+
+
+def _drop_writebacks(graph: torch.fx.Graph, call: torch.fx.Node, single: bool, inplace: dict[int, int]) -> bool:
+    """Erase AOTAutograd's `copy_(input, result)` for the results the launcher wrote into the
+    input itself (`GpuLauncher.inplace_results`; its fallback writes them back): on the GPU
+    engine the copy would move the input's version counter and so upload it again. Returns
+    whether any was erased (AOTAutograd's wrapper then bumps those inputs' versions once per
+    call itself, before the graph runs: `gpu_resident.bind` expects that)."""
+    erased = False
+    for k, pos in inplace.items():
+        picks = [call] if single and k == 0 else []
+        picks += [u for u in call.users if u.target is operator.getitem and u.args[1] == k]
+        for pick in picks:
+            for user in list(pick.users):
+                if (user.target is torch.ops.aten.copy_.default and user.args[1] is pick
+                        and user.args[0] is call.args[pos]):
+                    user.replace_all_uses_with(call.args[pos])
+                    graph.erase_node(user)
+                    erased = True
+    return erased
+
+
+def _guard_gpu_state(module: torch.fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """On the GPU engine, a graph that runs anything besides GPU subgraphs (a CPU-engine
+    subgraph, a PyTorch op; or no GPU subgraph at all) must not read a tensor whose values the
+    GPU owns (`gpu_resident.keep_on_gpu`) from its stale host copy: stale arguments are brought
+    to the host before it runs, and its GPU launchers write back what they write in place. A
+    graph all on the GPU needs neither."""
+    gpu = module.meta.get("torchburn_gpu_launchers", []) if hasattr(module, "meta") else []
+    cfg = get_config()
+    if not gpu and (cfg.engine == "reference" or not (cfg.device in ("gpu", "auto") or cfg.engine == "wgpu")):
+        return fn  # the CPU engine only (as `runtime.gpu.wants_gpu`, without importing it)
+    launches = {id(g.launch) for g in gpu}
+    mixed = not gpu or any(n.op == "call_function" and n.target is not operator.getitem
+                           and id(n.target) not in launches for n in module.graph.nodes)
+    if not mixed:
+        return fn
+    from . import gpu_resident
+
+    for g in gpu:
+        g.write_back_always = True
+
+    def guarded(args: Any) -> Any:
+        gpu_resident.to_host_all(args)
+        return fn(args)
+
+    guarded._boxed_call = True  # type: ignore[attr-defined]
+    return guarded if getattr(fn, "_boxed_call", False) else _unboxed_guard(fn)
+
+
+def _unboxed_guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from . import gpu_resident
+
+    def guarded(*args: Any) -> Any:
+        gpu_resident.to_host_all(args)
+        return fn(*args)
+
+    return guarded
 
 
 def _fast_callable(module: torch.fx.GraphModule) -> Callable[..., Any]:

@@ -136,6 +136,8 @@ def _graph_lines(g: rep.GraphReport) -> list[str]:
             lines.append(f"  {s.name}: {len(s.ops)} ops -> {len(s.kernels)} kernel(s) on {s.engine} ({status})")
             if s.engine_note:
                 lines.append(f"    note: {s.engine_note}")
+            if s.transfers is not None:
+                lines.append(f"    {s.transfers.line()}")
             if any(INT8_ACTIVATIONS_TAG in k for k in s.kernels):
                 lines.append(f"    {INT8_NOTE}")
             for k in s.kernels:

@@ -12,6 +12,15 @@ binds the symbols, copies inputs to the device (converting dtypes the device sto
 differently, see `codegen/wgsl/types.py`), and copies outputs back. An input tensor is
 uploaded again only when it is a different tensor object or its `_version` (bumped by every
 in-place change) or data pointer changed, so parameters stay resident on the device.
+
+Most inputs go through `gpu_resident.py` instead: one device copy per host storage, kept
+across calls, symbol values and programs (a KV cache whose filled length grows each step is not
+uploaded again). An input the program writes in place (a KV cache's new slots,
+`frontend/inplace_writes.py`) is read back in the same submission and written into the host
+tensor, unless the device owns it (`gpu_resident.keep_on_gpu`): then nothing comes down and
+`gpu_resident.to_host` brings it back. The launcher counts the bytes that cross the device
+boundary (`transfers`: of the last call, in all, and the resident copies it binds), which
+`explain()` prints per GPU subgraph.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import gpu_resident
 from . import report as rep
 from ..codegen.wgsl import WgslUnsupported, host_dtype, storage_itemsize
 from ..compiler.driver import CompiledProgram, compile_graph
@@ -71,6 +81,12 @@ def recent_launchers() -> list["GpuLauncher"]:
 class GpuLauncher:
     """Callable for one compiled subgraph on the GPU engine: `launcher(*args) -> tuple`."""
 
+    #: Installed in place of an AOTAutograd write-back (`entry._drop_writebacks`): AOTAutograd
+    #: bumps the version of each input written in place once per call, before the call.
+    aot_bumps_written = False
+    #: In a graph that also runs CPU-engine or PyTorch code (`entry._guard_gpu_state`): read
+    #: back every in-place write, even of a tensor the GPU owns.
+    write_back_always = False
     #: Keep the arguments of the last call in `last_args` (for benchmarks).
     record_args = False
     last_args: tuple[Any, ...] = ()
@@ -94,6 +110,17 @@ class GpuLauncher:
             self.inputs.append(_Input(graph.inputs.index(v), v, to_torch(v.dtype),
                                       None if hd == v.dtype else to_torch(hd), storage_itemsize(v.dtype, caps), b))
         self.outputs = [(b, to_torch(b.dtype), to_torch(host_dtype(b.dtype, caps))) for b in self.program.outputs]
+        #: int64 inputs, stored as int32 on the device: their values are range-checked per call.
+        self.wide = [inp for inp in self.inputs if inp.torch_dtype is torch.int64]
+        written = lp.written_inputs(self.program)
+        #: The inputs the program writes in place (`frontend/inplace_writes.py`).
+        self.written = [inp for inp in self.inputs if inp.buffer.name in written]
+        #: Graph result index -> argument position, for the results that are in-place writes.
+        self.inplace_results = {k: inp.position for k, name in enumerate(self.program.result_names())
+                                for inp in self.written if inp.buffer.name == name}
+        #: Bytes across the device boundary (of the last call, in all, resident), shared with
+        #: the subgraph's report for `explain()`.
+        self.transfers = rep.Transfers()
 
         def launch(*args: Any) -> tuple[Any, ...]:
             return self(*args)
@@ -148,22 +175,51 @@ class GpuLauncher:
             specs.append((t, stamp, _uploader(t, inp, env)))
         return specs
 
+    def _resident(self, args: tuple[Any, ...]) -> tuple[dict[str, Any], int]:
+        """Bind the inputs that can be resident (`gpu_resident.py`); (bound buffers, bytes
+        uploaded for them)."""
+        bound: dict[str, Any] = {}
+        up = 0
+        resident = 0
+        dev = self.gpu.dev
+        for inp in self.inputs:
+            t = args[inp.position]
+            written = inp in self.written
+            if not gpu_resident.eligible(t, inp.upload_dtype, written, dev.max_binding):
+                continue
+            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype)
+            bound[inp.buffer.name] = buf
+            up += n
+            resident += gpu_resident.resident_size(t, inp.upload_dtype)
+        self.transfers.resident = resident
+        return bound, up
+
     def benchmark(self, *args: Any, iters: int = 20) -> float:
         """Seconds per run of the kernels alone on `args` (inputs resident, no copies)."""
         env = self._bind(args)
         if env is None:
             raise GpuError("arguments differ from the compiled ones")
-        return self.gpu.benchmark(env, self._specs(args, env), iters)
+        bound, _ = self._resident(args)
+        return self.gpu.benchmark(env, self._specs(args, env), iters, bound)
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = self._bind(args)
         if env is None:
             return self._slow(args, "sizes, strides, dtype or device differ from the compiled ones")
+        for inp in self.wide:
+            t = args[inp.position]
+            if t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
+                return self._slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as int32)")
         specs = self._specs(args, env)
         if self.record_args:
             self.last_args = args
         try:
-            views = self.gpu.run_copy(env, specs)
+            bound, up = self._resident(args)
+            back = [inp for inp in self.written if inp.buffer.name not in bound or self.write_back_always
+                    or not gpu_resident.is_owned(args[inp.position])]
+            views = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back])
+        except gpu_resident.GpuStateError:
+            raise
         except GpuError as err:  # the adapter failed or was lost: PyTorch runs it, one warning
             global _run_failure_warned
             if not _run_failure_warned:
@@ -172,8 +228,24 @@ class GpuLauncher:
                               "fail on the GPU run in PyTorch (warned once per process)", RuntimeWarning, stacklevel=2)
             return self._slow(args, str(err))
         self.calls += 1
+        n_out = len(self.outputs)
+        for inp, view in zip(back, views[n_out:]):
+            t = args[inp.position]
+            if inp.buffer.name in bound:
+                gpu_resident.written(t, view)
+            else:
+                _write_span(t, inp, env, view)
+        for inp in self.written:
+            if inp.buffer.name in bound and inp not in back:
+                gpu_resident.written(args[inp.position], None)  # the device keeps it (keep_on_gpu)
+        tr = self.transfers
+        tr.calls += 1
+        tr.last_up = up + self.gpu.last_uploaded
+        tr.last_down = sum(len(v) for v in views)
+        tr.bytes_up += tr.last_up
+        tr.bytes_down += tr.last_down
         outs = []
-        for (b, final, stored), view in zip(self.outputs, views):
+        for (b, final, stored), view in zip(self.outputs, views[:n_out]):
             shape = tuple(ex.evaluate_index(d, env) for d in b.shape)
             n = 1
             for s in shape:
@@ -188,15 +260,39 @@ class GpuLauncher:
         inputs = {inp.buffer.name: inp.position for inp in self.inputs}
         computed = {b.name: out for (b, _, _), out in zip(self.outputs, outs)}
         results: list[Any] = []
-        for name in self.program.result_names():
-            results.append(computed[name] if name in computed else args[inputs[name]].clone())
+        for k, name in enumerate(self.program.result_names()):
+            if name in computed:
+                results.append(computed[name])
+            elif k in self.inplace_results:
+                results.append(args[inputs[name]])  # written in place: the input itself
+            else:
+                results.append(args[inputs[name]].clone())
         return tuple(results)
 
     def _slow(self, args: tuple[Any, ...], why: str) -> tuple[Any, ...]:
         self.eager_fallbacks += 1
         log.info("torchburn: %s on the GPU engine: %s; running this call in PyTorch", self.program.name, why)
-        out = self.eager(*args)
-        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        for a in args:  # PyTorch reads the host copies: bring back what the GPU owns
+            if isinstance(a, torch.Tensor) and gpu_resident.is_stale(a):
+                gpu_resident.to_host(a)
+        with torch.no_grad():
+            out = self.eager(*args)
+        out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        for k, pos in self.inplace_results.items():  # the write-back `copy_` was taken out (entry._install)
+            args[pos].copy_(out[k])
+            out = out[:k] + (args[pos],) + out[k + 1:]
+        return out
+
+
+def _write_span(t: torch.Tensor, inp: _Input, env: dict[str, int], data: memoryview) -> None:
+    """Write an in-place input's span, read back from the device, into `t` (its strides)."""
+    n = span_elements(inp.buffer, env)
+    if not n:
+        return
+    src = torch.frombuffer(bytearray(data[: n * inp.itemsize]), dtype=inp.upload_dtype or inp.torch_dtype, count=n)
+    view = torch.as_strided(src, tuple(t.shape), t.stride(), 0)
+    with torch.no_grad():
+        t.copy_(view)
 
 
 def _uploader(t: torch.Tensor, inp: _Input, env: dict[str, int]) -> Callable[[], Any]:
@@ -250,4 +346,6 @@ def compile_subgraph(sub: torch.fx.GraphModule, name: str, pipeline: Pipeline,
     report.kernels = compiled.kernel_summary()
     report.timings = dict(compiled.timings)
     report.pass_times = list(compiled.pass_times)
-    return GpuLauncher(graph, compiled, sub.forward)
+    launcher = GpuLauncher(graph, compiled, sub.forward)
+    report.transfers = launcher.transfers
+    return launcher

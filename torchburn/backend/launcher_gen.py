@@ -246,7 +246,8 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     # through the passes that may forward an input or merge two outputs); inputs returned
     # directly are copied. Program inputs are the graph's tensor inputs, in order.
     tensor_args = [i for i, v in enumerate(g.inputs) if isinstance(v, Value)]
-    source_of = {b.name: f"a{i}.clone()" for b, i in zip(p.inputs, tensor_args)}
+    stored = lp.written_inputs(p)  # an in-place write (`inplace_writes.py`): the input itself
+    source_of = {b.name: f"a{i}" if b.name in stored else f"a{i}.clone()" for b, i in zip(p.inputs, tensor_args)}
     source_of.update({b.name: f"o{k}" for k, b in enumerate(p.outputs)})
     names = p.result_names()
     if len(names) != len(g.outputs) or any(n not in source_of for n in names):

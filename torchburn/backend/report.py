@@ -11,6 +11,25 @@ from typing import Optional
 
 
 @dataclass
+class Transfers:
+    """Bytes a GPU subgraph moved across the device boundary (its launcher keeps this current):
+    of the last call, in all, and the bytes of the host storages it keeps resident."""
+
+    calls: int = 0
+    last_up: int = 0
+    last_down: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    resident: int = 0
+
+    def line(self) -> str:
+        if not self.calls:
+            return "device boundary: not called yet"
+        return (f"device boundary: last call {self.last_up} B up, {self.last_down} B down; "
+                f"{self.calls} call(s) {self.bytes_up} B up, {self.bytes_down} B down; {self.resident} B resident")
+
+
+@dataclass
 class SubgraphReport:
     name: str
     ops: list[str]
@@ -29,6 +48,8 @@ class SubgraphReport:
     engine: str = "cpu"
     #: Why it runs on the CPU engine although the GPU engine was asked for.
     engine_note: Optional[str] = None
+    #: On the GPU engine: the bytes its calls moved to and from the device.
+    transfers: Optional[Transfers] = None
 
 
 @dataclass

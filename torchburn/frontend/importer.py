@@ -19,6 +19,7 @@ from ..ir.tensor import Graph, TensorType, Value
 from . import lowerings  # noqa: F401  (registers lowerings)
 from .builder import Builder
 from .dtypes import to_ir
+from .inplace_writes import is_marked
 from .registry import Unsupported, get_lowering
 from .symbols import shape_to_exprs, size_to_expr
 
@@ -74,6 +75,8 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
             result = lw.fn(builder, *args, **kwargs)
             _check_result(node, result)
+            if is_marked(node):
+                _mark_inplace(result, env.get(node.args[0]))
             env[node] = result
         elif node.op == "output":
             outs = node.args[0]
@@ -89,6 +92,14 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
     graph.rename_canonically()
     _rename_symbols(graph)
     return graph
+
+
+def _mark_inplace(result: Any, x: Any) -> None:
+    """The IR op of a marked write-back (`inplace_writes.py`) stores in place, when it lowered
+    to one `index_put`/`scatter` of the input itself (`lower-to-loops` checks the rest)."""
+    op = result.producer if isinstance(result, Value) else None
+    if op is not None and op.name in ("index_put", "scatter") and isinstance(x, Value) and op.operands[0] is x:
+        op.attrs["inplace"] = True
 
 
 def _bound_symbols(gm: torch.fx.GraphModule) -> set[str]:

@@ -224,6 +224,15 @@ class Program:
         return replace(self, kernels=kernels)
 
 
+def written_inputs(p: "Program") -> set[str]:
+    """Names of the input buffers a kernel of `p` stores into (an in-place write, see
+    `lower-to-loops`); the program returns such an input as itself, never a copy. A kernel
+    takes the buffer it writes as its last parameter, so the calls alone tell (a program read
+    back from the cache without its kernels' bodies answers the same)."""
+    inputs = {b.name for b in p.inputs}
+    return {c.args[-1] for c in p.calls if c.args and c.args[-1] in inputs}
+
+
 def _zero() -> Expr:
     from .expr import Const
 

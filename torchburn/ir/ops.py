@@ -610,7 +610,8 @@ SCATTER_REDUCES = ("none", "add", "mul", "max", "min")
 Copy `self`, then for every element `i` of `index` in row-major order combine `src[i]` into
 `out[i with dim replaced by index[i]]` with `reduce` (`none` overwrites, `add`, `mul`, `max`,
 `min`). With `include_self = false` the targeted elements start from the reduction's identity
-instead of `self`. Duplicate indices are applied in order.
+instead of `self`. Duplicate indices are applied in order. With `inplace = true` (`self` a
+graph input, see `lower-to-loops`) the result is `self`'s own memory and nothing is copied.
 
     %3 = scatter(%x, %idx, %src) {dim = 1, reduce = "add", include_self = true} : f32[4, 6]
 """)
@@ -627,8 +628,11 @@ def _scatter(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]
 @define("index_put", "ordered", -1, """
 Copy `self`, then write (or with `accumulate`, add) `values` through advanced indices:
 operands `(self, values, i0, i1, ...)`, `dims` and `pos` as for `index`, and `values` has the
-shape `index` would return. Duplicate indices are applied in order.
+shape `index` would return. Duplicate indices are applied in order. With `inplace = true`
+(`self` a graph input the graph writes back, as a KV cache; see `lower-to-loops`) the result
+is `self`'s own memory: only the indexed elements are stored, nothing is copied.
 
+    %4 = index_put(%cache, %new, %slot) {dims = [1], pos = 1, accumulate = false, inplace = true} : f32[2, 64, 8]   # %new: f32[2, 1, 8], %slot: i64[1]
     %3 = index_put(%x, %v, %i) {dims = [0], pos = 0, accumulate = true} : f32[5, 4]   # %v: f32[3, 4], %i: i64[3]
 """)
 def _index_put(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:

@@ -143,13 +143,21 @@ class LLM:
     # ---------------------------------------------------------------- steps
     def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                     starts: torch.Tensor, past: torch.Tensor,
-                    logit_index: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model(ids, positions, slots, starts, past, logit_index)
+                    logit_index: Optional[torch.Tensor]) -> torch.Tensor:
+        """The step the engine compiles: the decoder, then its keys and values written into
+        their slots of ``past`` (the cache view `KVCache.step` hands it), in the same graph."""
+        logits, new = self.model(ids, positions, slots, starts, past, logit_index)
+        past.index_copy_(3, slots, new)
+        return logits
 
     def cache_for(self, batch: int) -> KVCache:
         """The static KV cache for ``batch`` rows (allocated once per batch size)."""
         if batch not in self._caches:
             self._caches = {batch: self.model.new_cache(batch, self.max_context)}
+            if self.device == "gpu":  # the GPU owns its values: nothing comes down per step
+                from ..backend.gpu_resident import keep_on_gpu
+
+                keep_on_gpu(self._caches[batch].tensor)
         return self._caches[batch]
 
     def run_step(self, cache: KVCache, ids: torch.Tensor, first_slot: int, starts: torch.Tensor,

@@ -1,15 +1,19 @@
 """The static KV cache and how a step uses it: read the filled slots, write the new ones.
 
 One tensor ``[2 * layers, B, K, C, D]`` (keys and values of every layer, ``C`` slots) holds
-the whole cache.  A step reads only the slots filled before it: it gets the view
-``cache[..., :filled, :]`` (no copy), whose length is a dynamic dimension of the compiled
-graph, so attention costs the tokens so far (not ``max_context``) and one graph serves every
-length.  The step returns its new keys and values ``[2 * layers, B, K, T, D]`` and they are
-written into their slots with one ``index_copy_`` after the native call.
+the whole cache.  A step at slots ``first .. first + T`` gets the view ``cache[..., :first + T, :]``
+(no copy), whose length is a dynamic dimension of the compiled graph, so attention costs the
+tokens so far (not ``max_context``) and one graph serves every length.  It attends to the
+view's slots before ``first`` (the rest are masked) and to its own new keys and values, and
+writes those into the view's last ``T`` slots with ``index_copy_`` inside the step
+(`engine.LLM._eager_step`), so a compiled decode step is one native call, KV update included.
 
-Why not write the cache inside the graph: the graph would mutate its input, which
-AOTAutograd turns into "compute a new cache, copy it back" -- two copies of the whole cache per
-step.  Writing only the new slots afterwards costs ``T`` slots.
+Why that write costs only ``T`` slots: AOTAutograd turns a mutation of a graph input into
+"compute a new cache, copy it back" (two whole-cache copies); the backend recognises that
+write-back (`frontend/inplace_writes.py`) and stores only the written slots into the input's
+own memory, on the CPU engine and, with the cache resident on the device, on the GPU engine
+(`backend/gpu_resident.py`).  A step function that returns ``(logits, new)`` instead (the bare
+`Decoder`, as tests call it) has its keys and values written after it returns.
 """
 from __future__ import annotations
 
@@ -35,9 +39,10 @@ class KVCache:
         self.tensor = torch.zeros((2 * c.num_hidden_layers, batch, c.num_key_value_heads,
                                    context, c.head_dim), dtype=dtype, device=device)
 
-    def past(self, filled: int) -> torch.Tensor:
-        """The first ``max(filled, MIN_VIEW)`` slots (a view) for a step starting at ``filled``."""
-        return self.tensor[:, :, :, :min(max(filled, MIN_VIEW), self.context)]
+    def past(self, filled: int, tokens: int = 0) -> torch.Tensor:
+        """The first ``max(filled + tokens, MIN_VIEW)`` slots (a view) for a step of ``tokens``
+        tokens starting at ``filled``: the filled slots, then the step's own."""
+        return self.tensor[:, :, :, :min(max(filled + tokens, MIN_VIEW), self.context)]
 
     def write(self, slots: torch.Tensor, new: torch.Tensor) -> None:
         """Store a step's keys and values ``[2L, B, K, T, D]`` at ``slots [T]``."""
@@ -47,16 +52,21 @@ class KVCache:
              slots: torch.Tensor, starts: torch.Tensor,
              logit_index: Optional[torch.Tensor] = None, *, dynamic: bool = False) -> torch.Tensor:
         """Run ``fn`` (the decoder, or a compiled function of its arguments) for one step whose
-        slots ``slots`` are consecutive, write its keys and values, return its logits.
+        slots ``slots`` are consecutive, return its logits. ``fn`` writes its keys and values
+        into the view it is handed (its last ``T`` slots), or returns ``(logits, new)`` for
+        them to be written here.
 
         ``dynamic`` marks the past's length as a dynamic dimension (for a compiled ``fn``: one
         graph for every length)."""
         first = int(slots[0])
         if first + slots.shape[0] > self.context:
             raise ValueError(f"slots up to {first + slots.shape[0]} do not fit {self.context} slots")
-        past = self.past(first)
+        past = self.past(first, int(slots.shape[0]))
         if dynamic:
             torch._dynamo.mark_dynamic(past, 3, min=MIN_VIEW, max=max(self.context, MIN_VIEW + 1))
-        logits, new = fn(ids, positions, slots, starts, past, logit_index)
-        self.write(slots, new)
-        return logits
+        out = fn(ids, positions, slots, starts, past, logit_index)
+        if isinstance(out, tuple):
+            logits, new = out
+            self.write(slots, new)
+            return logits
+        return out

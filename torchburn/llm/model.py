@@ -3,10 +3,11 @@
 
 A step takes token ids, their rope positions, the cache slots they go to and, per batch row,
 the first slot that holds a real token (rows are left-padded), plus ``past``: the KV cache's
-slots filled before the step (`kv_cache.KVCache.past`, a view whose length is a dynamic
-dimension when compiled).  It attends over ``past`` and its own tokens with masks built from
-those tensors and returns its logits and its new keys and values, which the caller stores
-(`KVCache.write`).  The position is data, never a Python int, and the past's length is
+slots up to the step's own (`kv_cache.KVCache.past`, a view whose length is a dynamic
+dimension when compiled).  It attends over the slots of ``past`` before ``slots[0]`` and its
+own tokens with masks built from those tensors and returns its logits and its new keys and
+values, which the engine's step writes into ``past`` in the same graph
+(`engine.LLM._eager_step`).  The position is data, never a Python int, and the past's length is
 symbolic, so one compiled step serves every position and attention costs the tokens so far,
 not ``max_context``.
 
@@ -177,7 +178,8 @@ class Decoder(nn.Module):
         ``positions [B, T]`` are rope positions, ``slots [T]`` the consecutive cache slots of
         this step's tokens, ``starts [B]`` each row's first real slot (left padding before it
         is never attended), ``past [2 * layers, B, K, P, D]`` the cache's first ``P`` slots
-        (`KVCache.past`): only those before ``slots[0]`` are attended.
+        (`KVCache.past`): only those before ``slots[0]`` are attended (the step's own slots,
+        at the end, are masked).
         """
         x = self.embed_tokens(input_ids)
         inv_freq = self.inv_freq

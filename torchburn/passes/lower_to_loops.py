@@ -16,6 +16,26 @@ so kernels read the caller's memory in place. Without a prior `fuse`, every op i
 kernel (correct, just slower). A graph that returns an input as is, or one value twice, lists
 what it returns in the program's `return` line (`Program.results`).
 
+An `index_put` or `scatter` marked `inplace` (the importer marks the write-back of a mutated
+graph input, such as a KV cache's new slots) stores into its `self` input's own buffer: the
+kernel writes only the indexed elements and the program returns that input (`return %x`).
+It is in place only when that is safe: `self` is a graph input no other in-place op writes,
+the result is read by no op, and no producer computed inside the same kernel reads `self`.
+Kernels that read `self` are called before it (they see the old values). Otherwise the mark is
+dropped and the op copies `self` as usual.
+
+    graph @main(%c: f32[4, 2], %v: f32[1, 2], %i: i64[1]) {
+      %0 = index_put(%c, %v, %i) {dims = [0], pos = 0, accumulate = false, inplace = true} : f32[4, 2]
+      return %0
+    }
+
+becomes a program with no output buffer whose kernel stores `%v` at row `%i[0]` of `%c`:
+
+    program @main(%c: ..., %v: ..., %i: ...) -> () {
+      call @k0(%v, %i, %c)
+      return %c
+    }
+
 Before:
 
     graph @main(%x: f32[s0, 4]) {
@@ -127,6 +147,9 @@ class LowerToLoops(Pass):
             b = lp.Buffer(v.name, v.dtype, v.shape, v.layout())
             buffers[v] = b
             inputs.append(b)
+        inplace = _inplace_writes(graph, fused)
+        for op, x in inplace.items():
+            buffers[op.result] = buffers[x]
         outputs: list[lp.Buffer] = []
         for i, v in enumerate(graph.outputs):
             if v in buffers:
@@ -149,6 +172,7 @@ class LowerToLoops(Pass):
             kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps, cpu)
             kernels.append(kernel)
             calls.append(lp.KernelCall(kernel.name, tuple(p.name for p in kernel.params)))
+        calls = _readers_first(calls, [(f"k{roots.index(op)}", buffers[x].name) for op, x in inplace.items()])
         results = tuple(buffers[v].name for v in graph.outputs)
         if results == tuple(b.name for b in outputs):
             results = ()  # the common case, left implicit (see `Program.results`)
@@ -189,6 +213,50 @@ class LowerToLoops(Pass):
         attrs: tuple[tuple[str, str], ...] = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
         attrs += tuple(kb.attrs.items())
         return lp.Kernel(name, params, kernel_symbols, body, attrs)
+
+
+def _inplace_writes(graph: Graph, fused: bool) -> dict[Op, Value]:
+    """The ops marked `inplace` that may store into their `self` input (module docstring),
+    each with that input; the mark is dropped from the others."""
+    inputs = set(graph.tensor_inputs())
+    users = graph.users()
+    found: dict[Op, Value] = {}
+    for op in graph.ops:
+        if not op.attrs.get("inplace"):
+            continue
+        x = op.operands[0]
+        ok = (op.name in ("index_put", "scatter") and x in inputs and x not in found.values() and x not in graph.outputs
+              and not users.get(op.result) and op.result in graph.outputs
+              and not op.attrs.get("accumulate", False) and op.attrs.get("reduce", "none") == "none"
+              and not any(_reads_inline(v, x, fused) for v in op.operands[1:]))
+        if ok:
+            found[op] = x
+        else:
+            op.attrs = {k: v for k, v in op.attrs.items() if k != "inplace"}
+    return found
+
+
+def _reads_inline(v: Value, x: Value, fused: bool) -> bool:
+    """Whether computing `v` inside the consuming kernel (fused producers) reads `x`."""
+    if v is x:
+        return True
+    op = v.producer
+    if op is None or _is_root(op, fused):
+        return False  # an input, or a value another kernel computed before
+    return any(_reads_inline(o, x, fused) for o in op.operands)
+
+
+def _readers_first(calls: list[lp.KernelCall], writers: list[tuple[str, str]]) -> list[lp.KernelCall]:
+    """Move each in-place kernel (`writers`: kernel name, buffer it writes) after the last other
+    call that names its buffer, so those calls read the old values. Nothing reads an in-place
+    result, so calling it later changes nothing else."""
+    calls = list(calls)
+    for kernel, buf in writers:
+        at = next(i for i, c in enumerate(calls) if c.kernel == kernel)
+        last = max((i for i, c in enumerate(calls) if c.kernel != kernel and buf in c.args), default=at)
+        if last > at:
+            calls.insert(last, calls.pop(at))
+    return calls
 
 
 def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[Var, ...]) -> tuple[Var, ...]:

@@ -12,6 +12,12 @@ the program's buffers for a set of symbol values, and a bind group per kernel ca
 is: write the inputs that changed, write the symbols, encode every dispatch and the copies
 of the outputs into one command buffer, submit it once, map the staging buffer, read.
 
+Inputs may instead be bound to buffers the caller keeps (`bound`: the resident copies of whole
+host storages, `backend/gpu_resident.py`): those persist across symbol values and programs,
+so a KV cache or a weight is uploaded once even as a dynamic length changes the buffer set.
+An input a kernel writes (an in-place write, `lp.written_inputs`) can be read back in the same
+submission (`read_back`).
+
 This module knows bytes, not torch: the launcher (`torchburn/backend/gpu_launcher.py`) turns tensors
 into bytes and back.
 """
@@ -244,6 +250,20 @@ class GpuDevice:
         dst.map_sync(self.wgpu.MapMode.READ)
         dst.unmap()
 
+    def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
+        """A copy of the first `nbytes` bytes of a device buffer (one copy and map)."""
+        usage = self.wgpu.BufferUsage
+        n = _round4(nbytes)
+        staging = self.device.create_buffer(size=max(16, _round16(n)), usage=usage.MAP_READ | usage.COPY_DST)
+        encoder = self.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(buffer, 0, staging, 0, n)
+        self.queue.submit([encoder.finish()])
+        staging.map_sync(self.wgpu.MapMode.READ)
+        try:
+            return staging.read_mapped(0, n, copy=True)
+        finally:
+            staging.unmap()
+
     def storage_buffer(self, nbytes: int, label: str = "") -> Any:
         usage = self.wgpu.BufferUsage
         return self.device.create_buffer(size=_round16(nbytes), label=label,
@@ -302,10 +322,12 @@ class GpuProgram:
         self.uniform = device.device.create_buffer(size=_round16(4 * len(program.symbols)),
                                                    usage=usage.UNIFORM | usage.COPY_DST)
         self._uniform_env: Optional[tuple[int, ...]] = None
-        self._sets: OrderedDict[tuple[int, ...], _BufferSet] = OrderedDict()
+        self._sets: OrderedDict[Any, _BufferSet] = OrderedDict()
         self._lock = threading.Lock()
         #: Input uploads so far (resident inputs are not uploaded again).
         self.uploads = 0
+        #: Bytes the last run uploaded through its own buffer set (not `bound` ones).
+        self.last_uploaded = 0
 
     # ---- sizes and buffers ---------------------------------------------------------------------------
     def nbytes(self, name: str, env: dict[str, int]) -> int:
@@ -328,18 +350,19 @@ class GpuProgram:
             raise GpuError(f"kernel @{shader.name} needs {gx}x{gy}x{gz} workgroups; the limit is {limit} per dimension")
         return gx, gy, gz
 
-    def _buffer_set(self, env: dict[str, int]) -> _BufferSet:
-        key = tuple(env[s.name] for s in self.program.symbols)
+    def _buffer_set(self, env: dict[str, int], bound: Optional[dict[str, Any]] = None) -> _BufferSet:
+        bound = bound or {}
+        key = (tuple(env[s.name] for s in self.program.symbols), tuple((n, id(b)) for n, b in sorted(bound.items())))
         found = self._sets.get(key)
         if found is not None:
             self._sets.move_to_end(key)
             return found
-        for v in key:
+        for v in key[0]:
             if not -_I32_MAX <= v <= _I32_MAX:
                 raise GpuError(f"symbol value {v} does not fit in 32 bits")
         dev = self.dev
         sizes = {name: self.nbytes(name, env) for name in self.buffers}
-        bufs = {name: dev.storage_buffer(n, label=name) for name, n in sizes.items()}
+        bufs = {name: bound[name] if name in bound else dev.storage_buffer(n, label=name) for name, n in sizes.items()}
         dispatches = []
         for k, args in self.calls:
             shader, pipe = self.shaders[k], self.pipelines[k]
@@ -366,15 +389,19 @@ class GpuProgram:
         return bset
 
     # ---- running ------------------------------------------------------------------------------------
-    def _write_inputs(self, bset: _BufferSet, inputs: Sequence[InputSpec]) -> int:
+    def _write_inputs(self, bset: _BufferSet, inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None) -> int:
+        """Upload the inputs that changed; returns the bytes written (inputs in `bound` are the
+        caller's to keep current)."""
         uploaded = 0
         for b, slot, (owner, stamp, data_fn) in zip(self.program.inputs, bset.slots, inputs):
+            if bound and b.name in bound:
+                continue
             if slot.owner is not None and slot.owner() is owner and slot.stamp == stamp and stamp is not None:
                 continue  # resident: the same tensor, unchanged since it was uploaded
             if bset.bytes[b.name]:
                 data = data_fn()
                 self.dev.queue.write_buffer(bset.buffers[b.name], 0, data)
-                uploaded += 1
+                uploaded += len(data)
                 self.uploads += 1
             try:
                 slot.owner = weakref.ref(owner) if stamp is not None else None
@@ -401,35 +428,54 @@ class GpuProgram:
                 cp.dispatch_workgroups(gx, gy, gz)
         cp.end()
 
-    def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec]) -> list[memoryview]:
+    def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None,
+                 read_back: Sequence[str] = ()) -> list[memoryview]:
         """Upload what changed, run every kernel in one submission, and return a copy of each
-        output's bytes. `inputs[i]` is (owner, stamp, data_fn): the upload is skipped while
-        `owner` is the object last uploaded to that slot and its stamp is equal."""
+        output's bytes, then of each input named in `read_back` (its span). `inputs[i]` is
+        (owner, stamp, data_fn): the upload is skipped while `owner` is the object last uploaded
+        to that slot and its stamp is equal. Inputs in `bound` use the caller's buffers."""
         with self._lock:
-            bset = self._buffer_set(env)
-            self._write_inputs(bset, inputs)
+            bset = self._buffer_set(env, bound)
+            self.last_uploaded = self._write_inputs(bset, inputs, bound)
             self._write_symbols(env)
             encoder = self.dev.device.create_command_encoder()
             self._encode(encoder, bset)
-            for b, (off, size) in zip(self.program.outputs, bset.out_offsets):
+            copies = [(bset.buffers[b.name], size) for b, (_, size) in zip(self.program.outputs, bset.out_offsets)]
+            copies += [(bset.buffers[name], bset.bytes[name]) for name in read_back]
+            staging = bset.staging
+            total = sum(_round16(size) for _, size in copies)
+            if read_back:
+                staging = self.dev.device.create_buffer(size=max(16, total), usage=self.dev.wgpu.BufferUsage.MAP_READ
+                                                        | self.dev.wgpu.BufferUsage.COPY_DST)
+            offsets = []
+            off = 0
+            for buf, size in copies:
+                offsets.append((off, size))
                 if size:
-                    encoder.copy_buffer_to_buffer(bset.buffers[b.name], 0, bset.staging, off, _round4(size))
+                    encoder.copy_buffer_to_buffer(buf, 0, staging, off, _round4(size))
+                off += _round16(size)
             self.dev.queue.submit([encoder.finish()])
-            if not any(size for _, size in bset.out_offsets):
-                return [memoryview(b"") for _ in bset.out_offsets]
-            bset.staging.map_sync(self.dev.wgpu.MapMode.READ)
+            if not any(size for _, size in offsets):
+                return [memoryview(b"") for _ in offsets]
+            staging.map_sync(self.dev.wgpu.MapMode.READ)
             try:
-                return [bset.staging.read_mapped(off, _round4(size), copy=True) if size else memoryview(bytearray())
-                        for off, size in bset.out_offsets]
+                return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
+                        for o, size in offsets]
             finally:
-                bset.staging.unmap()
+                staging.unmap()
 
-    def benchmark(self, env: dict[str, int], inputs: Sequence[InputSpec], iters: int = 20) -> float:
+    def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
+        """A copy of the first `nbytes` of a device buffer (for resident inputs)."""
+        with self._lock:
+            return self.dev.read_buffer(buffer, nbytes)
+
+    def benchmark(self, env: dict[str, int], inputs: Sequence[InputSpec], iters: int = 20,
+                  bound: Optional[dict[str, Any]] = None) -> float:
         """Seconds per run of all kernels, inputs resident, no copies (one submission of
         `iters` runs, after a warm-up)."""
         with self._lock:
-            bset = self._buffer_set(env)
-            self._write_inputs(bset, inputs)
+            bset = self._buffer_set(env, bound)
+            self._write_inputs(bset, inputs, bound)
             self._write_symbols(env)
             for repeat in (1, iters):
                 encoder = self.dev.device.create_command_encoder()

@@ -13,7 +13,7 @@ the host converts a tensor to before upload (and back after download).
 | i32 | i32 | i32 | as is |
 | i8, i16, u8 | i32 (casts wrap) | i32 | converted to i32 |
 | bool | bool | u32 | converted to i32 |
-| i64 | i32 in index arithmetic only (range-checked at launch) | rejected | rejected |
+| i64 | i32 (token ids, positions, slots: values must fit 32 bits) | i32 | converted to i32, range-checked |
 | f64 | rejected | rejected | rejected |
 """
 from __future__ import annotations
@@ -54,10 +54,13 @@ _TABLE: dict[str, tuple[str, str, Optional[DType]]] = {
     "i8": ("i32", "i32", dt.i32),
     "u8": ("i32", "i32", dt.i32),
     "bool": ("bool", "u32", dt.i32),
+    # i64 tensors (token ids, positions, cache slots) are stored as i32: the launcher checks
+    # at upload that the values fit (else the call runs in PyTorch); values computed past
+    # 32 bits in a kernel wrap, as i64 index arithmetic always did here
+    "i64": ("i32", "i32", dt.i32),
 }
 _REJECT = {
     "f64": "WGSL has no 64-bit floats (f64)",
-    "i64": "WGSL has no 64-bit integers (i64 tensors)",
 }
 
 

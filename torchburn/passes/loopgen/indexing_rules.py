@@ -161,7 +161,8 @@ def scatter(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
     dim = int(op.attrs["dim"])
     reduce = op.attrs["reduce"]
     _origin(kb, op)
-    phases = [copy_into(kb, x, out)]
+    # in place (`out` is `x`'s own buffer, see lower-to-loops): only the scattered elements
+    phases = [] if op.attrs.get("inplace") else [copy_into(kb, x, out)]
 
     def target(j: Index) -> Index:
         t = index_value(kb, index, j, out.shape[dim], wrap=False)
@@ -177,6 +178,8 @@ def scatter(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
         kb.emit(lp.Store(out.name, tgt, _combine(reduce, cur, kb.value_at(src, j))))
 
     phases.append(_nest(kb, index.shape, "j", update))
+    if not phases:
+        kb.used_buffers[out.name] = out
     return lp.block(*phases)
 
 
@@ -186,7 +189,8 @@ def index_put(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
     indices = op.operands[2:]
     accumulate = bool(op.attrs["accumulate"])
     _origin(kb, op)
-    copy = copy_into(kb, x, out)
+    # in place (`out` is `x`'s own buffer, see lower-to-loops): only the written elements
+    copy = lp.block() if op.attrs.get("inplace") else copy_into(kb, x, out)
 
     def update(j: Index) -> None:
         tgt = indexed_source(kb, op, x, indices, j)
@@ -195,6 +199,7 @@ def index_put(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
             v = scalar_ops.binary("add", ex.Load(out.name, tgt, ScalarType(out.dtype)), v)
         kb.emit(lp.Store(out.name, tgt, v))
 
+    kb.used_buffers[out.name] = out
     return lp.block(copy, _nest(kb, values.shape, "j", update))
 
 
