@@ -208,6 +208,7 @@ def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, dict[str
                 f"truncated or corrupt")
         tensors.append((t.name, t.tensor_type, int(t.data_offset), int(t.data.nbytes),
                         t.data.dtype, tuple(t.data.shape), name, shape))
+    _check_extents(path, [(t.name, int(t.data_offset), int(t.data.nbytes)) for t in reader.tensors])
     meta = metadata(reader)
     del reader  # its metadata arrays and its map of the whole file
     warned: set[str] = set()
@@ -215,6 +216,20 @@ def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, dict[str
         for item in progress(tensors, desc=f"loading {path.name}"):
             _load_tensor(f, path, item, config, sink, permute, warned)
     return sink.finish(), meta
+
+
+def _check_extents(path: Path, extents: list[tuple[str, int, int]]) -> None:
+    """Every tensor's data (offset and byte count from its header) lies inside the file and
+    before the next tensor's: a header whose size disagrees with the data laid out after it
+    would otherwise read its neighbour's bytes."""
+    size = path.stat().st_size
+    ordered = sorted(extents, key=lambda e: e[1])
+    for (name, start, n), nxt in zip(ordered, ordered[1:] + [("end of file", size, 0)]):
+        if start + n > nxt[1]:
+            raise GGUFError(
+                f"{path.name}: tensor {name!r} needs {n} bytes from offset {start}, which "
+                f"runs into {nxt[0] if nxt[0] == 'end of file' else repr(nxt[0])}; its header "
+                f"disagrees with the data (the file is truncated or corrupt)")
 
 
 def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfig,
