@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -118,7 +119,7 @@ def test_default_activations_agree_with_float_over_256_steps() -> None:
     assert agreement > 0.95
 
 
-def _small_gguf(path: Path, q_rows: int = 64) -> Path:
+def _small_gguf(path: Path, q_rows: int = 64, header_rows: Optional[int] = None) -> Path:
     """A one-layer llama GGUF with Q8_0 and F32 tensors, written by the gguf package."""
     import gguf
 
@@ -144,7 +145,9 @@ def _small_gguf(path: Path, q_rows: int = 64) -> Path:
     for name, shape in [("attn_q", (q_rows, 64)), ("attn_k", (32, 64)), ("attn_v", (32, 64)),
                         ("attn_output", (64, 64)), ("ffn_gate", (96, 64)), ("ffn_up", (96, 64)),
                         ("ffn_down", (64, 96))]:
-        w.add_tensor(f"blk.0.{name}.weight", q8(shape), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        header = (header_rows, 2 * 34) if name == "attn_q" and header_rows else None  # bytes
+        w.add_tensor(f"blk.0.{name}.weight", q8(shape), raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+                     raw_shape=header)
     for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
         w.add_tensor(name, np.ones(64, dtype=np.float32))
     w.write_header_to_file()
@@ -173,6 +176,13 @@ def test_gguf_tensor_disagreeing_with_config_is_a_clear_error(tmp_path: Path) ->
 
     with pytest.raises(WeightError, match=r"self_attn.q_proj.weight.*\[32, 64\].*\[64, 64\]"):
         load_gguf_model(_small_gguf(tmp_path / "bad.gguf", q_rows=32), None)
+
+
+def test_gguf_tensor_size_disagreeing_with_its_header_is_a_clear_error(tmp_path: Path) -> None:
+    """attn_q's header says 64 rows but only 32 rows of data were written: read by its header
+    it would run into attn_k's bytes."""
+    with pytest.raises(GGUFError, match=r"blk.0.attn_q.weight.*runs into 'blk.0.attn_k.weight'"):
+        load_gguf_model(_small_gguf(tmp_path / "bad.gguf", q_rows=32, header_rows=64), None)
 
 
 def test_not_a_gguf_file(tmp_path: Path) -> None:

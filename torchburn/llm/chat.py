@@ -1,14 +1,18 @@
 """The interactive terminal chat behind `LLM.chat` and ``python -m torchburn.llm chat``.
 
-Each turn renders the whole history with the model's chat template and streams the answer.
-``/reset`` forgets the history, ``/exit`` (or end of input) leaves, and Ctrl-C during an
-answer stops that answer only (what was said so far stays in the history).  When the history
-no longer fits in ``max_context`` the oldest turns are dropped, and the chat says so.
+Each turn renders the whole history with the model's chat template and streams the answer;
+the KV cache is kept across turns (`ChatSession`), so a turn prefills only the tokens after
+what the cache already holds.  ``/reset`` forgets the history and the cache, ``/exit`` (or end
+of input) leaves, and Ctrl-C during an answer stops that answer only (what was said so far
+stays in the history).  When the history no longer fits in ``max_context`` the oldest turns
+are dropped, the chat says so, and the conversation after the system prompt is prefilled anew.
 """
 from __future__ import annotations
 
 import sys
 from typing import TYPE_CHECKING, Any, Optional, TextIO
+
+from .session import ChatSession
 
 if TYPE_CHECKING:
     from .engine import LLM
@@ -46,6 +50,7 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
     inp = stdin or sys.stdin
     out = stdout or sys.stdout
     history: list[dict[str, str]] = []
+    session = ChatSession(llm)
     if system_prompt:
         history.append({"role": "system", "content": system_prompt})
     limit = max_new_tokens or llm.defaults.max_new_tokens
@@ -74,6 +79,7 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
             return
         if text == "/reset":
             del history[1 if system_prompt else 0:]
+            session.reset()
             out.write("[conversation reset]\n")
             continue
         if text.startswith("/"):
@@ -88,7 +94,7 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
                 out.write(f"error: {e}\n")
                 history.pop()
                 continue
-            for piece in llm.stream_ids(ids, limit, params, seed, None):
+            for piece in session.stream(ids, limit, params, seed):
                 answer.append(piece)
                 out.write(piece)
                 out.flush()

@@ -170,13 +170,14 @@ class LLM:
                           dynamic=self.compiled)
 
     def _prefill(self, rows: list[list[int]], cache: KVCache,
-                 starts: torch.Tensor) -> torch.Tensor:
-        """Run the prompts (left-padded to one length) through the model; last logits [B, V]."""
+                 starts: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """Run the prompts (left-padded to one length) through the model from slot ``first``
+        (the slots before it already hold these tokens); last logits [B, V]."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
             tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
-        slot = 0
+        slot = first
         logits = None
         while slot < n:
             remaining = n - slot
@@ -216,10 +217,16 @@ class LLM:
         return replace(self.defaults.sampling, **given)
 
     def generate_ids(self, rows: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                     seed: Optional[int] = None) -> Iterator[list[Optional[int]]]:
-        """Yield, per step, one new id per row (None for rows that already ended)."""
+                     seed: Optional[int] = None, *,
+                     cached: int = 0) -> Iterator[list[Optional[int]]]:
+        """Yield, per step, one new id per row (None for rows that already ended).
+
+        ``cached``: for one row, how many of its first tokens the batch-1 cache already holds
+        at their slots (a chat's earlier turns, `ChatSession`); only the rest is prefilled."""
         if not rows or any(len(r) == 0 for r in rows):
             raise ValueError("every prompt must have at least one token")
+        if cached and (len(rows) != 1 or not 0 <= cached < len(rows[0])):
+            raise ValueError(f"cached={cached} needs one row longer than it")
         n = max(len(r) for r in rows)
         if n > self.max_context:
             raise ContextError(f"the prompt has {n} tokens; max_context is {self.max_context}")
@@ -232,7 +239,7 @@ class LLM:
         done = [False] * batch
         with torch.no_grad():
             cache = self.cache_for(batch)
-            logits = self._prefill(rows, cache, starts)
+            logits = self._prefill(rows, cache, starts, cached)
             for step in range(budget):
                 use_seen = seen if params.repetition_penalty != 1.0 else None
                 chosen = next_tokens(logits, params, generator, use_seen)
@@ -306,12 +313,18 @@ class LLM:
 
     def stream_ids(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
                    seed: Optional[int], stop: Optional[Sequence[str]]) -> Iterator[str]:
+        steps = (s[0] for s in self.generate_ids([prompt_ids], max_new_tokens, params, seed))
+        yield from self.stream_tokens(steps, stop)
+
+    def stream_tokens(self, tokens: Iterator[Optional[int]],
+                      stop: Optional[Sequence[str]]) -> Iterator[str]:
+        """Text pieces of a stream of token ids (None ends it), held back at stop strings and
+        incomplete UTF-8."""
         decoder = StreamDecoder(self.tokenizer)
         stops = [s for s in (stop or []) if s]
         hold = max((len(s) for s in stops), default=1) - 1
         text = ""      # generated text not yet yielded
-        for step in self.generate_ids([prompt_ids], max_new_tokens, params, seed):
-            t = step[0]
+        for t in tokens:
             if t is None:
                 break
             text += decoder.push(t)

@@ -5,6 +5,12 @@ F32/F16/BF16 are widened to float32 (exactly); other ggml types are dequantized 
 with one warning.  llama.cpp's converter permutes the rows of the Q and K projections of
 Llama-family models for its interleaved rope; we undo that permutation, which moves whole
 rows (codes and scales together) and so stays lossless.
+
+Memory: the ``gguf`` reader holds every metadata array element as its own numpy array (about
+160 MB for a 49k-token vocabulary) and maps the whole file.  So the loader takes from it what
+it needs -- the configuration, the metadata as plain Python values, and each tensor's offset,
+type and shape -- and drops it before reading any tensor; the tensors are then read one at a
+time with positioned reads (mapped pages would count in resident memory until unmapped).
 """
 from __future__ import annotations
 
@@ -56,7 +62,10 @@ def open_gguf(path: Path) -> Any:
 
 
 def field(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value as a Python value (str, number, or list), or ``default``."""
+    """A metadata value as a Python value (str, number, or list), or ``default``; ``reader``
+    is a ``GGUFReader`` or the plain dict of `metadata`."""
+    if isinstance(reader, dict):
+        return reader.get(key, default)
     f = reader.fields.get(key)
     if f is None:
         return default
@@ -155,8 +164,28 @@ def _permute_weight(w: Union[Int8Weight, Int4Weight],
                       mins=mins, group_size=w.group_size)
 
 
-def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, Any]:
-    """(model, reader); the reader is kept for the tokenizer and chat template."""
+def metadata(reader: Any) -> dict[str, Any]:
+    """Every metadata field as a plain Python value (what the tokenizer and chat template
+    read), so the reader itself can be dropped."""
+    return {key: field(reader, key) for key in reader.fields}
+
+
+def _read_data(f: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    raw = np.empty(nbytes, dtype=np.uint8)
+    f.seek(offset)
+    view = memoryview(raw)
+    got = 0
+    while got < nbytes:
+        n = f.readinto(view[got:])
+        if not n:
+            raise GGUFError(f"{f.name} ends inside a tensor's data (truncated)")
+        got += n
+    return raw.view(dtype).reshape(shape)
+
+
+def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, dict[str, Any]]:
+    """(model, metadata): the metadata (a dict, `field` reads it) is kept for the tokenizer and
+    chat template."""
     import gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -177,40 +206,69 @@ def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, Any]:
                 f"{path.name}: tensor {t.name!r} has {t.data.nbytes} bytes of data; its header "
                 f"({t.tensor_type.name} {list(shape)}) needs {expected_bytes}; the file is "
                 f"truncated or corrupt")
-        tensors.append((t, name, shape))
+        tensors.append((t.name, t.tensor_type, int(t.data_offset), int(t.data.nbytes),
+                        t.data.dtype, tuple(t.data.shape), name, shape))
+    _check_extents(path, [(t.name, int(t.data_offset), int(t.data.nbytes)) for t in reader.tensors])
+    meta = metadata(reader)
+    del reader  # its metadata arrays and its map of the whole file
     warned: set[str] = set()
-    for t, name, shape in progress(tensors, desc=f"loading {path.name}"):
-        perm = None
-        if permute and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
-                                      "k_proj.bias")):
-            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
-            perm = unpermute_rows(shape[0], heads)
-        kind = t.tensor_type
-        importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
-        if kind in importers and len(shape) == 2:
-            w = importers[kind](np.asarray(t.data), shape)
-            sink.put_quantized(name, _permute_weight(w, perm))
-            continue
-        if kind in (Q.F32, Q.F16, Q.BF16):
-            array = np.asarray(t.data)
-            if kind == Q.BF16:
-                value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-            else:
-                value = torch.from_numpy(array.copy())
+    with path.open("rb", buffering=0) as f:
+        for item in progress(tensors, desc=f"loading {path.name}"):
+            _load_tensor(f, path, item, config, sink, permute, warned)
+    return sink.finish(), meta
+
+
+def _check_extents(path: Path, extents: list[tuple[str, int, int]]) -> None:
+    """Every tensor's data (offset and byte count from its header) lies inside the file and
+    before the next tensor's: a header whose size disagrees with the data laid out after it
+    would otherwise read its neighbour's bytes."""
+    size = path.stat().st_size
+    ordered = sorted(extents, key=lambda e: e[1])
+    for (name, start, n), nxt in zip(ordered, ordered[1:] + [("end of file", size, 0)]):
+        if start + n > nxt[1]:
+            raise GGUFError(
+                f"{path.name}: tensor {name!r} needs {n} bytes from offset {start}, which "
+                f"runs into {nxt[0] if nxt[0] == 'end of file' else repr(nxt[0])}; its header "
+                f"disagrees with the data (the file is truncated or corrupt)")
+
+
+def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfig,
+                 sink: WeightSink, permute: bool, warned: set[str]) -> None:
+    """Read one tensor's data and hand it to the sink, quantized or as float."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    gguf_name, kind, offset, nbytes, dtype, data_shape, name, shape = item
+    data = _read_data(f, offset, nbytes, dtype, data_shape)
+    perm = None
+    if permute and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
+                                  "k_proj.bias")):
+        heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+        perm = unpermute_rows(shape[0], heads)
+    importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
+    if kind in importers and len(shape) == 2:
+        w = importers[kind](data, shape)
+        sink.put_quantized(name, _permute_weight(w, perm))
+        return
+    if kind in (Q.F32, Q.F16, Q.BF16):
+        array = data
+        if kind == Q.BF16:
+            value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
         else:
-            try:
-                array = gguf.quants.dequantize(t.data, kind)
-            except NotImplementedError:
-                raise GGUFError(
-                    f"{path.name}: tensor {t.name!r} has ggml type {kind.name}, which we can "
-                    f"neither keep nor dequantize") from None
-            if kind.name not in warned:
-                warned.add(kind.name)
-                warnings.warn(f"{path.name}: {kind.name} tensors are dequantized to float32 "
-                              f"(only Q4_0, Q4_1 and Q8_0 stay quantized)", stacklevel=2)
-            value = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-        sink.put(name, _permute(value.reshape(shape), perm))
-    return sink.finish(), reader
+            value = torch.from_numpy(array)
+    else:
+        try:
+            array = gguf.quants.dequantize(data, kind)
+        except NotImplementedError:
+            raise GGUFError(
+                f"{path.name}: tensor {gguf_name!r} has ggml type {kind.name}, which we can "
+                f"neither keep nor dequantize") from None
+        if kind.name not in warned:
+            warned.add(kind.name)
+            warnings.warn(f"{path.name}: {kind.name} tensors are dequantized to float32 "
+                          f"(only Q4_0, Q4_1 and Q8_0 stay quantized)", stacklevel=3)
+        value = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    sink.put(name, _permute(value.reshape(shape), perm))
 
 
 def _nbytes(kind: Any, shape: tuple[int, ...]) -> Optional[int]:

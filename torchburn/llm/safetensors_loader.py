@@ -1,14 +1,22 @@
 """Loading a Hugging Face folder: ``config.json`` and ``*.safetensors`` (single or sharded).
 
-Tensors are read one at a time from memory-mapped files (``safe_open``), their shapes checked
-from the header before the data is touched, so a wrong checkpoint fails before anything large
-is allocated, and peak memory stays near the final model's size.
+Every file is opened with ``safe_open`` first (which validates it) and every shape checked from
+the headers before any data is touched, so a wrong checkpoint fails before anything large is
+allocated.  The data is then read a chunk of rows at a time with positioned reads straight from
+the file (`TensorFile`), each chunk widened or quantized into the final model and dropped.  Not
+through a memory map: pages of a mapped file count in the process's resident memory until it
+is unmapped, so a mapped checkpoint being quantized peaks at the whole float file plus the
+quantized model; read in chunks, the peak stays near the final model's size plus one chunk
+(tests/llm/test_load_memory.py measures it).
 """
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
+
+import torch
 
 from .config import ConfigError, DecoderConfig, from_hf_dict
 from .model import Decoder
@@ -56,30 +64,94 @@ def our_name(hf_name: str) -> str:
     return hf_name.removeprefix("model.")
 
 
+#: safetensors dtype names we read (floats are widened to float32 by the sink).
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "F64": torch.float64}
+
+
+class TensorFile:
+    """Reads row ranges of the tensors of one safetensors file by their header offsets."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        self.base = 8 + size
+        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        self._file: Optional[BinaryIO] = None
+
+    def __enter__(self) -> "TensorFile":
+        self._file = self.path.open("rb", buffering=0)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._file is not None
+        self._file.close()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.entries[key]["shape"])
+
+    def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``key`` (a fresh tensor in the file's dtype)."""
+        entry = self.entries[key]
+        dtype = DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise WeightError(f"{self.path.name}: tensor {key!r} has dtype {entry['dtype']}; "
+                              f"only {', '.join(DTYPES)} are read")
+        shape = self.shape(key)
+        row = 1
+        for d in shape[1:]:
+            row *= d
+        item = torch.empty((), dtype=dtype).element_size()
+        begin, end = (int(x) for x in entry["data_offsets"])
+        if not shape:
+            start, stop = 0, 1
+        out = torch.empty((stop - start, *shape[1:]), dtype=dtype)
+        count = (stop - start) * row * item
+        first = begin + start * row * item
+        if first + count > end:
+            raise WeightError(f"{self.path.name}: tensor {key!r} overruns its data")
+        assert self._file is not None, "use TensorFile as a context manager to read"
+        self._file.seek(self.base + first)
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        got = 0
+        while got < count:
+            n = self._file.readinto(view[got:])
+            if not n:
+                raise WeightError(f"{self.path.name} ends inside tensor {key!r} (truncated)")
+            got += n
+        return out if shape else out.reshape(())
+
+
 def load_safetensors_model(folder: Path, quant: Optional[str]) -> Decoder:
     from safetensors import safe_open
 
     config = read_config(folder)
     sink = WeightSink(meta_decoder(config), quant)
     files = shard_files(folder)
-    opened = []
-    try:
-        for path in files:
-            try:
-                handle = safe_open(str(path), framework="pt")
-            except Exception as e:  # the library raises its own error types
-                raise WeightError(f"{path} is not a readable safetensors file: {e}") from None
-            opened.append(handle)
-        names = [(h, k) for h in opened for k in h.keys()]
-        # Check every shape from the headers first: nothing is read when one is wrong.
-        for handle, key in names:
-            shape = tuple(handle.get_slice(key).get_shape())
-            sink.check(our_name(key), shape)
-        label = "quantizing" if quant else "loading"
-        for handle, key in progress(names, desc=f"{label} {folder.name}"):
-            name = our_name(key)
-            if sink.wants(name):
-                sink.put(name, handle.get_tensor(key))
-    finally:
-        opened.clear()
+    tables = []
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt"):  # validates the header and offsets
+                pass
+        except Exception as e:  # the library raises its own error types
+            raise WeightError(f"{path} is not a readable safetensors file: {e}") from None
+        tables.append(TensorFile(path))
+    # Check every shape from the headers first: nothing is read when one is wrong.
+    for table in tables:
+        for key in table.entries:
+            sink.check(our_name(key), table.shape(key))
+    names = [(t, k) for t in tables for k in t.entries if sink.wants(our_name(k))]
+    label = "quantizing" if quant else "loading"
+    bar = iter(progress(names, desc=f"{label} {folder.name}"))
+    for table in tables:
+        with table:
+            for key in table.entries:
+                name = our_name(key)
+                if sink.wants(name):
+                    next(bar, None)
+                    sink.put_rows(name, table.shape(key),
+                                  lambda a, b, t=table, k=key: t.rows(k, a, b))
+    next(bar, None)
     return sink.finish()

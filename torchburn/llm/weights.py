@@ -14,7 +14,7 @@ weights when asked.  Which tensors are quantized, by ``quant``:
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -27,6 +27,12 @@ from .rope import rope_parameters
 
 QUANT_CHOICES = (None, "int8", "int4")
 GROUP = 32
+#: A tensor is converted and quantized this many float32 bytes of rows at a time, so loading
+#: holds the finished model plus about one chunk (and its quantization temporaries).
+CHUNK_BYTES = 1 << 18
+
+#: ``rows(start, stop)``: rows ``start:stop`` (along the first dimension) of a tensor.
+RowReader = Callable[[int, int], torch.Tensor]
 
 
 class WeightError(ValueError):
@@ -66,26 +72,43 @@ class WeightSink:
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor, quantized here if ``quant`` asks for it."""
+        self.put_rows(name, tuple(tensor.shape), lambda a, b: tensor[a:b])
+
+    def put_rows(self, name: str, shape: tuple[int, ...], rows: RowReader) -> None:
+        """A float tensor of ``shape`` read a chunk of rows at a time through ``rows``: each
+        chunk is widened to float32 into the final parameter, or quantized (every group lies
+        within one row, so quantizing by rows is exact), and then dropped."""
         if name not in self.expected:
             return
-        self._check_shape(name, tuple(tensor.shape))
+        self._check_shape(name, shape)
         module_name, attr = _split(name)
         module = self.model.get_submodule(module_name)
-        tensor = tensor.to(torch.float32)
-        if attr == "weight" and self.quant and module_name == "embed_tokens":
-            self._set_module(module_name, QuantizedEmbedding(
-                *_int8_parts(quantize_weight_int8(tensor, GROUP, torch.float16))))
-        elif attr == "weight" and self.quant and isinstance(module, nn.Linear):
-            weight: Union[Int8Weight, Int4Weight]
-            if self.quant == "int8" or module_name == "lm_head":
-                weight = quantize_weight_int8(tensor, GROUP, torch.float16)
+        width = max(1, _prod(shape[1:]))
+        step = max(1, CHUNK_BYTES // (4 * width))
+        chunks = [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)] if shape else []
+        quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight]]] = None
+        if attr == "weight" and self.quant and (module_name == "embed_tokens"
+                                                or isinstance(module, nn.Linear)):
+            if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
+                quantizer = _int8
             else:
-                weight = quantize_weight_int4_grouped(tensor, GROUP, False, torch.float16)
-            self.put_quantized(name, weight)
+                quantizer = _int4
+        if quantizer is None:
+            value = torch.empty(shape, dtype=torch.float32)
+            if not shape:
+                value.copy_(rows(0, 1).reshape(()))
+            for a, b in chunks:
+                value[a:b] = rows(a, b)
+            setattr(module, attr, nn.Parameter(value, requires_grad=False))
+            self.done.add(name)
             return
+        weight = _concat([quantizer(rows(a, b).to(torch.float32)) for a, b in chunks])
+        if module_name == "embed_tokens":
+            assert isinstance(weight, Int8Weight)
+            self._set_module(module_name, QuantizedEmbedding(*_int8_parts(weight)))
+            self.done.add(name)
         else:
-            setattr(module, attr, nn.Parameter(tensor.contiguous(), requires_grad=False))
-        self.done.add(name)
+            self.put_quantized(name, weight)
 
     def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight]) -> None:
         """An already quantized weight (from GGUF, or from `put`)."""
@@ -140,6 +163,35 @@ class WeightSink:
             assert isinstance(head, nn.Linear)
             head.weight = embed.weight
         self.done.add("lm_head.weight")
+
+
+def _int8(w: torch.Tensor) -> Int8Weight:
+    return quantize_weight_int8(w, GROUP, torch.float16)
+
+
+def _int4(w: torch.Tensor) -> Int4Weight:
+    return quantize_weight_int4_grouped(w, GROUP, False, torch.float16)
+
+
+def _concat(parts: list[Union[Int8Weight, Int4Weight]]) -> Union[Int8Weight, Int4Weight]:
+    """Quantized row chunks stacked into one weight."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if isinstance(first, Int8Weight):
+        return Int8Weight(qweight=torch.cat([p.qweight for p in parts]),  # type: ignore[union-attr]
+                          scales=torch.cat([p.scales for p in parts]))
+    mins = None if first.mins is None else torch.cat([p.mins for p in parts])  # type: ignore
+    return Int4Weight(packed=torch.cat([p.packed for p in parts]),  # type: ignore[union-attr]
+                      scales=torch.cat([p.scales for p in parts]), mins=mins,
+                      group_size=first.group_size)
+
+
+def _prod(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 def _int8_parts(weight: Int8Weight) -> tuple[torch.Tensor, torch.Tensor]:

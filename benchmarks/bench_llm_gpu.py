@@ -1,0 +1,295 @@
+"""LLM decode tokens/s and time to first token on the GPU: our GPU engine, our CPU engine, and
+transformers on PyTorch CUDA (eager, fp32 and fp16), all on the same random weights.
+
+    python benchmarks/bench_llm_gpu.py                       # SmolLM2-135M shape (the H200 run)
+    python benchmarks/bench_llm_gpu.py --json out.json --reps 7 --prompt 128 --tokens 128
+    python benchmarks/bench_llm_gpu.py --quick               # tiny model, any machine (llvmpipe)
+    python benchmarks/bench_llm_gpu.py --only gpu,gpu-int4   # a subset of the contenders
+
+The checkpoint is a random-weight Llama with SmolLM2-135M's configuration (hidden 576, 30
+layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings), made with
+transformers and saved as safetensors in a temporary folder, with a word-level
+``tokenizer.json`` written with the tokenizers API (the prompt is token ids, so the tokenizer
+only has to load).  Needs only torch, transformers, safetensors, tokenizers and torchburn.
+
+Every contender runs in its own worker process (our device choice is per process, and CUDA and
+wgpu stay apart), is loaded and warmed up first, then the workers run one repetition each in
+turn, the order alternating between rounds, so background load hurts them alike.  One
+repetition: a ``--prompt``-token prompt, the time until its first generated token is on the
+host (TTFT: prefill and one sampled token), then ``--tokens`` greedy decode steps, each token
+brought to the host (as a chat does).  Figures are medians with min and max over ``--reps``;
+ratios compare medians.  Rows whose engine is missing (no CUDA, no GPU adapter) are skipped with
+the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: SmolLM2-135M's LlamaConfig (its config.json, less the token ids).
+SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                    tie_word_embeddings=True)
+QUICK = dict(SMOLLM2_135M, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+             max_position_embeddings=256)
+
+#: name -> (worker kind, options)
+CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torchburn gpu f32": ("ours", {"device": "gpu", "quant": None}),
+    "torchburn gpu int8": ("ours", {"device": "gpu", "quant": "int8"}),
+    "torchburn gpu int4": ("ours", {"device": "gpu", "quant": "int4"}),
+    "torchburn cpu f32": ("ours", {"device": "cpu", "quant": None}),
+    "transformers cuda eager f32": ("hf", {"dtype": "float32"}),
+    "transformers cuda eager f16": ("hf", {"dtype": "float16"}),
+}
+SHORT = {"gpu": "torchburn gpu f32", "gpu-int8": "torchburn gpu int8",
+         "gpu-int4": "torchburn gpu int4", "cpu": "torchburn cpu f32",
+         "cuda-f32": "transformers cuda eager f32", "cuda-f16": "transformers cuda eager f16"}
+BASELINE = "transformers cuda eager f32"
+
+
+def make_checkpoint(folder: Path, config: dict[str, Any], seed: int = 0) -> Path:
+    """Random-weight Llama safetensors plus a word-level tokenizer of its vocabulary."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(**config, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(folder, safe_serialization=True)
+    vocab = {f"t{i}": i for i in range(config["vocab_size"])}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "t1", "eos_token": "t2", "pad_token": "t0"}))
+    return folder
+
+
+def prompt_ids(n: int, vocab: int) -> list[int]:
+    return [3 + (i * 7919) % (vocab - 3) for i in range(n)]
+
+
+# ---------------------------------------------------------------- workers (one per contender)
+class OursWorker:
+    def __init__(self, folder: Path, device: str, quant: Optional[str], context: int,
+                 threads: Optional[int]) -> None:
+        from torchburn.llm import LLM
+
+        self.llm = LLM.from_pretrained(folder, quant=quant, device=device, max_context=context,
+                                       threads=threads)
+        self.llm.eos_ids = frozenset()
+
+    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float]:
+        from torchburn.llm.sampling import SamplingParams
+
+        t0 = time.perf_counter()
+        steps = self.llm.generate_ids([prompt], tokens + 1, SamplingParams(temperature=0.0))
+        next(steps)
+        t1 = time.perf_counter()
+        count = sum(1 for _ in steps)
+        t2 = time.perf_counter()
+        assert count == tokens, count
+        return t1 - t0, t2 - t1
+
+
+class HFWorker:
+    def __init__(self, folder: Path, dtype: str) -> None:
+        import torch
+        import transformers
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("PyTorch has no CUDA device")
+        self.torch = torch
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype)).to("cuda").eval()
+
+    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float]:
+        torch = self.torch
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = self.model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+            tok = int(out.logits[0, -1].argmax())
+            t1 = time.perf_counter()
+            past = out.past_key_values
+            for _ in range(tokens):
+                out = self.model(input_ids=torch.tensor([[tok]], device="cuda"),
+                                 past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                tok = int(out.logits[0, -1].argmax())
+            t2 = time.perf_counter()
+        return t1 - t0, t2 - t1
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """Load, warm up, print ``ready``; then answer each ``rep`` line with one JSON line."""
+    kind, opts = CONTENDERS[args.worker]
+    folder = Path(args.model)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    prompt = prompt_ids(args.prompt, vocab)
+    try:
+        t0 = time.perf_counter()
+        engine: Any = (OursWorker(folder, opts["device"], opts["quant"],
+                                  args.prompt + args.tokens + 8, args.threads)
+                       if kind == "ours" else HFWorker(folder, opts["dtype"]))
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        engine.rep(prompt, min(4, args.tokens))   # compiles / warms every graph used below
+        engine.rep(prompt, args.tokens)
+        warm_s = time.perf_counter() - t0
+    except Exception as e:  # reported as a skipped row, not a crash of the whole benchmark
+        print(json.dumps({"skip": f"{type(e).__name__}: {e}"}), flush=True)
+        return 0
+    print(json.dumps({"ready": True, "load_s": load_s, "warmup_s": warm_s}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "rep":
+            break
+        ttft, decode = engine.rep(prompt, args.tokens)
+        print(json.dumps({"ttft_s": ttft, "decode_s": decode}), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------- driver
+def _spawn(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--model", str(folder),
+           "--prompt", str(args.prompt), "--tokens", str(args.tokens)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"skip": f"the worker exited with status {proc.wait()}"}
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "samples": values}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    names = list(CONTENDERS)
+    if args.only:
+        wanted = [SHORT.get(s.strip(), s.strip()) for s in args.only.split(",")]
+        unknown = [w for w in wanted if w not in CONTENDERS]
+        if unknown:
+            raise SystemExit(f"unknown contenders {unknown}; choose from {', '.join(SHORT)}")
+        names = wanted
+    config = QUICK if args.quick else SMOLLM2_135M
+    folder = make_checkpoint(Path(tempfile.mkdtemp(prefix="bench_llm_gpu_")), config)
+    payload: dict[str, Any] = {"config": config, "prompt": args.prompt, "tokens": args.tokens,
+                               "reps": args.reps, "torch": torch.__version__,
+                               "cuda": torch.cuda.get_device_name(0)
+                               if torch.cuda.is_available() else None,
+                               "results": {}, "skipped": {}}
+    workers: dict[str, subprocess.Popen[str]] = {}
+    for name in names:  # one at a time: loading and compiling do not overlap the others
+        print(f"loading {name} ...", flush=True)
+        proc = _spawn(name, folder, args)
+        msg = _read(proc)
+        if "skip" in msg:
+            payload["skipped"][name] = msg["skip"]
+            print(f"  skipped: {msg['skip']}", flush=True)
+            proc.kill()
+            continue
+        print(f"  load {msg['load_s']:.1f} s, warm-up {msg['warmup_s']:.1f} s", flush=True)
+        workers[name] = proc
+        payload["results"][name] = {"load_s": msg["load_s"], "warmup_s": msg["warmup_s"]}
+    samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "tps": []} for n in workers}
+    try:
+        for r in range(args.reps):
+            order = list(workers) if r % 2 == 0 else list(reversed(workers))
+            for name in order:
+                proc = workers[name]
+                assert proc.stdin is not None
+                proc.stdin.write("rep\n")
+                proc.stdin.flush()
+                got = _read(proc)
+                if "skip" in got:
+                    raise RuntimeError(f"{name}: {got['skip']}")
+                samples[name]["ttft"].append(got["ttft_s"])
+                samples[name]["tps"].append(args.tokens / got["decode_s"])
+    finally:
+        for proc in workers.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+    for name, s in samples.items():
+        payload["results"][name].update(ttft_s=_summary(s["ttft"]), decode_tps=_summary(s["tps"]))
+    return payload
+
+
+def print_report(payload: dict[str, Any]) -> None:
+    res = payload["results"]
+    print(f"\ndecode of {payload['tokens']} tokens after a {payload['prompt']}-token prompt, "
+          f"{payload['reps']} interleaved repetitions (median [min, max]); "
+          f"CUDA: {payload['cuda']}")
+    print("| engine | decode tokens/s | TTFT ms | decode vs transformers cuda f32 |")
+    print("|---|---:|---:|---:|")
+    base = res.get(BASELINE, {}).get("decode_tps", {}).get("median")
+    for name, r in res.items():
+        if "decode_tps" not in r:
+            continue
+        d, t = r["decode_tps"], r["ttft_s"]
+        ratio = f"{d['median'] / base:.2f}x" if base else "-"
+        print(f"| {name} | {d['median']:.1f} [{d['min']:.1f}, {d['max']:.1f}] | "
+              f"{t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}, {t['max'] * 1e3:.1f}] | {ratio} |")
+    med = {n: r["decode_tps"]["median"] for n, r in res.items() if "decode_tps" in r}
+    pairs = [("torchburn gpu f32", "torchburn cpu f32"),
+             ("torchburn gpu f32", "transformers cuda eager f16"),
+             ("torchburn gpu int4", "transformers cuda eager f16"),
+             ("torchburn gpu int4", "torchburn cpu f32")]
+    for a, b in pairs:
+        if a in med and b in med:
+            print(f"decode {a} / {b}: {med[a] / med[b]:.2f}x")
+    for name, why in payload["skipped"].items():
+        print(f"skipped {name}: {why}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny model (CI, software adapters)")
+    p.add_argument("--prompt", type=int, default=None, help="prompt tokens (128; quick: 8)")
+    p.add_argument("--tokens", type=int, default=None, help="decode tokens (128; quick: 8)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (5; quick: 2)")
+    p.add_argument("--threads", type=int, default=None, help="threads of our CPU engine")
+    p.add_argument("--only", default=None, help=f"comma list of {', '.join(SHORT)}")
+    p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    small = args.quick
+    args.prompt = args.prompt or (8 if small else 128)
+    args.tokens = args.tokens or (8 if small else 128)
+    args.reps = args.reps or (2 if small else 5)
+    if args.worker:
+        return worker_main(args)
+    payload = run(args)
+    print_report(payload)
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
