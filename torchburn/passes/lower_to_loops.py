@@ -42,12 +42,12 @@ After:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import ClassVar, Optional
 
 from ..ir import expr as ex
 from ..ir import loop as lp
-from ..ir.expr import Var
+from ..ir.expr import Expr, Var
 from ..ir.loop import contiguous_strides
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
@@ -58,6 +58,7 @@ from .loopgen.conv_grad_weight import grad_weight_root
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
+from .loopgen.root_key import ProductReach, RootKey, root_key
 
 #: Values of `lower-to-loops{gemm_swap=...}`.
 SWAP_CHOICES = {"auto": None, "always": True, "never": False}
@@ -98,6 +99,11 @@ class LowerToLoops(Pass):
     #: Lower convolutions to the register-blocked kernels of `loopgen/conv.py`; GPUs keep the
     #: per-element nest.
     simd_conv: ClassVar[bool] = True
+    #: Pass a constant slice of a buffer to kernels as a view at a byte offset
+    #: (`KernelCall.offsets`) rather than as index arithmetic inside them: the layers of a
+    #: stacked KV cache then read their slices through one kernel. The GPU and reference
+    #: engines bind whole buffers only.
+    slice_views: ClassVar[bool] = True
     #: GEMM plan choice: "auto" (by cost), "always" or "never" swap the operands' roles.
     gemm_swap: str = "auto"
     #: Let the micro-kernel read a small row-major B in place instead of packing it.
@@ -107,6 +113,10 @@ class LowerToLoops(Pass):
     #: Register-blocked convolution kernels (`loopgen/conv.py`); false keeps the per-element
     #: nest of `loopgen/nn_rules.py` (tests and experiments).
     conv_kernels: bool = True
+    #: Lower each distinct kernel root once (`loopgen/root_key.py`): a root whose key was met
+    #: before calls the kernel lowered for it with its own buffers; false lowers every root
+    #: (`dedup-kernels` merges the copies afterwards, to the same program).
+    dedup: bool = True
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -142,18 +152,58 @@ class LowerToLoops(Pass):
                     b = lp.Buffer(f"tmp{len(temps)}", r.dtype, r.shape, contiguous_strides(r.shape))
                     buffers[r] = b
                     temps.append(b)
+        views = self._slice_views(graph, buffers) if self.slice_views else {}
         symbols = _collect_symbols(graph)
         kernels: list[lp.Kernel] = []
         calls: list[lp.KernelCall] = []
+        reach = ProductReach()
+        #: Root key -> the kernel lowered for it and where its parameters come from (None:
+        #: a parameter the key does not place; every root of that key is lowered).
+        firsts: dict[str, Optional[Places]] = {}
         for n, op in enumerate(roots):
+            key = root_key(op, buffers, reach) if self.dedup else None
+            first = firsts.get(key.key) if key is not None else None
+            if key is not None and first is not None:
+                calls.append(_call(first[0].name, _bind(first, key, f"k{n}", temps), views))
+                continue
+            scratch_from = len(temps)
             kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps, cpu)
             kernels.append(kernel)
-            calls.append(lp.KernelCall(kernel.name, tuple(p.name for p in kernel.params)))
+            calls.append(_call(kernel.name, tuple(p.name for p in kernel.params), views))
+            if key is not None and key.key not in firsts:
+                firsts[key.key] = _places(kernel, key, temps[scratch_from:])
         results = tuple(buffers[v].name for v in graph.outputs)
         if results == tuple(b.name for b in outputs):
             results = ()  # the common case, left implicit (see `Program.results`)
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
                           tuple(calls), tuple(kernels), results=results)
+
+    def _slice_views(self, graph: Graph, buffers: dict[Value, lp.Buffer]) -> dict[str, tuple[str, Expr]]:
+        """Give each constant slice of a buffer (not itself materialized) a view buffer in
+        `buffers`; returns view name -> (program buffer, byte offset). A slice of a view is a
+        view of the same buffer."""
+        views: dict[str, tuple[str, Expr]] = {}
+        taken = {b.name for b in buffers.values()}
+        for op in graph.ops:
+            if op.name != "slice" or op.operands[0] not in buffers or op.result in buffers:
+                continue
+            start, step, dim = op.attrs.get("start"), op.attrs.get("step"), op.attrs.get("dim")
+            if not all(type(a) is int for a in (start, step, dim)) or start < 0 or step < 1:
+                continue
+            base = buffers[op.operands[0]]
+            if base.dtype.bits % 8:
+                continue  # sub-byte elements have no byte address
+            root, offset = views.get(base.name, (base.name, ex.Const(0)))
+            strides = list(base.strides)
+            offset = ex.add(offset, ex.mul(ex.Const(start * base.dtype.itemsize), strides[dim]))
+            strides[dim] = ex.mul(strides[dim], ex.Const(step))
+            name = f"{root}_v{len(views)}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            buffers[op.result] = lp.Buffer(name, base.dtype, op.result.shape, tuple(strides))
+            views[name] = (root, offset)
+        return views
 
     def _conv_kernel(self, op: Op, buffers: dict[Value, lp.Buffer]) -> bool:
         """Whether `op`'s kernel is a convolution (with an epilogue) to block."""
@@ -189,6 +239,44 @@ class LowerToLoops(Pass):
         attrs: tuple[tuple[str, str], ...] = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
         attrs += tuple(kb.attrs.items())
         return lp.Kernel(name, params, kernel_symbols, body, attrs)
+
+
+#: Where a shared kernel's parameters come from (`_places`), and its workspace buffers.
+Places = tuple[lp.Kernel, tuple[tuple[str, int], ...], tuple[lp.Buffer, ...]]
+
+
+def _places(kernel: lp.Kernel, key: RootKey, scratch: list[lp.Buffer]) -> Optional[Places]:
+    """Where each parameter of the kernel lowered for `key` comes from: ("edge", i) is the
+    root's i-th key buffer, ("scratch", j) its j-th workspace buffer; None when a parameter
+    is neither (the kernel is then not shared)."""
+    edges = {name: i for i, name in enumerate(key.buffers)}
+    own = {b.name: j for j, b in enumerate(scratch)}
+    places = []
+    for p in kernel.params:
+        if p.name in edges:
+            places.append(("edge", edges[p.name]))
+        elif p.name in own:
+            places.append(("scratch", own[p.name]))
+        else:
+            return None
+    return kernel, tuple(places), tuple(scratch)
+
+
+def _bind(first: Places, key: RootKey, name: str, temps: list[lp.Buffer]) -> tuple[str, ...]:
+    """The buffers a copy of the shared kernel is called with: its own key buffers, and
+    workspace buffers of its own, named and added to `temps` as its lowering would have."""
+    _, places, scratch = first
+    own = [replace(b, name=f"{name}_ws{j}") for j, b in enumerate(scratch)]
+    temps.extend(own)
+    return tuple(key.buffers[i] if where == "edge" else own[i].name for where, i in places)
+
+
+def _call(kernel: str, names: tuple[str, ...], views: dict[str, tuple[str, Expr]]) -> lp.KernelCall:
+    """The call of `kernel` with buffers `names`, views passed as their buffer and offset."""
+    if not any(n in views for n in names):
+        return lp.KernelCall(kernel, names)
+    args = tuple(views[n][0] if n in views else n for n in names)
+    return lp.KernelCall(kernel, args, tuple(views[n][1] if n in views else None for n in names))
 
 
 def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[Var, ...]) -> tuple[Var, ...]:
