@@ -152,3 +152,9 @@ def test_views_run_natively(fresh: None) -> None:
     compiled.entry(buffers, None, workspace.ctypes.data)
     for i, out in enumerate(outs):
         np.testing.assert_allclose(out, np.exp(cache[i]), rtol=1e-6)
+
+
+def test_a_lone_slice_keeps_its_index_arithmetic() -> None:
+    program = lower(stacked(1))  # nothing to share: the kernel's code stays as it was
+    assert all(not c.offsets for c in program.calls)
+    assert any(b.name == "c" for b in program.kernels[0].params)

@@ -43,7 +43,7 @@ After:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from ..ir import expr as ex
 from ..ir import loop as lp
@@ -180,19 +180,21 @@ class LowerToLoops(Pass):
 
     def _slice_views(self, graph: Graph, buffers: dict[Value, lp.Buffer]) -> dict[str, tuple[str, Expr]]:
         """Give each constant slice of a buffer (not itself materialized) a view buffer in
-        `buffers`; returns view name -> (program buffer, byte offset). A slice of a view is a
-        view of the same buffer."""
+        `buffers`, where the buffer is sliced alike at several places (a stacked cache's
+        layers; a lone slice keeps its index arithmetic, and its kernel its code); returns
+        view name -> (program buffer, byte offset). A slice of a view is a view of the same
+        buffer."""
         views: dict[str, tuple[str, Expr]] = {}
         taken = {b.name for b in buffers.values()}
-        for op in graph.ops:
-            if op.name != "slice" or op.operands[0] not in buffers or op.result in buffers:
+        candidates = [op for op in graph.ops if _constant_slice(op, buffers)]
+        starts: dict[tuple[Any, ...], set[int]] = {}
+        for op in candidates:
+            starts.setdefault(_slice_family(op), set()).add(op.attrs["start"])
+        for op in candidates:
+            if len(starts[_slice_family(op)]) < 2:
                 continue
-            start, step, dim = op.attrs.get("start"), op.attrs.get("step"), op.attrs.get("dim")
-            if not all(type(a) is int for a in (start, step, dim)) or start < 0 or step < 1:
-                continue
+            start, step, dim = op.attrs["start"], op.attrs["step"], op.attrs["dim"]
             base = buffers[op.operands[0]]
-            if base.dtype.bits % 8:
-                continue  # sub-byte elements have no byte address
             root, offset = views.get(base.name, (base.name, ex.Const(0)))
             strides = list(base.strides)
             offset = ex.add(offset, ex.mul(ex.Const(start * base.dtype.itemsize), strides[dim]))
@@ -269,6 +271,20 @@ def _bind(first: Places, key: RootKey, name: str, temps: list[lp.Buffer]) -> tup
     own = [replace(b, name=f"{name}_ws{j}") for j, b in enumerate(scratch)]
     temps.extend(own)
     return tuple(key.buffers[i] if where == "edge" else own[i].name for where, i in places)
+
+
+def _constant_slice(op: Op, buffers: dict[Value, lp.Buffer]) -> bool:
+    """Whether `op` slices a buffer at a constant place with a byte address, unmaterialized."""
+    if op.name != "slice" or op.operands[0] not in buffers or op.result in buffers:
+        return False
+    start, step, dim = op.attrs.get("start"), op.attrs.get("step"), op.attrs.get("dim")
+    return (all(type(a) is int for a in (start, step, dim)) and start >= 0 and step >= 1
+            and buffers[op.operands[0]].dtype.bits % 8 == 0)
+
+
+def _slice_family(op: Op) -> tuple[Any, ...]:
+    """Slices of one family differ only in where they start: views of them share kernels."""
+    return (id(op.operands[0]), op.attrs["dim"], op.attrs["step"], op.result.type)
 
 
 def _call(kernel: str, names: tuple[str, ...], views: dict[str, tuple[str, Expr]]) -> lp.KernelCall:

@@ -135,8 +135,6 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llv
         # found nothing to add on the CPU benchmark table and cost a fifth of LLVM's time.
         pto.loop_vectorization = False
         pto.slp_vectorization = False
-        if os.environ.get("XXX_NOUNROLL"):
-            pto.loop_unrolling = False
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
     return mod, tm
