@@ -20,7 +20,10 @@ rounds (`benchmarks/common.py`), with the interquartile range as the spread. Com
 (memory; the disk cache is off unless `--disk-cache`) and Inductor's cache folder fresh
 (`TORCHINDUCTOR_CACHE_DIR` is a new temporary folder for the process, and Inductor's
 in-memory caches are cleared between models); `ours` is torchburn's own share of it (every
-graph's `import_seconds`, see `benchmarks/bench_compile.py`); `warm` is the first call after
+graph's `import_seconds`, see `benchmarks/bench_compile.py`), split into passes, codegen (LLVM
+IR), LLVM (optimization, object code) and the rest of ours (partition, import, loading);
+`dynamo+aot` is the cold first call less ours (Dynamo's tracing, AOTAutograd's, and the first
+run itself; the JSON also has each cold call's CPU seconds); `warm` is the first call after
 another `torch._dynamo.reset()`, caches kept. Ratios are contender / eager (< 1 is faster).
 """
 from __future__ import annotations
@@ -104,9 +107,9 @@ def run_model(name: str, mode: str, which: list[str], rounds: int) -> dict[str, 
         _clear_compile_caches()
         fn = _step(torch.compile(model, backend=backend), case, kw, mode)
         records = rep.start_recording()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         got = fn()
-        cold = time.perf_counter() - t0
+        cold, cold_cpu = time.perf_counter() - t0, time.process_time() - c0
         rep.stop_recording()
         ours = sum(r.import_seconds for r in records)
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-4)
@@ -115,9 +118,12 @@ def run_model(name: str, mode: str, which: list[str], rounds: int) -> dict[str, 
         t0 = time.perf_counter()
         fn()
         warm = time.perf_counter() - t0
-        compile_s[who] = {"cold_s": cold, "warm_s": warm}
+        compile_s[who] = {"cold_s": cold, "cold_cpu_s": cold_cpu, "warm_s": warm}
         if who == "torchburn":
             compile_s[who]["ours_cold_s"] = ours
+            compile_s[who].update(compile_split(records))
+            # Dynamo's tracing and AOTAutograd's (with our decompositions), and the first run
+            compile_s[who]["dynamo_aot_s"] = cold - ours
             internal = [s.name for r in records for s in r.internal_errors]
             fallback = [op for r in records for op in r.fallback_ops]
             compile_s[who]["fallback_ops"] = len(fallback)  # type: ignore[assignment]
@@ -126,6 +132,19 @@ def run_model(name: str, mode: str, which: list[str], rounds: int) -> dict[str, 
         fns[who] = fn
     timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds)
     return {"model": name, "mode": mode, "timings": timings, "compile": compile_s}
+
+
+def compile_split(records: list[Any]) -> dict[str, float]:
+    """Our cold compile by stage, summed over the graphs: `passes` (tensor and loop passes),
+    `codegen` (LLVM IR), `llvm` (optimization and object code), `other_ours` (partition,
+    import to IR, caches, loading, launchers)."""
+    split = {"passes_s": 0.0, "codegen_s": 0.0, "llvm_s": 0.0}
+    for r in records:
+        for s in r.subgraphs:
+            for stage in ("passes", "codegen", "llvm"):
+                split[f"{stage}_s"] += s.timings.get(stage, 0.0)
+    split["other_ours_s"] = sum(r.import_seconds for r in records) - sum(split.values())
+    return split
 
 
 def _ms(s: float) -> str:
@@ -137,7 +156,9 @@ def table(results: list[dict[str, Any]], which: list[str]) -> str:
 
     others = [w for w in which if w != "eager"]
     headers = ["model", "mode"] + [f"{w} ms (iqr)" for w in which] + [f"{w}/eager" for w in others]
-    headers += [f"{w} cold s" for w in others] + (["ours cold s", "ours warm s"] if "torchburn" in which else [])
+    headers += [f"{w} cold s" for w in others]
+    if "torchburn" in which:
+        headers += ["ours cold s (passes/codegen/llvm/other)", "dynamo+aot s", "ours warm s"]
     rows = []
     for r in results:
         t, c = r["timings"], r["compile"]
@@ -146,7 +167,9 @@ def table(results: list[dict[str, Any]], which: list[str]) -> str:
         row += [f"{t[w].median_s / t['eager'].median_s:.2f}" for w in others] if "eager" in which else []
         row += [f"{c[w]['cold_s']:.1f}" for w in others]
         if "torchburn" in which:
-            row += [f"{c['torchburn']['ours_cold_s']:.1f}", f"{c['torchburn']['warm_s']:.2f}"]
+            tb = c["torchburn"]
+            row += [f"{tb['ours_cold_s']:.1f} ({tb['passes_s']:.1f}/{tb['codegen_s']:.1f}/{tb['llvm_s']:.1f}/"
+                    f"{tb['other_ours_s']:.1f})", f"{tb['dynamo_aot_s']:.1f}", f"{tb['warm_s']:.2f}"]
         rows.append(row)
     return format_table(headers, rows)
 

@@ -2,6 +2,7 @@
 half-precision compute (f16/bf16 are computed in f32 and stored in their own type)."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any, Optional, Sequence, Union
@@ -25,9 +26,24 @@ PROMOTE = ELEMENTWISE_TYPE_PROMOTION_KIND
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 
 
+@functools.lru_cache(maxsize=4096)
 def _in_torchburn(path: str) -> bool:
-    """Whether a stack frame's file is part of the torchburn package."""
+    """Whether a stack frame's file is part of the torchburn package (kept per path: resolving
+    links asks the file system, and every op of a 30-layer graph asks again)."""
     return os.path.realpath(path).startswith(_PACKAGE)
+
+
+#: (promotion kind, each operand's kind) -> (compute dtype, result dtype) (`Builder.promote`).
+_PROMOTIONS: dict[tuple[Any, ...], tuple[DType, DType]] = {}
+
+
+def _promotion_kind(x: Operand) -> tuple[Any, ...]:
+    """What torch's type promotion sees of an operand (`Builder._promotion_proxy`)."""
+    if isinstance(x, Value):
+        return ("tensor", x.dtype.name, x.type.rank == 0)
+    if isinstance(x, Expr):
+        return ("int",) if x.dtype.is_int else ("float",)
+    return ("scalar", type(x).__name__)
 
 
 class Builder:
@@ -36,6 +52,7 @@ class Builder:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.node: Optional[torch.fx.Node] = None
+        self._loc: tuple[Optional[torch.fx.Node], Optional[str]] = (None, None)
 
     # ---- basics ---------------------------------------------------------------------------------
     @property
@@ -45,6 +62,14 @@ class Builder:
         only of torch.nn modules has no user line in the traced frames), else `aten.op`."""
         if self.node is None:
             return None
+        if self._loc[0] is self.node:  # a lowering emits several ops for one node
+            return self._loc[1]
+        loc = self._node_loc()
+        self._loc = (self.node, loc)
+        return loc
+
+    def _node_loc(self) -> str:
+        assert self.node is not None
         target = str(self.node.target)
         trace = self.node.meta.get("stack_trace")
         if trace:
@@ -86,10 +111,15 @@ class Builder:
         return x
 
     def promote(self, *args: Operand, kind: PROMOTE = PROMOTE.DEFAULT) -> tuple[DType, DType]:
-        """(compute dtype, result dtype) for an elementwise op, by torch's own rules."""
-        proxies = [self._promotion_proxy(a) for a in args]
-        comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
-        return to_ir(comp), to_ir(res)
+        """(compute dtype, result dtype) for an elementwise op, by torch's own rules (asked once
+        per kind of operands: a tensor by dtype and whether it is 0-dim, a scalar by type)."""
+        key = (kind, *(_promotion_kind(a) for a in args))
+        hit = _PROMOTIONS.get(key)
+        if hit is None:
+            proxies = [self._promotion_proxy(a) for a in args]
+            comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+            hit = _PROMOTIONS[key] = (to_ir(comp), to_ir(res))
+        return hit
 
     def full(self, value: Union[int, float, bool, Expr], shape: Sequence[Expr], dtype: DType) -> Value:
         if isinstance(value, float) and dtype.is_int:

@@ -12,7 +12,9 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.node import _get_qualified_name
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.fx.passes.operator_support import OperatorSupport
 
 from . import lowerings  # noqa: F401  (registers lowerings)
@@ -186,17 +188,49 @@ VIEW_ONLY = {"aten.view", "aten._unsafe_view", "aten.permute", "aten.t", "aten.e
 def partition(gm: torch.fx.GraphModule) -> PartitionResult:
     """Group compilable nodes into submodules `fused_N` of `gm` (modified in place)."""
     reasons: dict[torch.fx.Node, str] = {}
-    partitioner = CapabilityBasedPartitioner(gm, _Support(reasons), allows_single_node_partition=True)
-    parts = partitioner.propose_partitions()
+    support = _Support(reasons)
+    parts = convex_partition(gm, support)
+    if parts is None:  # torch's partitioner (quadratic in the graph: seconds for 30 layers)
+        reasons.clear()
+        parts = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True).propose_partitions()
     # A subgraph of views only would turn free views into copies: leave those to PyTorch.
     parts = [p for p in parts if any(str(getattr(n.target, "_overloadpacket", n.target)) not in VIEW_ONLY
                                      for n in p.nodes)]
     fallbacks = [(str(n.target), r) for n, r in reasons.items()
                  if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)]
     plan = [[(n.name, order) for n, order in p.nodes.items()] for p in parts]
-    module = partitioner.fuse_partitions(parts) if parts else gm
+    module = fuse_by_partitions(gm, [p.nodes for p in parts], prefix="fused_") if parts else gm
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
     return PartitionResult(module, names, fallbacks, plan)
+
+
+def convex_partition(gm: torch.fx.GraphModule, support: OperatorSupport) -> Optional[list[Partition]]:
+    """The partition torch's `CapabilityBasedPartitioner` proposes, in linear time, when it is
+    all the supported nodes: no unsupported node lies between two supported ones (its greedy,
+    horizontally fusing merge then joins every supported node into one partition), and no
+    node's getitem users differ from it in support (they would be moved to its partition).
+    None otherwise (the caller asks torch's partitioner). Nodes are asked in torch's order
+    (last first) and keep its node orders (position from the end)."""
+    nodes = list(gm.graph.nodes)
+    submodules = dict(gm.named_modules())
+    supported = {n: support.is_node_supported(submodules, n) for n in reversed(nodes)}
+    upstream: dict[torch.fx.Node, bool] = {}
+    for n in nodes:
+        upstream[n] = any(supported[i] or upstream[i] for i in n.all_input_nodes)
+    downstream: dict[torch.fx.Node, bool] = {}
+    for n in reversed(nodes):
+        downstream[n] = any(supported[u] or downstream[u] for u in n.users)
+    for n in nodes:
+        if not supported[n] and upstream[n] and downstream[n]:
+            return None
+        if n.users and all(u.op == "call_function" and _get_qualified_name(u.target) == "_operator.getitem"
+                           for u in n.users) and any(supported[u] != supported[n] for u in n.users):
+            return None
+    chosen = [n for n in nodes if supported[n]]
+    if not chosen:
+        return []
+    position = {n: i for i, n in enumerate(reversed(nodes))}
+    return [Partition(id=0, nodes=chosen, node_orders=[position[n] for n in chosen])]
 
 
 def _is_input_writeback(node: torch.fx.Node) -> bool:

@@ -162,10 +162,21 @@ class Kernel:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """`call @kernel(%a, %b)` in a program: program buffers bound to the kernel's parameters."""
+    """`call @kernel(%a, %b)` in a program: program buffers bound to the kernel's parameters.
+
+    An argument may be a view of its buffer at a byte offset (`call @k(%cache offset 4096,
+    %t)`): the parameter then starts that many bytes into the buffer and has the layout the
+    kernel declares for it (a slice of a layer's keys in a stacked KV cache, so every layer
+    calls one kernel). `offsets` is empty, or holds one entry per argument: None for the
+    buffer itself, else the offset (an index expression in the program's symbols)."""
 
     kernel: str
     args: tuple[str, ...]
+    offsets: tuple[Optional[Expr], ...] = ()
+
+    def offset(self, i: int) -> Optional[Expr]:
+        """The byte offset of argument `i`'s view (None: the buffer itself)."""
+        return self.offsets[i] if self.offsets else None
 
 
 @dataclass(frozen=True)

@@ -526,6 +526,11 @@ class _Parser:
         return items
 
     # ---- loop level ------------------------------------------------------------------------
+    def _call_arg(self) -> tuple[str, Optional[ex.Expr]]:
+        """`%buf` or `%buf offset <bytes>` (a view of the buffer) in a `call`."""
+        name = self.expect("value", "a buffer name").text
+        return name, (self.expr() if self.accept("ident", "offset") else None)
+
     def buffer_decl(self) -> lp.Buffer:
         """`%x: f32[s0, 4] strides [4, 1] local`; strides default to row-major."""
         tok = self.expect("value", "a buffer name")
@@ -672,8 +677,10 @@ class _Parser:
             elif self.accept("ident", "call"):
                 kernel = self.expect("func", "a kernel name (@name)").text
                 self.expect("(")
-                args = self.comma_list(lambda: self.expect("value", "a buffer name").text, ")")
-                calls.append(lp.KernelCall(kernel, tuple(args)))
+                pairs = self.comma_list(self._call_arg, ")")
+                views = tuple(off for _, off in pairs)
+                calls.append(lp.KernelCall(kernel, tuple(a for a, _ in pairs),
+                                           views if any(off is not None for off in views) else ()))
             else:
                 raise self.error(f"expected 'temp', 'workspace', 'call' or '}}' but found {tok.describe()}", tok)
         kernels: list[lp.Kernel] = []

@@ -326,7 +326,11 @@ class Printer:
         if p.temps:
             lines.append(f"  workspace {self.expr(p.workspace_bytes)}")
         for c in p.calls:
-            lines.append(f"  call {self.func_name(c.kernel)}({', '.join(self.value_name(a) for a in c.args)})")
+            args = []
+            for i, a in enumerate(c.args):
+                off = c.offset(i)
+                args.append(self.value_name(a) + ("" if off is None else f" offset {self.expr(off)}"))
+            lines.append(f"  call {self.func_name(c.kernel)}({', '.join(args)})")
         if p.results:
             lines.append("  return " + ", ".join(self.value_name(r) for r in p.results))
         lines.append("}")

@@ -579,6 +579,11 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
             raise VerificationError(at, f"no kernel @{c.kernel} in the program")
         if len(c.args) != len(k.params):
             raise VerificationError(at, f"{len(c.args)} arguments for {len(k.params)} parameters")
+        if c.offsets and len(c.offsets) != len(c.args):
+            raise VerificationError(at, f"{len(c.offsets)} offsets for {len(c.args)} arguments")
+        for i, off in enumerate(c.offsets):
+            if off is not None:
+                symbolic(off, f"offset of argument {i}")
         for a, param in zip(c.args, k.params):
             b = by_name.get(a)
             if b is None:

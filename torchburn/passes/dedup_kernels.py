@@ -54,7 +54,7 @@ def dedup_program(program: lp.Program) -> lp.Program:
             rename[k.name] = first.name
     if not rename:
         return program
-    calls = tuple(lp.KernelCall(rename.get(c.kernel, c.kernel), c.args) for c in program.calls)
+    calls = tuple(replace(c, kernel=rename.get(c.kernel, c.kernel)) for c in program.calls)
     return replace(program, kernels=tuple(kept.values()), calls=calls)
 
 

@@ -92,6 +92,7 @@ class LowerToLoopsGpu(LowerToLoops):
     name: ClassVar[str] = "lower-to-loops-gpu"
     simd_qlinear: ClassVar[bool] = False
     simd_conv: ClassVar[bool] = False
+    slice_views: ClassVar[bool] = False
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:

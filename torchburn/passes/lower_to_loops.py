@@ -62,12 +62,12 @@ After:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Optional
 
 from ..ir import expr as ex
 from ..ir import loop as lp
-from ..ir.expr import Var
+from ..ir.expr import Expr, Var
 from ..ir.loop import contiguous_strides
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
@@ -78,6 +78,7 @@ from .loopgen.conv_grad_weight import grad_weight_root
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
+from .loopgen.root_key import ProductReach, RootKey, root_key
 
 #: Values of `lower-to-loops{gemm_swap=...}`.
 SWAP_CHOICES = {"auto": None, "always": True, "never": False}
@@ -118,6 +119,11 @@ class LowerToLoops(Pass):
     #: Lower convolutions to the register-blocked kernels of `loopgen/conv.py`; GPUs keep the
     #: per-element nest.
     simd_conv: ClassVar[bool] = True
+    #: Pass a constant slice of a buffer to kernels as a view at a byte offset
+    #: (`KernelCall.offsets`) rather than as index arithmetic inside them: the layers of a
+    #: stacked KV cache then read their slices through one kernel. The GPU and reference
+    #: engines bind whole buffers only.
+    slice_views: ClassVar[bool] = True
     #: GEMM plan choice: "auto" (by cost), "always" or "never" swap the operands' roles.
     gemm_swap: str = "auto"
     #: Let the micro-kernel read a small row-major B in place instead of packing it.
@@ -127,6 +133,10 @@ class LowerToLoops(Pass):
     #: Register-blocked convolution kernels (`loopgen/conv.py`); false keeps the per-element
     #: nest of `loopgen/nn_rules.py` (tests and experiments).
     conv_kernels: bool = True
+    #: Lower each distinct kernel root once (`loopgen/root_key.py`): a root whose key was met
+    #: before calls the kernel lowered for it with its own buffers; false lowers every root
+    #: (`dedup-kernels` merges the copies afterwards, to the same program).
+    dedup: bool = True
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -165,19 +175,65 @@ class LowerToLoops(Pass):
                     b = lp.Buffer(f"tmp{len(temps)}", r.dtype, r.shape, contiguous_strides(r.shape))
                     buffers[r] = b
                     temps.append(b)
+        views = self._slice_views(graph, buffers) if self.slice_views else {}
         symbols = _collect_symbols(graph)
         kernels: list[lp.Kernel] = []
         calls: list[lp.KernelCall] = []
+        reach = ProductReach()
+        #: Root key -> the kernel lowered for it and where its parameters come from (None:
+        #: a parameter the key does not place; every root of that key is lowered).
+        firsts: dict[str, Optional[Places]] = {}
+        #: Root index -> its call (a shared kernel is called under its first root's name).
+        root_calls: dict[int, lp.KernelCall] = {}
         for n, op in enumerate(roots):
+            key = root_key(op, buffers, reach) if self.dedup else None
+            first = firsts.get(key.key) if key is not None else None
+            if key is not None and first is not None:
+                calls.append(_call(first[0].name, _bind(first, key, f"k{n}", temps), views))
+                root_calls[n] = calls[-1]
+                continue
+            scratch_from = len(temps)
             kernel = self._lower_root(f"k{n}", op, buffers, symbols, temps, cpu)
             kernels.append(kernel)
-            calls.append(lp.KernelCall(kernel.name, tuple(p.name for p in kernel.params)))
-        calls = _readers_first(calls, [(f"k{roots.index(op)}", buffers[x].name) for op, x in inplace.items()])
+            calls.append(_call(kernel.name, tuple(p.name for p in kernel.params), views))
+            if key is not None and key.key not in firsts:
+                firsts[key.key] = _places(kernel, key, temps[scratch_from:])
+            root_calls[n] = calls[-1]
+        calls = _readers_first(calls, [(root_calls[roots.index(op)], buffers[x].name) for op, x in inplace.items()])
         results = tuple(buffers[v].name for v in graph.outputs)
         if results == tuple(b.name for b in outputs):
             results = ()  # the common case, left implicit (see `Program.results`)
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
                           tuple(calls), tuple(kernels), results=results)
+
+    def _slice_views(self, graph: Graph, buffers: dict[Value, lp.Buffer]) -> dict[str, tuple[str, Expr]]:
+        """Give each constant slice of a buffer (not itself materialized) a view buffer in
+        `buffers`, where the buffer is sliced alike at several places (a stacked cache's
+        layers; a lone slice keeps its index arithmetic, and its kernel its code); returns
+        view name -> (program buffer, byte offset). A slice of a view is a view of the same
+        buffer."""
+        views: dict[str, tuple[str, Expr]] = {}
+        taken = {b.name for b in buffers.values()}
+        candidates = [op for op in graph.ops if _constant_slice(op, buffers)]
+        starts: dict[tuple[Any, ...], set[int]] = {}
+        for op in candidates:
+            starts.setdefault(_slice_family(op), set()).add(op.attrs["start"])
+        for op in candidates:
+            if len(starts[_slice_family(op)]) < 2:
+                continue
+            start, step, dim = op.attrs["start"], op.attrs["step"], op.attrs["dim"]
+            base = buffers[op.operands[0]]
+            root, offset = views.get(base.name, (base.name, ex.Const(0)))
+            strides = list(base.strides)
+            offset = ex.add(offset, ex.mul(ex.Const(start * base.dtype.itemsize), strides[dim]))
+            strides[dim] = ex.mul(strides[dim], ex.Const(step))
+            name = f"{root}_v{len(views)}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            buffers[op.result] = lp.Buffer(name, base.dtype, op.result.shape, tuple(strides))
+            views[name] = (root, offset)
+        return views
 
     def _conv_kernel(self, op: Op, buffers: dict[Value, lp.Buffer]) -> bool:
         """Whether `op`'s kernel is a convolution (with an epilogue) to block."""
@@ -246,17 +302,70 @@ def _reads_inline(v: Value, x: Value, fused: bool) -> bool:
     return any(_reads_inline(o, x, fused) for o in op.operands)
 
 
-def _readers_first(calls: list[lp.KernelCall], writers: list[tuple[str, str]]) -> list[lp.KernelCall]:
-    """Move each in-place kernel (`writers`: kernel name, buffer it writes) after the last other
+def _readers_first(calls: list[lp.KernelCall], writers: list[tuple[lp.KernelCall, str]]) -> list[lp.KernelCall]:
+    """Move each in-place call (`writers`: the call, the buffer it writes) after the last other
     call that names its buffer, so those calls read the old values. Nothing reads an in-place
-    result, so calling it later changes nothing else."""
+    result, so calling it later changes nothing else. Calls are matched by identity: a kernel
+    shared by several roots (`dedup`) has several calls of one name."""
     calls = list(calls)
-    for kernel, buf in writers:
-        at = next(i for i, c in enumerate(calls) if c.kernel == kernel)
-        last = max((i for i, c in enumerate(calls) if c.kernel != kernel and buf in c.args), default=at)
+    for writer, buf in writers:
+        at = next(i for i, c in enumerate(calls) if c is writer)
+        last = max((i for i, c in enumerate(calls) if c is not writer and buf in c.args), default=at)
         if last > at:
             calls.insert(last, calls.pop(at))
     return calls
+
+
+#: Where a shared kernel's parameters come from (`_places`), and its workspace buffers.
+Places = tuple[lp.Kernel, tuple[tuple[str, int], ...], tuple[lp.Buffer, ...]]
+
+
+def _places(kernel: lp.Kernel, key: RootKey, scratch: list[lp.Buffer]) -> Optional[Places]:
+    """Where each parameter of the kernel lowered for `key` comes from: ("edge", i) is the
+    root's i-th key buffer, ("scratch", j) its j-th workspace buffer; None when a parameter
+    is neither (the kernel is then not shared)."""
+    edges = {name: i for i, name in enumerate(key.buffers)}
+    own = {b.name: j for j, b in enumerate(scratch)}
+    places = []
+    for p in kernel.params:
+        if p.name in edges:
+            places.append(("edge", edges[p.name]))
+        elif p.name in own:
+            places.append(("scratch", own[p.name]))
+        else:
+            return None
+    return kernel, tuple(places), tuple(scratch)
+
+
+def _bind(first: Places, key: RootKey, name: str, temps: list[lp.Buffer]) -> tuple[str, ...]:
+    """The buffers a copy of the shared kernel is called with: its own key buffers, and
+    workspace buffers of its own, named and added to `temps` as its lowering would have."""
+    _, places, scratch = first
+    own = [replace(b, name=f"{name}_ws{j}") for j, b in enumerate(scratch)]
+    temps.extend(own)
+    return tuple(key.buffers[i] if where == "edge" else own[i].name for where, i in places)
+
+
+def _constant_slice(op: Op, buffers: dict[Value, lp.Buffer]) -> bool:
+    """Whether `op` slices a buffer at a constant place with a byte address, unmaterialized."""
+    if op.name != "slice" or op.operands[0] not in buffers or op.result in buffers:
+        return False
+    start, step, dim = op.attrs.get("start"), op.attrs.get("step"), op.attrs.get("dim")
+    return (all(type(a) is int for a in (start, step, dim)) and start >= 0 and step >= 1
+            and buffers[op.operands[0]].dtype.bits % 8 == 0)
+
+
+def _slice_family(op: Op) -> tuple[Any, ...]:
+    """Slices of one family differ only in where they start: views of them share kernels."""
+    return (id(op.operands[0]), op.attrs["dim"], op.attrs["step"], op.result.type)
+
+
+def _call(kernel: str, names: tuple[str, ...], views: dict[str, tuple[str, Expr]]) -> lp.KernelCall:
+    """The call of `kernel` with buffers `names`, views passed as their buffer and offset."""
+    if not any(n in views for n in names):
+        return lp.KernelCall(kernel, names)
+    args = tuple(views[n][0] if n in views else n for n in names)
+    return lp.KernelCall(kernel, args, tuple(views[n][1] if n in views else None for n in names))
 
 
 def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[Var, ...]) -> tuple[Var, ...]:

@@ -316,6 +316,9 @@ class GpuProgram:
         self.shaders = list(shaders)
         self.pipelines = [device.pipeline(s) for s in self.shaders]
         index = {s.name: k for k, s in enumerate(self.shaders)}
+        if any(off is not None for c in program.calls for off in c.offsets):
+            raise GpuError("a call passes a view at an offset, which the wgpu engine does not bind "
+                           "(its lowering, lower-to-loops-gpu, makes none)")
         self.calls = [(index[c.kernel], c.args) for c in program.calls]
         self.buffers = {b.name: b for b in (*program.inputs, *program.outputs, *program.temps)}
         usage = device.wgpu.BufferUsage

@@ -10,7 +10,9 @@ Entry ABI (the runtime calls this, once per compiled graph):
   `workspace + temp_offset(t)` (byte offsets, index expressions in the symbols). May be null
   when the program has no temporaries.
 
-The entry loads the pointers and symbols and calls the kernels in `program.calls` order.
+The entry loads the pointers and symbols and calls the kernels in `program.calls` order; an
+argument passed as a view (`call @k(%cache offset 4096)`) is its buffer's pointer plus the
+byte offset.
 
 Kernels equal up to names and provenance (the same structural hash: a transformer's layers
 give the same kernels again) share one function, so codegen and LLVM do their work once
@@ -168,10 +170,15 @@ def _emit_entry(ctx: ModuleContext, program: lp.Program, functions: dict[str, ir
             raise CodegenError(f"call @{call.kernel} passes {len(call.args)} buffers to "
                                f"{len(kernel.params)} parameters")
         args = []
-        for name in call.args:
+        for i, name in enumerate(call.args):
             if name not in pointers:
                 raise CodegenError(f"call @{call.kernel}: %{name} is not a buffer of program @{program.name}")
-            args.append(pointers[name])
+            offset = call.offset(i)
+            if offset is None:
+                args.append(pointers[name])
+            else:  # a view of the buffer (`KernelCall.offsets`)
+                byte = ExprEmitter(fs, scope).index_value(offset)
+                args.append(b.gep(pointers[name], [byte], inbounds=True, source_etype=I8))
         for sym in kernel.symbols:
             if sym.name not in scope.vars:
                 raise CodegenError(f"kernel @{kernel.name} needs symbol {sym.name}, which program "

@@ -463,6 +463,9 @@ class ProgramCode:
             k = code.kernel
             if len(call.args) != len(k.params):
                 raise ExecutionError(f"call @{k.name} passes {len(call.args)} buffers to {len(k.params)} parameters")
+            if any(off is not None for off in call.offsets):
+                raise ExecutionError(f"call @{k.name} passes a view at an offset, which the reference "
+                                     "engine does not run (its lowering, lower-to-loops-gpu, makes none)")
             state = State(code.axes)
             kenv: dict[str, int] = {}
             for sym in k.symbols:

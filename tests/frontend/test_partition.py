@@ -1,0 +1,52 @@
+"""`partition` (frontend/partition.py): the linear-time convex case gives exactly the partition
+torch's `CapabilityBasedPartitioner` proposes, and defers to it otherwise."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+from torchburn.frontend.partition import _Support, convex_partition, partition
+
+
+def traced(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.fx.GraphModule:
+    return make_fx(fn)(*args)
+
+
+def plans(gm: torch.fx.GraphModule) -> tuple[Optional[list[list[tuple[str, Optional[int]]]]], list, list, list]:
+    """(convex plan or None, torch's plan, and the reasons each recorded, in order)."""
+    mine: dict = {}
+    fast = convex_partition(gm, _Support(mine))
+    theirs: dict = {}
+    slow = CapabilityBasedPartitioner(gm, _Support(theirs), allows_single_node_partition=True).propose_partitions()
+
+    def plan(parts: list) -> list[list[tuple[str, Optional[int]]]]:
+        return [[(n.name, o) for n, o in p.nodes.items()] for p in parts]
+
+    return (None if fast is None else plan(fast)), plan(slow), list(mine.items()), list(theirs.items())
+
+
+def two_outputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x * y).exp() + x.sin(), torch.max(y, dim=1).values.cos()  # a tuple op and its getitems
+
+
+def unsupported_between(x: torch.Tensor) -> torch.Tensor:
+    return torch.nonzero(x.exp() > 1).to(x.dtype).sum() + x.sum()  # nonzero: data-dependent, not compiled
+
+
+def test_all_supported_is_torchs_one_partition() -> None:
+    gm = traced(two_outputs, torch.randn(4, 8), torch.randn(4, 8))
+    fast, slow, mine, theirs = plans(gm)
+    assert fast is not None and fast == slow and len(fast) == 1
+    assert [(n.name, r) for n, r in mine] == [(n.name, r) for n, r in theirs]  # placeholders, output
+
+
+def test_an_unsupported_node_between_defers_to_torch() -> None:
+    gm = traced(unsupported_between, torch.randn(4, 8))
+    fast, slow, _, _ = plans(gm)
+    assert fast is None
+    assert len(slow) >= 1
+    result = partition(gm)  # still partitions, through torch's partitioner
+    assert result.subgraphs
