@@ -183,6 +183,10 @@ class LLM:
                 size = real = PREFILL_BUCKETS[-1]
             else:
                 size = real = remaining
+            if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
+                logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
+                slot += 1
+                continue
             chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
             chunk[:, :real] = tokens[:, slot:slot + real]
             logits = self.run_step(cache, chunk, slot, starts, torch.tensor([real - 1]))
