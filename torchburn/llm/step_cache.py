@@ -82,7 +82,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _arg_signature(value: Any, dynamic: Sequence[tuple[int, int]] = ()) -> str:
+def _arg_signature(value: Any) -> str:
     if value is None:
         return "None"
     if isinstance(value, torch.Tensor):
