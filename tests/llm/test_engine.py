@@ -166,3 +166,20 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     # the KV-cache write is inside the one compiled graph: no index_copy_ outside it, and the
     # decode program stores into the cache input itself (only the new slot)
     assert all("index_put" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
+
+
+def test_one_token_prompt_runs_the_decode_step_and_matches_transformers(tiny_checkpoint) -> None:
+    """A one-token prompt is run by the decode step (no prefill bucket padded to 16)."""
+    hf, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    shapes: list[tuple[int, ...]] = []
+    step = llm.run_step
+
+    def spy(cache, ids, first_slot, starts, logit_index=None):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(ids.shape))
+        return step(cache, ids, first_slot, starts, logit_index)
+
+    llm.run_step = spy  # type: ignore[method-assign]
+    rows = [[17], [250]]
+    assert _ours_greedy(llm, rows, 6) == _hf_greedy(hf, rows, 6)
+    assert set(shapes) == {(2, 1)}

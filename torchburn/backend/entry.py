@@ -11,12 +11,14 @@ a miss, so a warm start pays for none of it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import operator
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.fx
@@ -37,6 +39,30 @@ log = logging.getLogger("torchburn")
 #: `options={"passes": {...}}` (user passes by insertion point, see `passes/pipeline.py`) and
 #: `options={"target": "avx2"}` (the CPU to compile for, as `TORCHBURN_TARGET` names it).
 KNOWN_OPTIONS = ("passes", "target")
+
+
+class _Observers(threading.local):
+    """Callbacks `observing` installed on this thread."""
+
+    def __init__(self) -> None:
+        self.stack: list[Callable[..., None]] = []
+
+
+_observers = _Observers()
+
+
+@contextlib.contextmanager
+def observing(callback: Callable[..., None]) -> Iterator[None]:
+    """Within the block, every Dynamo graph this backend compiles on this thread is reported
+    as ``callback(sources, example_inputs, compilations, modules)``: `sources` name each graph
+    input as Dynamo does (``L['x']``, ``L['x'].size()[0]``; None when unknown), `modules` are the final
+    forward modules (launchers installed). The LLM engine's step cache (`llm/step_cache.py`)
+    learns from it how to call a compiled step without Dynamo."""
+    _observers.stack.append(callback)
+    try:
+        yield
+    finally:
+        _observers.stack.pop()
 
 
 def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -92,7 +118,8 @@ class _LazyPipeline:
 
 
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                     pipeline: "Pipeline | _LazyPipeline", kind: str) -> Callable[..., Any]:
+                     pipeline: "Pipeline | _LazyPipeline", kind: str,
+                     modules: Optional[list[torch.fx.GraphModule]] = None) -> Callable[..., Any]:
     """Compile an ATen graph: partition it and replace each compilable part by a launcher. A
     graph compiled before (in any process) comes from the FX-graph cache instead."""
     from ..frontend.inplace_writes import mark_slot_writes
@@ -128,6 +155,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         module, manifest = _compile_partitioned(gm, concrete, report, lazy.target if lazy is not None else None)
         if key is not None and disk is not None and manifest is not None:
             fx_cache.store(disk, key, manifest)
+    if modules is not None:
+        modules.append(module)
     fn = _guard_gpu_state(module, _fast_callable(module))
     if not getattr(fn, "_boxed_call", False):
         fn = make_boxed_func(fn)
@@ -372,6 +401,17 @@ def _direct(launch: Callable[..., Any], outputs: Sequence[torch.fx.Node], call: 
     return pick
 
 
+def _input_sources(gm: torch.fx.GraphModule) -> list[Optional[str]]:
+    """Dynamo's name of the source of each graph input (read before AOTAutograd runs)."""
+    out: list[Optional[str]] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            name = getattr(source, "name", None)
+            out.append(str(name() if callable(name) else name) if name is not None else None)
+    return out
+
+
 def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
     """The backend Dynamo calls (registered as "torchburn" through an entry point)."""
     t0 = time.perf_counter()
@@ -384,9 +424,12 @@ def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
 
     compilations = inference_path.Compilations()
     grad_enabled = torch.is_grad_enabled()
+    observers = list(_observers.stack)
+    modules: Optional[list[torch.fx.GraphModule]] = [] if observers else None
+    sources = _input_sources(gm) if observers else []
 
     def fw(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        fn = compile_fx_graph(g, inputs, pipeline=pipeline, kind="forward")
+        fn = compile_fx_graph(g, inputs, pipeline=pipeline, kind="forward", modules=modules)
         compilations.forward.append((g, fn, inference_path.fw_metadata()))
         return fn
 
@@ -396,4 +439,6 @@ def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
 
     wrapped = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decompositions,
                            keep_inference_input_mutations=True)(gm, example_inputs)
+    for callback in observers:
+        callback(sources, example_inputs, compilations, modules)
     return inference_path.direct_callable(compilations, example_inputs, grad_enabled) or wrapped

@@ -9,7 +9,22 @@ from typing import Optional
 DEVICES = ("auto", "cpu", "gpu")
 
 
+def _no_gpu_device_files() -> bool:
+    """Whether this is Linux without any GPU device file: every hardware driver wgpu can use
+    there (Vulkan, GL) needs a DRM render node, an NVIDIA device file or AMD's /dev/kfd; with
+    none, asking wgpu (seconds: it parses its C headers, then probes the drivers) can only
+    find a software adapter."""
+    import glob
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    return not (glob.glob("/dev/dri/renderD*") or glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
 def real_gpu_present() -> bool:
+    if _no_gpu_device_files():
+        return False
     from ..runtime.gpu import gpu_info
 
     info = gpu_info()

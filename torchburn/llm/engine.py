@@ -20,6 +20,7 @@ from .chat_template import Message, render_chat
 from .kv_cache import KVCache
 from .model import Decoder
 from .sampling import SamplingParams, next_tokens
+from .step_runner import StepCache, _LazyCompile, step_cache_enabled
 from .tokenizer import StreamDecoder, Tokenizer
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
@@ -86,8 +87,9 @@ class LLM:
         self._caches: dict[int, KVCache] = {}
         self.compiled = compile
         self._step: Callable[..., Any] = self._eager_step
-        if compile:
-            self._step = torch.compile(self._eager_step, backend="torchburn", dynamic=False)
+        self.steps = StepCache(self) if compile and step_cache_enabled() else None
+        if compile:  # Dynamo loads on the first call that needs it (a warm step cache needs none)
+            self._step = _LazyCompile(self._eager_step)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -166,6 +168,8 @@ class LLM:
         ``first_slot ..``: logits, and the cache updated."""
         slots = torch.arange(first_slot, first_slot + ids.shape[1])
         positions = (slots[None, :] - starts[:, None]).clamp(min=0)
+        if self.steps is not None:
+            return self.steps.run(cache, ids, positions, slots, starts, logit_index)
         return cache.step(self._step, ids, positions, slots, starts, logit_index,
                           dynamic=self.compiled)
 
@@ -188,6 +192,10 @@ class LLM:
                 size = real = PREFILL_BUCKETS[-1]
             else:
                 size = real = remaining
+            if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
+                logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
+                slot += 1
+                continue
             chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
             chunk[:, :real] = tokens[:, slot:slot + real]
             logits = self.run_step(cache, chunk, slot, starts, torch.tensor([real - 1]))

@@ -155,7 +155,8 @@ class Decoder(nn.Module):
             DecoderLayer(config, w) for w in config.layer_windows)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        inv_freq, self.rope_scale = rope_parameters(config)
+        with torch.device("cpu"):  # small real tables, also under a meta device (no meta kernels)
+            inv_freq, self.rope_scale = rope_parameters(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def new_cache(self, batch: int, context: int, dtype: torch.dtype = torch.float32,

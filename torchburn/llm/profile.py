@@ -187,6 +187,8 @@ def profile_decode(llm: Any, steps: int = 32, filled: int = 64) -> StepProfiler:
     starts = torch.zeros(1, dtype=torch.long)
     ids = torch.tensor([[100]])
     torch._dynamo.reset()
+    if getattr(llm, "steps", None) is not None:  # the step cache would reuse the launcher it has
+        llm.steps.entries.clear()
     with torch.no_grad(), capture_launchers() as made:
         llm.run_step(cache, ids, filled, starts)
     if not made:

