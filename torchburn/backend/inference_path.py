@@ -53,14 +53,20 @@ def _plain_inputs(example_inputs: Sequence[Any], grad_enabled: bool) -> bool:
                for x in example_inputs)
 
 
-def _meta_is_trivial(meta: Any, grad_enabled: bool) -> bool:
+def _meta_is_trivial(meta: Any, grad_enabled: bool, graph_mutations_ok: bool = False) -> bool:
+    """Whether AOTAutograd's runtime wrapper has nothing to do for this forward.
+    `graph_mutations_ok`: data mutations of inputs that the graph itself performs (its
+    `copy_` into the input, `keep_inference_input_mutations`) are allowed: a caller that runs
+    the graph module itself runs those copies (the LLM's step cache)."""
     from torch._functorch._aot_autograd.schemas import OutputType
 
     try:
+        in_graph = set(meta.mutated_graph_handled_indices) if graph_mutations_ok else set()
         return (not meta.traced_tangents
-                and not any((grad_enabled and i.requires_grad) or i.mutates_data or i.mutates_metadata
-                            for i in meta.input_info)
-                and not meta.mutated_inp_runtime_indices and not meta.mutated_graph_handled_indices
+                and not any((grad_enabled and i.requires_grad) or (i.mutates_data and k not in in_graph)
+                            or i.mutates_metadata for k, i in enumerate(meta.input_info))
+                and not meta.mutated_inp_runtime_indices
+                and (graph_mutations_ok or not meta.mutated_graph_handled_indices)
                 and meta.num_intermediate_bases == 0 and meta.num_outputs_aliased == 0
                 and meta.num_unsafe_view_outputs == 0 and not meta.tokens
                 and not meta.is_rng_op_functionalized and meta.num_outputs_rng_offset == 0

@@ -47,12 +47,15 @@ class Field:
 @dataclass(frozen=True)
 class Tensor:
     """One tensor: ``shape`` in ggml's order (fastest dimension first), ``data`` a view of the
-    file (the element type for float and integer types, bytes for quantized ones)."""
+    file (the element type for float and integer types, bytes for quantized ones),
+    ``data_offset`` where that data starts in the file (as `gguf.ReaderTensor` has it: the
+    loader reads tensors with positioned reads, not through the map)."""
 
     name: str
     tensor_type: Any
     shape: np.ndarray
     data: np.ndarray
+    data_offset: int
 
 
 class _Cursor:
@@ -154,7 +157,7 @@ class FastGGUFReader:
             first = start + offset
             raw = self._map[first:first + nbytes]
             self.tensors.append(Tensor(name, kind, np.array(dims, dtype=np.uint64),
-                                       _typed(raw, kind, dims, block, type_size)))
+                                       _typed(raw, kind, dims, block, type_size), first))
 
 
 def _typed(raw: np.ndarray, kind: Any, dims: list[int], block: int, type_size: int) -> np.ndarray:

@@ -129,15 +129,22 @@ class StepPlan:
 
     `inputs` are the graph's inputs, each ``("param", name)``, ``("arg", index)`` or
     ``("size" | "stride", arg index, dim)``; `launch_args` pick the launcher's arguments
-    among them, `outputs` the step's results among the launcher's."""
+    among them, `outputs` the step's results among the launcher's. `writes` are the graph's
+    own input mutations (AOTAutograd's ``copy_(input, result)``, the KV-cache slots): pairs
+    (input index, launcher result index); a program that stored into the input itself returns
+    the input, and the copy is then skipped. `single`: the step returns its one result
+    itself, not a tuple (as the model's function does)."""
 
     inputs: tuple[tuple[Any, ...], ...]
     launch_args: tuple[int, ...]
     outputs: tuple[int, ...]
+    writes: tuple[tuple[int, int], ...] = ()
+    single: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"inputs": [list(i) for i in self.inputs], "launch_args": list(self.launch_args),
-                "outputs": list(self.outputs)}
+                "outputs": list(self.outputs), "writes": [list(w) for w in self.writes],
+                "single": self.single}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "StepPlan":
@@ -153,16 +160,23 @@ class StepPlan:
                 inputs.append((str(kind), int(item[1]), int(item[2])))
             else:
                 raise ValueError(f"bad step input {item!r}")
+        writes = tuple((int(w[0]), int(w[1])) for w in d.get("writes", ()))
         plan = StepPlan(tuple(inputs), tuple(int(i) for i in d["launch_args"]),
-                        tuple(int(i) for i in d["outputs"]))
+                        tuple(int(i) for i in d["outputs"]), writes, bool(d.get("single", False)))
+        if plan.single and len(plan.outputs) != 1:
+            raise ValueError("a single-result step with several outputs")
         if any(not 0 <= i < len(plan.inputs) for i in plan.launch_args):
             raise ValueError("a launcher argument out of range")
+        if any(not 0 <= i < len(plan.inputs) or plan.inputs[i][0] != "arg" for i, _ in writes):
+            raise ValueError("a written input that is not a step argument")
         return plan
 
 
-def _launcher_of(module: torch.fx.GraphModule) -> Optional[tuple[Any, list[int], list[int]]]:
-    """(launcher, its arguments as placeholder indices, the outputs as result indices) when
-    the module is one launcher call and nothing else."""
+def _launcher_of(module: torch.fx.GraphModule
+                 ) -> Optional[tuple[Any, list[int], list[int], list[tuple[int, int]]]]:
+    """(launcher, its arguments as placeholder indices, the outputs as result indices, the
+    input writes as (placeholder index, result index)) when the module is one launcher call,
+    and the `copy_` of its results into inputs, and nothing else."""
     nodes = list(module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     calls = [n for n in nodes if n.op == "call_function" and hasattr(n.target, "launcher")]
@@ -173,6 +187,7 @@ def _launcher_of(module: torch.fx.GraphModule) -> Optional[tuple[Any, list[int],
     if any(not isinstance(a, torch.fx.Node) or a not in index for a in call.args):
         return None
     picks: dict[torch.fx.Node, int] = {}
+    writes: list[tuple[int, int]] = []
     for n in nodes:
         if n.op in ("placeholder", "output") or n is call:
             continue
@@ -180,11 +195,15 @@ def _launcher_of(module: torch.fx.GraphModule) -> Optional[tuple[Any, list[int],
                 and isinstance(n.args[1], int):
             picks[n] = n.args[1]
             continue
+        if (n.op == "call_function" and n.target is torch.ops.aten.copy_.default and not n.users
+                and n.args[0] in index and n.args[1] in picks and len(n.args) == 2 and not n.kwargs):
+            writes.append((index[n.args[0]], picks[n.args[1]]))
+            continue
         return None  # an op left to PyTorch
     out = nodes[-1].args[0]
     if not isinstance(out, (tuple, list)) or any(o not in picks for o in out):
         return None
-    return call.target.launcher, [index[a] for a in call.args], [picks[o] for o in out]
+    return call.target.launcher, [index[a] for a in call.args], [picks[o] for o in out], writes
 
 
 def _trivial(compilations: Any) -> bool:
@@ -194,7 +213,7 @@ def _trivial(compilations: Any) -> bool:
     if compilations.backward or len(compilations.forward) != 1:
         return False
     meta = compilations.forward[0][2]
-    return meta is not None and inference_path._meta_is_trivial(meta, False)
+    return meta is not None and inference_path._meta_is_trivial(meta, False, graph_mutations_ok=True)
 
 
 def plan_from(sources: Sequence[Optional[str]], example_inputs: Sequence[Any], compilations: Any,
@@ -208,7 +227,7 @@ def plan_from(sources: Sequence[Optional[str]], example_inputs: Sequence[Any], c
     aten_inputs = [n for n in compilations.forward[0][0].graph.nodes if n.op == "placeholder"]
     if found is None or len(aten_inputs) != len(example_inputs):
         return None
-    launcher, launch_args, outputs = found
+    launcher, launch_args, outputs, writes = found
     names = {id(t): n for n, t in (list(model.named_parameters(remove_duplicate=False))
                                    + list(model.named_buffers(remove_duplicate=False)))}
     arg_ids = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
@@ -228,7 +247,9 @@ def plan_from(sources: Sequence[Optional[str]], example_inputs: Sequence[Any], c
         if m is None or m.group(1) not in ARGS:
             return None
         inputs.append((m.group(2), ARGS.index(m.group(1)), int(m.group(3))))
-    return StepPlan(tuple(inputs), tuple(launch_args), tuple(outputs)), launcher
+    if any(inputs[i][0] != "arg" for i, _ in writes):
+        return None  # a graph that writes a parameter or buffer: not a step
+    return StepPlan(tuple(inputs), tuple(launch_args), tuple(outputs), tuple(writes)), launcher
 
 
 # ---- running a plan ---------------------------------------------------------------------------------
@@ -253,9 +274,17 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
             getters.append(lambda a, i=item[1], d=item[2]: a[i].stride(d))
     pick = [getters[i] for i in plan.launch_args]
     outputs = plan.outputs
+    writes = [(getters[i], k) for i, k in plan.writes]
+    single = plan.single
 
     def step(*args: Any) -> tuple[Any, ...]:
         out = launch(*[g(args) for g in pick])
+        for target, k in writes:
+            t = target(args)
+            if out[k] is not t:
+                t.copy_(out[k])
+        if single:
+            return out[outputs[0]]
         return tuple(out[k] for k in outputs)
 
     return step

@@ -7,6 +7,7 @@ the step it learns is checked against Dynamo's result before it is used or store
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -111,6 +112,11 @@ class StepCache:
             self.stats.unplannable += 1
             return out
         plan, launcher = found
+        if not isinstance(out, (tuple, list)):
+            if len(plan.outputs) != 1:
+                self.stats.unplannable += 1
+                return out
+            plan = dataclasses.replace(plan, single=True)
         step = sc.bind(plan, launcher.launch, self.llm.model)
         try:
             again = step(*args)
@@ -118,7 +124,8 @@ class StepCache:
             log.info("torchburn: the learned LLM step does not run (%s); Dynamo keeps it", err)
             self.stats.unplannable += 1
             return out
-        if not sc.same_results(again, out if isinstance(out, (tuple, list)) else (out,)):
+        if not sc.same_results(again if isinstance(again, (tuple, list)) else (again,),
+                               out if isinstance(out, (tuple, list)) else (out,)):
             log.info("torchburn: the learned LLM step differs from Dynamo's result; not kept")
             self.stats.unplannable += 1
             return out
