@@ -113,6 +113,8 @@ class LowerToLoops(Pass):
     #: (`loopgen/attention.py`); a GPU wants one row per invocation.
     attention_block_q: ClassVar[int] = 8
     attention_block_k: ClassVar[int] = 32
+    #: Query rows an attention task computes together, sharing each key and value load.
+    attention_rows: ClassVar[int] = 4
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -175,7 +177,8 @@ class LowerToLoops(Pass):
         out = buffers[op.result]
         qop = fused_qlinear(op, set(buffers))
         if op.name == "attention":
-            body = build_attention(kb, op, out, self.attention_block_q, self.attention_block_k)
+            body = build_attention(kb, op, out, self.attention_block_q, self.attention_block_k,
+                                   self.attention_rows)
         elif qop is not None:
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
