@@ -118,7 +118,7 @@ def test_decode_step_has_one_attention_kernel_per_layer(tiny_checkpoint) -> None
     _, folder = tiny_checkpoint("llama")
     llm = LLM.from_pretrained(folder, device="cpu", max_context=64)
     prof = profile_decode(llm, steps=1, filled=8)
-    origins = [dict(k.attrs).get("origin", "") for k in prof.program.kernels]
+    origins = [dict(prof.program.kernel(c.kernel).attrs).get("origin", "") for c in prof.program.calls]
     attn = [o for o in origins if "torchburn.attention" in o]
     assert len(attn) == llm.config.num_hidden_layers == 2, origins
     assert not [o for o in origins if "Attention.forward" in o and "torchburn.attention" not in o
