@@ -142,8 +142,27 @@ def build_attention(kb: KernelBuilder, op: Op, out: lp.Buffer, block_q: int = 8,
               rows_per_head > 1)
 
     kb.push()
-    n.loop("r", tasks, per_task, kind="parallel")
+    if max_rows <= 1:
+        _row_grid(kb, n, op, out, keys, values, masks, causal, scale, dv, block_k)
+    else:
+        n.loop("r", tasks, per_task, kind="parallel")
     return kb.pop()
+
+
+def _row_grid(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, keys: list[Value], values: list[Value],
+              masks: list[Optional[Value]], causal: bool, scale: Expr, dv: int, block_k: int) -> None:
+    """One row per iteration of a perfect nest over `(*B, Hq, Tq)`, every loop variable a
+    whole index of the store: the form `gpu-map` turns into a grid of one invocation per row."""
+    q = op.operands[0]
+    extents = q.shape[:-1]
+    vars_ = kb.loops(extents, "i")
+    for v in vars_:
+        kb.push((v,))
+    *bidx, h, i = vars_
+    _task(kb, n, op, out, tuple(bidx), [_Row(h, i, i)], keys, values, masks, causal, scale, dv, block_k, False)
+    for k in range(len(vars_) - 1, -1, -1):
+        body = kb.pop()
+        kb.emit(lp.For(vars_[k], Const(0), extents[k], "serial", body))
 
 
 class _Row:
