@@ -172,3 +172,16 @@ def test_dynamic_key_length_compiles_once() -> None:
         rep.stop_recording()
     assert len(records) == 1
     assert_fully_compiled(list(records))
+
+
+def test_gpu_form_is_a_grid_of_rows() -> None:
+    """`lower-to-loops-gpu` writes one row per iteration of a `(*B, Hq, Tq)` nest, which
+    `gpu-map` maps to a grid (otherwise one invocation would run the whole op)."""
+    from torchburn.codegen import host_target
+    from torchburn.passes.base import PassManager, get_pass
+    from torchburn.passes import gpu_lower, gpu_map  # noqa: F401  (registers the passes)
+
+    p = PassManager([get_pass("fuse")(), get_pass("lower-to-loops-gpu")(), get_pass("gpu-map")()],
+                    target=host_target()).run(parse_graph(GRAPH))
+    text = print_ir(p.kernels[0])
+    assert len(p.kernels) == 1 and text.count('gpu = "grid"') == 3, text
