@@ -6,8 +6,8 @@ weighted by `exp(score - m)`; keys come in blocks of `BK`, whose scores sit in a
 `s[BK]`. Per block, the new maximum rescales what was accumulated (`corr = exp(m - m_new)`),
 so the result is the exact softmax, whatever the order of the blocks:
 
-    parallel for r in 0..B*Hq*ceil(Tq/BQ) {            # batch x head x query block
-      for ii in 0..BQ { if i < Tq {                    # i = qb*BQ + ii
+    parallel for r in 0..B*Hk*ceil(Tq/R) {             # batch x kv head x query block
+      (for each of the task's G*R rows, unrolled: its head h, its row i)
         m = -inf; l = 0; acc[:] = 0
         for jb in 0..ceil(E/BK) {                      # E = Tk, or min(Tk, i+1) when causal
           s[:] = -inf
@@ -19,9 +19,13 @@ so the result is the exact softmax, whatever the order of the blocks:
           for jj in 0..min(BK, E - jb*BK) { acc[:] += s[jj] * v[jb*BK+jj, :] }
           m = m_new
         }
-        out[i, :] = acc[:] / l
-      } }
+        out[i, :] = acc[:] / l                         # rows past Tq store nothing
     }
+
+A task takes the `G` query heads of one key/value head and `R` rows of each (`R = 1` for
+decode), so each key and value row is loaded once for all of them. The GPU form
+(`max_rows = 1`) is a perfect nest over `(*B, Hq, Tq)`, one row per iteration, which `gpu-map`
+turns into a grid of one invocation per row.
 
 The loops over `d` are unit-stride in every buffer, so `vectorize` gives them the target's
 vector width (the dot product becomes a vector reduction); the outer loop is parallel. With a
