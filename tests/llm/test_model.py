@@ -107,3 +107,19 @@ def test_compiled_int4_model_matches_its_eager_run(tiny_checkpoint, monkeypatch)
     finally:
         monkeypatch.undo()
         reload_config()
+
+
+def test_decode_step_has_one_attention_kernel_per_layer(tiny_checkpoint) -> None:
+    """The decode step's attention (cache + new key, GQA, masks) is one kernel per layer: no
+    matmul, softmax or reduction kernel comes from `Attention.forward` besides it."""
+    from torchburn.llm import LLM
+    from torchburn.llm.profile import profile_decode
+
+    _, folder = tiny_checkpoint("llama")
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=64)
+    prof = profile_decode(llm, steps=1, filled=8)
+    origins = [dict(prof.program.kernel(c.kernel).attrs).get("origin", "") for c in prof.program.calls]
+    attn = [o for o in origins if "torchburn.attention" in o]
+    assert len(attn) == llm.config.num_hidden_layers == 2, origins
+    assert not [o for o in origins if "Attention.forward" in o and "torchburn.attention" not in o
+                and any(op in o for op in ("aten.amax", "aten.exp", "aten.bmm", "aten.mm", "aten.sum"))], origins

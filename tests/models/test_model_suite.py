@@ -203,3 +203,22 @@ def test_two_batch_sizes_and_dynamic_sequence(name: str) -> None:
         torch.testing.assert_close(got, expected, **OUT_TOL, msg=lambda m: f"batch {b}, length {s}: {m}")
     assert len([r for r in records if r.kind == "forward"]) <= 2, "dynamic shapes should not recompile per shape"
     assert_compiled_whole(records)
+
+
+def test_decoder_attention_is_one_kernel_per_layer() -> None:
+    """transformers' Llama (sdpa attention, padding mask) compiles each layer's attention to one
+    `attention` kernel: no softmax or score-matrix kernels (the LLM engine's decode step counts
+the calls, `tests/llm/test_model.py`)."""
+    case = zoo.CASES["llama"]
+    torch.manual_seed(0)
+    model = case.build()
+    inputs = case.inputs(model, 2, 12, True)
+    with torch.no_grad():
+        expected = case.pick(model(**inputs))
+        out, records = recording(lambda: case.pick(compiled(model)(**inputs)))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert_compiled_whole(records)
+    kernels = [k for r in records for s in r.subgraphs for k in s.kernels]
+    # the layers' kernels are the same kernel (`dedup-kernels`), called once per layer
+    assert any("torchburn.attention" in k for k in kernels), kernels
+    assert not [k for k in kernels if "softmax" in k or "aten.amax" in k], kernels

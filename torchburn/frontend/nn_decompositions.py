@@ -1,12 +1,13 @@
-"""Decompositions TorchBurn adds for neural-network ops PyTorch has none for: the backward of
-CPU attention, and `nn.TransformerEncoderLayer`'s fused inference path.
+"""Decompositions TorchBurn adds for neural-network ops PyTorch has none for: CPU attention
+(forward and backward), and `nn.TransformerEncoderLayer`'s fused inference path.
 
 `F.scaled_dot_product_attention` on CPU reaches AOTAutograd as
-`_scaled_dot_product_flash_attention_for_cpu`, whose forward PyTorch decomposes into matmuls
-and a softmax, but whose backward is the fused `..._backward` kernel. Its decomposition here
-recomputes the attention probabilities from `q`, `k` and the mask (it does not trust the
-forward's second result, which the forward decomposition fills with the probabilities rather
-than the log-sum-exp the fused kernel returns) and applies the softmax-matmul chain rule:
+`_scaled_dot_product_flash_attention_for_cpu`. Its forward becomes our `torchburn::attention`
+op (one flash-attention kernel, `frontend/attention_op.py`), plus the log-sum-exp written with
+torch ops, which dead-code elimination drops unless something reads it (our backward does not).
+Its backward is PyTorch's fused `..._backward` kernel; the decomposition here recomputes the
+attention probabilities from `q`, `k` and the mask (it does not trust the forward's second
+result) and applies the softmax-matmul chain rule:
 
     P  = softmax(q k^T * scale + mask)
     dV = P^T dO
@@ -62,6 +63,31 @@ def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: to
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
+def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
+                   is_causal: bool = False, *, attn_mask: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None) -> Any:
+    """(output, logsumexp) as the fused CPU kernel returns them; the output keeps the kernel's
+    `[B, L, H, D]` memory order (PyTorch's own decomposition does the same)."""
+    from .attention_op import attention
+
+    if dropout_p != 0.0 or query.dim() != 4 or not query.is_floating_point():
+        return NotImplemented
+    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    masks = [] if attn_mask is None else [attn_mask]
+    out = attention(query, [key], [value], masks, float(s), bool(is_causal))
+    out = out.permute(2, 0, 1, 3).contiguous(memory_format=torch.contiguous_format).permute(1, 2, 0, 3)
+    rep = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(rep, dim=1) if rep != 1 else key
+    scores = torch.matmul(query.float(), k.float().transpose(-2, -1)) * s
+    if is_causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.float())
+    return out, torch.logsumexp(scores, dim=-1)
+
+
 def transformer_encoder_layer_fwd(src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
                                   qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
                                   use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: torch.Tensor,
@@ -110,6 +136,7 @@ def transformer_encoder_layer_fwd(src: torch.Tensor, embed_dim: int, num_heads: 
 def nn_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions to add to TorchBurn's table."""
     return {
+        aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default: sdpa_flash_cpu_backward,
         aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     }

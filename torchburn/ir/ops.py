@@ -669,3 +669,69 @@ def _scan(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         raise OpError(f"scan: unknown kind {attrs['kind']!r}")
     _norm_dims("scan", [attrs["dim"]], types[0].rank)
     return [types[0].with_dtype(dt.i64) if attrs["kind"] in ("argmax", "argmin") else types[0]]
+
+
+# =============================================================================================
+# Attention (the loop nest is built by passes/loopgen/attention.py).
+# =============================================================================================
+
+@define("attention", "contraction", -1, """
+Scaled dot-product attention as one op: `out[.., h, i, :] = sum_j p[i, j] v[.., h / G, j, :]`
+with `p = softmax_j(scale * q[.., h, i, :] . k[.., h / G, j, :] + mask)`, computed in f32 and
+stored in q's dtype. `q: [*B, Hq, Tq, D]`, each key/value segment `k: [*B, Hk, Tk, D]`, `v:
+[*B, Hk, Tk, Dv]`; `G = Hq / Hk` query heads share a key/value head (grouped-query attention,
+no repeat materialized). Operands are `q`, then `k, v` of each of `segments` segments, then,
+when `masked`, one mask per segment of shape `[*B, Hq, Tq, Tk]` (a view may broadcast it): a
+bool mask keeps the keys where it is true, a float mask is added to the scores. The segments
+are one softmax over their concatenated keys (a KV cache and the step's new keys, without
+concatenating them); `causal` (one segment only) keeps key `j <= i`, aligned top-left as in
+PyTorch. Sizes may be symbolic (a cache view of `s0` filled slots). A row with no key left
+divides 0 by 0, as PyTorch's softmax does.
+
+    %3 = attention(%q, %k, %v) {scale = 0.125, causal = true, masked = false, segments = 1} : f32[2, 8, 16, 64]
+    # %q: f32[2, 8, 16, 64], %k: f32[2, 2, 16, 64], %v: f32[2, 2, 16, 64]
+""")
+def _attention(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    segments, masked, causal = attrs.get("segments", 1), attrs.get("masked", False), attrs.get("causal", False)
+    if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
+        raise OpError(f"attention: segments must be a positive integer, got {segments!r}")
+    if not isinstance(masked, bool) or not isinstance(causal, bool):
+        raise OpError("attention: masked and causal must be bools")
+    if causal and segments != 1:
+        raise OpError("attention: causal takes one segment")
+    if not isinstance(attrs.get("scale"), float):
+        raise OpError(f"attention: scale must be a float, got {attrs.get('scale')!r}")
+    expected = 1 + segments * (3 if masked else 2)
+    if len(types) != expected:
+        raise OpError(f"attention: expected {expected} operands for {segments} segment(s)"
+                      f"{' with masks' if masked else ''}, got {len(types)}")
+    q = types[0]
+    if q.rank < 3 or not q.dtype.is_float:
+        raise OpError(f"attention: q must be a float tensor [*B, H, T, D], got {q}")
+    batch, hq, tq, d = q.shape[:-3], q.shape[-3], q.shape[-2], q.shape[-1]
+    dv: Expr | None = None
+    for s in range(segments):
+        k, v = types[1 + 2 * s], types[2 + 2 * s]
+        for name, t in (("k", k), ("v", v)):
+            if t.rank != q.rank or t.dtype != q.dtype:
+                raise OpError(f"attention: {name} of segment {s} must be {q.dtype} of rank {q.rank}, got {t}")
+            for a, b in zip(t.shape[:-3], batch):
+                _static_equal(f"attention: batch dims of q and {name}", a, b)
+        for a, b in zip(k.shape[-3:-1], v.shape[-3:-1]):
+            _static_equal("attention: heads and keys of k and v", a, b)
+        _static_equal("attention: head dim of q and k", k.shape[-1], d)
+        hk = k.shape[-3]
+        if isinstance(hq, Const) and isinstance(hk, Const) and int(hq.value) % int(hk.value):
+            raise OpError(f"attention: {hq} query heads do not group over {hk} key/value heads")
+        if dv is not None:
+            _static_equal("attention: value dims of the segments", v.shape[-1], dv)
+        dv = v.shape[-1]
+        if masked:
+            m = types[1 + 2 * segments + s]
+            want = (*batch, hq, tq, k.shape[-2])
+            if m.rank != len(want) or not (m.dtype == dt.bool_ or m.dtype.is_float):
+                raise OpError(f"attention: mask of segment {s} must be bool or float {list(map(str, want))}, got {m}")
+            for a, b in zip(m.shape, want):
+                _static_equal("attention: mask shape", a, b)
+    assert dv is not None
+    return [TensorType(q.dtype, (*batch, hq, tq, dv))]

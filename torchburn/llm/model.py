@@ -22,12 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..frontend.attention_op import attention
 from .config import DecoderConfig
 from .kv_cache import KVCache
 from .rope import apply_rope, cos_sin, dynamic_inv_freq, rope_parameters
 
 #: Score given to masked keys: finite, so a fully masked (padding) row stays finite too.
 MASKED = torch.finfo(torch.float32).min
+
+
+def _additive(allowed: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as scores to add: 0 where allowed, `MASKED` (finite) elsewhere."""
+    return torch.where(allowed, 0.0, MASKED)
 
 
 class RMSNorm(nn.Module):
@@ -77,15 +83,17 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old_allowed: torch.Tensor,
-        new_allowed: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old_mask: torch.Tensor,
+        new_mask: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(output, new keys, new values); keys and values are ``[B, K, T, D]``.
 
         The queries attend to the ``P`` earlier slots in ``k_past``/``v_past`` ``[B, K, P, D]``
-        (``old_allowed [B, 1, T, P]``) and to this step's own tokens (``new_allowed
-        [B, 1, T, T]``): one softmax over both parts, computed as two partial sums against a
-        shared maximum, so the cache is never concatenated (or copied) with the new keys.
+        (additive mask ``old_mask [B, 1, T, P]``: 0 or `MASKED`) and to this step's own tokens
+        (``new_mask [B, 1, T, T]``): one softmax over both parts, in one `torchburn::attention`
+        op (one kernel when compiled: `passes/loopgen/attention.py`), so the cache is never
+        concatenated (or copied) with the new keys and the key/value heads are shared by their
+        query heads without a repeat.
         """
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
@@ -96,26 +104,13 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        groups = self.heads // self.kv_heads
-        # Query heads grouped under their key/value head: [B, K, G*T, D], no cache copy.
-        q = q.reshape(b, self.kv_heads, groups * t, self.head_dim) * (self.head_dim ** -0.5)
-        old = torch.where(old_allowed.repeat(1, 1, groups, 1),
-                          torch.matmul(q, k_past.transpose(2, 3)), MASKED)
-        new = torch.where(new_allowed.repeat(1, 1, groups, 1),
-                          torch.matmul(q, k.transpose(2, 3)), MASKED)
-        top = torch.maximum(old.amax(-1, keepdim=True), new.amax(-1, keepdim=True))
-        e_old, e_new = torch.exp(old - top), torch.exp(new - top)
-        total = e_old.sum(-1, keepdim=True) + e_new.sum(-1, keepdim=True)
-        out = torch.matmul(e_old, v_past) + torch.matmul(e_new, v)
+        out = attention(q, [k_past, k], [v_past, v], [old_mask, new_mask], self.head_dim ** -0.5, False)
         if t == 1:
-            # [B, K, G, D] is [B, 1, H * D] in memory; normalizing in that shape makes the
-            # o_proj input a plain row (a quantized linear streams only such rows).
-            scale = (1.0 / total).reshape(b, 1, self.heads, 1).expand(b, 1, self.heads, self.head_dim)
-            out = out.reshape(b, 1, self.heads * self.head_dim) * scale.reshape(b, 1, -1)
+            # [B, H, 1, D] is [B, 1, H * D] in memory: a plain row for o_proj (a quantized
+            # linear streams only such rows; through a transpose it read ~10x slower).
+            out = out.reshape(b, 1, self.heads * self.head_dim)
         else:
-            out = out / total
-            out = out.view(b, self.heads, t, self.head_dim).transpose(1, 2)
-            out = out.reshape(b, t, self.heads * self.head_dim)
+            out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o_proj(out), k, v
 
 
@@ -201,7 +196,7 @@ class Decoder(nn.Module):
                 if window is not None:
                     old_ok = old_ok & (query - old_key < window)[None]
                     new_ok = new_ok & (query - new_key < window)[None]
-                masks[window] = (old_ok[:, None], new_ok[:, None])
+                masks[window] = (_additive(old_ok[:, None]), _additive(new_ok[:, None]))
             h = layer.input_layernorm(x)
             old_ok, new_ok = masks[window]
             a, k, v = layer.self_attn(h, cos, sin, old_ok, new_ok, past[2 * i], past[2 * i + 1])

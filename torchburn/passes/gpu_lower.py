@@ -92,6 +92,9 @@ class LowerToLoopsGpu(LowerToLoops):
     name: ClassVar[str] = "lower-to-loops-gpu"
     simd_qlinear: ClassVar[bool] = False
     simd_conv: ClassVar[bool] = False
+    attention_block_q: ClassVar[int] = 1
+    attention_block_k: ClassVar[int] = 16
+    attention_rows: ClassVar[int] = 1
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:

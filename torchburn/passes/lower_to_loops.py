@@ -7,7 +7,8 @@ swapped plan by cost, `always`, `never`), `gemm_direct_b` (read a small row-majo
 and `gemm_dot` (the dot-product form for a few rows), as in
 `lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
 and their weight gradients become the register-blocked kernels of `loopgen/conv.py` and
-`loopgen/conv_grad_weight.py`;
+`loopgen/conv_grad_weight.py`; an `attention` op becomes one flash-attention kernel
+(`loopgen/attention.py`);
 `lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
@@ -72,6 +73,7 @@ from ..ir.loop import contiguous_strides
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
+from .loopgen.attention import build_attention
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
 from .loopgen.conv import conv_root, fused_conv
 from .loopgen.conv_grad_weight import grad_weight_root
@@ -127,6 +129,12 @@ class LowerToLoops(Pass):
     #: Register-blocked convolution kernels (`loopgen/conv.py`); false keeps the per-element
     #: nest of `loopgen/nn_rules.py` (tests and experiments).
     conv_kernels: bool = True
+    #: Query rows per parallel task and keys per score block of the attention kernels
+    #: (`loopgen/attention.py`); a GPU wants one row per invocation.
+    attention_block_q: ClassVar[int] = 8
+    attention_block_k: ClassVar[int] = 32
+    #: Query rows an attention task computes together, sharing each key and value load.
+    attention_rows: ClassVar[int] = 4
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -192,7 +200,10 @@ class LowerToLoops(Pass):
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
         qop = fused_qlinear(op, set(buffers))
-        if qop is not None:
+        if op.name == "attention":
+            body = build_attention(kb, op, out, self.attention_block_q, self.attention_block_k,
+                                   self.attention_rows)
+        elif qop is not None:
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
