@@ -1,7 +1,7 @@
 """`gpu-map`: decide how each kernel's loops map onto a GPU dispatch, as loop annotations.
 
 WGSL codegen (`codegen/wgsl/`) follows the annotations; the loops themselves do not change.
-Four mappings:
+Five mappings:
 
 - **rows** (row kernels, as row fusion leaves softmax, LayerNorm, RMSNorm and row reductions:
   loops over the row inside the parallel row loops, reductions into scalar accumulators and
@@ -19,8 +19,14 @@ Four mappings:
   output loops map to workgroups (`gpu = "block"`), the reduction nest is shared by the
   workgroup's invocations (`gpu = "threads"`), combined by a tree reduction in workgroup
   memory (`gpu_reduce` the operator, `gpu_acc` the accumulator, `gpu_wg` the size).
+- **tasks** (a loop marked `tasks = "independent"`, the query rows of an attention kernel,
+  `loopgen/attention.py`, whose stores index through `let`s the parallel-prefix test cannot
+  follow): `gpu = "grid"` on that loop, one invocation per task running the task's whole
+  body (the online softmax over all keys) in private memory.
 - **gemm** (matrix products): the whole nest becomes a tiled GEMM (`gpu = "gemm"`,
-  `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device.
+  `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device. A
+  product of at most `gemv_rows` static output rows (a decode step's matrix-vector products)
+  is mapped as a reduction instead (**block** below: a workgroup per output element).
 
 Before:
 
@@ -66,6 +72,7 @@ from ..ir import loop as lp
 from ..ir.expr import Const, Expr
 from .base import LoopPass, register_pass
 from .gpu_rows import rows_annotate
+from .loopgen.attention import TASKS
 
 #: Reduction combiners a workgroup can tree-reduce.
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
@@ -242,6 +249,9 @@ class GpuMap(LoopPass):
     vectorize: bool = True
     #: Map row kernels (row reductions and their elementwise users) to a workgroup per row.
     rows: bool = True
+    #: Matrix products with at most this many output rows (batch x M, static) are mapped as
+    #: reductions, not GEMM tiles (matrix-vector products: decode steps).
+    gemv_rows: int = 4
 
     def run(self, program: lp.Program) -> lp.Program:
         return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))
@@ -249,8 +259,10 @@ class GpuMap(LoopPass):
     def map_kernel(self, k: lp.Kernel) -> lp.Kernel:
         body = k.body
         params = {b.name for b in k.params}
-        if _gemm_depth(body, params):
+        if _gemm_depth(body, params) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
+        if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
+            return replace(k, body=self._tasks(body))
         prelude, nest = _split_prelude(body)
         loops, _ = _perfect_nest(nest)
         n = _parallel_prefix(loops, params)
@@ -307,6 +319,26 @@ class GpuMap(LoopPass):
             return replace(s, body=b, annotations=s.annotations + (("gpu", "block"),))
 
         return rebuild(body, n)
+
+    def _few_rows(self, body: lp.Stmt) -> bool:
+        """A product of at most `gemv_rows` output rows (an LLM's decode step): a GEMM tile
+        would compute mostly padding on few workgroups; the reduction mapping below gives a
+        workgroup per output element instead, the k loop shared by its invocations."""
+        loops, _ = _perfect_nest(body)
+        rows = 1
+        for f in loops[:-1]:
+            e = _static(f.extent)
+            if e is None:
+                return False
+            rows *= e
+        return rows <= self.gemv_rows
+
+    def _tasks(self, body: lp.For) -> lp.Stmt:
+        """A loop of independent tasks (an attention kernel's query rows): one invocation per
+        task, in workgroups no larger than the task count needs (decode has a few heads)."""
+        tasks = _static(body.extent)
+        wg = _pow2_at_least(tasks, 32, self.workgroup) if tasks is not None else 64
+        return replace(body, annotations=body.annotations + (("gpu", "grid"), ("gpu_wg", str(wg))))
 
     def _gemm(self, body: lp.Stmt) -> lp.Stmt:
         tile = self.gemm_tile if self.gemm_tile != "auto" else self._auto_tile(body)
