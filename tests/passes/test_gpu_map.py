@@ -183,3 +183,17 @@ def test_independent_tasks_get_one_invocation_each() -> None:
     assert many.body.annotation("gpu_wg") == "256"
     plain = run_pass(GpuMap(), kernel(TASKS.format(n=9).replace(' attrs {tasks = "independent"}', "")))
     assert plain.body.annotation("gpu") is None
+
+
+def test_a_product_whose_factors_share_a_let_is_not_claimed_as_a_gemm() -> None:
+    """WGSL's GEMM codegen tiles A and B from disjoint lets; a let both factors read would be
+    refused there, sending the whole graph to the CPU engine. gpu-map maps it as a reduction
+    (a workgroup per output element) instead, so only this kernel gives up the GEMM tiles."""
+    shared = GEMM.format(m=64, n=256).replace(
+        "let x4 = %a[i0, k3]", "let t3 = k3 + 0\n            let x4 = %a[i0, t3]").replace(
+        "let x5 = %b[k3, i1]", "let x5 = %b[t3, i1]")
+    out = run_pass(GpuMap(), kernel(shared))
+    assert out.body.annotation("gpu") != "gemm"
+    assert {f.annotation("gpu") for f in _loops(out.body)} & {"block", "rows", "threads", "lanes"}
+    # the same product with its own index per factor is a GEMM
+    assert run_pass(GpuMap(), kernel(GEMM.format(m=64, n=256))).body.annotation("gpu") == "gemm"

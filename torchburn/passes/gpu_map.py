@@ -64,7 +64,7 @@ An elementwise kernel `for i0 in 0..64 { for i1 in 0..256 { %out0[i0, i1] = ... 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Optional
+from typing import AbstractSet, Callable, ClassVar, Optional
 
 from ..ir import dtypes as dt
 from ..ir import expr as ex
@@ -184,7 +184,7 @@ def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
     return out
 
 
-def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
+def _gemm_depth(s: lp.Stmt, params: set[str], symbols: AbstractSet[str] = frozenset()) -> int:
     """Loops of the nest a matrix product (as `lower-to-loops-gpu` writes it) maps onto, or 0:
     parallel output loops (batch.., i, j) around `alloc %acc; %acc[0] = 0; for k { %acc[0] =
     %acc[0] + A * B }; epilogue`, where A does not read j and B does not read i."""
@@ -202,15 +202,44 @@ def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
     upd = body[-1]
     assert isinstance(upd, lp.Store) and isinstance(upd.value, ex.Binary)
     prod = upd.value.b if isinstance(upd.value.a, ex.Load) and upd.value.a.buffer == upd.buffer else upd.value.a
+    prod_let = prod.name if isinstance(prod, ex.Var) else None
     if isinstance(prod, ex.Var):
         prod = lets.get(prod.name, prod)
     if not (isinstance(prod, ex.Binary) and prod.op == "mul"):
         return 0
     i, j = loops[-2].var.name, loops[-1].var.name
+    if not _factors_split(body[:-1], prod, prod_let, {f.var.name for f in loops[:-2]} | set(symbols), i, j,
+                          red.loops[0].var.name):
+        return 0
     ca, cb = _closure(prod.a, lets), _closure(prod.b, lets)
     if (j not in ca and i not in cb) or (i not in ca and j not in cb):
         return len(loops)
     return 0
+
+
+def _factors_split(body: tuple[lp.Stmt, ...], prod: ex.Binary, prod_let: Optional[str], outer: set[str],
+                   i: str, j: str, k: str) -> bool:
+    """The k loop's lets fall into those of A (reading i, k, batch loops and symbols) and those
+    of B (j instead of i), in order, and each factor reads only its side: the condition WGSL's
+    GEMM codegen (`codegen/wgsl/gemm.py`, `match_matmul`) tiles on. A let both factors read (a
+    shared index `let t = k3 + 16`) is not: such a nest gets the reduction mapping instead of
+    the GEMM claim that codegen would refuse (which sent the whole graph to the CPU engine)."""
+    if any(not isinstance(x, lp.Let) for x in body):
+        return False
+    a_names, b_names = outer | {i, k}, outer | {j, k}
+    for x in body:
+        assert isinstance(x, lp.Let)
+        if x.var.name == prod_let:
+            continue
+        fv = ex.free_vars(x.value)
+        if fv <= a_names:
+            a_names.add(x.var.name)
+        elif fv <= b_names:
+            b_names.add(x.var.name)
+        else:
+            return False
+    fa, fb = ex.free_vars(prod.a), ex.free_vars(prod.b)
+    return (fa <= a_names and fb <= b_names) or (fb <= a_names and fa <= b_names)
 
 
 def _split_prelude(body: lp.Stmt) -> tuple[tuple[lp.Stmt, ...], lp.Stmt]:
@@ -259,7 +288,7 @@ class GpuMap(LoopPass):
     def map_kernel(self, k: lp.Kernel) -> lp.Kernel:
         body = k.body
         params = {b.name for b in k.params}
-        if _gemm_depth(body, params) and not self._few_rows(body):
+        if _gemm_depth(body, params, {v.name for v in k.symbols}) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
         if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
             return replace(k, body=self._tasks(body))
