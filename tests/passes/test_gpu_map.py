@@ -197,3 +197,17 @@ def test_a_product_whose_factors_share_a_let_is_not_claimed_as_a_gemm() -> None:
     assert {f.annotation("gpu") for f in _loops(out.body)} & {"block", "rows", "threads", "lanes"}
     # the same product with its own index per factor is a GEMM
     assert run_pass(GpuMap(), kernel(GEMM.format(m=64, n=256))).body.annotation("gpu") == "gemm"
+
+
+def test_an_fma_accumulation_is_a_shared_reduction() -> None:
+    """The quantized matrix-vector kernels accumulate with `fma(x, w, acc)`: an add reduction,
+    so a long one gets a workgroup per output (it had one invocation per output, each walking
+    its whole weight row alone)."""
+    k = kernel(REDUCTION.format(n=256).replace("%acc1[0] = %acc1[0] + x3", "%acc1[0] = fma(x3, x3, %acc1[0])"))
+    out = run_pass(GpuMap(), k)
+    gpu = {f.annotation("gpu") for f in _loops(out.body)}
+    assert gpu & {"block", "rows"} and gpu & {"threads", "lanes"}, gpu
+    # the accumulator read anywhere else than as fma's addend: not a reduction
+    bad = kernel(REDUCTION.format(n=256).replace("%acc1[0] = %acc1[0] + x3",
+                                                 "%acc1[0] = fma(%acc1[0], x3, %acc1[0])"))
+    assert not {f.annotation("gpu") for f in _loops(run_pass(GpuMap(), bad).body)} & {"threads", "lanes"}

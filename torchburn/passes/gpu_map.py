@@ -155,19 +155,23 @@ def _reduction(s: lp.Stmt, locals_: set[str]) -> Optional[_Reduction]:
         return None
     cur = ex.Load(st.buffer, st.index, st.value.type)
     v = st.value
-    if not (isinstance(v, ex.Binary) and v.op in COMBINERS and cur in (v.a, v.b)):
+    if isinstance(v, ex.Call) and v.name == "fma" and len(v.args) == 3 and v.args[2] == cur:
+        # `acc = fma(x, w, acc)` (the quantized kernels' update) is an add reduction of x * w
+        op, own, others = "add", (v.args[2],), v.args[:2]
+    elif isinstance(v, ex.Binary) and v.op in COMBINERS and cur in (v.a, v.b):
+        op, own, others = v.op, (v.a, v.b), (v.b if v.a == cur else v.a,)
+    else:
         return None
-    other = v.b if v.a == cur else v.a
     reads_acc = [n for x in _stmts(body) for e in lp.stmt_exprs(x) for n in ex.walk(e)
                  if isinstance(n, ex.Load) and n.buffer == st.buffer]
-    if any(n is not v.a and n is not v.b for n in reads_acc) or any(
-            isinstance(n, ex.Load) and n.buffer == st.buffer for n in ex.walk(other)):
+    if any(all(n is not o for o in own) for n in reads_acc) or any(
+            isinstance(n, ex.Load) and n.buffer == st.buffer for o in others for n in ex.walk(o)):
         return None
     total: Optional[int] = 1
     for f in loops:
         e = _static(f.extent)
         total = None if e is None or total is None else total * e
-    return _Reduction(loops, v.op, st.buffer, total)
+    return _Reduction(loops, op, st.buffer, total)
 
 
 def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
@@ -200,7 +204,9 @@ def _gemm_depth(s: lp.Stmt, params: set[str], symbols: AbstractSet[str] = frozen
     body = _stmts(red.loops[0].body)
     lets = {x.var.name: x.value for x in body if isinstance(x, lp.Let)}
     upd = body[-1]
-    assert isinstance(upd, lp.Store) and isinstance(upd.value, ex.Binary)
+    assert isinstance(upd, lp.Store)
+    if not isinstance(upd.value, ex.Binary):
+        return 0  # an `fma` update: the quantized kernels, a reduction per output
     prod = upd.value.b if isinstance(upd.value.a, ex.Load) and upd.value.a.buffer == upd.buffer else upd.value.a
     prod_let = prod.name if isinstance(prod, ex.Var) else None
     if isinstance(prod, ex.Var):
