@@ -93,3 +93,34 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
     finally:
         monkeypatch.undo()
         reload_config()
+
+
+@pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
+def test_q8_0_gguf_decodes_on_the_gpu_like_the_cpu_engine(tmp_path, monkeypatch) -> None:
+    """A Q8_0 GGUF (weights stay quantized, dequantized in the WGSL kernels): the decode step
+    runs on the GPU engine with only the logits coming down, greedy tokens as the CPU's."""
+    from torchburn.backend import gpu_launcher
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+    from torchburn.runtime.config import reload_config
+
+    from .test_gguf_loader import _small_gguf
+
+    path = _small_gguf(tmp_path / "q8.gguf")
+    monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
+    try:
+        tokens = {}
+        for device in ("cpu", "gpu"):
+            torch._dynamo.reset()
+            llm = LLM.from_pretrained(str(path), device=device, max_context=32)
+            llm.eos_ids = frozenset()
+            before = {id(x) for x in gpu_launcher.recent_launchers()}
+            tokens[device] = [s[0] for s in llm.generate_ids([[5, 17, 99]], 4, SamplingParams(temperature=0.0))]
+            if device == "gpu":
+                new = [x for x in gpu_launcher.recent_launchers() if id(x) not in before]
+                assert len(new) == 2 and all(x.eager_fallbacks == 0 for x in new)
+                assert new[1].transfers.calls == 3 and new[1].transfers.last_down == 128 * 4
+        assert tokens["gpu"] == tokens["cpu"]
+    finally:
+        monkeypatch.undo()
+        reload_config()
