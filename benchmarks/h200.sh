@@ -38,6 +38,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         2>&1 | tail -60 | tee "$out/bench_gpu.txt"
 fi
 if [ "$what" = llm ] || [ "$what" = all ]; then
+    # bytes across the device boundary per decode step (expect: one program for decode, a few
+    # B up and vocab x 4 B down per call, 0 fallbacks), then llama-bench style pp/tg
+    TORCHBURN_DEVICE=gpu timeout 300 python3 benchmarks/bench_gpu_transfers.py \
+        2>&1 | tail -12 | tee "$out/bench_gpu_transfers.txt"
+    timeout 400 python3 -m torchburn.llm benchmark --device gpu --prompt-tokens 128 --tokens 128 \
+        --repeats 2 --json "$out/llm_gpu.json" 2>&1 | tail -12 | tee "$out/llm_gpu.txt"
+    timeout 400 python3 -m torchburn.llm benchmark --device cpu --prompt-tokens 128 --tokens 128 \
+        --repeats 2 --json "$out/llm_cpu.json" 2>&1 | tail -12 | tee "$out/llm_cpu.txt"
     if [ -f benchmarks/bench_llm_gpu.py ]; then
         timeout 300 python3 benchmarks/bench_llm_gpu.py --json "$out/bench_llm_gpu.json" \
             2>&1 | tail -40 | tee "$out/bench_llm_gpu.txt"

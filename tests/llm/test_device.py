@@ -46,9 +46,13 @@ def test_unknown_device_is_refused() -> None:
 
 
 @pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
-def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkpoint, monkeypatch) -> None:
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkpoint, monkeypatch, quant) -> None:
     """Greedy decoding on the GPU engine gives the CPU engine's tokens; the KV cache is owned by
-    the GPU (nothing of it comes down per step) and reads back equal to the CPU engine's."""
+    the GPU (nothing of it comes down per step) and reads back equal to the CPU engine's. The
+    decode step runs on the GPU engine too: per step a few bytes of ids and positions go up,
+    the logits come down, and each layer's attention is one kernel with an invocation per
+    query head (not one invocation for the whole op)."""
     from torchburn.backend import gpu_launcher, gpu_resident
     from torchburn.llm import LLM
     from torchburn.llm.sampling import SamplingParams
@@ -61,7 +65,8 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
         results = {}
         for device in ("cpu", "gpu"):
             torch._dynamo.reset()
-            llm = LLM.from_pretrained(folder, device=device, max_context=32)
+            llm = LLM.from_pretrained(folder, device=device, max_context=32,
+                                      **({"quant": quant} if quant else {}))
             llm.eos_ids = frozenset()
             before = {id(x) for x in gpu_launcher.recent_launchers()}
             tokens = [s[0] for s in llm.generate_ids([[5, 17, 99]], 5, greedy)]
@@ -73,10 +78,49 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
                 prefill = new[0].transfers
                 # the prefill's in-place cache write stays on the device: only the logits come down
                 assert prefill.last_down == VOCAB * 4, prefill
+                # the decode step: one GPU program, called once per generated token after the first
+                assert len(new) == 2, [x.program.name for x in new]
+                decode = new[1].transfers
+                assert decode.calls == 4 and decode.last_down == VOCAB * 4 and decode.last_up <= 32, decode
+                kernels = new[1].compiled.kernel_summary()
+                attention = [k for k in kernels if "torchburn.attention" in k]
+                assert len(attention) == 2 and all(": threads;" in k for k in attention), attention
+                assert not any(": single" in k for k in kernels), kernels
                 gpu_resident.to_host(cache.tensor)
             results[device] = (tokens, cache.tensor[..., :7, :].clone())
         assert results["gpu"][0] == results["cpu"][0]
         torch.testing.assert_close(results["gpu"][1], results["cpu"][1], rtol=1e-4, atol=1e-4)
+    finally:
+        monkeypatch.undo()
+        reload_config()
+
+
+@pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
+def test_q8_0_gguf_decodes_on_the_gpu_like_the_cpu_engine(tmp_path, monkeypatch) -> None:
+    """A Q8_0 GGUF (weights stay quantized, dequantized in the WGSL kernels): the decode step
+    runs on the GPU engine with only the logits coming down, greedy tokens as the CPU's."""
+    from torchburn.backend import gpu_launcher
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+    from torchburn.runtime.config import reload_config
+
+    from .test_gguf_loader import _small_gguf
+
+    path = _small_gguf(tmp_path / "q8.gguf")
+    monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
+    try:
+        tokens = {}
+        for device in ("cpu", "gpu"):
+            torch._dynamo.reset()
+            llm = LLM.from_pretrained(str(path), device=device, max_context=32)
+            llm.eos_ids = frozenset()
+            before = {id(x) for x in gpu_launcher.recent_launchers()}
+            tokens[device] = [s[0] for s in llm.generate_ids([[5, 17, 99]], 4, SamplingParams(temperature=0.0))]
+            if device == "gpu":
+                new = [x for x in gpu_launcher.recent_launchers() if id(x) not in before]
+                assert len(new) == 2 and all(x.eager_fallbacks == 0 for x in new)
+                assert new[1].transfers.calls == 3 and new[1].transfers.last_down == 128 * 4
+        assert tokens["gpu"] == tokens["cpu"]
     finally:
         monkeypatch.undo()
         reload_config()

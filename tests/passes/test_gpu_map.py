@@ -142,3 +142,72 @@ def test_a_sequential_loop_is_not_parallelized() -> None:
     """)
     out = run_pass(GpuMap(), k)
     assert "gpu" not in dict(out.body.annotations)  # type: ignore[union-attr]
+
+
+def test_a_matrix_vector_product_gets_a_workgroup_per_output_not_a_gemm_tile() -> None:
+    """A decode step's product (one output row) would fill 1 of a tile's 32 rows: it is mapped
+    as a reduction instead; from `gemv_rows + 1` rows on it is a GEMM again."""
+    one = run_pass(GpuMap(), kernel(GEMM.format(m=1, n=256)))
+    assert one.body.annotation("gpu") != "gemm"
+    gpu = {f.annotation("gpu") for f in _loops(one.body)}
+    assert gpu & {"rows", "block"} and gpu & {"lanes", "threads"}, gpu
+    five = run_pass(GpuMap(), kernel(GEMM.format(m=5, n=256)))
+    assert five.body.annotation("gpu") == "gemm"
+
+
+def _loops(s):  # type: ignore[no-untyped-def]
+    from torchburn.ir import loop as lp
+
+    return [x for x in lp.walk_stmts(s) if isinstance(x, lp.For)]
+
+
+TASKS = """
+    kernel @k0(%x: f32[{n}, 4] strides [4, 1], %out: f32[{n}, 4] strides [4, 1]) {{
+      parallel for r0 in 0..{n} attrs {{tasks = "independent"}} {{
+        let h1 = r0 % {n}
+        for d2 in 0..4 {{
+          %out[h1, d2] = %x[h1, d2]
+        }}
+      }}
+    }}
+"""
+
+
+def test_independent_tasks_get_one_invocation_each() -> None:
+    """The attention kernel's task loop (stores through `let`s the parallel-prefix test cannot
+    follow) is a grid loop, in a workgroup sized to the task count; unmarked, it stays serial
+    (one invocation runs everything)."""
+    few = run_pass(GpuMap(), kernel(TASKS.format(n=9)))
+    assert few.body.annotations == (("tasks", "independent"), ("gpu", "grid"), ("gpu_wg", "32"))
+    many = run_pass(GpuMap(), kernel(TASKS.format(n=4096)))
+    assert many.body.annotation("gpu_wg") == "256"
+    plain = run_pass(GpuMap(), kernel(TASKS.format(n=9).replace(' attrs {tasks = "independent"}', "")))
+    assert plain.body.annotation("gpu") is None
+
+
+def test_a_product_whose_factors_share_a_let_is_not_claimed_as_a_gemm() -> None:
+    """WGSL's GEMM codegen tiles A and B from disjoint lets; a let both factors read would be
+    refused there, sending the whole graph to the CPU engine. gpu-map maps it as a reduction
+    (a workgroup per output element) instead, so only this kernel gives up the GEMM tiles."""
+    shared = GEMM.format(m=64, n=256).replace(
+        "let x4 = %a[i0, k3]", "let t3 = k3 + 0\n            let x4 = %a[i0, t3]").replace(
+        "let x5 = %b[k3, i1]", "let x5 = %b[t3, i1]")
+    out = run_pass(GpuMap(), kernel(shared))
+    assert out.body.annotation("gpu") != "gemm"
+    assert {f.annotation("gpu") for f in _loops(out.body)} & {"block", "rows", "threads", "lanes"}
+    # the same product with its own index per factor is a GEMM
+    assert run_pass(GpuMap(), kernel(GEMM.format(m=64, n=256))).body.annotation("gpu") == "gemm"
+
+
+def test_an_fma_accumulation_is_a_shared_reduction() -> None:
+    """The quantized matrix-vector kernels accumulate with `fma(x, w, acc)`: an add reduction,
+    so a long one gets a workgroup per output (it had one invocation per output, each walking
+    its whole weight row alone)."""
+    k = kernel(REDUCTION.format(n=256).replace("%acc1[0] = %acc1[0] + x3", "%acc1[0] = fma(x3, x3, %acc1[0])"))
+    out = run_pass(GpuMap(), k)
+    gpu = {f.annotation("gpu") for f in _loops(out.body)}
+    assert gpu & {"block", "rows"} and gpu & {"threads", "lanes"}, gpu
+    # the accumulator read anywhere else than as fma's addend: not a reduction
+    bad = kernel(REDUCTION.format(n=256).replace("%acc1[0] = %acc1[0] + x3",
+                                                 "%acc1[0] = fma(%acc1[0], x3, %acc1[0])"))
+    assert not {f.annotation("gpu") for f in _loops(run_pass(GpuMap(), bad).body)} & {"threads", "lanes"}

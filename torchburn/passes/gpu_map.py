@@ -1,7 +1,7 @@
 """`gpu-map`: decide how each kernel's loops map onto a GPU dispatch, as loop annotations.
 
 WGSL codegen (`codegen/wgsl/`) follows the annotations; the loops themselves do not change.
-Four mappings:
+Five mappings:
 
 - **rows** (row kernels, as row fusion leaves softmax, LayerNorm, RMSNorm and row reductions:
   loops over the row inside the parallel row loops, reductions into scalar accumulators and
@@ -19,8 +19,14 @@ Four mappings:
   output loops map to workgroups (`gpu = "block"`), the reduction nest is shared by the
   workgroup's invocations (`gpu = "threads"`), combined by a tree reduction in workgroup
   memory (`gpu_reduce` the operator, `gpu_acc` the accumulator, `gpu_wg` the size).
+- **tasks** (a loop marked `tasks = "independent"`, the query rows of an attention kernel,
+  `loopgen/attention.py`, whose stores index through `let`s the parallel-prefix test cannot
+  follow): `gpu = "grid"` on that loop, one invocation per task running the task's whole
+  body (the online softmax over all keys) in private memory.
 - **gemm** (matrix products): the whole nest becomes a tiled GEMM (`gpu = "gemm"`,
-  `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device.
+  `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device. A
+  product of at most `gemv_rows` static output rows (a decode step's matrix-vector products)
+  is mapped as a reduction instead (**block** below: a workgroup per output element).
 
 Before:
 
@@ -58,7 +64,7 @@ An elementwise kernel `for i0 in 0..64 { for i1 in 0..256 { %out0[i0, i1] = ... 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Optional
+from typing import AbstractSet, Callable, ClassVar, Optional
 
 from ..ir import dtypes as dt
 from ..ir import expr as ex
@@ -66,6 +72,7 @@ from ..ir import loop as lp
 from ..ir.expr import Const, Expr
 from .base import LoopPass, register_pass
 from .gpu_rows import rows_annotate
+from .loopgen.attention import TASKS
 
 #: Reduction combiners a workgroup can tree-reduce.
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
@@ -148,19 +155,23 @@ def _reduction(s: lp.Stmt, locals_: set[str]) -> Optional[_Reduction]:
         return None
     cur = ex.Load(st.buffer, st.index, st.value.type)
     v = st.value
-    if not (isinstance(v, ex.Binary) and v.op in COMBINERS and cur in (v.a, v.b)):
+    if isinstance(v, ex.Call) and v.name == "fma" and len(v.args) == 3 and v.args[2] == cur:
+        # `acc = fma(x, w, acc)` (the quantized kernels' update) is an add reduction of x * w
+        op, own, others = "add", (v.args[2],), v.args[:2]
+    elif isinstance(v, ex.Binary) and v.op in COMBINERS and cur in (v.a, v.b):
+        op, own, others = v.op, (v.a, v.b), (v.b if v.a == cur else v.a,)
+    else:
         return None
-    other = v.b if v.a == cur else v.a
     reads_acc = [n for x in _stmts(body) for e in lp.stmt_exprs(x) for n in ex.walk(e)
                  if isinstance(n, ex.Load) and n.buffer == st.buffer]
-    if any(n is not v.a and n is not v.b for n in reads_acc) or any(
-            isinstance(n, ex.Load) and n.buffer == st.buffer for n in ex.walk(other)):
+    if any(all(n is not o for o in own) for n in reads_acc) or any(
+            isinstance(n, ex.Load) and n.buffer == st.buffer for o in others for n in ex.walk(o)):
         return None
     total: Optional[int] = 1
     for f in loops:
         e = _static(f.extent)
         total = None if e is None or total is None else total * e
-    return _Reduction(loops, v.op, st.buffer, total)
+    return _Reduction(loops, op, st.buffer, total)
 
 
 def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
@@ -177,7 +188,7 @@ def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
     return out
 
 
-def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
+def _gemm_depth(s: lp.Stmt, params: set[str], symbols: AbstractSet[str] = frozenset()) -> int:
     """Loops of the nest a matrix product (as `lower-to-loops-gpu` writes it) maps onto, or 0:
     parallel output loops (batch.., i, j) around `alloc %acc; %acc[0] = 0; for k { %acc[0] =
     %acc[0] + A * B }; epilogue`, where A does not read j and B does not read i."""
@@ -193,17 +204,48 @@ def _gemm_depth(s: lp.Stmt, params: set[str]) -> int:
     body = _stmts(red.loops[0].body)
     lets = {x.var.name: x.value for x in body if isinstance(x, lp.Let)}
     upd = body[-1]
-    assert isinstance(upd, lp.Store) and isinstance(upd.value, ex.Binary)
+    assert isinstance(upd, lp.Store)
+    if not isinstance(upd.value, ex.Binary):
+        return 0  # an `fma` update: the quantized kernels, a reduction per output
     prod = upd.value.b if isinstance(upd.value.a, ex.Load) and upd.value.a.buffer == upd.buffer else upd.value.a
+    prod_let = prod.name if isinstance(prod, ex.Var) else None
     if isinstance(prod, ex.Var):
         prod = lets.get(prod.name, prod)
     if not (isinstance(prod, ex.Binary) and prod.op == "mul"):
         return 0
     i, j = loops[-2].var.name, loops[-1].var.name
+    if not _factors_split(body[:-1], prod, prod_let, {f.var.name for f in loops[:-2]} | set(symbols), i, j,
+                          red.loops[0].var.name):
+        return 0
     ca, cb = _closure(prod.a, lets), _closure(prod.b, lets)
     if (j not in ca and i not in cb) or (i not in ca and j not in cb):
         return len(loops)
     return 0
+
+
+def _factors_split(body: tuple[lp.Stmt, ...], prod: ex.Binary, prod_let: Optional[str], outer: set[str],
+                   i: str, j: str, k: str) -> bool:
+    """The k loop's lets fall into those of A (reading i, k, batch loops and symbols) and those
+    of B (j instead of i), in order, and each factor reads only its side: the condition WGSL's
+    GEMM codegen (`codegen/wgsl/gemm.py`, `match_matmul`) tiles on. A let both factors read (a
+    shared index `let t = k3 + 16`) is not: such a nest gets the reduction mapping instead of
+    the GEMM claim that codegen would refuse (which sent the whole graph to the CPU engine)."""
+    if any(not isinstance(x, lp.Let) for x in body):
+        return False
+    a_names, b_names = outer | {i, k}, outer | {j, k}
+    for x in body:
+        assert isinstance(x, lp.Let)
+        if x.var.name == prod_let:
+            continue
+        fv = ex.free_vars(x.value)
+        if fv <= a_names:
+            a_names.add(x.var.name)
+        elif fv <= b_names:
+            b_names.add(x.var.name)
+        else:
+            return False
+    fa, fb = ex.free_vars(prod.a), ex.free_vars(prod.b)
+    return (fa <= a_names and fb <= b_names) or (fb <= a_names and fa <= b_names)
 
 
 def _split_prelude(body: lp.Stmt) -> tuple[tuple[lp.Stmt, ...], lp.Stmt]:
@@ -242,6 +284,9 @@ class GpuMap(LoopPass):
     vectorize: bool = True
     #: Map row kernels (row reductions and their elementwise users) to a workgroup per row.
     rows: bool = True
+    #: Matrix products with at most this many output rows (batch x M, static) are mapped as
+    #: reductions, not GEMM tiles (matrix-vector products: decode steps).
+    gemv_rows: int = 4
 
     def run(self, program: lp.Program) -> lp.Program:
         return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))
@@ -249,8 +294,10 @@ class GpuMap(LoopPass):
     def map_kernel(self, k: lp.Kernel) -> lp.Kernel:
         body = k.body
         params = {b.name for b in k.params}
-        if _gemm_depth(body, params):
+        if _gemm_depth(body, params, {v.name for v in k.symbols}) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
+        if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
+            return replace(k, body=self._tasks(body))
         prelude, nest = _split_prelude(body)
         loops, _ = _perfect_nest(nest)
         n = _parallel_prefix(loops, params)
@@ -307,6 +354,26 @@ class GpuMap(LoopPass):
             return replace(s, body=b, annotations=s.annotations + (("gpu", "block"),))
 
         return rebuild(body, n)
+
+    def _few_rows(self, body: lp.Stmt) -> bool:
+        """A product of at most `gemv_rows` output rows (an LLM's decode step): a GEMM tile
+        would compute mostly padding on few workgroups; the reduction mapping below gives a
+        workgroup per output element instead, the k loop shared by its invocations."""
+        loops, _ = _perfect_nest(body)
+        rows = 1
+        for f in loops[:-1]:
+            e = _static(f.extent)
+            if e is None:
+                return False
+            rows *= e
+        return rows <= self.gemv_rows
+
+    def _tasks(self, body: lp.For) -> lp.Stmt:
+        """A loop of independent tasks (an attention kernel's query rows): one invocation per
+        task, in workgroups no larger than the task count needs (decode has a few heads)."""
+        tasks = _static(body.extent)
+        wg = _pow2_at_least(tasks, 32, self.workgroup) if tasks is not None else 64
+        return replace(body, annotations=body.annotations + (("gpu", "grid"), ("gpu_wg", str(wg))))
 
     def _gemm(self, body: lp.Stmt) -> lp.Stmt:
         tile = self.gemm_tile if self.gemm_tile != "auto" else self._auto_tile(body)

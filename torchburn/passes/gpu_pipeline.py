@@ -3,7 +3,7 @@ passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
     gpu_pipeline(p)      canonicalize, fold-batch-norm, fuse{epilogue_reshape=false}
-                         | lower-to-loops-gpu | gpu-map
+                         | lower-to-loops-gpu | gpu-split-wide, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
 """
@@ -14,6 +14,7 @@ import dataclasses
 from .fusion import Fuse
 from .gpu_lower import LowerToLoopsGpu
 from .gpu_map import GpuMap
+from .gpu_split import GpuSplitWide
 from .lower_to_loops import LowerToLoops
 from .pipeline import Pipeline, user_loop_passes
 
@@ -21,11 +22,15 @@ from .pipeline import Pipeline, user_loop_passes
 def gpu_pipeline(p: Pipeline) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
-    nests (`lower-to-loops-gpu`), and `gpu-map` last (unless the user placed one). Row fusion
-    stays: `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`)."""
+    nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
+    `gpu_split.py`) and `gpu-map` last (unless the user placed them). Row fusion stays:
+    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`)."""
     loop = user_loop_passes(p)
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
+    if not any(x.name == GpuSplitWide.name for x in loop):
+        # before the mapping, so that each chunk is mapped on its own
+        loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitWide())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
     # The plain GPU GEMM nest computes epilogues at the product's own index only.
     tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
