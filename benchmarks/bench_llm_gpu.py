@@ -196,7 +196,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"unknown contenders {unknown}; choose from {', '.join(SHORT)}")
         names = wanted
     config = QUICK if args.quick else SMOLLM2_135M
-    folder = make_checkpoint(Path(tempfile.mkdtemp(prefix="bench_llm_gpu_")), config)
+    if args.checkpoint and (Path(args.checkpoint) / "config.json").is_file():
+        folder = Path(args.checkpoint)   # made by an earlier run (same --quick choice)
+        config = json.loads((folder / "config.json").read_text())
+    else:
+        folder = Path(args.checkpoint) if args.checkpoint else Path(tempfile.mkdtemp(prefix="bench_llm_gpu_"))
+        folder.mkdir(parents=True, exist_ok=True)
+        folder = make_checkpoint(folder, config)
     payload: dict[str, Any] = {"config": config, "prompt": args.prompt, "tokens": args.tokens,
                                "reps": args.reps, "torch": torch.__version__,
                                "cuda": torch.cuda.get_device_name(0)
@@ -275,6 +281,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="threads of our CPU engine")
     p.add_argument("--only", default=None, help=f"comma list of {', '.join(SHORT)}")
     p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--checkpoint", default=None,
+                   help="keep the random checkpoint in this folder (reused when it holds one)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
