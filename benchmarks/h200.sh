@@ -24,6 +24,11 @@ mkdir -p /tmp/site
 tar -xJf .gl/site.tar.xz -C /tmp/site || exit 1
 tar -xJf .gl/llvmlite.tar.xz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site:$PWD
+# what `pip install .` would add: the `torch_dynamo_backends` entry point (backend="torchburn")
+mkdir -p /tmp/site/torchburn-0.1.0.dist-info
+printf 'Metadata-Version: 2.1\nName: torchburn\nVersion: 0.1.0\n' > /tmp/site/torchburn-0.1.0.dist-info/METADATA
+printf '[torch_dynamo_backends]\ntorchburn = torchburn.backend:torchburn_backend\n' \
+    > /tmp/site/torchburn-0.1.0.dist-info/entry_points.txt
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export TORCHBURN_WGPU_BACKEND=vulkan
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader | tee "$out/gpu.txt"

@@ -41,7 +41,11 @@ class _LazyCompile:
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is None:
-            self.compiled = torch.compile(self.fn, backend="torchburn", dynamic=False)
+            # the backend itself, not its registered name: a checkout run from its source tree
+            # (PYTHONPATH, no installed entry point) has no "torchburn" backend name
+            from ..backend import torchburn_backend
+
+            self.compiled = torch.compile(self.fn, backend=torchburn_backend, dynamic=False)
         return self.compiled(*args)
 
 
