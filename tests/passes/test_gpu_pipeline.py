@@ -15,3 +15,12 @@ def test_gpu_pipeline_keeps_row_fusion_and_maps_last() -> None:
     assert p.loop[-1].name == "gpu-map"
     cpu_only = {"parallelize", "vectorize", "unroll", "split-accumulators", "fuse-sibling-loops"}
     assert not cpu_only & {x.name for x in p.loop}
+
+
+def test_gpu_pipeline_expands_attention_before_fusion() -> None:
+    """The fused attention op's kernel is a serial loop per query row: the GPU pipeline
+    rewrites it into products and a softmax (`expand-attention`) before `fuse` sees it."""
+    names = [x.name for x in gpu_pipeline(Pipeline.default()).tensor]
+    assert names.count("expand-attention") == 1
+    assert names.index("expand-attention") < names.index("fuse")
+    assert "expand-attention" not in [x.name for x in Pipeline.default().tensor]

@@ -393,7 +393,7 @@ def _fold_int(op: str, a: int, b: int, dtype: DType) -> int | None:
 
 def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
     """Build `a op b`, folding integer constants (`semantics.evaluate`: `100:i8 + 100:i8` is
-    `-56:i8`) and the identities x+0, x*1, x*0, x//1, x%1."""
+    `-56:i8`) and the identities x+0, x*1, x*0, x//1, x%1, (x+y)-x."""
     a, b = as_expr(a), as_expr(b)
     if op not in BINARY_OPS:
         raise ValueError(f"unknown binary op {op!r}")
@@ -411,6 +411,12 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
                 return a
         elif op == "sub" and cb == 0:
             return a
+        elif op == "sub" and isinstance(a, Binary) and a.op == "add" and a.type == ta:
+            # (x + y) - x: a slice's length after a segment of symbolic length
+            if a.a == b:
+                return a.b
+            if a.b == b:
+                return a.a
         elif op == "mul":
             if ca == 1:
                 return b

@@ -261,6 +261,33 @@ def _split_prelude(body: lp.Stmt) -> tuple[tuple[lp.Stmt, ...], lp.Stmt]:
     return stmts[:k], rest[0] if len(rest) == 1 else lp.block(*rest)
 
 
+def _sink(prelude: tuple[lp.Stmt, ...], nest: lp.Stmt) -> lp.Stmt:
+    """`nest` with the `let`s of `prelude` at the start of its innermost perfectly nested
+    loop body (recomputed per iteration: they are loads and arithmetic of invariants)."""
+    if isinstance(nest, lp.For):
+        inner = _sink(prelude, nest.body) if isinstance(nest.body, lp.For) else lp.block(*prelude, nest.body)
+        return replace(nest, body=inner)
+    return lp.block(*prelude, nest)
+
+
+def _sink_between(s: lp.Stmt) -> lp.Stmt:
+    """The loop nest with invariant `let`s found between its outer loops (`lower-to-loops`
+    hoists a load that depends only on the outer indices there, as a broadcast mask's
+    element) moved inward, so that the parallel loops form one perfect nest again."""
+    if not isinstance(s, lp.For):
+        return s
+    stmts = _stmts(s.body)
+    if len(stmts) > 1 and isinstance(stmts[-1], lp.For) and all(isinstance(x, lp.Let) for x in stmts[:-1]):
+        written = {x.buffer for x in lp.walk_stmts(s) if isinstance(x, lp.Store)}
+        if not any(isinstance(n, ex.Load) and n.buffer in written
+                   for x in stmts[:-1] for n in ex.walk(x.value)):  # type: ignore[attr-defined]
+            inner = stmts[-1]
+            assert isinstance(inner, lp.For)
+            moved = replace(inner, body=lp.block(*stmts[:-1], inner.body))
+            return replace(s, body=_sink_between(moved))
+    return replace(s, body=_sink_between(s.body)) if isinstance(s.body, lp.For) else s
+
+
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
     p = lo
     while p < n and p < hi:
@@ -299,12 +326,19 @@ class GpuMap(LoopPass):
         if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
             return replace(k, body=self._tasks(body))
         prelude, nest = _split_prelude(body)
+        nest = _sink_between(nest)
         loops, _ = _perfect_nest(nest)
         n = _parallel_prefix(loops, params)
         if self.rows and loops:
             rows = rows_annotate(loops, n, params, self.workgroup, self.vectorize)
             if rows is not None:
                 return replace(k, body=lp.block(*prelude, rows) if prelude else rows)
+        # Grid and block kernels are one nest: leading invariant `let`s move into its body.
+        mapped = self._map_nest(_sink(prelude, nest) if prelude else body, params)
+        return k if mapped is None else replace(k, body=mapped)
+
+    def _map_nest(self, body: lp.Stmt, params: set[str]) -> Optional[lp.Stmt]:
+        """The block or grid mapping of a loop nest, None when it has no parallel loop."""
         loops, _ = _perfect_nest(body)
         n = _parallel_prefix(loops, params)
         inner = loops[n - 1].body if n else body
@@ -313,9 +347,9 @@ class GpuMap(LoopPass):
         reductions = [r for r in (_reduction(x, locals_) for x in _stmts(inner)) if r is not None]
         long = [r for r in reductions if r.extent is None or r.extent >= self.reduce_threshold]
         if long:
-            return replace(k, body=self._block(body, n, inner, reductions))
+            return self._block(body, n, inner, reductions)
         if n == 0:
-            return k
+            return None
         straight = all(isinstance(x, (lp.Let, lp.Store)) for x in _stmts(inner))
         last = _static(loops[n - 1].extent)
         vec = self.vectorize and straight and last is not None and last % 4 == 0
@@ -325,7 +359,7 @@ class GpuMap(LoopPass):
                 return (("gpu", "grid"),)
             return (("gpu", "grid"), ("gpu_wg", str(self.workgroup))) + ((("gpu_vec", "4"),) if vec else ())
 
-        return replace(k, body=_annotate(body, n, grid))
+        return _annotate(body, n, grid)
 
     def _block(self, body: lp.Stmt, n: int, inner: lp.Stmt, reductions: list[_Reduction]) -> lp.Stmt:
         longest = max((r.extent or 1 << 30) for r in reductions)

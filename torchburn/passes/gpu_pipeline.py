@@ -2,7 +2,7 @@
 passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
-    gpu_pipeline(p)      canonicalize, fold-batch-norm, fuse{epilogue_reshape=false}
+    gpu_pipeline(p)      canonicalize, fold-batch-norm, expand-attention, fuse{epilogue_reshape=false}
                          | lower-to-loops-gpu | gpu-split-wide, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .expand_attention import ExpandAttention
 from .fusion import Fuse
 from .gpu_lower import LowerToLoopsGpu
 from .gpu_map import GpuMap
@@ -24,7 +25,9 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
     of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
     nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
     `gpu_split.py`) and `gpu-map` last (unless the user placed them). Row fusion stays:
-    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`)."""
+    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). The fused `attention`
+    op is expanded into products and a softmax before fusion (`expand-attention`): its CPU
+    kernel is a serial loop per query row."""
     loop = user_loop_passes(p)
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
@@ -35,4 +38,7 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
     # The plain GPU GEMM nest computes epilogues at the product's own index only.
     tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
               for x in p.tensor]
+    if not any(x.name == ExpandAttention.name for x in tensor):
+        at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
+        tensor.insert(at, ExpandAttention())
     return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])
