@@ -59,6 +59,9 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
     from torchburn.runtime.config import reload_config
 
     monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
+    # the GPU's quantized kernels take float activations; on a CPU with VNNI the CPU engine's
+    # default is int8 activations (another rounding), so both are held to float activations
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")
     _, folder = tiny_checkpoint("llama")
     greedy = SamplingParams(temperature=0.0)
     try:
@@ -110,6 +113,7 @@ def test_q8_0_gguf_decodes_on_the_gpu_like_the_cpu_engine(tmp_path, monkeypatch)
 
     path = _small_gguf(tmp_path / "q8.gguf")
     monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")  # as above: the GPU takes float activations
     try:
         tokens = {}
         for device in ("cpu", "gpu"):

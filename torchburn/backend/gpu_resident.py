@@ -69,9 +69,18 @@ def _live(key: Any) -> Optional[Resident]:
     e = _entries.get(key)
     if e is not None and e.ref.expired():
         del _entries[key]
-        _owned.pop(key, None)
+        _drop_expired_owner(key)
         return None
     return e
+
+
+def _drop_expired_owner(key: Any) -> None:
+    """Forget the ownership mark at `key` only when its own storage is gone: a freed storage's
+    address is reused by new tensors (a new KV cache marked `keep_on_gpu` at the address of an
+    old one whose entry expires later must stay owned)."""
+    ref = _owned.get(key)
+    if ref is not None and ref.expired():
+        del _owned[key]
 
 
 def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_binding: int) -> bool:
@@ -95,7 +104,7 @@ def _purge() -> None:
     for key in [k for k, e in _entries.items() if e.ref.expired()]:
         del _entries[key]
         if isinstance(key, int):
-            _owned.pop(key, None)
+            _drop_expired_owner(key)
 
 
 def _host_bytes(t: torch.Tensor, nbytes: int) -> torch.Tensor:
