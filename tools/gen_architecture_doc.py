@@ -32,7 +32,8 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> partition: nodes with a lowering form compiled subgraphs, the rest   frontend/partition.py
      stays PyTorch (reported by torchburn.explain)
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
-  -> tensor passes: canonicalize, fold-batch-norm, fuse (kernel roots     passes/
+  -> tensor passes: canonicalize, form-attention (hand-written            passes/
+     softmax(q k^T) v -> attention), fold-batch-norm, fuse (kernel roots
      and inlined ops)
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
      (each distinct kernel root lowered once: loopgen/root_key.py;

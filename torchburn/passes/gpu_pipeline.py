@@ -1,8 +1,8 @@
 """The pipeline the wgpu engine runs: the CPU pipeline's tensor passes and the user's loop
 passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
-    Pipeline.default()   canonicalize, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
-    gpu_pipeline(p)      canonicalize, fold-batch-norm, expand-attention, fuse{epilogue_reshape=false}
+    Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
+    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention, fuse{epilogue_reshape=false}
                          | lower-to-loops-gpu | gpu-split-wide, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).

@@ -134,6 +134,10 @@ class Rewriter:
         """Whether an op reads `v` or the graph returns it."""
         return bool(self._users.get(v)) or self._outputs[v] > 0
 
+    def is_returned(self, v: Value) -> bool:
+        """Whether the graph returns `v` (a value other code reads, whatever its op users)."""
+        return self._outputs[v] > 0
+
     def is_dead(self, op: Op) -> bool:
         """Whether nothing reads any result of `op`."""
         return not any(self.has_uses(r) for r in op.results)
