@@ -1,6 +1,6 @@
 """From LLVM IR text to callable native code, and the OpenMP runtime it runs on.
 
-    obj = compile_llvm_ir(llvm_ir, target)      # O3 (new pass manager) + object emission
+    obj = compile_llvm_ir(llvm_ir, target)      # O2 (new pass manager) + object emission
     native = load_object(obj)                   # MCJIT engine holding the object, kept alive
     entry = native.entry("torchburn_main")      # ctypes: void(ptr buffers, ptr symbols, ptr ws)
 
@@ -35,6 +35,14 @@ if TYPE_CHECKING:  # the target is data; loading cached code never imports the I
 
 _lock = threading.Lock()
 log = logging.getLogger("torchburn")
+
+#: LLVM's optimization level for generated code (the new pass manager's pipeline and the
+#: code generator's). O2, not O3: our passes already tile, vectorize and unroll, and on the CPU
+#: benchmark table O3 ran no faster (`bench_cpu.py` rows within the noise, the GEMM inner
+#: loop the same instructions) while costing a third more of LLVM's time (O3's extra full
+#: unrolling and instcombine rounds on the tiny Llama's kernels: 3.6 -> 2.5 s CPU).
+#: `docs/benchmarks.md`, "compile time", has the figures.
+OPT_LEVEL = 2
 
 
 class JITError(RuntimeError):
@@ -147,7 +155,7 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
     return mod, tm
 
 
-def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3, shared: bool = False,
+def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL, shared: bool = False,
                     phases: Optional[dict[str, float]] = None) -> ObjectCode:
     """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
     object file for `target`. With `shared`, the object is position independent and is also
@@ -217,14 +225,14 @@ def _check_external_symbols(mod: llvm.ModuleRef) -> None:
         raise JITError(f"generated code calls functions this process does not provide: {missing}")
 
 
-def optimized_ir(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+def optimized_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> str:
     """The LLVM IR after optimization (for dumps and tests)."""
     with _lock:
         mod, _ = _optimized_module(llvm_ir, target, opt_level)
         return str(mod)
 
 
-def assembly(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+def assembly(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> str:
     """Assembly of the optimized module (for `TORCHBURN_DUMP`)."""
     with _lock:
         mod, tm = _optimized_module(llvm_ir, target, opt_level)
@@ -280,6 +288,6 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
     return NativeModule(engine, obj)
 
 
-def compile_and_load(llvm_ir: str, target: Target, opt_level: int = 3) -> NativeModule:
+def compile_and_load(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> NativeModule:
     """`load_object(compile_llvm_ir(...))`, for tests and one-off use."""
     return load_object(compile_llvm_ir(llvm_ir, target, opt_level))
