@@ -68,3 +68,23 @@ def test_no_reuse_of_a_loop_body_value_after_the_loop() -> None:
     o = torch.zeros(n + 1, dtype=torch.int64)
     k(o, symbols=[n])
     assert o.tolist() == [5 * n + j for j in range(n)] + [5 * n]
+
+
+def test_a_scalar_broadcast_twice_in_a_block_is_broadcast_once() -> None:
+    # a[ramp] = x[ramp] * c; b[ramp] = x[ramp] + c, with c = w[0] loaded once (a let)
+    i = Var("i")
+    n, lanes = 16, 8
+    x, w, a, b = buf("x", dt.f32, (n,)), buf("w", dt.f32, (1,)), buf("a", dt.f32, (n,)), buf("b", dt.f32, (n,))
+    c = Var("c", ex.ScalarType(dt.f32))
+    idx = ex.Ramp(ex.mul(i, lanes), ex.Const(1), ex.ScalarType(dt.index, lanes))
+    vec = ex.ScalarType(dt.f32, lanes)
+    cv = ex.Broadcast(c, vec)
+    body = lp.Block((lp.Let(c, load(w, ex.Const(0))),
+                     store(a, (idx,), ex.mul(load(x, idx, lanes=lanes), cv)),
+                     store(b, (idx,), ex.add(load(x, idx, lanes=lanes), ex.Broadcast(c, vec)))))
+    k = Compiled(program(loop(i, n // lanes, body), [x, w], [a, b]))
+    assert _count(r"shufflevector", k.llvm_ir) == 1, k.llvm_ir
+    xs, ws, out_a, out_b = torch.randn(n), torch.tensor([1.5]), torch.zeros(n), torch.zeros(n)
+    k(xs, ws, out_a, out_b)
+    torch.testing.assert_close(out_a, xs * 1.5)
+    torch.testing.assert_close(out_b, xs + 1.5)

@@ -11,8 +11,9 @@ always valid; across statements a store could change what a load reads, so the m
 kept. Binary operations are also numbered by value across statements (`_binary`): an
 operation on the same LLVM operands emitted earlier in the same basic block (the index
 arithmetic every statement of an unrolled body repeats) is reused, since a value defined
-earlier in a block dominates the rest of it and arithmetic reads no memory. LLVM's EarlyCSE
-would merge them anyway; not emitting them saves codegen's and LLVM's time.
+earlier in a block dominates the rest of it and arithmetic reads no memory; so is the
+broadcast of a scalar to a vector (`splat`). LLVM's EarlyCSE would merge them anyway; not
+emitting them saves codegen's and LLVM's time.
 """
 from __future__ import annotations
 
@@ -97,10 +98,16 @@ class ExprEmitter:
             return v
         if isinstance(v.type, ir.VectorType):
             raise CodegenError(f"cannot broadcast a {v.type} to {lanes} lanes")
+        key = (self.b.block, id(v), lanes)
+        hit = self.fs.splats.get(key)
+        if hit is not None and hit[0] is v:  # broadcast earlier in this block (see `_binary`)
+            return hit[1]
         vt = ir.VectorType(v.type, lanes)
         one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
         mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
-        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+        vector = self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+        self.fs.splats[key] = (v, vector)
+        return vector
 
     def op_context(self, st: ScalarType) -> OpContext:
         return OpContext(self.b, self.fs.ctx, st.dtype, reg_type(st), self.fs.fastmath)

@@ -75,6 +75,9 @@ class FunctionState:
         #: Value numbering of binary operations (`ExprEmitter._binary`): (block, op, operand
         #: types, operands) -> (left operand, right operand, result) already emitted in `block`.
         self.binaries: dict[tuple[object, ...], tuple[ir.Value, ir.Value, ir.Value]] = {}
+        #: The same for broadcasts of a scalar (`ExprEmitter.splat`): (block, scalar's id,
+        #: lanes) -> (scalar, vector).
+        self.splats: dict[tuple[object, int, int], tuple[ir.Value, ir.Value]] = {}
 
     @property
     def fastmath(self) -> tuple[str, ...]:
