@@ -3,6 +3,7 @@
     python benchmarks/bench_compile.py [--batch 32] [--runs 3] [--cache-dir DIR] [--pyc] [--json]
     python benchmarks/bench_compile.py --model tiny-llama --runs 1 --inductor
     python benchmarks/bench_compile.py --phases --model tiny-llama,resnet18,smollm2
+    python benchmarks/bench_compile.py --opt-levels 2,3 [--cases gemm256,gelu] [--rounds 21]
 
 `--model tiny-llama` compiles issue 12's `LlamaForCausalLM` (hidden 64, 2 layers, input
 (2, 32), eval, no_grad). `--inductor` adds one cold run of `torch.compile`'s default backend
@@ -16,6 +17,10 @@ thread's CPU time (on a shared machine wall time measures the load): tensor pass
 lowering, `dedup-kernels`, the loop passes (once per distinct kernel), the final passes, LLVM
 IR text (`codegen`), LLVM's parse and verify, optimization and object emission, and loading;
 the per-pass figures (CPU) and the machine's load average come with them.
+
+`--opt-levels` is what LLVM's optimization level (`jit.OPT_LEVEL`) costs at run time: each
+row of `bench_cpu.py`'s table compiled once per level in one process (one thread), then timed
+interleaved by the thread's CPU time; ratios are to the first level.
 
 Run 1 starts with an empty disk cache (cold: passes, codegen and LLVM run); the following runs
 find the program in the disk cache (warm: parse the stored program, load its object code).
@@ -254,6 +259,48 @@ def print_phases(results: list[dict[str, object]]) -> None:
             print("    passes: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
 
 
+def opt_levels(levels: list[int], names: list[str], rounds: int) -> None:
+    """Run time of the CPU table's rows compiled at each LLVM optimization level."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import bench_cpu
+    from benchmarks.common import compare
+    from torchburn.backend.entry import torchburn_backend
+    from torchburn.compiler.driver import memory_cache
+    from torchburn.runtime import jit
+
+    torch.set_num_threads(1)
+    compile_llvm_ir = jit.compile_llvm_ir
+    level = [levels[0]]
+
+    def at_level(llvm_ir: str, target: object, opt_level: int = jit.OPT_LEVEL, shared: bool = False,
+                 phases: object = None) -> object:
+        return compile_llvm_ir(llvm_ir, target, level[0], shared)  # type: ignore[arg-type]
+
+    jit.compile_llvm_ir = at_level  # type: ignore[assignment]
+    cases = bench_cpu.cases()
+    print(f"run time per LLVM level, 1 thread, thread CPU time, median of {rounds} interleaved rounds; "
+          f"load {os.getloadavg()[0]:.1f}")
+    for name in names:
+        case = cases[name]
+        fns = {}
+        with torch.no_grad():
+            expected = case.fn(*case.args)
+            for lv in levels:
+                level[0] = lv
+                torch._dynamo.reset()
+                memory_cache().clear()
+                fn = torch.compile(case.fn, backend=torchburn_backend)
+                torch.testing.assert_close(fn(*case.args), expected, rtol=case.tol, atol=case.tol)
+                fns[f"O{lv}"] = fn
+            t = compare(fns, case.args, rounds=rounds, clock=time.thread_time)
+        base = t[f"O{levels[0]}"].median_s
+        print(f"{name:<12} " + "  ".join(f"{k} {v.median_s * 1e3:9.3f} ms ({v.median_s / base:.3f})"
+                                          for k, v in t.items()), flush=True)
+    jit.compile_llvm_ir = compile_llvm_ir  # type: ignore[assignment]
+
+
 def run_child(cache_dir: Path, batch: int, pyc: bool = False, model: str = "mlp",
               inductor: bool = False) -> dict[str, object]:
     env = dict(os.environ, TORCHBURN_CACHE_DIR=str(cache_dir))
@@ -285,6 +332,11 @@ def main() -> int:
     ap.add_argument("--phases", action="store_true", help="where the cold compile time goes, per "
                     "stage and pass, in CPU seconds (see above)")
     ap.add_argument("--phases-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--opt-levels", default="", help="comma-separated LLVM levels: the CPU table's run "
+                    "time at each (see above)")
+    ap.add_argument("--cases", default="gemm1024,gemm256,gelu,sdpa,linear_gelu,softmax,mlp,layernorm,gpt_b1,gpt_b8",
+                    help="rows of bench_cpu.py for --opt-levels")
+    ap.add_argument("--rounds", type=int, default=21, help="interleaved rounds for --opt-levels")
     ap.add_argument("--inductor", action="store_true", help="also one cold Inductor compile (fresh caches)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inductor-child", action="store_true", help=argparse.SUPPRESS)
@@ -297,6 +349,10 @@ def main() -> int:
         return 0
     if args.phases_child:
         print(json.dumps(phases_child(args.model)))
+        return 0
+    if args.opt_levels:
+        os.environ["TORCHBURN_CACHE_DIR"] = "off"
+        opt_levels([int(v) for v in args.opt_levels.split(",")], args.cases.split(","), args.rounds)
         return 0
     if args.phases:
         models = "tiny-llama,resnet18,smollm2" if args.model == "mlp" else args.model
