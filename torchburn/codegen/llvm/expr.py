@@ -8,7 +8,12 @@ with the node's name rather than as an LLVM verifier message later.
 An emitter lives for one statement: within it, a node object reached twice (shared subtrees)
 is emitted once. Expressions have no side effects and emit no control flow, so this reuse is
 always valid; across statements a store could change what a load reads, so the memo is not
-kept.
+kept. Binary operations are also numbered by value across statements (`_binary`): an
+operation on the same LLVM operands emitted earlier in the same basic block (the index
+arithmetic every statement of an unrolled body repeats) is reused, since a value defined
+earlier in a block dominates the rest of it and arithmetic reads no memory; so is the
+broadcast of a scalar to a vector (`splat`). LLVM's EarlyCSE would merge them anyway; not
+emitting them saves codegen's and LLVM's time.
 """
 from __future__ import annotations
 
@@ -93,10 +98,16 @@ class ExprEmitter:
             return v
         if isinstance(v.type, ir.VectorType):
             raise CodegenError(f"cannot broadcast a {v.type} to {lanes} lanes")
+        key = (self.b.block, id(v), lanes)
+        hit = self.fs.splats.get(key)
+        if hit is not None and hit[0] is v:  # broadcast earlier in this block (see `_binary`)
+            return hit[1]
         vt = ir.VectorType(v.type, lanes)
         one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
         mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
-        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+        vector = self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+        self.fs.splats[key] = (v, vector)
+        return vector
 
     def op_context(self, st: ScalarType) -> OpContext:
         return OpContext(self.b, self.fs.ctx, st.dtype, reg_type(st), self.fs.fastmath)
@@ -115,8 +126,19 @@ class ExprEmitter:
         if e.a.dtype != e.b.dtype:
             raise CodegenError(f"binary {e.op} on different dtypes {e.a.type} and {e.b.type}")
         lanes = max(e.a.lanes, e.b.lanes)
-        a, b = self.splat(self.emit(e.a), lanes), self.splat(self.emit(e.b), lanes)
-        return emit_binary(self.op_context(e.a.type.with_lanes(lanes)), e.op, a, b)
+        va, vb = self.emit(e.a), self.emit(e.b)
+        # Constants by value (llvmlite makes a new object per use), other operands by identity;
+        # the entry keeps its operands alive, so an `id` is never reused while it is there.
+        ka = e.a if isinstance(e.a, ex.Const) else va
+        kb = e.b if isinstance(e.b, ex.Const) else vb
+        key = (self.b.block, e.op, e.a.type, e.b.type, _key_of(ka), _key_of(kb))
+        hit = self.fs.binaries.get(key)
+        if hit is not None and _same(hit[0], ka) and _same(hit[1], kb):
+            return hit[2]
+        a, b = self.splat(va, lanes), self.splat(vb, lanes)
+        value = emit_binary(self.op_context(e.a.type.with_lanes(lanes)), e.op, a, b)
+        self.fs.binaries[(self.b.block, *key[1:])] = (ka, kb, value)
+        return value
 
     def _call(self, e: ex.Call) -> ir.Value:
         if not e.args:
@@ -173,6 +195,17 @@ class ExprEmitter:
         if e.type.lanes != 1:
             raise CodegenError(f"vreduce_{e.op} must produce a scalar, not {e.type}")
         return emit_reduce(self.op_context(e.value.type), e.op, self.emit(e.value))
+
+
+def _key_of(operand: object) -> object:
+    """An IR constant is its own key (equal constants are equal nodes); an LLVM value is
+    keyed by identity."""
+    return operand if isinstance(operand, ex.Const) else id(operand)
+
+
+def _same(kept: object, operand: object) -> bool:
+    """Whether a remembered operand is `operand` (constants: the key compared them already)."""
+    return kept is operand or isinstance(operand, ex.Const)
 
 
 #: Calls whose operands are not of one type: emitted from the node, not through `CALLS`.

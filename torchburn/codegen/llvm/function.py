@@ -72,6 +72,12 @@ class FunctionState:
         self.in_parallel = in_parallel
         #: Allow `contract` (fused multiply-add) on float add/sub/mul (kernel attr `fastmath`).
         self.contract = contract
+        #: Value numbering of binary operations (`ExprEmitter._binary`): (block, op, operand
+        #: types, operands) -> (left operand, right operand, result) already emitted in `block`.
+        self.binaries: dict[tuple[object, ...], tuple[ir.Value, ir.Value, ir.Value]] = {}
+        #: The same for broadcasts of a scalar (`ExprEmitter.splat`): (block, scalar's id,
+        #: lanes) -> (scalar, vector).
+        self.splats: dict[tuple[object, int, int], tuple[ir.Value, ir.Value]] = {}
 
     @property
     def fastmath(self) -> tuple[str, ...]:
