@@ -112,6 +112,7 @@ class LLM:
         """
         from .device import select_device
         from .source import resolve
+        from .weight_cache import cached_load
         from .weights import QUANT_CHOICES
 
         if quant not in QUANT_CHOICES:
@@ -120,19 +121,20 @@ class LLM:
         path = resolve(source)
         defaults = None
         if path.is_file():
-            from .gguf_loader import GGUFError, load_gguf_model
+            from .gguf_loader import GGUFError
             from .tokenizer import tokenizer_from_gguf
 
             if path.suffix != ".gguf":
                 raise GGUFError(f"{path} is a file but not a .gguf file")
-            model, reader = load_gguf_model(path, quant)
-            tokenizer = tokenizer_from_gguf(reader)
-            del reader
+            model, meta = cached_load(path, quant, lambda record: _gguf_for_cache(path, quant, record))
+            tokenizer = tokenizer_from_gguf(meta)
+            del meta
         else:
             from .safetensors_loader import load_safetensors_model, read_json
             from .tokenizer import tokenizer_from_folder
 
-            model = load_safetensors_model(path, quant)
+            model, _ = cached_load(path, quant,
+                                   lambda record: (load_safetensors_model(path, quant, record), {}))
             tokenizer = tokenizer_from_folder(path)
             gen = path / "generation_config.json"
             if gen.is_file():
@@ -363,6 +365,16 @@ class LLM:
         return (f"LLM({self.name!r}, architecture={self.config.architecture}, "
                 f"layers={self.config.num_hidden_layers}, quant={self.quant}, "
                 f"device={self.device}, max_context={self.max_context})")
+
+
+def _gguf_for_cache(path: Path, quant: Optional[str],
+                    record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
+    """A GGUF load for `weight_cache.cached_load`: the model, and of its metadata what the
+    tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
+    from .gguf_loader import load_gguf_model
+
+    model, meta = load_gguf_model(path, quant, record)
+    return model, {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
 
 
 def _as_batch(prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[Prompt], bool]:
