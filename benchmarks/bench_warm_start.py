@@ -1,6 +1,6 @@
 """Process start to first token of the LLM engine, cold once and then warm, each a new process.
 
-    python benchmarks/bench_warm_start.py [--runs 5] [--model PATH] [--threads 1]
+    python benchmarks/bench_warm_start.py [--runs 5] [--model PATH] [--threads 1] [--no-pyc]
                                           [--cache-dir DIR] [--profile DIR] [--json PATH]
 
 Run 1 uses an empty `TORCHBURN_CACHE_DIR` (a fresh temporary folder unless `--cache-dir` names
@@ -16,6 +16,12 @@ in a subprocess (the CLI a user runs), timed from just before the `Popen` to
 with its CPU time (user + system, all its threads) from `resource.getrusage(RUSAGE_CHILDREN)`
 around it. On a shared machine CPU time says more than wall time about our own work: the
 1-minute load average is printed before and after.
+
+An installed package imports from bytecode caches; this checkout is imported from source, and
+the development environment sets `PYTHONDONTWRITEBYTECODE=1` (every module compiled on every
+import: ~0.5 s of CPU of a warm start here). So by default the processes share bytecode in
+`<cache folder>/../pyc` (`PYTHONPYCACHEPREFIX`; the cold run writes it), as a user's would;
+`--no-pyc` keeps the environment as it is.
 
 `--profile DIR` adds one more warm process run under `python -X importtime -m cProfile`,
 writing `importtime.txt` and `profile.pstats` there and printing the top of both (where a warm
@@ -66,9 +72,12 @@ def command(args: argparse.Namespace, python: Sequence[str] = (sys.executable,))
     return cmd
 
 
-def environment(cache_dir: Path) -> dict[str, str]:
+def environment(cache_dir: Path, pyc: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     env["TORCHBURN_CACHE_DIR"] = str(cache_dir)
+    if pyc:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(cache_dir.parent / "pyc")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -77,7 +86,10 @@ def run_once(kind: str, cmd: list[str], env: dict[str, str]) -> Run:
     """Time one process (see the module docstring)."""
     cpu0, _ = _cpu_children()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # unbuffered: the byte read here must not take more of the output into a buffer that
+    # communicate() then never sees
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            bufsize=0)
     assert proc.stdout is not None
     first = proc.stdout.read(1)
     t_first = time.perf_counter() - t0
@@ -136,6 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="also profile one warm process, writing importtime.txt and profile.pstats")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--no-pyc", action="store_true",
+                   help="keep the environment's bytecode setting (default: share bytecode caches)")
     args = p.parse_args(argv)
 
     temp = None
@@ -144,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         temp = tempfile.mkdtemp(prefix="torchburn-warm-")
         cache_dir = Path(temp) / "cache"
-    env = environment(cache_dir)
+    env = environment(cache_dir, not args.no_pyc)
     cmd = command(args)
     load_before = os.getloadavg()[0]
     print(f"command: {' '.join(cmd)}\nTORCHBURN_CACHE_DIR={cache_dir}\nload average (1 min) before: "
