@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from torchburn.llm import LLM, ContextError
 from torchburn.llm.sampling import SamplingParams
@@ -183,3 +185,35 @@ def test_one_token_prompt_runs_the_decode_step_and_matches_transformers(tiny_che
     rows = [[17], [250]]
     assert _ours_greedy(llm, rows, 6) == _hf_greedy(hf, rows, 6)
     assert set(shapes) == {(2, 1)}
+
+
+def test_prefill_plan_pads_little() -> None:
+    from torchburn.llm.engine import prefill_plan
+
+    assert prefill_plan(31, 0, 4096) == [(16, 16), (16, 15)]  # not one 64-token chunk (33 padded rows)
+    assert prefill_plan(17, 0, 4096) == [(16, 16), (1, 1)]    # the last token by the decode step
+    assert prefill_plan(50, 0, 4096) == [(64, 50)]
+    assert prefill_plan(512, 0, 4096) == [(256, 256), (256, 256)]
+    assert prefill_plan(1, 0, 4096) == [(1, 1)]
+    assert prefill_plan(60, 50, 64) == [(10, 10)]  # no bucket fits: one exact chunk
+
+
+@given(n=st.integers(1, 700), first=st.integers(0, 699), context=st.integers(1, 800))
+@settings(max_examples=300, deadline=None)
+def test_prefill_plan_covers_the_prompt_within_the_context(n: int, first: int, context: int) -> None:
+    from torchburn.llm.engine import PREFILL_BUCKETS, prefill_plan
+
+    assume(first < n <= context)
+    plan = prefill_plan(n, first, context)
+    slot = first
+    for i, (size, real) in enumerate(plan):
+        assert 1 <= real <= size and slot + size <= context
+        assert size in PREFILL_BUCKETS or size == real  # a bucket's graph, or an exact chunk
+        if i < len(plan) - 1:
+            assert real == size  # only the last chunk is padded
+        slot += real
+    assert slot == n
+    # never more padded rows than the old rule's single smallest fitting bucket
+    fitting = [b for b in PREFILL_BUCKETS if b >= n - first and first + b <= context]
+    if fitting:
+        assert sum(size for size, _ in plan) <= min(fitting)

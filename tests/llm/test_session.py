@@ -59,7 +59,8 @@ def test_second_turn_prefills_only_the_new_tokens(tiny_checkpoint, compile: bool
     session = ChatSession(llm)
     first = [5, 17, 99, 250, 3, 41, 7, 8, 200, 13, 77, 21, 9, 10, 11, 12, 14, 15, 16, 18]
     answer = _answer(session, first, 6)
-    assert log == [(0, len(first))] and session.last_prefill == len(first)
+    # prefill_plan covers the 20 tokens as two chunks of 16 (the second padded), not one of 64
+    assert log == [(0, 16), (16, 4)] and session.last_prefill == len(first)
     # The next turn: the answer (its last token was sampled, never fed) and a new message.
     second = first + answer + [44, 12, 300, 8, 9]
     log.clear()

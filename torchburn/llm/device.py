@@ -34,7 +34,6 @@ def real_gpu_present() -> bool:
 def select_device(device: str, threads: Optional[int]) -> str:
     """Apply ``device`` and ``threads`` to the configuration; returns "cpu" or "gpu"."""
     from ..runtime.config import reload_config
-    from ..runtime.gpu import gpu_available, gpu_unavailable_reason
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
@@ -48,8 +47,11 @@ def select_device(device: str, threads: Optional[int]) -> str:
     chosen = device
     if device == "auto":
         chosen = "gpu" if real_gpu_present() else "cpu"
-    if chosen == "gpu" and not gpu_available():
-        raise RuntimeError(f"device='gpu' but no GPU adapter is usable: {gpu_unavailable_reason()}")
+    if chosen == "gpu":  # imported only then: it brings the WGSL code generator
+        from ..runtime.gpu import gpu_available, gpu_unavailable_reason
+
+        if not gpu_available():
+            raise RuntimeError(f"device='gpu' but no GPU adapter is usable: {gpu_unavailable_reason()}")
     os.environ["TORCHBURN_DEVICE"] = chosen
     reload_config()
     return chosen

@@ -33,6 +33,40 @@ DEFAULT_MAX_NEW_TOKENS = 256
 Prompt = Union[str, Sequence[Message]]
 
 
+#: What a prefill chunk costs beyond its (padded) tokens, in tokens: `prefill_plan` pads a
+#: 31-token prompt to two chunks of 16 rather than one of 64.
+CHUNK_COST = 4
+
+
+def prefill_plan(n: int, first: int, max_context: int,
+                 buckets: Sequence[int] = PREFILL_BUCKETS) -> list[tuple[int, int]]:
+    """(padded size, real tokens) of each prefill chunk for slots ``first .. n``: the cheapest
+    cover by bucket-sized chunks (every chunk full but the last, which is padded; a last
+    chunk of one token runs the decode step), costed as its padded tokens plus `CHUNK_COST`
+    per chunk. Where no bucket fits before ``max_context``, the rest is one exact chunk.
+
+    Padding is work (every padded row runs through every layer): a 31-token chat prompt cost
+    about 2 s of CPU as one 64-token chunk here and half that as two of 16."""
+    best: dict[int, tuple[int, list[tuple[int, int]]]] = {n: (0, [])}
+    for slot in range(n - 1, first - 1, -1):
+        remaining = n - slot
+        options: list[tuple[int, list[tuple[int, int]]]] = []
+        if remaining == 1:
+            options.append((1 + CHUNK_COST, [(1, 1)]))
+        for b in buckets:
+            if slot + b > max_context:
+                continue
+            if b >= remaining:
+                options.append((b + CHUNK_COST, [(b, remaining)]))
+            else:
+                cost, rest = best[slot + b]
+                options.append((b + CHUNK_COST + cost, [(b, b)] + rest))
+        if not options:
+            options.append((remaining + CHUNK_COST, [(remaining, remaining)]))
+        best[slot] = min(options, key=lambda o: (o[0], len(o[1])))
+    return best[first][1]
+
+
 class ContextError(ValueError):
     """A prompt that does not fit in ``max_context``."""
 
@@ -112,6 +146,7 @@ class LLM:
         """
         from .device import select_device
         from .source import resolve
+        from .weight_cache import cached_load
         from .weights import QUANT_CHOICES
 
         if quant not in QUANT_CHOICES:
@@ -120,19 +155,20 @@ class LLM:
         path = resolve(source)
         defaults = None
         if path.is_file():
-            from .gguf_loader import GGUFError, load_gguf_model
+            from .gguf_loader import GGUFError
             from .tokenizer import tokenizer_from_gguf
 
             if path.suffix != ".gguf":
                 raise GGUFError(f"{path} is a file but not a .gguf file")
-            model, reader = load_gguf_model(path, quant)
-            tokenizer = tokenizer_from_gguf(reader)
-            del reader
+            model, meta = cached_load(path, quant, lambda record: _gguf_for_cache(path, quant, record))
+            tokenizer = tokenizer_from_gguf(meta)
+            del meta
         else:
             from .safetensors_loader import load_safetensors_model, read_json
             from .tokenizer import tokenizer_from_folder
 
-            model = load_safetensors_model(path, quant)
+            model, _ = cached_load(path, quant,
+                                   lambda record: (load_safetensors_model(path, quant, record), {}))
             tokenizer = tokenizer_from_folder(path)
             gen = path / "generation_config.json"
             if gen.is_file():
@@ -183,15 +219,7 @@ class LLM:
             tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
         slot = first
         logits = None
-        while slot < n:
-            remaining = n - slot
-            fitting = [b for b in PREFILL_BUCKETS if b >= remaining and slot + b <= self.max_context]
-            if fitting:
-                size, real = min(fitting), remaining
-            elif remaining > PREFILL_BUCKETS[-1] and slot + PREFILL_BUCKETS[-1] <= self.max_context:
-                size = real = PREFILL_BUCKETS[-1]
-            else:
-                size = real = remaining
+        for size, real in prefill_plan(n, first, self.max_context):
             if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
                 logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
                 slot += 1
@@ -363,6 +391,16 @@ class LLM:
         return (f"LLM({self.name!r}, architecture={self.config.architecture}, "
                 f"layers={self.config.num_hidden_layers}, quant={self.quant}, "
                 f"device={self.device}, max_context={self.max_context})")
+
+
+def _gguf_for_cache(path: Path, quant: Optional[str],
+                    record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
+    """A GGUF load for `weight_cache.cached_load`: the model, and of its metadata what the
+    tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
+    from .gguf_loader import load_gguf_model
+
+    model, meta = load_gguf_model(path, quant, record)
+    return model, {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
 
 
 def _as_batch(prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[Prompt], bool]:

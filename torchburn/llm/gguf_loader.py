@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -195,15 +195,13 @@ def _read_data(f: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, .
     return raw.view(dtype).reshape(shape)
 
 
-def load_gguf_model(path: Path, quant: Optional[str]) -> tuple[Decoder, dict[str, Any]]:
+def load_gguf_model(path: Path, quant: Optional[str],
+                    record: Optional[Callable[[str, Any], None]] = None) -> tuple[Decoder, dict[str, Any]]:
     """(model, metadata): the metadata (a dict, `field` reads it) is kept for the tokenizer and
-    chat template."""
-    import gguf
-    from gguf import GGMLQuantizationType as Q
-
+    chat template. `record`: the sink's hook (`WeightSink.record`, the weight cache's)."""
     reader = open_gguf(path, fast=True)
     config = gguf_config(reader, path)
-    sink = WeightSink(meta_decoder(config), quant)
+    sink = WeightSink(meta_decoder(config), quant, record)
     permute = config.architecture in PERMUTED_QK
     tensors = []
     for t in reader.tensors:

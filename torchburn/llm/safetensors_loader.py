@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
@@ -124,11 +124,12 @@ class TensorFile:
         return out if shape else out.reshape(())
 
 
-def load_safetensors_model(folder: Path, quant: Optional[str]) -> Decoder:
+def load_safetensors_model(folder: Path, quant: Optional[str],
+                           record: Optional[Callable[[str, Any], None]] = None) -> Decoder:
     from safetensors import safe_open
 
     config = read_config(folder)
-    sink = WeightSink(meta_decoder(config), quant)
+    sink = WeightSink(meta_decoder(config), quant, record)
     files = shard_files(folder)
     tables = []
     for path in files:

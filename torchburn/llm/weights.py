@@ -47,13 +47,17 @@ def _split(name: str) -> tuple[str, str]:
 class WeightSink:
     """Receives named tensors for a meta-device `Decoder` and materialises it."""
 
-    def __init__(self, model: Decoder, quant: Optional[str]) -> None:
+    def __init__(self, model: Decoder, quant: Optional[str],
+                 record: Optional[Callable[[str, Union[Int8Weight, Int4Weight, torch.Tensor]], None]] = None) -> None:
         if quant not in QUANT_CHOICES:
             raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
         self.model = model
         self.quant = quant
         self.expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
         self.done: set[str] = set()
+        #: Called with each tensor as it goes into the model (converted, quantized): what the
+        #: weight cache stores (`weight_cache.py`).
+        self.record = record
 
     def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
         if name not in self.expected:
@@ -99,16 +103,21 @@ class WeightSink:
                 value.copy_(rows(0, 1).reshape(()))
             for a, b in chunks:
                 value[a:b] = rows(a, b)
-            setattr(module, attr, nn.Parameter(value, requires_grad=False))
-            self.done.add(name)
+            self.put_float(name, value)
             return
-        weight = _concat([quantizer(rows(a, b).to(torch.float32)) for a, b in chunks])
-        if module_name == "embed_tokens":
-            assert isinstance(weight, Int8Weight)
-            self._set_module(module_name, QuantizedEmbedding(*_int8_parts(weight)))
-            self.done.add(name)
-        else:
-            self.put_quantized(name, weight)
+        self.put_quantized(name, _concat([quantizer(rows(a, b).to(torch.float32)) for a, b in chunks]))
+
+    def put_float(self, name: str, value: torch.Tensor) -> None:
+        """A float32 tensor of the expected shape, kept as it is (no copy, no quantization)."""
+        if name not in self.expected:
+            return
+        self._check_shape(name, tuple(value.shape))
+        module_name, attr = _split(name)
+        module = self.model.get_submodule(module_name)
+        setattr(module, attr, nn.Parameter(value, requires_grad=False))
+        self.done.add(name)
+        if self.record is not None:
+            self.record(name, value)
 
     def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight]) -> None:
         """An already quantized weight (from GGUF, or from `put`)."""
@@ -128,6 +137,8 @@ class WeightSink:
                 layer.bias = bias
             self._set_module(module_name, layer)
         self.done.add(name)
+        if self.record is not None:
+            self.record(name, weight)
 
     def _set_module(self, name: str, module: nn.Module) -> None:
         parent_name, attr = _split(name)

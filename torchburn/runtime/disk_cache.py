@@ -14,6 +14,9 @@ process goes from the ATen graph straight to loaded code, without importing the 
 
     b"TBGRAPH1" | manifest (JSON) | BLAKE3 digest
 
+and one per loaded model (`<key>.tbw`, see `llm/weight_cache.py`): its tensors after
+conversion and quantization, mapped by a warm process instead of converting them again.
+
 The program text is the final loop IR as printed (`program.tbir`); on load its signature (buffers,
 symbols, workspace, calls) is parsed back to rebuild the launcher without running a pass, and the
 header names the entry function and the kernels (for reports). The 32-byte BLAKE3 digest covers everything before it;
@@ -65,6 +68,9 @@ FORMAT = "v1"
 SUFFIX = ".tbc"
 GRAPH_MAGIC = b"TBGRAPH1"
 GRAPH_SUFFIX = ".tbfx"
+#: A loaded model's tensors (`llm/weight_cache.py` writes and reads them); pruned and
+#: cleared with the rest.
+WEIGHT_SUFFIX = ".tbw"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -298,11 +304,17 @@ class DiskCache:
             return []
         return sorted(self.folder.glob(f"*/*{GRAPH_SUFFIX}"))
 
+    def weight_files(self) -> list[Path]:
+        """The weight caches of loaded models."""
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob(f"*/*{WEIGHT_SUFFIX}"))
+
     def info(self) -> dict[str, object]:
-        files, graphs = self.files(), self.graph_files()
-        sizes = [_size(p) for p in files + graphs]
+        files, graphs, weights = self.files(), self.graph_files(), self.weight_files()
+        sizes = [_size(p) for p in files + graphs + weights]
         return {"location": str(self.folder), "entries": len(files), "graphs": len(graphs),
-                "bytes": sum(sizes), "max_bytes": self.max_bytes}
+                "weights": len(weights), "bytes": sum(sizes), "max_bytes": self.max_bytes}
 
     def prune(self, max_bytes: int) -> int:
         """Delete least recently used entries (and stale temporaries) until the folder holds
@@ -315,7 +327,7 @@ class DiskCache:
             except OSError:
                 pass
         entries = []
-        for p in self.files() + self.graph_files():
+        for p in self.files() + self.graph_files() + self.weight_files():
             try:
                 st = p.stat()
             except OSError:
@@ -337,7 +349,7 @@ class DiskCache:
         """Delete every entry (programs and graphs) and temporary file; returns how many
         program entries were deleted."""
         files = self.files()
-        for p in files + self.graph_files():
+        for p in files + self.graph_files() + self.weight_files():
             self._unlink(p)
         if self.folder.is_dir():
             for tmp in self.folder.glob("*/.*.tmp"):
