@@ -299,6 +299,7 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
             return out[outputs[0]]
         return tuple(out[k] for k in outputs)
 
+    step.pinned = fast  # type: ignore[attr-defined]  # [the pinned launcher or None] once tried
     return step
 
 
