@@ -3,6 +3,7 @@
     python benchmarks/bench_llm.py --layers 2                # the default GGUF cut to 2 blocks
     python benchmarks/bench_llm.py --layers 0 --pp 512 --tg 128 --rounds 3 --json out.json
     python benchmarks/bench_llm.py --layers 4 --skip-float   # GGUF contenders only
+    python benchmarks/bench_llm.py --layers 0 --pp 16 --tg 128 --skip-float --skip-transformers
 
 Two comparisons, in one process, with the same thread count (`--threads`, default 2), every
 contender warmed up first and then run in interleaved rounds (round r runs each contender's pp
@@ -19,7 +20,8 @@ then tg once; the order alternates between rounds) so background load hurts them
 
 pp<N> times one forward pass over an N-token prompt (tokens/s); tg<N> times N decode steps
 after a one-token prompt, one token at a time (tokens/s).  Figures are mean +- std over
-`--rounds`.
+`--rounds`, with the median, the range, and the process's CPU time per token (all its threads;
+steadier than wall time on a shared machine) and the load average.
 
 llama-cpp-python is not a dependency of TorchBurn. Install it with
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -153,23 +156,32 @@ def run_rounds(contenders: list[Contender], pp: int, tg: int, rounds: int) -> di
         c.pp(pp), c.tg(4)
         print(f"  warm-up {c.name}: {time.perf_counter() - t0:.1f} s", flush=True)
     results: dict[str, dict[str, list[float]]] = {c.name: {f"pp{pp}": [], f"tg{tg}": []} for c in contenders}
+    #: CPU time of the process (all its threads) per token, ms: steadier than wall time on a
+    #: shared machine (spinning OpenMP or ggml threads count too)
+    cpu: dict[str, dict[str, list[float]]] = {c.name: {f"pp{pp}": [], f"tg{tg}": []} for c in contenders}
     for r in range(rounds):
         order = contenders if r % 2 == 0 else list(reversed(contenders))
         for c in order:
-            results[c.name][f"pp{pp}"].append(pp / c.pp(pp))
-            results[c.name][f"tg{tg}"].append(tg / c.tg(tg))
+            for test, n, run in ((f"pp{pp}", pp, c.pp), (f"tg{tg}", tg, c.tg)):
+                c0 = time.process_time()
+                results[c.name][test].append(n / run(n))
+                cpu[c.name][test].append((time.process_time() - c0) * 1e3 / n)
     return {name: {test: {"mean": statistics.mean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                          "samples": v} for test, v in tests.items()}
+                          "median": statistics.median(v), "samples": v,
+                          "cpu_ms_per_token": statistics.median(cpu[name][test])}
+                   for test, v in tests.items()}
             for name, tests in results.items()}
 
 
 def print_table(title: str, results: dict[str, dict[str, Any]], threads: int) -> None:
     print(f"\n{title}")
-    print("| engine | threads | test | t/s |")
-    print("|---|---:|---|---:|")
+    print("| engine | threads | test | t/s mean +- std | t/s median (min-max) | CPU ms/token |")
+    print("|---|---:|---|---:|---:|---:|")
     for name, tests in results.items():
         for test, r in tests.items():
-            print(f"| {name} | {threads} | {test} | {r['mean']:.2f} +- {r['std']:.2f} |")
+            print(f"| {name} | {threads} | {test} | {r['mean']:.2f} +- {r['std']:.2f} | {r['median']:.2f} "
+                  f"({min(r['samples']):.2f}-{max(r['samples']):.2f}) | {r['cpu_ms_per_token']:.2f} |")
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 def float_checkpoint(gguf: Path, folder: Path) -> Path:
@@ -211,6 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-float", action="store_true", help="only the GGUF comparison")
     p.add_argument("--skip-gguf", action="store_true", help="only the float-checkpoint comparison")
+    p.add_argument("--skip-transformers", action="store_true", help="no transformers rows (GGUF comparison)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import transformers
@@ -231,12 +244,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"GGUF comparison on {gguf.name}", flush=True)
         contenders: list[Contender] = [Ours(gguf, None, args.threads, context)]
         contenders += _contender(lambda: LlamaCpp(gguf, args.threads, context), skipped)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                               dtype=torch.float32)
-        contenders.append(Transformers(hf, "transformers eager f32"))
+        if not args.skip_transformers:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                   dtype=torch.float32)
+            contenders.append(Transformers(hf, "transformers eager f32"))
         payload["gguf_results"] = run_rounds(contenders, args.pp, args.tg, args.rounds)
         print_table(f"{gguf.name}, {args.threads} threads", payload["gguf_results"], args.threads)
-        del contenders, hf
+        del contenders
         gc.collect()
     if not args.skip_float:
         folder = float_checkpoint(gguf, work / "float")

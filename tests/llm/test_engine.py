@@ -125,6 +125,21 @@ def test_sampling_top_k_one_is_greedy() -> None:
     assert torch.equal(picked, logits.argmax(-1))
 
 
+def test_greedy_tokens_are_torch_argmax() -> None:
+    """The NumPy argmax of the greedy path picks what torch's does: first of tied maxima,
+    a NaN row's NaN, a strided view (the last position of [B, T, V] logits), int64."""
+    from torchburn.llm.sampling import greedy_tokens
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 49152)
+    logits[0, -1, 7] = logits[0, -1, 4000] = 100.0  # a tie: the first wins
+    logits[1, -1, 123] = float("nan")
+    rows = logits[:, -1]
+    got = greedy_tokens(rows)
+    assert got.dtype == torch.int64 and torch.equal(got, rows.argmax(-1))
+    assert got.tolist()[:2] == [7, 123]
+
+
 def test_repetition_penalty_follows_its_definition() -> None:
     from torchburn.llm.sampling import apply_repetition_penalty
 

@@ -345,3 +345,35 @@ def test_grouped_gemv_scales_once_per_group(kind: str) -> None:
     c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
     expected = reference(x, wd, np.zeros(n), epilogue=False)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def _split_k_graph(m: int, heads: int, dim: int, activations: str) -> str:
+    """`qlinear` of the attention output `[1, H, m, D]` read as `[1, m, H * D]` (what `o_proj`
+    reads): x's index splits K into `k // D` and `k % D`."""
+    k = heads * dim
+    return f"""graph @main(%a: f32[1, {heads}, {m}, {dim}], %q: u8[13, {k // 2}], %s: f32[13, {k // 32}], %mn: f32[13, {k // 32}]) {{
+  %0 = permute(%a) {{dims = [0, 2, 1, 3]}} : f32[1, {m}, {heads}, {dim}]
+  %1 = reshape(%0) {{shape = [1, {m}, {k}]}} : f32[1, {m}, {k}]
+  %2 = qlinear(%1, %q, %s, %mn) {{kind = "int4", group_size = 32, symmetric = false, activations = "{activations}"}} : f32[1, {m}, 13]
+  return %2
+}}"""
+
+
+@pytest.mark.parametrize("m,heads,dim,activations,simd", [
+    (1, 9, 64, "f32", True), (3, 9, 64, "f32", True), (1, 9, 64, "int8", True), (2, 4, 32, "int8", True),
+    (1, 24, 24, "f32", False)])
+def test_x_split_along_k_streams(m: int, heads: int, dim: int, activations: str, simd: bool) -> None:
+    """x read through `k // D`, `k % D` (the attention output reshaped for `o_proj`) takes the
+    SIMD kernel when D is a multiple of `CHUNK_DIVISOR` (each chunk of lanes is one vector
+    load); D = 24 keeps the plain nest. Both match the float64 product."""
+    c = Compiled(_split_k_graph(m, heads, dim, activations))
+    plans = [dict(kk.attrs).get("qlinear") for kk in c.program.kernels]
+    assert len(plans) == 1 and (plans[0] is not None) == simd, plans
+    k = heads * dim
+    arrays, wd = weights(13, k, "int4", 32, False)
+    a = np.random.default_rng(4).standard_normal((1, heads, m, dim)).astype(np.float32)
+    out = np.zeros((1, m, 13), np.float32)
+    c({**arrays, "a": a, "out0": out})
+    x = a.transpose(0, 2, 1, 3).reshape(m, k)
+    expected = reference(x, wd, np.zeros(13), epilogue=False, plan=plans[0], kind="int4", group=32)
+    np.testing.assert_allclose(out.reshape(m, 13), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

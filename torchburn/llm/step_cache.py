@@ -276,9 +276,21 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
     outputs = plan.outputs
     writes = [(getters[i], k) for i, k in plan.writes]
     single = plan.single
+    # the model's tensors guarded and addressed once (`pinned_launch.py`), from the first call
+    fixed = {j: pick[j](()) for j, i in enumerate(plan.launch_args) if plan.inputs[i][0] == "param"}
+    rest = [pick[j] for j in range(len(pick)) if j not in fixed]
+    fast: list[Optional[Callable[..., Any]]] = []
 
     def step(*args: Any) -> tuple[Any, ...]:
-        out = launch(*[g(args) for g in pick])
+        if fast and fast[0] is not None:
+            out = fast[0](*[g(args) for g in rest])
+        else:
+            full = [g(args) for g in pick]
+            if not fast:
+                from .pinned_launch import pin
+
+                fast.append(pin(launch, fixed, full))
+            out = launch(*full)
         for target, k in writes:
             t = target(args)
             if out[k] is not t:
@@ -287,6 +299,7 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
             return out[outputs[0]]
         return tuple(out[k] for k in outputs)
 
+    step.pinned = fast  # type: ignore[attr-defined]  # [the pinned launcher or None] once tried
     return step
 
 

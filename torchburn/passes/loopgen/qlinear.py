@@ -50,7 +50,12 @@ groups divide K, so vector loads stay inside their rows whatever K and g are; ed
 columns are clamped for loads and skipped for stores.
 
 x must be read as a buffer unit-stride along K and the weight as bytes unit-stride along its
-rows, with K known at compile time; otherwise (and on GPUs, see `gpu_lower`)
+rows, with K known at compile time. x may also be a reshape of a buffer whose K is split into
+`k // c` and `k % c` (the attention output `[B, H, 1, D]` read as `[B, 1, H * D]` by `o_proj`:
+`%attn[0, k // 64, 0, k % 64]`), when `c` is a multiple of `CHUNK_DIVISOR` and the `k % c`
+dimension is unit-stride: a chunk of L <= 16 lanes starting at a multiple of L never crosses
+a multiple of `c`, so it is one vector load `%attn[0, k0 // 64, 0, ramp(k0 % 64, 1, L)]`
+(`x_lanes_index`). Otherwise (and on GPUs, see `gpu_lower`)
 `build_qlinear_plain` computes each output element with a scalar loop over k.
 """
 from __future__ import annotations
@@ -64,7 +69,8 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, fused_product, static_int
+from .matmul import (MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _linear_coefficient, _Probe, _ramp,
+                     fused_product, static_int)
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
@@ -80,6 +86,11 @@ MAX_UNROLLED_CHUNKS = 8
 #: bandwidth); INT4 keeps four, which share the sums of x.
 MR_ROWS = 4
 NR_GEMV, NR_GEMV_INT8, NR_INT8, NR_INT4 = 4, 1, 4, 2
+
+
+#: A divisor of K in x's index (`k // c`, `k % c`) must be a multiple of this: every chunk of
+#: x the kernels load has a power-of-two number of lanes up to 16 and starts at a multiple of it.
+CHUNK_DIVISOR = 16
 
 
 def fused_qlinear(root: Op, materialized: set[Value]) -> Optional[Op]:
@@ -299,7 +310,7 @@ class QLinearBuilder:
     def x_vector(self, row: Expr, k0: Expr) -> Expr:
         """L elements of x's row `row` from column `k0`, in f32."""
         index = tuple(ex.substitute(i, {self.row_var.name: row}) for i in self.x_load.index)
-        widened = _lanes_index(index, self.k_var.name, k0, self.plan.lanes)
+        widened = x_lanes_index(index, self.k_var.name, k0, self.plan.lanes)
         assert widened is not None
         load = ex.Load(self.x_load.buffer, widened, ScalarType(self.ql.x.dtype, self.plan.lanes))
         return self.kb.bind(_f32(load), "xv")
@@ -476,14 +487,63 @@ class QLinearBuilder:
         return lp.For(r, Const(0), rows, "serial", inner)
 
 
+def _split_k(e: Expr, name: str) -> Optional[tuple[str, int]]:
+    """("floordiv" or "mod", c) when `e` is `name // c` or `name % c` with a constant `c`."""
+    if (isinstance(e, ex.Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Var)
+            and e.a.name == name and isinstance(e.b, Const) and int(e.b.value) > 0):
+        return e.op, int(e.b.value)
+    return None
+
+
+def x_lanes_index(index: Index, name: str, base: Expr, lanes: int) -> Optional[Index]:
+    """`_lanes_index` that also widens `name // c` (the same for every lane) and `name % c`
+    (a ramp), valid because `base` is a multiple of `lanes` and `lanes` divides `c`:
+
+        [0, k // 64, 0, k % 64] with k := k0 + 0..8  ->  [0, k0 // 64, 0, ramp(k0 % 64, 1, 8)]
+
+    None when a component is neither affine in `name` nor such a split with `lanes | c`."""
+    out: list[Expr] = []
+    for i in index:
+        c = _linear_coefficient(i, name)
+        start = ex.substitute(i, {name: base})
+        if c is not None:
+            out.append(start if c == Const(0) else _ramp(start, lanes, c))
+            continue
+        split = _split_k(i, name)
+        if split is None or split[1] % lanes:
+            return None
+        out.append(start if split[0] == "floordiv" else _ramp(start, lanes))
+    return tuple(out)
+
+
+def _chunk_unit(load: ex.Load, buf: lp.Buffer, name: str) -> bool:
+    """Whether consecutive `name` within a chunk (see `x_lanes_index`) are consecutive
+    addresses of `load`: the affine parts and the `name % c` parts (c a multiple of
+    `CHUNK_DIVISOR`) add up to stride 1; `name // c` parts are fixed within a chunk."""
+    total: Expr = Const(0)
+    for i, st in zip(load.index, buf.strides):
+        c = _linear_coefficient(i, name)
+        if c is None:
+            split = _split_k(i, name)
+            if split is None or split[1] % CHUNK_DIVISOR:
+                return False
+            c = Const(1) if split[0] == "mod" else Const(0)
+        total = ex.add(total, ex.mul(c, st))
+    return total == Const(1)
+
+
 def _probes(kb: "KernelBuilder", ql: QLinear) -> Optional[tuple[ex.Load, ex.Load, Var, Var, Var]]:
     """x and the weight as single loads unit-stride along k (with the variables standing for
     the row, k and the weight row), or None when the SIMD kernel cannot stream them."""
     row, k, n = Var(kb.fresh("row")), Var(kb.fresh("k")), Var(kb.fresh("n"))
     xp = _Probe(kb, ql.x, (*ql.row_index(row), k), k, row)
     qp = _Probe(kb, ql.q, (n, k), k, n)
-    if xp.load is None or qp.load is None or not xp.unit("k") or not qp.unit("k"):
+    if xp.load is None or qp.load is None or not qp.unit("k"):
         return None
+    if not xp.unit("k"):
+        buf = kb.used_buffers.get(xp.load.buffer)
+        if buf is None or not _chunk_unit(xp.load, buf, k.name):
+            return None
     if ql.x.dtype not in (dt.f32, dt.f16, dt.bf16):
         return None
     return xp.load, qp.load, row, k, n

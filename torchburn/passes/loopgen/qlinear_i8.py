@@ -44,7 +44,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, static_int
-from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder
+from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder, x_lanes_index
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
@@ -122,7 +122,7 @@ class Q8Builder(QLinearBuilder):
     def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
         """`lanes` elements of x's row `row` from column `k0`, in f32."""
         index = tuple(ex.substitute(i, {self.row_var.name: row}) for i in self.x_load.index)
-        widened = _lanes_index(index, self.k_var.name, k0, lanes)
+        widened = x_lanes_index(index, self.k_var.name, k0, lanes)
         assert widened is not None
         return ex.cast(ex.Load(self.x_load.buffer, widened, ScalarType(self.ql.x.dtype, lanes)), dt.f32)
 
