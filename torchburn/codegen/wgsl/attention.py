@@ -136,6 +136,8 @@ class AttentionEmitter:
         k = self.k
         nest = match_attention(root)
         self.nest = nest
+        #: Accessors with a vec4 form (`_plain_vec4`).
+        self.vec4: set[str] = set()
         self.d4, self.v4 = -(-nest.d // 4), -(-nest.dv // 4)
         gvars = [f.var for f in nest.grid]
         funcs = [self._value_fn("fa_q", nest.q, [*gvars, nest.q.var], nest.d)]
@@ -193,11 +195,37 @@ class AttentionEmitter:
         body = self._render(tuple(lets))
         text, _ = self.k.r.render(last.value)
         out = f"fn {name}({args}) -> f32 {{\n" + "\n".join(body) + f"\n  return f32({text});\n}}"
+        if dim is not None and self._plain_vec4(f, tuple(lets), last, dim):
+            load = lets[0].value
+            assert isinstance(load, ex.Load)
+            off = self.k.offset(self.k.params[load.buffer].buffer, load.index)
+            self.vec4.add(name)
+            out += f"\nfn {name}_4({args}) -> vec4<f32> {{\n  return ld4_{load.buffer}({off});\n}}"
         if dim is not None:
             call = ", ".join(f"v_{v.name}" for v in params)
             guard = f"  if (v_{params[-1].name} >= {dim}) {{ return 0.0; }}\n" if dim % 4 else ""
             out += f"\nfn {name}_z({args}) -> f32 {{\n{guard}  return {name}({call});\n}}"
         return out
+
+    def _plain_vec4(self, f: lp.For, lets: tuple[lp.Stmt, ...], last: lp.Store, dim: int) -> bool:
+        """Whether the accessor is one f32 load, contiguous along the head dim with rows of a
+        multiple of 4 elements: then four elements are one aligned `vec4` load (`name_4`)."""
+        if dim % 4 or len(lets) != 1 or not isinstance(lets[0], lp.Let) or last.value != lets[0].var:
+            return False
+        load = lets[0].value
+        if not isinstance(load, ex.Load) or load.buffer not in self.k.params:
+            return False
+        buf = self.k.params[load.buffer].buffer
+        c = f.var
+        if buf.dtype.name != "f32" or not load.index or load.index[-1] != c or buf.strides[-1] != Const(1):
+            return False
+        if any(c.name in ex.free_vars(i) for i in load.index[:-1]):
+            return False
+        if not all(size == Const(1) or (isinstance(st, Const) and int(st.value) % 4 == 0)
+                   for size, st in zip(buf.shape[:-1], buf.strides[:-1])):
+            return False
+        self.k.params[load.buffer].vec4 = True
+        return True
 
     def _store_fn(self, f: lp.For, params: list[Var]) -> str:
         """`fn fa_out(params, value)`: the loop's statements after its first (the store of
@@ -223,6 +251,9 @@ class AttentionEmitter:
         return ", ".join(names)
 
     def _vec(self, fn: str, args: str, c0: str) -> str:
+        """Four elements from `c0` (a multiple of 4) of an accessor, as one vec4."""
+        if fn in self.vec4:
+            return f"{fn}_4({args}, {c0})"
         return f"vec4<f32>({', '.join(f'{fn}_z({args}, {c0} + {e})' for e in range(4))})"
 
     def _load_q(self, L: list[str], row: str) -> None:
