@@ -257,21 +257,22 @@ class AttentionEmitter:
         return f"vec4<f32>({', '.join(f'{fn}_z({args}, {c0} + {e})' for e in range(4))})"
 
     def _load_q(self, L: list[str], row: str) -> None:
-        L.append(f"  var fa_q: array<vec4<f32>, {self.d4}>;")
-        L.append(f"  for (var c4: i32 = 0; c4 < {self.d4}; c4 = c4 + 1) {{")
-        L.append(f"    fa_q[c4] = {self._vec('fa_q', self._args(row), 'c4 * 4')} * {self._scale()};")
-        L.append("  }")
-        L.append(f"  var fa_acc: array<vec4<f32>, {self.v4}>;")
+        # one variable per vec4 (not an array indexed in loops), so that they stay registers
+        for c in range(self.d4):
+            L.append(f"  let fa_qr{c} = {self._vec('fa_q', self._args(row), str(4 * c))} * {self._scale()};")
+        for c in range(self.v4):
+            L.append(f"  var fa_a{c} = vec4<f32>(0.0);")
         L.append("  var fa_m = -tb_inf();")
         L.append("  var fa_l = 0.0;")
 
     def _scale(self) -> str:
         return f"f32({self.nest.scale!r})"
 
-    def _store_row(self, L: list[str], row: str, acc: str, inv: str, ind: str) -> None:
+    def _store_row(self, L: list[str], row: str, acc: str, inv: str, ind: str, c: int) -> None:
+        """Store the output columns `4c..4c+3` (those that exist) of a row from a vec4."""
         for e in range(4):
-            guard = f"if (c4 * 4 + {e} < {self.nest.dv}) " if self.nest.dv % 4 else ""
-            L.append(f"{ind}{guard}{{ fa_out({self._args(row)}, c4 * 4 + {e}, {acc}.{'xyzw'[e]} * {inv}); }}")
+            if 4 * c + e < self.nest.dv:
+                L.append(f"{ind}fa_out({self._args(row)}, {4 * c + e}, {acc}.{'xyzw'[e]} * {inv});")
 
     # ---- prefill -----------------------------------------------------------------------------------
     def _prefill(self) -> tuple[list[str], int, Expr, str]:
@@ -327,43 +328,41 @@ class AttentionEmitter:
                 L.append("    }")
             L.append("    workgroupBarrier();")
             L.append(f"    let fa_n = min({bk}, fa_E - fa_j0);")
-            L.append(f"    var fa_s: array<f32, {bk}>;")
             L.append("    var fa_tm = -tb_inf();")
-            L.append(f"    for (var jj: i32 = 0; jj < {bk}; jj = jj + 1) {{")
-            L.append("      var sc = -tb_inf();")
-            L.append("      if (jj < fa_n) {")
-            L.append("        var dot = vec4<f32>(0.0);")
-            L.append(f"        for (var c4: i32 = 0; c4 < {d4}; c4 = c4 + 1) {{ dot = fma(fa_q[c4], fa_Ks[jj * {d4} + c4], dot); }}")
-            L.append("        sc = dot.x + dot.y + dot.z + dot.w;")
-            if nest.m[s] is not None:
-                L.append(f"        sc = sc + fa_m{s}({self._args('fa_ic', 'fa_j0 + jj')}, 0);")
-            if nest.causal:
-                L.append(f"        if (fa_j0 + jj > {iv}) {{ sc = -tb_inf(); }}")
-            L.append("      }")
-            L.append("      fa_s[jj] = sc;")
-            L.append("      fa_tm = max(fa_tm, sc);")
-            L.append("    }")
+            for jj in range(bk):  # unrolled: the scores and vec4s stay registers
+                L.append(f"    var fa_s{jj} = -tb_inf();")
+                L.append(f"    if ({jj} < fa_n) {{")
+                L.append("      var dot = vec4<f32>(0.0);")
+                for c in range(d4):
+                    L.append(f"      dot = fma(fa_qr{c}, fa_Ks[{jj * d4 + c}], dot);")
+                L.append("      var sc = dot.x + dot.y + dot.z + dot.w;")
+                if nest.m[s] is not None:
+                    L.append(f"      sc = sc + fa_m{s}({self._args('fa_ic', f'fa_j0 + {jj}')}, 0);")
+                if nest.causal:
+                    L.append(f"      if (fa_j0 + {jj} > {iv}) {{ sc = -tb_inf(); }}")
+                L.append(f"      fa_s{jj} = sc;")
+                L.append("    }")
+                L.append(f"    fa_tm = max(fa_tm, fa_s{jj});")
             L.append("    let fa_mn = max(fa_m, fa_tm);")
             L.append("    let fa_mu = select(fa_mn, 0.0, fa_mn == -tb_inf());")
             L.append("    let fa_corr = exp(fa_m - fa_mu);")
             L.append("    fa_l = fa_l * fa_corr;")
-            L.append(f"    for (var c4: i32 = 0; c4 < {v4}; c4 = c4 + 1) {{ fa_acc[c4] = fa_acc[c4] * fa_corr; }}")
-            L.append(f"    for (var jj: i32 = 0; jj < {bk}; jj = jj + 1) {{")
-            L.append("      if (jj < fa_n) {")
-            L.append("        let p = exp(fa_s[jj] - fa_mu);")
-            L.append("        fa_l = fa_l + p;")
-            L.append(f"        for (var c4: i32 = 0; c4 < {v4}; c4 = c4 + 1) {{ fa_acc[c4] = fma(vec4<f32>(p), fa_Vs[jj * {v4} + c4], fa_acc[c4]); }}")
-            L.append("      }")
-            L.append("    }")
+            for c in range(v4):
+                L.append(f"    fa_a{c} = fa_a{c} * fa_corr;")
+            for jj in range(bk):
+                L.append(f"    if ({jj} < fa_n) {{")
+                L.append(f"      let p = exp(fa_s{jj} - fa_mu);")
+                L.append("      fa_l = fa_l + p;")
+                for c in range(v4):
+                    L.append(f"      fa_a{c} = fma(vec4<f32>(p), fa_Vs[{jj * v4 + c}], fa_a{c});")
+                L.append("    }")
             L.append("    fa_m = fa_mn;")
             L.append("  }")
             L.append("  }")
         L.append(f"  if ({iv} < fa_tq) {{")
         L.append("    let fa_inv = 1.0 / fa_l;")
-        L.append(f"    for (var c4: i32 = 0; c4 < {v4}; c4 = c4 + 1) {{")
-        L.append("      let a = fa_acc[c4];")
-        self._store_row(L, iv, "a", "fa_inv", "      ")
-        L.append("    }")
+        for c in range(v4):
+            self._store_row(L, iv, f"fa_a{c}", "fa_inv", "    ", c)
         L.append("  }")
         return L, bq, groups, f"attention/flash {bq}x{bk}"
 
@@ -402,9 +401,8 @@ class AttentionEmitter:
             L.append(f"  let fa_E = {'min(fa_T, ' + iv + ' + 1)' if nest.causal else 'fa_T'};")
             L.append(f"  for (var j: i32 = i32(lid); j < fa_E; j = j + {wg}) {{")
             L.append("    var dot = vec4<f32>(0.0);")
-            L.append(f"    for (var c4: i32 = 0; c4 < {self.d4}; c4 = c4 + 1) {{")
-            L.append(f"      dot = fma(fa_q[c4], {self._vec(f'fa_k{s}', self._args(iv, 'j'), 'c4 * 4')}, dot);")
-            L.append("    }")
+            for c in range(self.d4):
+                L.append(f"    dot = fma(fa_qr{c}, {self._vec(f'fa_k{s}', self._args(iv, 'j'), str(4 * c))}, dot);")
             L.append("    var sc = dot.x + dot.y + dot.z + dot.w;")
             if nest.m[s] is not None:
                 L.append(f"    sc = sc + fa_m{s}({self._args(iv, 'j')}, 0);")
@@ -413,9 +411,9 @@ class AttentionEmitter:
             L.append("    let corr = exp(fa_m - mu);")
             L.append("    let p = exp(sc - mu);")
             L.append("    fa_l = fa_l * corr + p;")
-            L.append(f"    for (var c4: i32 = 0; c4 < {v4}; c4 = c4 + 1) {{")
-            L.append(f"      fa_acc[c4] = fma(vec4<f32>(p), {self._vec(f'fa_v{s}', self._args(iv, 'j'), 'c4 * 4')}, fa_acc[c4] * corr);")
-            L.append("    }")
+            for c in range(v4):
+                vv = self._vec(f"fa_v{s}", self._args(iv, "j"), str(4 * c))
+                L.append(f"    fa_a{c} = fma(vec4<f32>(p), {vv}, fa_a{c} * corr);")
             L.append("    fa_m = mn;")
             L.append("  }")
             L.append("  }")
@@ -430,7 +428,7 @@ class AttentionEmitter:
             n = min(ch, v4 - c0)
             L.append("  workgroupBarrier();")
             for x in range(n):
-                L.append(f"  fa_ra[lid * {ch}u + {x}u] = fa_acc[{c0 + x}] * fa_f;")
+                L.append(f"  fa_ra[lid * {ch}u + {x}u] = fa_a{c0 + x} * fa_f;")
             L.append("  workgroupBarrier();")
             step = wg // 2
             while step >= 1:
@@ -442,11 +440,7 @@ class AttentionEmitter:
                 step //= 2
             L.append("  if (lid == 0u) {")
             for x in range(n):
-                L.append("    {")
-                L.append(f"    let c4 = {c0 + x};")
-                L.append(f"    let a = fa_ra[{x}];")
-                self._store_row(L, iv, "a", "fa_inv", "    ")
-                L.append("    }")
+                self._store_row(L, iv, f"fa_ra[{x}]", "fa_inv", "    ", c0 + x)
             L.append("  }")
         return L, wg, rows, f"attention/decode {wg}"
 
