@@ -111,3 +111,23 @@ graph @main(%q: f32[1, s0, 2, 8], %k: f32[1, s1, 3, 8], %v: f32[1, s1, 3, 8], s0
 }
 """
     assert "attention(" in _expand(text)
+
+
+def test_keep_flash_expands_only_what_the_gpu_kernel_does_not_cover() -> None:
+    """With `keep_flash` (the GPU pipeline), ops the flash kernel computes stay fused; head dims
+    above its register budget, symbolic head dims and ops binding more than `max_buffers` are
+    expanded."""
+    kept = _graph((1, 4, 1, 64), [(1, 2, 13, 64), (1, 2, 1, 64)], ["f32", "f32"], False, 0.25, 64)
+    assert "attention(" in _expand(kept, keep_flash=True)
+    assert "attention(" not in _expand(kept)
+    wide = _graph((1, 1, 5, 320), [(1, 1, 5, 320)], [None], False, 0.25, 320)
+    assert "attention(" not in _expand(wide, keep_flash=True)
+    three = _graph((1, 2, 1, 8), [(1, 2, 4, 8)] * 3, ["bool"] * 3, False, 0.25, 8)
+    assert "attention(" not in _expand(three, keep_flash=True)
+    symbolic = """
+graph @main(%q: f32[1, 2, 3, s0], %k: f32[1, 2, 5, s0], %v: f32[1, 2, 5, s0], s0) {
+  %0 = attention(%q, %k, %v) {scale = 0.5, causal = false, masked = false, segments = 1} : f32[1, 2, 3, s0]
+  return %0
+}
+"""
+    assert "attention(" not in _expand(symbolic, keep_flash=True)

@@ -18,9 +18,14 @@ def test_gpu_pipeline_keeps_row_fusion_and_maps_last() -> None:
 
 
 def test_gpu_pipeline_expands_attention_before_fusion() -> None:
-    """The fused attention op's kernel is a serial loop per query row: the GPU pipeline
-    rewrites it into products and a softmax (`expand-attention`) before `fuse` sees it."""
-    names = [x.name for x in gpu_pipeline(Pipeline.default()).tensor]
+    """The GPU pipeline keeps the attention ops its flash kernel computes and rewrites the
+    others into products and a softmax (`expand-attention{keep_flash}`) before `fuse` sees
+    them; `flash=False` expands them all."""
+    tensor = gpu_pipeline(Pipeline.default()).tensor
+    names = [x.name for x in tensor]
     assert names.count("expand-attention") == 1
     assert names.index("expand-attention") < names.index("fuse")
+    assert tensor[names.index("expand-attention")].keep_flash  # type: ignore[attr-defined]
+    plain = gpu_pipeline(Pipeline.default(), flash=False).tensor
+    assert not next(x for x in plain if x.name == "expand-attention").keep_flash  # type: ignore[attr-defined]
     assert "expand-attention" not in [x.name for x in Pipeline.default().tensor]

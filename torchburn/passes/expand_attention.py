@@ -13,7 +13,13 @@ This pass rewrites each `attention` op into that form, per key segment `s`:
 
 Grouped-query heads are folded into the rows, not repeated: `q: [*B, Hq, Tq, D]` is read as
 `q_g: [*B, Hk, G*Tq, D]` (`G = Hq / Hk`), so each key/value head is multiplied once for its
-`G` query heads; masks are reshaped the same way. Half-precision inputs are computed in f32
+`G` query heads; masks are reshaped the same way.
+
+The GPU pipeline runs it with `keep_flash`: attention ops that the one-kernel flash attention
+of the GPU engine handles (`flash_supported`; `loopgen/attention_gpu.py` and
+`codegen/wgsl/attention.py`) stay fused, and only the rest is expanded: head dims that are
+symbolic or above 256, and ops needing more storage buffers than `max_buffers` (three
+segments with masks). Half-precision inputs are computed in f32
 (as the fused op does) and the result is cast back. An op whose head counts are symbolic and
 differ is left as it is.
 
@@ -76,19 +82,44 @@ class _Emitter:
         return op.result
 
 
+#: Head dims the flash kernel keeps in registers (`codegen/wgsl/attention.py`, MAX_HEAD_DIM).
+FLASH_MAX_HEAD_DIM = 256
+
+
+def flash_supported(op: Op, max_buffers: int = 8) -> bool:
+    """Whether the GPU's flash-attention kernel computes `op`: constant head dims up to
+    `FLASH_MAX_HEAD_DIM` (its q row and accumulator are registers) and few enough buffers
+    (q, k and v per segment, masks, output). Everything else (symbolic or wide head dims, many
+    segments) is expanded: products and a row softmax have no such limits."""
+    q, v = op.operands[0], op.operands[2]
+    segments, masked = op.attrs.get("segments", 1), op.attrs.get("masked", False)
+    dims = (q.shape[-1], v.shape[-1])
+    if not all(isinstance(x, Const) and 0 < int(x.value) <= FLASH_MAX_HEAD_DIM for x in dims):
+        return False
+    return 2 + segments * (3 if masked else 2) <= max_buffers
+
+
 @register_pass
 @dataclass(frozen=True)
 class ExpandAttention(TensorPass):
     """Rewrite `attention` as matrix products around a row softmax (module docstring).
     `fold_groups`: read grouped-query heads as extra rows of q (no k/v repeat); when false,
-    k and v are expanded to the query heads instead."""
+    k and v are expanded to the query heads instead. `keep_flash`: leave the ops the one-kernel
+    flash attention of the GPU engine computes (`flash_supported`), expand only the others."""
 
     name: ClassVar[str] = "expand-attention"
     fold_groups: bool = True
+    #: Keep the ops `flash_supported` accepts (the GPU pipeline sets it).
+    keep_flash: bool = False
+    #: Storage buffers a shader may bind (the flash kernel binds q, k and v of each segment,
+    #: the masks and the output).
+    max_buffers: int = 8
 
     def run(self, graph: Graph) -> Graph:
         changed = False
         for op in [o for o in graph.ops if o.name == "attention"]:
+            if self.keep_flash and flash_supported(op, self.max_buffers):
+                continue
             changed |= self._expand(graph, op)
         if changed:
             graph.remove_dead_ops()

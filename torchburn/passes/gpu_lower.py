@@ -4,7 +4,8 @@ The CPU lowering writes a matrix product as a cache-blocked, packed, vectorized 
 host (`loopgen/matmul.py`). A GPU wants the plain definition instead, one output element per
 iteration of a parallel nest with the reduction over k inside, so that `gpu-map` can see the
 product and WGSL codegen can tile it for workgroups. Every other kernel is lowered exactly as
-`lower-to-loops` lowers it. A fused epilogue (bias add, activation, cast: elementwise ops
+`lower-to-loops` lowers it, but for `attention`, written as the nest the WGSL flash-attention
+shader reads (`loopgen/attention_gpu.py`). A fused epilogue (bias add, activation, cast: elementwise ops
 computed from the product, see `fuse`) follows the reduction, per element.
 
 Before (tensor IR, after `fuse`):
@@ -44,6 +45,7 @@ from ..ir import loop as lp
 from ..ir.expr import Const, ScalarType, Var
 from ..ir.tensor import Op, Value
 from .base import register_pass
+from .loopgen.attention_gpu import build_attention_gpu
 from .loopgen.kernel_builder import KernelBuilder
 from .loopgen.matmul import CpuInfo, fused_matmul
 from .lower_to_loops import LowerToLoops
@@ -100,11 +102,15 @@ class LowerToLoopsGpu(LowerToLoops):
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         mm = fused_matmul(op, set(buffers))
-        if mm is None:
+        if mm is None and op.name != "attention":
             return super()._lower_root(name, op, buffers, symbols, temps, cpu)
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
-        body = build_plain_gemm(kb, op, mm, out)
+        if mm is None:
+            # the flash-attention shader's nest (`loopgen/attention_gpu.py`)
+            body = build_attention_gpu(kb, op, out)
+        else:
+            body = build_plain_gemm(kb, op, mm, out)
         params = tuple(sorted(kb.used_buffers.values(), key=lambda b: b.name == out.name))
         used: set[str] = set()
         for b in params:

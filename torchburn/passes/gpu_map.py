@@ -323,6 +323,8 @@ class GpuMap(LoopPass):
         params = {b.name for b in k.params}
         if _gemm_depth(body, params, {v.name for v in k.symbols}) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
+        if isinstance(body, lp.For) and body.annotation("gpu") == "attention":
+            return k  # mapped by its lowering (`loopgen/attention_gpu.py`)
         if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
             return replace(k, body=self._tasks(body))
         prelude, nest = _split_prelude(body)

@@ -2,7 +2,7 @@
 passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
-    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention, fuse{epilogue_reshape=false}
+    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse{epilogue_reshape=false}
                          | lower-to-loops-gpu | gpu-split-wide, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
@@ -20,14 +20,15 @@ from .lower_to_loops import LowerToLoops
 from .pipeline import Pipeline, user_loop_passes
 
 
-def gpu_pipeline(p: Pipeline) -> Pipeline:
+def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
     nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
     `gpu_split.py`) and `gpu-map` last (unless the user placed them). Row fusion stays:
-    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). The fused `attention`
-    op is expanded into products and a softmax before fusion (`expand-attention`): its CPU
-    kernel is a serial loop per query row."""
+    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). A fused `attention`
+    op stays one kernel, the flash-attention shader (`codegen/wgsl/attention.py`), where that
+    covers it; `expand-attention{keep_flash}` expands the others into products and a softmax
+    before fusion (and all of them with `flash=False`)."""
     loop = user_loop_passes(p)
     if not any(x.name == GpuMap.name for x in loop):
         loop.append(GpuMap())
@@ -40,5 +41,5 @@ def gpu_pipeline(p: Pipeline) -> Pipeline:
               for x in p.tensor]
     if not any(x.name == ExpandAttention.name for x in tensor):
         at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
-        tensor.insert(at, ExpandAttention())
+        tensor.insert(at, ExpandAttention(keep_flash=flash))
     return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])

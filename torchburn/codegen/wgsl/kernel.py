@@ -12,6 +12,7 @@ The `gpu-map` pass has annotated the loops; this module follows the annotations:
   (each strides over the reduction space), followed by a tree reduction in workgroup memory;
   global stores outside it are made by invocation 0.
 - `gpu = "gemm"` hands the kernel to the tiled matrix-product template (`gemm.py`).
+- `gpu = "attention"` hands it to the flash-attention template (`attention.py`).
 - Anything else runs in one invocation (correct, slow).
 
 Every buffer parameter gets accessor functions (`ld_x`, `st_x`, and `ld4_x`/`st4_x` where
@@ -26,6 +27,7 @@ from ...ir import loop as lp
 from ...ir.dtypes import DType
 from ...ir.expr import Const, Expr, Var
 from . import ops
+from .attention import AttentionEmitter
 from .expr import ExprRenderer, Helpers, Rendered
 from .gemm import GemmEmitter
 from .kernel_state import Access, Local
@@ -95,6 +97,8 @@ class KernelEmitter:
         body = self.kernel.body
         if isinstance(body, lp.For) and body.annotation("gpu") == "gemm":
             return GemmEmitter(self).emit(body)
+        if isinstance(body, lp.For) and body.annotation("gpu") == "attention":
+            return AttentionEmitter(self).emit(body)
         grid_loops, inner = loop_nest(body, "grid")
         if grid_loops:
             return self._emit_threads(grid_loops, inner)
