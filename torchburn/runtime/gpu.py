@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 from blake3 import blake3
@@ -293,22 +293,56 @@ class _Slot:
 
 
 @dataclass
-class _BufferSet:
-    """The device buffers, bind groups and dispatch sizes of one set of symbol values."""
+class _Plan:
+    """What one set of symbol values decides, without any wgpu object: the bytes each buffer
+    needs, each call's workgroup counts, and where the outputs go in the staging buffer."""
 
-    buffers: dict[str, Any]
-    bytes: dict[str, int]
-    dispatches: list[tuple[int, Any, tuple[int, int, int]]]
-    staging: Any
+    sizes: dict[str, int]
+    groups: list[tuple[int, int, int]]
     out_offsets: list[tuple[int, int]]
-    slots: list[_Slot] = field(default_factory=list)
 
 
 InputSpec = tuple[Any, Hashable, Callable[[], Any]]
 
 
+@dataclass
+class RunTimes:
+    """Where a program's runs spent host time: `submit_s` until the submission returned,
+    `wait_s` mapping and reading the results (mostly the GPU working)."""
+
+    runs: int = 0
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+
+    def add(self, submit_s: float, wait_s: float) -> None:
+        self.runs += 1
+        self.submit_s += submit_s
+        self.wait_s += wait_s
+
+
+def _grown(need: int, limit: int) -> int:
+    """The size of a buffer that must hold `need` bytes and may grow again: the next power of
+    two (so a length that grows one step at a time reallocates log2 times), within `limit`."""
+    size = 16
+    while size < need:
+        size *= 2
+    return min(size, max(limit // 16 * 16, _round16(need)))
+
+
 class GpuProgram:
-    """A compiled program on a device (module docstring)."""
+    """A compiled program on a device (module docstring).
+
+    The steady state creates no wgpu object: the program's own buffers (inputs not bound by the
+    caller, outputs, temporaries) are kept across runs and symbol values, one per name; a buffer
+    whose size depends on a symbol grows to the next power of two when a run needs more (and
+    binds its whole size: kernels index by the symbols, which the uniform buffer carries). A
+    call's bind group is kept while the buffers it binds are the same objects, so a decode step
+    whose length grows by one reuses every bind group. Per run: the uniforms and the changed
+    inputs are written, one command encoder encodes every dispatch and the output copies, one
+    submission, one map of the staging buffer (kept too)."""
+
+    #: Symbol-value plans kept (small: sizes and workgroup counts, no device memory).
+    PLANS = 64
 
     def __init__(self, device: GpuDevice, program: lp.Program, shaders: Sequence[KernelShader]) -> None:
         self.dev = device
@@ -321,16 +355,27 @@ class GpuProgram:
                            "(its lowering, lower-to-loops-gpu, makes none)")
         self.calls = [(index[c.kernel], c.args) for c in program.calls]
         self.buffers = {b.name: b for b in (*program.inputs, *program.outputs, *program.temps)}
+        #: Buffers whose span does not depend on a symbol (sized exactly, never grown).
+        self._static = {name for name, b in self.buffers.items()
+                        if not any(ex.free_vars(d) for d in (*b.shape, *b.strides))}
         usage = device.wgpu.BufferUsage
         self.uniform = device.device.create_buffer(size=_round16(4 * len(program.symbols)),
                                                    usage=usage.UNIFORM | usage.COPY_DST)
         self._uniform_env: Optional[tuple[int, ...]] = None
-        self._sets: OrderedDict[Any, _BufferSet] = OrderedDict()
+        self._plans: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
+        self._own: dict[str, Any] = {}
+        self._slots: dict[str, _Slot] = {}
+        #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
+        self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
+        self._staging: Any = None
         self._lock = threading.Lock()
         #: Input uploads so far (resident inputs are not uploaded again).
         self.uploads = 0
-        #: Bytes the last run uploaded through its own buffer set (not `bound` ones).
+        #: Bytes the last run uploaded through its own buffers (not `bound` ones).
         self.last_uploaded = 0
+        #: Host seconds of all `run_copy` calls: up to the submission returning (buffers, writes,
+        #: encoding, submit) and then waiting for the results (map and read).
+        self.times = RunTimes()
 
     # ---- sizes and buffers ---------------------------------------------------------------------------
     def nbytes(self, name: str, env: dict[str, int]) -> int:
@@ -343,7 +388,7 @@ class GpuProgram:
             raise GpuError(f"%{name} needs {size} bytes; the device binds at most {self.dev.max_binding}")
         return size
 
-    def _groups(self, shader: KernelShader, env: dict[str, int]) -> tuple[int, int, int]:
+    def _dims(self, shader: KernelShader, env: dict[str, int]) -> tuple[int, int, int]:
         gx, gy, gz = (ex.evaluate_index(e, env) for e in shader.grid.groups)
         limit = self.dev.max_groups
         if gx > limit and gy == 1 and shader.grid.mode != "gemm":
@@ -353,57 +398,92 @@ class GpuProgram:
             raise GpuError(f"kernel @{shader.name} needs {gx}x{gy}x{gz} workgroups; the limit is {limit} per dimension")
         return gx, gy, gz
 
-    def _buffer_set(self, env: dict[str, int], bound: Optional[dict[str, Any]] = None) -> _BufferSet:
-        bound = bound or {}
-        key = (tuple(env[s.name] for s in self.program.symbols), tuple((n, id(b)) for n, b in sorted(bound.items())))
-        found = self._sets.get(key)
+    def _plan(self, env: dict[str, int]) -> _Plan:
+        """The sizes and workgroup counts of a set of symbol values (cached; the static parts
+        of the first plan are shared by all)."""
+        key = tuple(env[s.name] for s in self.program.symbols)
+        found = self._plans.get(key)
         if found is not None:
-            self._sets.move_to_end(key)
+            self._plans.move_to_end(key)
             return found
-        for v in key[0]:
+        for v in key:
             if not -_I32_MAX <= v <= _I32_MAX:
                 raise GpuError(f"symbol value {v} does not fit in 32 bits")
-        dev = self.dev
-        sizes = {name: self.nbytes(name, env) for name in self.buffers}
-        bufs = {name: bound[name] if name in bound else dev.storage_buffer(n, label=name) for name, n in sizes.items()}
-        dispatches = []
-        for k, args in self.calls:
-            shader, pipe = self.shaders[k], self.pipelines[k]
-            groups = self._groups(shader, env)
-            if 0 in groups:
-                continue
-            entries = [{"binding": 0, "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}}]
-            for j, name in enumerate(args):
-                buf = bufs[name]
-                entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-            group = dev.device.create_bind_group(layout=pipe.layout, entries=entries)
-            dispatches.append((k, group, groups))
+        first = next(iter(self._plans.values()), None)
+        sizes = {name: first.sizes[name] if first is not None and name in self._static else self.nbytes(name, env)
+                 for name in self.buffers}
+        groups = [self._dims(self.shaders[k], env) for k, _ in self.calls]
         offsets = []
         total = 0
         for b in self.program.outputs:
             offsets.append((total, sizes[b.name]))
             total += _round16(sizes[b.name])
-        usage = dev.wgpu.BufferUsage
-        staging = dev.device.create_buffer(size=max(16, total), usage=usage.MAP_READ | usage.COPY_DST)
-        bset = _BufferSet(bufs, sizes, dispatches, staging, offsets, [_Slot() for _ in self.program.inputs])
-        self._sets[key] = bset
-        while len(self._sets) > 4:
-            self._sets.popitem(last=False)
-        return bset
+        plan = _Plan(sizes, groups, offsets)
+        self._plans[key] = plan
+        while len(self._plans) > self.PLANS:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _buffer(self, name: str, need: int) -> Any:
+        """The program's own buffer for `name`, holding at least `need` bytes (made or grown
+        when it does not: its old contents and upload stamp are then gone)."""
+        buf = self._own.get(name)
+        if buf is not None and buf.size >= need:
+            return buf
+        size = _round16(need) if name in self._static else _grown(need, self.dev.max_binding)
+        buf = self.dev.storage_buffer(size, label=name)
+        self._own[name] = buf
+        self._slots[name] = _Slot()
+        return buf
+
+    def _bind_all(self, plan: _Plan, bound: Optional[dict[str, Any]]) -> dict[str, Any]:
+        bound = bound or {}
+        return {name: bound[name] if name in bound else self._buffer(name, n) for name, n in plan.sizes.items()}
+
+    def _bind_group(self, i: int, bufs: tuple[Any, ...]) -> Any:
+        """Call `i`'s bind group for these buffers: the kept one while they are the same objects."""
+        kept = self._groups[i]
+        if kept is not None and len(kept[0]) == len(bufs) and all(a is b for a, b in zip(kept[0], bufs)):
+            return kept[1]
+        entries = [{"binding": 0, "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}}]
+        for j, buf in enumerate(bufs):
+            entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        group = self.dev.device.create_bind_group(layout=self.pipelines[self.calls[i][0]].layout, entries=entries)
+        self._groups[i] = (bufs, group)  # holding the buffers keeps their ids from being reused
+        return group
+
+    def _dispatches(self, plan: _Plan, bufs: dict[str, Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
+        out = []
+        for i, (k, args) in enumerate(self.calls):
+            dims = plan.groups[i]
+            if 0 in dims:
+                continue
+            out.append((self.pipelines[k].pipeline, self._bind_group(i, tuple(bufs[a] for a in args)), dims))
+        return out
+
+    def _staging_for(self, nbytes: int) -> Any:
+        """The kept staging buffer, grown to hold `nbytes`."""
+        if self._staging is None or self._staging.size < nbytes:
+            usage = self.dev.wgpu.BufferUsage
+            self._staging = self.dev.device.create_buffer(size=_grown(nbytes, self.dev.max_buffer),
+                                                          usage=usage.MAP_READ | usage.COPY_DST)
+        return self._staging
 
     # ---- running ------------------------------------------------------------------------------------
-    def _write_inputs(self, bset: _BufferSet, inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None) -> int:
+    def _write_inputs(self, plan: _Plan, bufs: dict[str, Any], inputs: Sequence[InputSpec],
+                      bound: Optional[dict[str, Any]] = None) -> int:
         """Upload the inputs that changed; returns the bytes written (inputs in `bound` are the
         caller's to keep current)."""
         uploaded = 0
-        for b, slot, (owner, stamp, data_fn) in zip(self.program.inputs, bset.slots, inputs):
+        for b, (owner, stamp, data_fn) in zip(self.program.inputs, inputs):
             if bound and b.name in bound:
                 continue
+            slot = self._slots[b.name]
             if slot.owner is not None and slot.owner() is owner and slot.stamp == stamp and stamp is not None:
                 continue  # resident: the same tensor, unchanged since it was uploaded
-            if bset.bytes[b.name]:
+            if plan.sizes[b.name]:
                 data = data_fn()
-                self.dev.queue.write_buffer(bset.buffers[b.name], 0, data)
+                self.dev.queue.write_buffer(bufs[b.name], 0, data)
                 uploaded += len(data)
                 self.uploads += 1
             try:
@@ -422,12 +502,18 @@ class GpuProgram:
         self.dev.queue.write_buffer(self.uniform, 0, struct.pack(f"<{len(values)}i", *values))
         self._uniform_env = values
 
-    def _encode(self, encoder: Any, bset: _BufferSet, repeat: int = 1) -> None:
+    @staticmethod
+    def _encode(encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
         cp = encoder.begin_compute_pass()
+        last_pipe = last_group = None
         for _ in range(repeat):
-            for k, group, (gx, gy, gz) in bset.dispatches:
-                cp.set_pipeline(self.pipelines[k].pipeline)
-                cp.set_bind_group(0, group)
+            for pipe, group, (gx, gy, gz) in dispatches:
+                if pipe is not last_pipe:
+                    cp.set_pipeline(pipe)
+                    last_pipe = pipe
+                if group is not last_group:
+                    cp.set_bind_group(0, group)
+                    last_group = group
                 cp.dispatch_workgroups(gx, gy, gz)
         cp.end()
 
@@ -438,18 +524,16 @@ class GpuProgram:
         (owner, stamp, data_fn): the upload is skipped while `owner` is the object last uploaded
         to that slot and its stamp is equal. Inputs in `bound` use the caller's buffers."""
         with self._lock:
-            bset = self._buffer_set(env, bound)
-            self.last_uploaded = self._write_inputs(bset, inputs, bound)
+            t0 = time.perf_counter()
+            plan = self._plan(env)
+            bufs = self._bind_all(plan, bound)
+            self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
             encoder = self.dev.device.create_command_encoder()
-            self._encode(encoder, bset)
-            copies = [(bset.buffers[b.name], size) for b, (_, size) in zip(self.program.outputs, bset.out_offsets)]
-            copies += [(bset.buffers[name], bset.bytes[name]) for name in read_back]
-            staging = bset.staging
-            total = sum(_round16(size) for _, size in copies)
-            if read_back:
-                staging = self.dev.device.create_buffer(size=max(16, total), usage=self.dev.wgpu.BufferUsage.MAP_READ
-                                                        | self.dev.wgpu.BufferUsage.COPY_DST)
+            self._encode(encoder, self._dispatches(plan, bufs))
+            copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
+            copies += [(bufs[name], plan.sizes[name]) for name in read_back]
+            staging = self._staging_for(max(16, sum(_round16(size) for _, size in copies)))
             offsets = []
             off = 0
             for buf, size in copies:
@@ -458,14 +542,18 @@ class GpuProgram:
                     encoder.copy_buffer_to_buffer(buf, 0, staging, off, _round4(size))
                 off += _round16(size)
             self.dev.queue.submit([encoder.finish()])
-            if not any(size for _, size in offsets):
-                return [memoryview(b"") for _ in offsets]
-            staging.map_sync(self.dev.wgpu.MapMode.READ)
+            t1 = time.perf_counter()
             try:
-                return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
-                        for o, size in offsets]
+                if not any(size for _, size in offsets):
+                    return [memoryview(b"") for _ in offsets]
+                staging.map_sync(self.dev.wgpu.MapMode.READ, 0, _round16(off))
+                try:
+                    return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
+                            for o, size in offsets]
+                finally:
+                    staging.unmap()
             finally:
-                staging.unmap()
+                self.times.add(t1 - t0, time.perf_counter() - t1)
 
     def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
         """A copy of the first `nbytes` of a device buffer (for resident inputs)."""
@@ -477,12 +565,14 @@ class GpuProgram:
         """Seconds per run of all kernels, inputs resident, no copies (one submission of
         `iters` runs, after a warm-up)."""
         with self._lock:
-            bset = self._buffer_set(env, bound)
-            self._write_inputs(bset, inputs, bound)
+            plan = self._plan(env)
+            bufs = self._bind_all(plan, bound)
+            self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
+            dispatches = self._dispatches(plan, bufs)
             for repeat in (1, iters):
                 encoder = self.dev.device.create_command_encoder()
-                self._encode(encoder, bset, repeat)
+                self._encode(encoder, dispatches, repeat)
                 t0 = time.perf_counter()
                 self.dev.queue.submit([encoder.finish()])
                 self.dev.wait()

@@ -1,0 +1,146 @@
+"""Host-side cost of one LLM decode step on the GPU engine: wgpu calls and host microseconds.
+
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py                  # 2 layers, SmolLM2 width
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --layers 30 --vocab 49152   # SmolLM2-135M
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135  # an existing one
+    ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
+
+A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, intermediate
+1536; `--layers`, `--vocab` and `--hidden` shrink it for a software adapter) is loaded with
+`device="gpu"`, warmed up (prefill and decode compiled, buffers made), then `--tokens` greedy
+decode steps run while `torchburn.runtime.gpu_calls.count_calls()` counts the wgpu calls.
+Printed per decode step: dispatches, buffers / bind groups / command encoders created,
+write_buffer, submits, map and read calls; and the host time: the whole step, the GPU
+launcher's call (binding, residency checks, the program's run), the part of the run up to the
+submission returning (buffers, uploads, encoding, submit) and the wait for the results (mostly
+the GPU's work). `--json` writes the same figures.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+SHOWN = ("dispatch_workgroups", "set_pipeline", "set_bind_group", "create_buffer", "create_bind_group",
+         "create_command_encoder", "begin_compute_pass", "copy_buffer_to_buffer", "write_buffer", "submit",
+         "map_sync", "read_mapped", "create_compute_pipeline", "create_shader_module")
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    from bench_llm_gpu import SMOLLM2_135M, make_checkpoint
+
+    if args.checkpoint and (Path(args.checkpoint) / "config.json").is_file():
+        return Path(args.checkpoint)
+    config = dict(SMOLLM2_135M, num_hidden_layers=args.layers, vocab_size=args.vocab, hidden_size=args.hidden)
+    if args.hidden != SMOLLM2_135M["hidden_size"]:
+        config.update(num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=1,
+                      intermediate_size=args.hidden * 8 // 3)
+    folder = Path(args.checkpoint or tempfile.mkdtemp(prefix="bench_gpu_host_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return make_checkpoint(folder, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=576)
+    p.add_argument("--quant", default=None, help="int8, int4 (default: f32 weights)")
+    p.add_argument("--tokens", type=int, default=16, help="decode steps counted")
+    p.add_argument("--checkpoint", default=None, help="reuse (or keep) the random checkpoint here")
+    p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    from torchburn.backend import gpu_launcher as gl
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+    from torchburn.runtime.gpu import get_device
+    from torchburn.runtime.gpu_calls import count_calls
+
+    folder = checkpoint(args)
+    llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
+                              **({"quant": args.quant} if args.quant else {}))
+    llm.eos_ids = frozenset()
+    greedy = SamplingParams(temperature=0.0)
+    prompt = [[3, 5, 7, 11]]
+    list(llm.generate_ids(prompt, 8, greedy))  # compiles prefill and decode, makes the buffers
+
+    launcher_s = [0.0]
+    call = gl.GpuLauncher.__call__
+
+    def timed(self: Any, *a: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return call(self, *a)
+        finally:
+            launcher_s[0] += time.perf_counter() - t
+
+    before = {id(x): (x.calls, x.gpu.times.runs, x.gpu.times.submit_s, x.gpu.times.wait_s)
+              for x in gl.recent_launchers()}
+    prof = cProfile.Profile() if args.profile else None
+    gl.GpuLauncher.__call__ = timed  # type: ignore[method-assign]
+    try:
+        steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
+        next(steps)  # the prefill (and first token): not counted
+        with count_calls() as calls:
+            launcher_s[0] = 0.0
+            base = {id(x): (x.calls, x.gpu.times.runs, x.gpu.times.submit_s, x.gpu.times.wait_s)
+                    for x in gl.recent_launchers()}
+            if prof:
+                prof.enable()
+            t0 = time.perf_counter()
+            n = sum(1 for _ in steps)
+            wall = time.perf_counter() - t0
+            if prof:
+                prof.disable()
+            counted = dict(calls)
+    finally:
+        gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
+    assert n == args.tokens, n
+    submit = wait = 0.0
+    programs = []
+    for x in gl.recent_launchers():
+        c0, r0, s0, w0 = base.get(id(x), before.get(id(x), (0, 0, 0.0, 0.0)))
+        if x.calls > c0:
+            t = x.gpu.times
+            submit += t.submit_s - s0
+            wait += t.wait_s - w0
+            programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
+                             "dispatches_per_call": len(x.program.calls), "fallbacks": x.eager_fallbacks})
+    dev = get_device()
+    per = {k: counted.get(k, 0) / n for k in SHOWN}
+    us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6, "submit": submit / n * 1e6,
+          "wait": wait / n * 1e6}
+    us["outside launcher"] = us["step"] - us["launcher"]
+    us["launcher before run"] = us["launcher"] - us["submit"] - us["wait"]
+    print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
+          f"storage buffers per stage {dev.caps.max_storage_buffers}")
+    print(f"checkpoint {folder}: {n} decode steps, programs: {programs}")
+    print("wgpu calls per decode step:")
+    for k in SHOWN:
+        print(f"  {k:24s} {per[k]:8.1f}")
+    print("host microseconds per decode step:")
+    for k, v in us.items():
+        print(f"  {k:24s} {v:10.0f}")
+    print(f"{n / wall:.1f} tokens/s")
+    if prof:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "programs": programs,
+                                               "tokens_per_s": n / wall}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
