@@ -52,11 +52,14 @@ log = logging.getLogger("torchburn")
 
 
 def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None) -> tuple[CompiledProgram, bool]:
-    """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device).
-    Raises `WgslUnsupported` or `GpuError`."""
+    """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device),
+    for the device's storage-buffer limit (`gpu-split-wide` splits only past it). Raises
+    `WgslUnsupported` or `GpuError`."""
     from ..codegen.target import gpu_target
+    from ..runtime.gpu import get_device
 
-    return compile_graph(graph, pipeline, target=gpu_target())
+    target = gpu_target(storage_buffers=get_device().caps.max_storage_buffers)
+    return compile_graph(graph, pipeline, target=target)
 
 
 @dataclass

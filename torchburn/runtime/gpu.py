@@ -170,9 +170,14 @@ def get_device() -> "GpuDevice":
         return _devices.setdefault(backend, dev)
 
 
-_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-binding-size", "max-buffer-size",
-           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
-           "max-compute-workgroup-size-x", "max-compute-workgroups-per-dimension")
+#: The limits the device is requested with at the adapter's values (WebGPU's defaults are far
+#: lower than real GPUs offer: 8 storage buffers per stage, 128 MiB bindings). The storage-buffer
+#: count reaches the compiler through the target (`gpu-split-wide`), the rest through `Caps`.
+REQUESTED_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-binding-size", "max-buffer-size",
+                    "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                    "max-compute-workgroup-size-x", "max-compute-workgroup-size-y",
+                    "max-compute-workgroup-size-z", "max-compute-workgroups-per-dimension", "max-bind-groups",
+                    "max-uniform-buffer-binding-size")
 
 
 @dataclass
@@ -190,8 +195,15 @@ class GpuDevice:
         self.wgpu = wgpu
         self.adapter = adapter
         features = [f for f in ("shader-f16", "timestamp-query", "subgroup") if f in adapter.features]
-        limits = {k: adapter.limits[k] for k in _LIMITS if k in adapter.limits}
-        self.device = adapter.request_device_sync(required_features=features, required_limits=limits)
+        #: The limits asked for: the adapter's own (`REQUESTED_LIMITS`).
+        self.requested_limits = {k: adapter.limits[k] for k in REQUESTED_LIMITS if k in adapter.limits}
+        try:
+            self.device = adapter.request_device_sync(required_features=features,
+                                                      required_limits=self.requested_limits)
+        except Exception as err:  # noqa: BLE001 - a driver refusing its own limits: WebGPU's defaults
+            log.info("torchburn: the adapter refused its own limits (%s); using WebGPU's defaults", err)
+            self.requested_limits = {}
+            self.device = adapter.request_device_sync(required_features=features)
         self.queue = self.device.queue
         lim = self.device.limits
         self.caps = Caps(
