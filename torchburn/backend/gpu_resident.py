@@ -58,6 +58,20 @@ class Resident:
 _lock = threading.RLock()
 _entries: dict[Any, Resident] = {}
 _owned: dict[int, StorageWeakRef] = {}
+#: Moves whenever an entry is added or dropped: while it stands still, a tensor whose version
+#: did not move since `bind` gave its buffer still has that buffer, current (the launcher's
+#: fast path, `GpuLauncher._resident`).
+_generation = 0
+
+
+def generation() -> int:
+    """The entries' generation (see `_generation`)."""
+    return _generation
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
 
 
 def _key(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Any:
@@ -69,6 +83,7 @@ def _live(key: Any) -> Optional[Resident]:
     e = _entries.get(key)
     if e is not None and e.ref.expired():
         del _entries[key]
+        _changed()
         _drop_expired_owner(key)
         return None
     return e
@@ -103,6 +118,7 @@ def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_
 def _purge() -> None:
     for key in [k for k, e in _entries.items() if e.ref.expired()]:
         del _entries[key]
+        _changed()
         if isinstance(key, int):
             _drop_expired_owner(key)
 
@@ -134,6 +150,7 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype]
             e = Resident(dev.storage_buffer(nbytes, label="resident"), nbytes, StorageWeakRef(t.untyped_storage()),
                          version=-1, dev=dev)
             _entries[key] = e
+            _changed()
         if e.version >= 0 and e.version + bump == t._version:
             e.version = t._version
             return e.buffer, 0
@@ -226,7 +243,8 @@ def release(t: torch.Tensor) -> torch.Tensor:
         to_host(t)
         key = _key(t)
         _owned.pop(key, None)
-        _entries.pop(key, None)
+        if _entries.pop(key, None) is not None:
+            _changed()
         return t
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
+from . import gpu_calls
 from .config import get_config
 from ..ir import expr as ex
 from ..ir import loop as lp
@@ -218,6 +219,11 @@ class GpuDevice:
         self.max_buffer = int(lim.get("max-buffer-size", self.max_binding))
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
         self._pipelines: dict[str, _Pipeline] = {}
+        #: wgpu-native's compute-pass C functions (set pipeline, set bind group, dispatch, NULL),
+        #: or None: the public methods wrap each call in Python checks (an empty dynamic-offset
+        #: array allocated per `set_bind_group`), 4-5x the cost of the call itself, paid per
+        #: dispatch, hundreds per decode step. Encoding errors still surface at `finish()`.
+        self.raw_pass = _raw_pass()
         self.pipeline_hits = 0
         self._fence: Optional[tuple[Any, Any]] = None
 
@@ -282,6 +288,16 @@ class GpuDevice:
                                          usage=usage.STORAGE | usage.COPY_DST | usage.COPY_SRC)
 
 
+def _raw_pass() -> Optional[tuple[Any, Any, Any, Any]]:
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+                lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):  # another wgpu backend or version: the public methods
+        return None
+
+
 def _round16(n: int) -> int:
     return max(16, (n + 15) // 16 * 16)
 
@@ -314,7 +330,8 @@ class _Plan:
     out_offsets: list[tuple[int, int]]
 
 
-InputSpec = tuple[Any, Hashable, Callable[[], Any]]
+#: (owner, stamp, bytes) of an input; None for one bound to the caller's buffer.
+InputSpec = Optional[tuple[Any, Hashable, Callable[[], Any]]]
 
 
 @dataclass
@@ -380,6 +397,11 @@ class GpuProgram:
         #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
         self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
         self._staging: Any = None
+        #: Dispatches encoded so far.
+        self.dispatches = 0
+        #: (bound buffers, all buffers, bind groups, own buffers sized by symbols) of the last run.
+        self._kept: Optional[tuple[tuple[tuple[str, Any], ...], dict[str, Any], list[Any], tuple[str, ...]]] = None
+        self._call_pipelines = [self.pipelines[k].pipeline for k, _ in self.calls]
         self._lock = threading.Lock()
         #: Input uploads so far (resident inputs are not uploaded again).
         self.uploads = 0
@@ -448,9 +470,20 @@ class GpuProgram:
         self._slots[name] = _Slot()
         return buf
 
-    def _bind_all(self, plan: _Plan, bound: Optional[dict[str, Any]]) -> dict[str, Any]:
+    def _resources(self, plan: _Plan, bound: Optional[dict[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
+        """The buffer of every name and the bind group of every call for a run. Kept from the
+        last run while the caller binds the same buffers and the program's own buffers whose
+        size depends on a symbol are still large enough: a warm step is a few comparisons."""
         bound = bound or {}
-        return {name: bound[name] if name in bound else self._buffer(name, n) for name, n in plan.sizes.items()}
+        key = tuple(bound.items())
+        kept = self._kept
+        if kept is not None and kept[0] == key and all(kept[1][n].size >= plan.sizes[n] for n in kept[3]):
+            return kept[1], kept[2]
+        bufs = {name: bound[name] if name in bound else self._buffer(name, n) for name, n in plan.sizes.items()}
+        groups = [self._bind_group(i, tuple(bufs[a] for a in args)) for i, (_, args) in enumerate(self.calls)]
+        dynamic = tuple(n for n in bufs if n not in bound and n not in self._static)
+        self._kept = (key, bufs, groups, dynamic)
+        return bufs, groups
 
     def _bind_group(self, i: int, bufs: tuple[Any, ...]) -> Any:
         """Call `i`'s bind group for these buffers: the kept one while they are the same objects."""
@@ -464,14 +497,9 @@ class GpuProgram:
         self._groups[i] = (bufs, group)  # holding the buffers keeps their ids from being reused
         return group
 
-    def _dispatches(self, plan: _Plan, bufs: dict[str, Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
-        out = []
-        for i, (k, args) in enumerate(self.calls):
-            dims = plan.groups[i]
-            if 0 in dims:
-                continue
-            out.append((self.pipelines[k].pipeline, self._bind_group(i, tuple(bufs[a] for a in args)), dims))
-        return out
+    def _dispatches(self, plan: _Plan, groups: list[Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
+        return [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
+                if 0 not in dims]
 
     def _staging_for(self, nbytes: int) -> Any:
         """The kept staging buffer, grown to hold `nbytes`."""
@@ -487,9 +515,10 @@ class GpuProgram:
         """Upload the inputs that changed; returns the bytes written (inputs in `bound` are the
         caller's to keep current)."""
         uploaded = 0
-        for b, (owner, stamp, data_fn) in zip(self.program.inputs, inputs):
+        for b, spec in zip(self.program.inputs, inputs):
             if bound and b.name in bound:
                 continue
+            owner, stamp, data_fn = spec
             slot = self._slots[b.name]
             if slot.owner is not None and slot.owner() is owner and slot.stamp == stamp and stamp is not None:
                 continue  # resident: the same tensor, unchanged since it was uploaded
@@ -514,20 +543,36 @@ class GpuProgram:
         self.dev.queue.write_buffer(self.uniform, 0, struct.pack(f"<{len(values)}i", *values))
         self._uniform_env = values
 
-    @staticmethod
-    def _encode(encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
+    def _encode(self, encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
+        """One compute pass of every dispatch (a pipeline or bind group equal to the previous
+        one is not set again), through wgpu-native's C calls where available (`_raw_pass`)."""
         cp = encoder.begin_compute_pass()
+        raw = None if gpu_calls.counting() else self.dev.raw_pass
         last_pipe = last_group = None
-        for _ in range(repeat):
-            for pipe, group, (gx, gy, gz) in dispatches:
-                if pipe is not last_pipe:
-                    cp.set_pipeline(pipe)
-                    last_pipe = pipe
-                if group is not last_group:
-                    cp.set_bind_group(0, group)
-                    last_group = group
-                cp.dispatch_workgroups(gx, gy, gz)
+        if raw is not None:
+            set_pipeline, set_bind_group, dispatch, null = raw
+            handle = cp._internal
+            for _ in range(repeat):
+                for pipe, group, (gx, gy, gz) in dispatches:
+                    if pipe is not last_pipe:
+                        set_pipeline(handle, pipe._internal)
+                        last_pipe = pipe
+                    if group is not last_group:
+                        set_bind_group(handle, 0, group._internal, 0, null)
+                        last_group = group
+                    dispatch(handle, gx, gy, gz)
+        else:
+            for _ in range(repeat):
+                for pipe, group, (gx, gy, gz) in dispatches:
+                    if pipe is not last_pipe:
+                        cp.set_pipeline(pipe)
+                        last_pipe = pipe
+                    if group is not last_group:
+                        cp.set_bind_group(0, group)
+                        last_group = group
+                    cp.dispatch_workgroups(gx, gy, gz)
         cp.end()
+        self.dispatches += repeat * len(dispatches)
 
     def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None,
                  read_back: Sequence[str] = ()) -> list[memoryview]:
@@ -538,11 +583,11 @@ class GpuProgram:
         with self._lock:
             t0 = time.perf_counter()
             plan = self._plan(env)
-            bufs = self._bind_all(plan, bound)
+            bufs, groups = self._resources(plan, bound)
             self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
             encoder = self.dev.device.create_command_encoder()
-            self._encode(encoder, self._dispatches(plan, bufs))
+            self._encode(encoder, self._dispatches(plan, groups))
             copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
             copies += [(bufs[name], plan.sizes[name]) for name in read_back]
             staging = self._staging_for(max(16, sum(_round16(size) for _, size in copies)))
@@ -578,10 +623,10 @@ class GpuProgram:
         `iters` runs, after a warm-up)."""
         with self._lock:
             plan = self._plan(env)
-            bufs = self._bind_all(plan, bound)
+            bufs, groups = self._resources(plan, bound)
             self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
-            dispatches = self._dispatches(plan, bufs)
+            dispatches = self._dispatches(plan, groups)
             for repeat in (1, iters):
                 encoder = self.dev.device.create_command_encoder()
                 self._encode(encoder, dispatches, repeat)

@@ -30,6 +30,13 @@ COUNTED: dict[str, tuple[str, ...]] = {
 }
 
 _lock = threading.Lock()
+_active = False
+
+
+def counting() -> bool:
+    """Whether a `count_calls` block is running: the GPU engine then encodes through wgpu's
+    public methods (which it counts), not wgpu-native's C functions (`GpuDevice.raw_pass`)."""
+    return _active
 
 
 def _wrap(fn: Callable[..., Any], name: str, counts: Counter[str]) -> Callable[..., Any]:
@@ -47,9 +54,11 @@ def count_calls() -> Iterator[Counter[str]]:
     the block runs; wgpu's classes are restored on exit). One block at a time per process."""
     from wgpu.backends import wgpu_native
 
+    global _active
     counts: Counter[str] = Counter()
     saved: list[tuple[type, str, Any]] = []
     with _lock:
+        _active = True
         try:
             for cls_name, methods in COUNTED.items():
                 cls = getattr(wgpu_native, cls_name)
@@ -60,6 +69,7 @@ def count_calls() -> Iterator[Counter[str]]:
                     setattr(cls, m, _wrap(fn, m, counts))
             yield counts
         finally:
+            _active = False
             for cls, m, original in reversed(saved):
                 if original is None:
                     delattr(cls, m)
