@@ -88,14 +88,12 @@ def _static_layout(v: Value) -> Optional[tuple[tuple[int, ...], tuple[tuple[int,
 
 @dataclass
 class _Bound:
-    """The last `gpu_resident.bind` of one input: valid while the same tensor has the same
-    version and no resident entry was added or dropped (`gpu_resident.generation`)."""
+    """The last `gpu_resident.bind` of an input the program only reads: still valid while the
+    same tensor has the same version and its resident entry was not dropped."""
 
     ref: "weakref.ref[torch.Tensor]"
     version: int
-    generation: int
-    buffer: Any
-    size: int
+    entry: gpu_resident.Resident
 
 
 _recent: "list[weakref.ref[GpuLauncher]]" = []
@@ -151,6 +149,9 @@ class GpuLauncher:
                              if isinstance(v, Var) and not v.name.startswith("_")]
         #: Per input, its last resident binding (`_Bound`), for the inputs the program only reads.
         self._bound: list[Optional[_Bound]] = [None] * len(self.inputs)
+        #: Per input, the resident buffer bound last (a new tensor in its place, as the token
+        #: ids of each decode step, takes it over when free: the bind groups stay valid).
+        self._last_buffer: list[Any] = [None] * len(self.inputs)
         #: Graph result index -> argument position, for the results that are in-place writes.
         self.inplace_results = {k: inp.position for k, name in enumerate(self.program.result_names())
                                 for inp in self.written if inp.buffer.name == name}
@@ -229,26 +230,26 @@ class GpuLauncher:
         up = 0
         resident = 0
         dev = self.gpu.dev
-        generation = gpu_resident.generation()
         for k, inp in enumerate(self.inputs):
             t = args[inp.position]
             last = self._bound[k]
-            if last is not None and last.ref() is t and last.version == t._version and last.generation == generation:
-                bound[inp.buffer.name] = last.buffer  # unchanged since its buffer was bound
-                resident += last.size
+            if last is not None and last.ref() is t and last.version == t._version and not last.entry.dropped:
+                bound[inp.buffer.name] = last.entry.buffer  # unchanged since it was bound
+                resident += last.entry.nbytes
                 continue
             written = inp.written
             if not gpu_resident.eligible(t, inp.upload_dtype, written, dev.max_binding):
                 self._bound[k] = None
                 continue
-            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype)
+            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype,
+                                       self._last_buffer[k])
+            self._last_buffer[k] = buf
             bound[inp.buffer.name] = buf
             up += n
-            size = gpu_resident.resident_size(t, inp.upload_dtype)
-            resident += size
-            generation = gpu_resident.generation()
+            e = gpu_resident.entry(t, inp.upload_dtype)
+            resident += 0 if e is None else e.nbytes
             # only inputs the program reads: a written one's version moves with every call
-            self._bound[k] = None if written else _Bound(weakref.ref(t), t._version, generation, buf, size)
+            self._bound[k] = None if written or e is None else _Bound(weakref.ref(t), t._version, e)
         self.transfers.resident = resident
         return bound, up
 

@@ -53,27 +53,43 @@ class Resident:
     device_newer: bool = False
     #: The device object holding `buffer` (`runtime.gpu.GpuDevice`).
     dev: Any = None
+    #: No longer the storage's entry (released, expired or replaced): a launcher's remembered
+    #: binding of it is void (`GpuLauncher._resident`).
+    dropped: bool = False
 
 
 _lock = threading.RLock()
 _entries: dict[Any, Resident] = {}
 _owned: dict[int, StorageWeakRef] = {}
-#: Moves whenever an entry is added or dropped: while it stands still, a tensor whose version
-#: did not move since `bind` gave its buffer still has that buffer, current (the launcher's
-#: fast path, `GpuLauncher._resident`).
-_generation = 0
+#: Buffers of expired small entries, by (device, bytes), for the next storage of that size: a
+#: decode step's token ids and positions are new tensors every step, and a new buffer for
+#: each would also need new bind groups (`runtime/gpu.py` keeps them per buffer object).
+_free: dict[tuple[int, int], list[Any]] = {}
+#: Entries up to this size have their buffer recycled; at most `_FREE_PER_SIZE` kept per size.
+_FREE_MAX_BYTES = 1 << 16
+_FREE_PER_SIZE = 8
 
 
-def generation() -> int:
-    """The entries' generation (see `_generation`)."""
-    return _generation
+def _expired(e: Resident) -> None:
+    """`e` was dropped because its storage is gone: keep a small buffer for reuse."""
+    e.dropped = True
+    if e.nbytes <= _FREE_MAX_BYTES and e.dev is not None:
+        pool = _free.setdefault((id(e.dev), e.nbytes), [])
+        if len(pool) < _FREE_PER_SIZE:
+            pool.append(e.buffer)
 
 
-def _changed() -> None:
-    global _generation
-    _generation += 1
-
-
+def _new_buffer(dev: Any, nbytes: int, prefer: Any = None) -> Any:
+    """A buffer for a new entry: `prefer` (the buffer the caller bound last time at this place)
+    when it is free, else the oldest free one of that size, else a new one. Handing each
+    per-step tensor its predecessor's buffer keeps the caller's bind groups valid."""
+    pool = _free.get((id(dev), nbytes))
+    if pool:
+        for k, buf in enumerate(pool):
+            if buf is prefer:
+                return pool.pop(k)
+        return pool.pop(0)
+    return dev.storage_buffer(nbytes, label="resident")
 def _key(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Any:
     ptr = t.untyped_storage().data_ptr()
     return ptr if upload is None else (ptr, upload)
@@ -83,7 +99,7 @@ def _live(key: Any) -> Optional[Resident]:
     e = _entries.get(key)
     if e is not None and e.ref.expired():
         del _entries[key]
-        _changed()
+        _expired(e)
         _drop_expired_owner(key)
         return None
     return e
@@ -117,8 +133,7 @@ def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_
 
 def _purge() -> None:
     for key in [k for k, e in _entries.items() if e.ref.expired()]:
-        del _entries[key]
-        _changed()
+        _expired(_entries.pop(key))
         if isinstance(key, int):
             _drop_expired_owner(key)
 
@@ -128,12 +143,14 @@ def _host_bytes(t: torch.Tensor, nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), 0, (nbytes,))
 
 
-def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype] = None) -> tuple[Any, int]:
+def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype] = None,
+         prefer: Any = None) -> tuple[Any, int]:
     """The device buffer holding `t`'s storage, uploaded first when the host changed; returns
     (buffer, bytes uploaded). `bump`: version steps the caller made without changing the
     values (AOTAutograd bumps an input the graph mutates once per call, before it). Raises
     `GpuStateError` for a stale tensor written on the host. `upload`: the dtype the device
-    stores (the storage is converted; such an input is never written by the program)."""
+    stores (the storage is converted; such an input is never written by the program).
+    `prefer`: the buffer to take for a new entry if it is free (`_new_buffer`)."""
     with _lock:
         key = _key(t, upload)
         e = _live(key)
@@ -144,13 +161,13 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype]
             if e.device_newer:
                 raise GpuStateError("torchburn: a tensor the GPU owns (keep_on_gpu) changed size or device; "
                                     "call torchburn.backend.gpu_resident.to_host(t) first")
+            e.dropped = True
             e = None
         if e is None:
             _purge()
-            e = Resident(dev.storage_buffer(nbytes, label="resident"), nbytes, StorageWeakRef(t.untyped_storage()),
+            e = Resident(_new_buffer(dev, nbytes, prefer), nbytes, StorageWeakRef(t.untyped_storage()),
                          version=-1, dev=dev)
             _entries[key] = e
-            _changed()
         if e.version >= 0 and e.version + bump == t._version:
             e.version = t._version
             return e.buffer, 0
@@ -243,8 +260,9 @@ def release(t: torch.Tensor) -> torch.Tensor:
         to_host(t)
         key = _key(t)
         _owned.pop(key, None)
-        if _entries.pop(key, None) is not None:
-            _changed()
+        e = _entries.pop(key, None)
+        if e is not None:
+            e.dropped = True
         return t
 
 
@@ -253,6 +271,12 @@ def resident_bytes(dev: Any = None) -> int:
     with _lock:
         _purge()
         return sum(e.nbytes for e in _entries.values() if dev is None or e.dev is dev)
+
+
+def entry(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Optional[Resident]:
+    """`t`'s resident entry (stored as `upload`), None when it has none."""
+    with _lock:
+        return _live(_key(t, upload))
 
 
 def resident_size(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> int:
