@@ -61,35 +61,52 @@ class Resident:
 _lock = threading.RLock()
 _entries: dict[Any, Resident] = {}
 _owned: dict[int, StorageWeakRef] = {}
-#: Buffers of expired small entries, by (device, bytes), for the next storage of that size: a
-#: decode step's token ids and positions are new tensors every step, and a new buffer for
-#: each would also need new bind groups (`runtime/gpu.py` keeps them per buffer object).
-_free: dict[tuple[int, int], list[Any]] = {}
-#: Entries up to this size have their buffer recycled; at most `_FREE_PER_SIZE` kept per size.
+#: Buffers of expired small entries, per device, for the next new storage: a decode step's
+#: token ids and positions are new tensors every step (a dynamic length makes them new sizes
+#: too), and a new buffer for each would also need new bind groups (`runtime/gpu.py` keeps
+#: them per buffer object). Small entries get buffers of a power-of-two size, so one fits the
+#: next tensor of a similar size.
+_free: dict[int, list[Any]] = {}
+#: Entries up to this size have such buffers, recycled; at most `_FREE_KEPT` kept per device.
 _FREE_MAX_BYTES = 1 << 16
-_FREE_PER_SIZE = 8
+_FREE_KEPT = 32
+
+
+def _size_class(nbytes: int) -> int:
+    if nbytes > _FREE_MAX_BYTES:
+        return nbytes
+    size = 16
+    while size < nbytes:
+        size *= 2
+    return size
 
 
 def _expired(e: Resident) -> None:
     """`e` was dropped because its storage is gone: keep a small buffer for reuse."""
     e.dropped = True
     if e.nbytes <= _FREE_MAX_BYTES and e.dev is not None:
-        pool = _free.setdefault((id(e.dev), e.nbytes), [])
-        if len(pool) < _FREE_PER_SIZE:
+        pool = _free.setdefault(id(e.dev), [])
+        if len(pool) < _FREE_KEPT:
             pool.append(e.buffer)
 
 
 def _new_buffer(dev: Any, nbytes: int, prefer: Any = None) -> Any:
-    """A buffer for a new entry: `prefer` (the buffer the caller bound last time at this place)
-    when it is free, else the oldest free one of that size, else a new one. Handing each
-    per-step tensor its predecessor's buffer keeps the caller's bind groups valid."""
-    pool = _free.get((id(dev), nbytes))
+    """A buffer for a new entry of `nbytes`: `prefer` (the buffer the caller bound last time at
+    this place) when it is free and large enough, else the oldest free one of its size class,
+    else a new one. Handing each per-step tensor its predecessor's buffer keeps the caller's
+    bind groups valid. (The buffer may be larger than the storage: kernels index within it.)"""
+    pool = _free.get(id(dev))
+    want = _size_class(nbytes)
     if pool:
         for k, buf in enumerate(pool):
-            if buf is prefer:
+            if buf is prefer and buf.size >= nbytes:
                 return pool.pop(k)
-        return pool.pop(0)
-    return dev.storage_buffer(nbytes, label="resident")
+        for k, buf in enumerate(pool):
+            if buf.size == want:
+                return pool.pop(k)
+    return dev.storage_buffer(want, label="resident")
+
+
 def _key(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Any:
     ptr = t.untyped_storage().data_ptr()
     return ptr if upload is None else (ptr, upload)
