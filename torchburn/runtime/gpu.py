@@ -6,15 +6,22 @@ Among the adapters wgpu enumerates (restricted to the requested backend), a disc
 preferred over an integrated or virtual one, and those over a software (CPU) adapter; native
 APIs over OpenGL.
 
+The device is requested with the adapter's own limits (`REQUESTED_LIMITS`: WebGPU's defaults
+allow 8 storage buffers per stage; real GPUs far more), and the storage-buffer limit reaches
+the compiler through the target (`gpu-split-wide` splits only kernels past it).
+
 A `GpuProgram` holds one compiled program on the device: a compute pipeline per kernel
 (cached by the hash of its WGSL source, so kernels shared between programs compile once),
-the program's buffers for a set of symbol values, and a bind group per kernel call. One run
-is: write the inputs that changed, write the symbols, encode every dispatch and the copies
-of the outputs into one command buffer, submit it once, map the staging buffer, read.
+its own buffers, a bind group per kernel call and a staging buffer, all kept across runs and
+symbol values (a buffer sized by a symbol grows to the next power of two when a run needs
+more), so a warm run creates no wgpu object. One run is: write the inputs that changed, write
+the symbols into the uniform buffer, encode every dispatch (through wgpu-native's C calls,
+`GpuDevice.raw_pass`) and the copies of the outputs into one command buffer, submit it once,
+map the staging buffer, read. `runtime/gpu_calls.py` counts the wgpu calls of a block.
 
 Inputs may instead be bound to buffers the caller keeps (`bound`: the resident copies of whole
 host storages, `backend/gpu_resident.py`): those persist across symbol values and programs,
-so a KV cache or a weight is uploaded once even as a dynamic length changes the buffer set.
+so a KV cache or a weight is uploaded once even as a dynamic length changes.
 An input a kernel writes (an in-place write, `lp.written_inputs`) can be read back in the same
 submission (`read_back`).
 
