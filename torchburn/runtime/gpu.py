@@ -391,6 +391,9 @@ class GpuProgram:
                            "(its lowering, lower-to-loops-gpu, makes none)")
         self.calls = [(index[c.kernel], c.args) for c in program.calls]
         self.buffers = {b.name: b for b in (*program.inputs, *program.outputs, *program.temps)}
+        #: Calls whose workgroup counts depend on a symbol.
+        self._dynamic_grids = [i for i, (k, _) in enumerate(self.calls)
+                               if any(ex.free_vars(e) for e in self.shaders[k].grid.groups)]
         #: Buffers whose span does not depend on a symbol (sized exactly, never grown).
         self._static = {name for name, b in self.buffers.items()
                         if not any(ex.free_vars(d) for d in (*b.shape, *b.strides))}
@@ -453,7 +456,12 @@ class GpuProgram:
         first = next(iter(self._plans.values()), None)
         sizes = {name: first.sizes[name] if first is not None and name in self._static else self.nbytes(name, env)
                  for name in self.buffers}
-        groups = [self._dims(self.shaders[k], env) for k, _ in self.calls]
+        if first is None:
+            groups = [self._dims(self.shaders[k], env) for k, _ in self.calls]
+        else:  # only the calls whose grid depends on a symbol are evaluated again
+            groups = list(first.groups)
+            for i in self._dynamic_grids:
+                groups[i] = self._dims(self.shaders[self.calls[i][0]], env)
         offsets = []
         total = 0
         for b in self.program.outputs:
