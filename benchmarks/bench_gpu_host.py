@@ -12,9 +12,9 @@ decode steps run twice: once while `torchburn.runtime.gpu_calls.count_calls()` c
 calls (through wgpu's public methods), once timed without the counting wrappers.
 Printed per decode step: dispatches, buffers / bind groups / command encoders created,
 write_buffer, submits, map and read calls; and the host time: the whole step, the GPU
-launcher's call (binding, residency checks, the program's run), the part of the run up to the
-submission returning (buffers, uploads, encoding, submit) and the wait for the results (mostly
-the GPU's work). `--json` writes the same figures.
+launcher's call (binding, residency checks, the program's run), in the run: buffers, uploads
+and encoding, then `submit`, then the wait for the results (the GPU's work on a real GPU;
+llvmpipe's OpenGL path runs the kernels inside `submit`). `--json` writes the same figures.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher_s[0] += time.perf_counter() - t
 
     def snapshot() -> dict[int, tuple[int, int, float, float]]:
-        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.submit_s, x.gpu.times.wait_s)
+        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s)
                 for x in gl.recent_launchers()}
 
     # 1. counted: the same steps (the prompt again: lengths the warm-up reached) under count_calls
@@ -115,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
     finally:
         gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
-    submit = wait = 0.0
+    encode = submit = wait = 0.0
     programs = []
     for x in gl.recent_launchers():
-        c0, d0, s0, w0 = base.get(id(x), (0, 0, 0.0, 0.0))
+        c0, d0, e0, s0, w0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0))
         if x.calls > c0:
             t = x.gpu.times
+            encode += t.encode_s - e0
             submit += t.submit_s - s0
             wait += t.wait_s - w0
             programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
@@ -128,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                              "fallbacks": x.eager_fallbacks})
     dev = get_device()
     per = {k: counted.get(k, 0) / n for k in SHOWN}
-    us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6, "submit": submit / n * 1e6,
-          "wait": wait / n * 1e6}
+    us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6,
+          "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
+          "run: wait+read": wait / n * 1e6}
     us["outside launcher"] = us["step"] - us["launcher"]
-    us["launcher before run"] = us["launcher"] - us["submit"] - us["wait"]
+    us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
           f"storage buffers per stage {dev.caps.max_storage_buffers}")
     print(f"checkpoint {folder}: {n} decode steps, programs: {programs}")

@@ -81,6 +81,12 @@ def _size_class(nbytes: int) -> int:
     return size
 
 
+#: Keys of the entries up to `_FREE_MAX_BYTES` (where per-step tensors are), and how many
+#: entries were made (`_purge`).
+_small: set[Any] = set()
+_made = 0
+
+
 def _expired(e: Resident) -> None:
     """`e` was dropped because its storage is gone: keep a small buffer for reuse."""
     e.dropped = True
@@ -148,9 +154,17 @@ def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_
     return t.untyped_storage().nbytes() > 0
 
 
-def _purge() -> None:
-    for key in [k for k, e in _entries.items() if e.ref.expired()]:
-        _expired(_entries.pop(key))
+def _purge(full: bool = True) -> None:
+    """Drop the entries whose storage is gone: all of them, or (`full=False`) the small ones,
+    where the per-step tensors are (their buffers are then free for the next step's; a pass
+    over hundreds of weights per step would cost more than the rest of the step's binding)."""
+    keys = list(_entries) if full else list(_small)
+    for key in keys:
+        e = _entries.get(key)
+        if e is not None and e.ref.expired():
+            _expired(_entries.pop(key))
+        if e is None or key not in _entries:
+            _small.discard(key)
         if isinstance(key, int):
             _drop_expired_owner(key)
 
@@ -168,6 +182,7 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype]
     `GpuStateError` for a stale tensor written on the host. `upload`: the dtype the device
     stores (the storage is converted; such an input is never written by the program).
     `prefer`: the buffer to take for a new entry if it is free (`_new_buffer`)."""
+    global _made
     with _lock:
         key = _key(t, upload)
         e = _live(key)
@@ -181,7 +196,10 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype]
             e.dropped = True
             e = None
         if e is None:
-            _purge()
+            _made += 1
+            _purge(full=_made % 256 == 0)
+            if nbytes <= _FREE_MAX_BYTES:
+                _small.add(key)
             e = Resident(_new_buffer(dev, nbytes, prefer), nbytes, StorageWeakRef(t.untyped_storage()),
                          version=-1, dev=dev)
             _entries[key] = e

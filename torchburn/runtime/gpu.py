@@ -344,14 +344,18 @@ InputSpec = Optional[tuple[Any, Hashable, Callable[[], Any]]]
 @dataclass
 class RunTimes:
     """Where a program's runs spent host time: `submit_s` until the submission returned,
-    `wait_s` mapping and reading the results (mostly the GPU working)."""
+    `wait_s` mapping and reading the results (mostly the GPU working; llvmpipe's OpenGL path
+    runs the kernels inside `submit`)."""
 
     runs: int = 0
     submit_s: float = 0.0
     wait_s: float = 0.0
+    #: The part of `submit_s` before `submit` is called (buffers, writes, encoding).
+    encode_s: float = 0.0
 
-    def add(self, submit_s: float, wait_s: float) -> None:
+    def add(self, encode_s: float, submit_s: float, wait_s: float) -> None:
         self.runs += 1
+        self.encode_s += encode_s
         self.submit_s += submit_s
         self.wait_s += wait_s
 
@@ -613,7 +617,9 @@ class GpuProgram:
                 if size:
                     encoder.copy_buffer_to_buffer(buf, 0, staging, off, _round4(size))
                 off += _round16(size)
-            self.dev.queue.submit([encoder.finish()])
+            commands = encoder.finish()
+            te = time.perf_counter()
+            self.dev.queue.submit([commands])
             t1 = time.perf_counter()
             try:
                 if not any(size for _, size in offsets):
@@ -625,7 +631,7 @@ class GpuProgram:
                 finally:
                     staging.unmap()
             finally:
-                self.times.add(t1 - t0, time.perf_counter() - t1)
+                self.times.add(te - t0, t1 - t0, time.perf_counter() - t1)
 
     def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
         """A copy of the first `nbytes` of a device buffer (for resident inputs)."""
