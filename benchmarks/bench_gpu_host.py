@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             launcher_s[0] += time.perf_counter() - t
 
-    def snapshot() -> dict[int, tuple[int, int, float, float]]:
+    def snapshot() -> dict[int, tuple[int, int, float, float, float]]:
         return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s)
                 for x in gl.recent_launchers()}
 
