@@ -2,6 +2,7 @@
 consecutive kernels over chunks of its outer loop, each binding only what it uses."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torchburn.ir.parser import parse_program
@@ -55,9 +56,53 @@ def test_narrow_kernels_and_unsplittable_ones_are_left_alone() -> None:
 
 
 def test_a_cat_of_many_inputs_runs_on_the_gpu_engine(gpu) -> None:  # noqa: F811
-    """19 inputs and the output exceed every adapter's guaranteed 8 storage buffers (llvmpipe
-    offers 16): before the split the graph ran on the CPU engine."""
+    """19 inputs and the output exceed the 16 storage buffers llvmpipe offers (WebGPU
+    guarantees 8): before the split the graph ran on the CPU engine. The chunks are as wide as
+    the device allows (the limit is requested from the adapter and reaches the pass through
+    the target): each binds the output and up to limit - 1 inputs."""
+    limit = gpu.get_device().caps.max_storage_buffers
+    if limit >= 20:
+        pytest.skip(f"the adapter allows {limit} storage buffers: nothing to split")
     xs = [torch.randn(1, 8) + i for i in range(19)]
     reports = check_gpu(lambda *a: torch.cat(a) * 2.0, *xs)
     kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
-    assert len(kernels) >= 3, kernels
+    assert len(kernels) == -(-19 // (limit - 1)), kernels
+
+
+def test_the_limit_comes_from_the_target_and_8_still_splits() -> None:
+    """The device's storage-buffer limit reaches the pass through the target: a device with a
+    high limit (NVIDIA's Vulkan driver) keeps the kernel whole, WebGPU's 8 still splits it."""
+    from torchburn.codegen.target import gpu_target
+    from torchburn.passes.base import PassManager
+
+    p = pieces(11)  # 11 inputs and the output: 12 buffers
+    at8 = PassManager([GpuSplitWide()], target=gpu_target(storage_buffers=8)).run(p)
+    assert [len(k.params) for k in at8.kernels] == [8, 5]
+    assert PassManager([GpuSplitWide()], target=gpu_target(storage_buffers=64)).run(p) is p
+    # outside a pipeline the generic target plans for WebGPU's guarantee, 8
+    assert [len(k.params) for k in GpuSplitWide().run(p).kernels] == [8, 5]
+    # the option, when given, wins over the target
+    out = PassManager([GpuSplitWide(max_buffers=4)], target=gpu_target(storage_buffers=64)).run(p)
+    assert max(len(k.params) for k in out.kernels) == 4
+
+
+def test_a_limit_below_one_buffer_is_refused() -> None:
+    from torchburn.passes.base import PassError
+
+    with pytest.raises(PassError, match="at least one buffer"):
+        GpuSplitWide(max_buffers=-1).run(pieces(3))
+
+
+def test_the_gpu_target_of_a_compile_carries_the_device_limit(gpu) -> None:  # noqa: F811
+    """What the compile asks for is the device's limit (requested at the adapter's value)."""
+    from unittest import mock
+
+    from torchburn.backend import gpu_launcher
+
+    dev = gpu.get_device()
+    adapter_limit = dev.adapter.limits["max-storage-buffers-per-shader-stage"]
+    assert dev.requested_limits["max-storage-buffers-per-shader-stage"] == adapter_limit
+    assert dev.caps.max_storage_buffers == adapter_limit
+    with mock.patch.object(gpu_launcher, "compile_graph", return_value=("compiled", False)) as cg:
+        gpu_launcher.compile_graph_gpu(object())  # type: ignore[arg-type]
+    assert cg.call_args.kwargs["target"].gpu_storage_buffers == adapter_limit

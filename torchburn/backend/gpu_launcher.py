@@ -52,11 +52,14 @@ log = logging.getLogger("torchburn")
 
 
 def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None) -> tuple[CompiledProgram, bool]:
-    """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device).
-    Raises `WgslUnsupported` or `GpuError`."""
+    """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device),
+    for the device's storage-buffer limit (`gpu-split-wide` splits only past it). Raises
+    `WgslUnsupported` or `GpuError`."""
     from ..codegen.target import gpu_target
+    from ..runtime.gpu import get_device
 
-    return compile_graph(graph, pipeline, target=gpu_target())
+    target = gpu_target(storage_buffers=get_device().caps.max_storage_buffers)
+    return compile_graph(graph, pipeline, target=target)
 
 
 @dataclass
@@ -68,6 +71,29 @@ class _Input:
     upload_dtype: Optional[torch.dtype]
     itemsize: int
     buffer: lp.Buffer
+    #: The sizes and, for dims above 1, the strides when all are constants (the fast check).
+    static: Optional[tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = None
+    #: Whether the program writes it in place.
+    written: bool = False
+
+
+def _static_layout(v: Value) -> Optional[tuple[tuple[int, ...], tuple[tuple[int, int], ...]]]:
+    """(sizes, (dim, stride) of the dims above 1) when `v`'s shape and layout are constants."""
+    shape, layout = v.shape, v.layout()
+    if not all(isinstance(e, Const) for e in (*shape, *layout)):
+        return None
+    sizes = tuple(int(e.value) for e in shape)  # type: ignore[attr-defined]
+    return sizes, tuple((k, int(st.value)) for k, (n, st) in enumerate(zip(sizes, layout)) if n > 1)  # type: ignore[attr-defined]
+
+
+@dataclass
+class _Bound:
+    """The last `gpu_resident.bind` of an input the program only reads: still valid while the
+    same tensor has the same version and its resident entry was not dropped."""
+
+    ref: "weakref.ref[torch.Tensor]"
+    version: int
+    entry: gpu_resident.Resident
 
 
 _recent: "list[weakref.ref[GpuLauncher]]" = []
@@ -115,6 +141,17 @@ class GpuLauncher:
         written = lp.written_inputs(self.program)
         #: The inputs the program writes in place (`frontend/inplace_writes.py`).
         self.written = [inp for inp in self.inputs if inp.buffer.name in written]
+        for inp in self.inputs:
+            inp.static = _static_layout(inp.value)
+            inp.written = inp.buffer.name in written
+        #: Inputs that are symbols: (argument position, name).
+        self._symbol_args = [(i, v.name) for i, v in enumerate(graph.inputs)
+                             if isinstance(v, Var) and not v.name.startswith("_")]
+        #: Per input, its last resident binding (`_Bound`), for the inputs the program only reads.
+        self._bound: list[Optional[_Bound]] = [None] * len(self.inputs)
+        #: Per input, the resident buffer bound last (a new tensor in its place, as the token
+        #: ids of each decode step, takes it over when free: the bind groups stay valid).
+        self._last_buffer: list[Any] = [None] * len(self.inputs)
         #: Graph result index -> argument position, for the results that are in-place writes.
         self.inplace_results = {k: inp.position for k, name in enumerate(self.program.result_names())
                                 for inp in self.written if inp.buffer.name == name}
@@ -132,16 +169,23 @@ class GpuLauncher:
 
     # ---- binding -----------------------------------------------------------------------------------
     def _bind(self, args: tuple[Any, ...]) -> Optional[dict[str, int]]:
-        env: dict[str, int] = {}
-        for i, v in enumerate(self.graph.inputs):
-            if isinstance(v, Var) and not v.name.startswith("_"):
-                env[v.name] = int(args[i])
+        """The symbol values of a call, or None when the arguments do not fit the compiled
+        sizes, strides, dtypes (inputs of constant layout are checked without expressions)."""
+        env = {name: int(args[i]) for i, name in self._symbol_args}
         checks: list[tuple[ex.Expr, int]] = []
         for inp in self.inputs:
             t = args[inp.position]
             v = inp.value
             if not isinstance(t, torch.Tensor) or t.dtype is not inp.torch_dtype or t.dim() != v.type.rank or not t.is_cpu:
                 return None
+            if inp.static is not None:
+                sizes, strides = inp.static
+                if t.shape != sizes:
+                    return None
+                actual = t.stride()
+                if any(actual[k] != st for k, st in strides):
+                    return None
+                continue
             for size, actual in zip(v.shape, t.shape):
                 if isinstance(size, Var) and size.name not in env:
                     env[size.name] = int(actual)
@@ -164,9 +208,13 @@ class GpuLauncher:
         return env
 
     # ---- the call ----------------------------------------------------------------------------------
-    def _specs(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
-        specs = []
+    def _specs(self, args: tuple[Any, ...], env: dict[str, int], bound: Optional[dict[str, Any]] = None) -> list[Any]:
+        """Per input (owner, stamp, bytes) for `GpuProgram.run_copy`; None for a `bound` one."""
+        specs: list[Any] = []
         for inp in self.inputs:
+            if bound and inp.buffer.name in bound:
+                specs.append(None)
+                continue
             t = args[inp.position]
             try:
                 stamp: Any = (t._version, t.data_ptr(), tuple(t.shape), t.stride())
@@ -182,15 +230,26 @@ class GpuLauncher:
         up = 0
         resident = 0
         dev = self.gpu.dev
-        for inp in self.inputs:
+        for k, inp in enumerate(self.inputs):
             t = args[inp.position]
-            written = inp in self.written
-            if not gpu_resident.eligible(t, inp.upload_dtype, written, dev.max_binding):
+            last = self._bound[k]
+            if last is not None and last.ref() is t and last.version == t._version and not last.entry.dropped:
+                bound[inp.buffer.name] = last.entry.buffer  # unchanged since it was bound
+                resident += last.entry.nbytes
                 continue
-            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype)
+            written = inp.written
+            if not gpu_resident.eligible(t, inp.upload_dtype, written, dev.max_binding):
+                self._bound[k] = None
+                continue
+            buf, n = gpu_resident.bind(t, dev, int(self.aot_bumps_written and written), inp.upload_dtype,
+                                       self._last_buffer[k])
+            self._last_buffer[k] = buf
             bound[inp.buffer.name] = buf
             up += n
-            resident += gpu_resident.resident_size(t, inp.upload_dtype)
+            e = gpu_resident.entry(t, inp.upload_dtype)
+            resident += 0 if e is None else e.nbytes
+            # only inputs the program reads: a written one's version moves with every call
+            self._bound[k] = None if written or e is None else _Bound(weakref.ref(t), t._version, e)
         self.transfers.resident = resident
         return bound, up
 
@@ -200,7 +259,7 @@ class GpuLauncher:
         if env is None:
             raise GpuError("arguments differ from the compiled ones")
         bound, _ = self._resident(args)
-        return self.gpu.benchmark(env, self._specs(args, env), iters, bound)
+        return self.gpu.benchmark(env, self._specs(args, env, bound), iters, bound)
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = self._bind(args)
@@ -210,11 +269,11 @@ class GpuLauncher:
             t = args[inp.position]
             if t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
                 return self._slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as int32)")
-        specs = self._specs(args, env)
         if self.record_args:
             self.last_args = args
         try:
             bound, up = self._resident(args)
+            specs = self._specs(args, env, bound)
             back = [inp for inp in self.written if inp.buffer.name not in bound or self.write_back_always
                     or not gpu_resident.is_owned(args[inp.position])]
             views = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back])

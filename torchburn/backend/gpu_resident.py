@@ -53,11 +53,64 @@ class Resident:
     device_newer: bool = False
     #: The device object holding `buffer` (`runtime.gpu.GpuDevice`).
     dev: Any = None
+    #: No longer the storage's entry (released, expired or replaced): a launcher's remembered
+    #: binding of it is void (`GpuLauncher._resident`).
+    dropped: bool = False
 
 
 _lock = threading.RLock()
 _entries: dict[Any, Resident] = {}
 _owned: dict[int, StorageWeakRef] = {}
+#: Buffers of expired small entries, per device, for the next new storage: a decode step's
+#: token ids and positions are new tensors every step (a dynamic length makes them new sizes
+#: too), and a new buffer for each would also need new bind groups (`runtime/gpu.py` keeps
+#: them per buffer object). Small entries get buffers of a power-of-two size, so one fits the
+#: next tensor of a similar size.
+_free: dict[int, list[Any]] = {}
+#: Entries up to this size have such buffers, recycled; at most `_FREE_KEPT` kept per device.
+_FREE_MAX_BYTES = 1 << 16
+_FREE_KEPT = 32
+
+
+def _size_class(nbytes: int) -> int:
+    if nbytes > _FREE_MAX_BYTES:
+        return nbytes
+    size = 16
+    while size < nbytes:
+        size *= 2
+    return size
+
+
+#: Keys of the entries up to `_FREE_MAX_BYTES` (where per-step tensors are), and how many
+#: entries were made (`_purge`).
+_small: set[Any] = set()
+_made = 0
+
+
+def _expired(e: Resident) -> None:
+    """`e` was dropped because its storage is gone: keep a small buffer for reuse."""
+    e.dropped = True
+    if e.nbytes <= _FREE_MAX_BYTES and e.dev is not None:
+        pool = _free.setdefault(id(e.dev), [])
+        if len(pool) < _FREE_KEPT:
+            pool.append(e.buffer)
+
+
+def _new_buffer(dev: Any, nbytes: int, prefer: Any = None) -> Any:
+    """A buffer for a new entry of `nbytes`: `prefer` (the buffer the caller bound last time at
+    this place) when it is free and large enough, else the oldest free one of its size class,
+    else a new one. Handing each per-step tensor its predecessor's buffer keeps the caller's
+    bind groups valid. (The buffer may be larger than the storage: kernels index within it.)"""
+    pool = _free.get(id(dev))
+    want = _size_class(nbytes)
+    if pool:
+        for k, buf in enumerate(pool):
+            if buf is prefer and buf.size >= nbytes:
+                return pool.pop(k)
+        for k, buf in enumerate(pool):
+            if buf.size == want:
+                return pool.pop(k)
+    return dev.storage_buffer(want, label="resident")
 
 
 def _key(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Any:
@@ -69,6 +122,7 @@ def _live(key: Any) -> Optional[Resident]:
     e = _entries.get(key)
     if e is not None and e.ref.expired():
         del _entries[key]
+        _expired(e)
         _drop_expired_owner(key)
         return None
     return e
@@ -100,9 +154,17 @@ def eligible(t: torch.Tensor, upload: Optional[torch.dtype], written: bool, max_
     return t.untyped_storage().nbytes() > 0
 
 
-def _purge() -> None:
-    for key in [k for k, e in _entries.items() if e.ref.expired()]:
-        del _entries[key]
+def _purge(full: bool = True) -> None:
+    """Drop the entries whose storage is gone: all of them, or (`full=False`) the small ones,
+    where the per-step tensors are (their buffers are then free for the next step's; a pass
+    over hundreds of weights per step would cost more than the rest of the step's binding)."""
+    keys = list(_entries) if full else list(_small)
+    for key in keys:
+        e = _entries.get(key)
+        if e is not None and e.ref.expired():
+            _expired(_entries.pop(key))
+        if e is None or key not in _entries:
+            _small.discard(key)
         if isinstance(key, int):
             _drop_expired_owner(key)
 
@@ -112,12 +174,15 @@ def _host_bytes(t: torch.Tensor, nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), 0, (nbytes,))
 
 
-def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype] = None) -> tuple[Any, int]:
+def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype] = None,
+         prefer: Any = None) -> tuple[Any, int]:
     """The device buffer holding `t`'s storage, uploaded first when the host changed; returns
     (buffer, bytes uploaded). `bump`: version steps the caller made without changing the
     values (AOTAutograd bumps an input the graph mutates once per call, before it). Raises
     `GpuStateError` for a stale tensor written on the host. `upload`: the dtype the device
-    stores (the storage is converted; such an input is never written by the program)."""
+    stores (the storage is converted; such an input is never written by the program).
+    `prefer`: the buffer to take for a new entry if it is free (`_new_buffer`)."""
+    global _made
     with _lock:
         key = _key(t, upload)
         e = _live(key)
@@ -128,10 +193,14 @@ def bind(t: torch.Tensor, dev: Any, bump: int = 0, upload: Optional[torch.dtype]
             if e.device_newer:
                 raise GpuStateError("torchburn: a tensor the GPU owns (keep_on_gpu) changed size or device; "
                                     "call torchburn.backend.gpu_resident.to_host(t) first")
+            e.dropped = True
             e = None
         if e is None:
-            _purge()
-            e = Resident(dev.storage_buffer(nbytes, label="resident"), nbytes, StorageWeakRef(t.untyped_storage()),
+            _made += 1
+            _purge(full=_made % 256 == 0)
+            if nbytes <= _FREE_MAX_BYTES:
+                _small.add(key)
+            e = Resident(_new_buffer(dev, nbytes, prefer), nbytes, StorageWeakRef(t.untyped_storage()),
                          version=-1, dev=dev)
             _entries[key] = e
         if e.version >= 0 and e.version + bump == t._version:
@@ -226,7 +295,9 @@ def release(t: torch.Tensor) -> torch.Tensor:
         to_host(t)
         key = _key(t)
         _owned.pop(key, None)
-        _entries.pop(key, None)
+        e = _entries.pop(key, None)
+        if e is not None:
+            e.dropped = True
         return t
 
 
@@ -235,6 +306,12 @@ def resident_bytes(dev: Any = None) -> int:
     with _lock:
         _purge()
         return sum(e.nbytes for e in _entries.values() if dev is None or e.dev is dev)
+
+
+def entry(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> Optional[Resident]:
+    """`t`'s resident entry (stored as `upload`), None when it has none."""
+    with _lock:
+        return _live(_key(t, upload))
 
 
 def resident_size(t: torch.Tensor, upload: Optional[torch.dtype] = None) -> int:

@@ -50,6 +50,9 @@ class Target:
     threads: int = 1
     #: How the target was asked for ("host", "avx2", ...), for messages.
     name: str = "generic"
+    #: Storage buffers one GPU kernel may bind: the device's `maxStorageBuffersPerShaderStage`
+    #: (WebGPU guarantees 8); `gpu-split-wide` splits kernels that bind more.
+    gpu_storage_buffers: int = 8
 
     @classmethod
     def from_features(cls, triple: str, cpu: str, features: str, **fields: object) -> "Target":

@@ -1,6 +1,8 @@
 """`gpu-split-wide`: split a kernel that binds more buffers than a GPU shader stage may see.
 
-WebGPU guarantees 8 storage buffers per shader stage (Mesa's llvmpipe offers 16). A kernel can
+WebGPU guarantees 8 storage buffers per shader stage (Mesa's llvmpipe offers 16, NVIDIA's
+Vulkan driver far more; the device is requested with the adapter's limit, and the target says
+it: `Target.gpu_storage_buffers`). A kernel can
 read many more: an LLM's KV-cache write stores every layer's new keys and values, a `cat` of
 2 x layers tensors, into the one cache buffer, so SmolLM2 (30 layers) needs 62. Such a kernel
 is nearly always a loop over the pieces whose body selects its source by the loop variable.
@@ -8,7 +10,10 @@ This pass cuts the outermost loop's range into consecutive chunks, one kernel ea
 after the other (so the iterations run in the loop's order: splitting is exact whatever the
 loop does); in a chunk, `simplify` decides the selects from the chunk's range, the loads of
 other pieces disappear, and so do their parameters. Chunks grow while they stay within
-`max_buffers`. A kernel whose body is not one loop, or whose single iterations still need too
+the limit: the `max_buffers` option, or when it is 0 (the default) the target's
+`gpu_storage_buffers` (8 outside a pipeline: `run` plans for WebGPU's guarantee). A device
+with a high limit keeps such a kernel whole: one dispatch instead of one per chunk. A kernel
+whose body is not one loop, or whose single iterations still need too
 many buffers, is left as it is (codegen then says why it cannot run it).
 
 Before (`max_buffers = 3`):
@@ -49,7 +54,7 @@ from typing import ClassVar, Optional
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const
-from .base import LoopPass, register_pass
+from .base import LoopPass, PassContext, PassError, register_pass
 from .loop_utils import substitute_stmt
 from .simplify import simplify_kernel
 
@@ -92,13 +97,24 @@ class GpuSplitWide(LoopPass):
     """Split kernels that bind more than `max_buffers` buffers (module docstring)."""
 
     name: ClassVar[str] = "gpu-split-wide"
-    #: Buffers a kernel may bind (WebGPU's guaranteed `maxStorageBuffersPerShaderStage`).
-    max_buffers: int = 8
+    #: Buffers a kernel may bind; 0: the target's `gpu_storage_buffers` (the device's
+    #: `maxStorageBuffersPerShaderStage`; 8, WebGPU's guarantee, for the generic target).
+    max_buffers: int = 0
 
     def run(self, program: lp.Program) -> lp.Program:
+        return self.run_in(program, PassContext())
+
+    def limit(self, ctx: PassContext) -> int:
+        """The buffers a kernel may bind: the option, else the target's."""
+        return self.max_buffers or ctx.target.gpu_storage_buffers
+
+    def run_in(self, program: lp.Program, ctx: PassContext) -> lp.Program:
+        limit = self.limit(ctx)
+        if limit < 1:
+            raise PassError(f"gpu-split-wide: a kernel must be allowed at least one buffer, not {limit}")
         pieces: dict[str, list[lp.Kernel]] = {}
         for k in program.kernels:
-            split = self.split(k) if len(k.params) > self.max_buffers else None
+            split = self.split(k, limit) if len(k.params) > limit else None
             if split is not None:
                 pieces[k.name] = split
         if not pieces:
@@ -115,8 +131,10 @@ class GpuSplitWide(LoopPass):
             calls.extend(lp.KernelCall(s.name, tuple(arg[p.name] for p in s.params)) for s in pieces[c.kernel])
         return replace(program, kernels=tuple(kernels), calls=tuple(calls))
 
-    def split(self, k: lp.Kernel) -> Optional[list[lp.Kernel]]:
-        """The chunks of `k`, or None when it cannot be split within the limit."""
+    def split(self, k: lp.Kernel, limit: int = 0) -> Optional[list[lp.Kernel]]:
+        """The chunks of `k` binding at most `limit` buffers each (0: `max_buffers`, else 8),
+        or None when it cannot be split within the limit."""
+        limit = limit or self.max_buffers or 8
         loop = k.body
         if not isinstance(loop, lp.For) or not isinstance(loop.extent, Const) or not isinstance(loop.start, Const) \
                 or loop.start.value != 0:
@@ -126,12 +144,12 @@ class GpuSplitWide(LoopPass):
         a = 0
         while a < n:
             best = _chunk(k, loop, a, a + 1, f"{k.name}_{len(out)}")
-            if len(best.params) > self.max_buffers:
+            if len(best.params) > limit:
                 return None
             b = a + 1
             while b < n:
                 cand = _chunk(k, loop, a, b + 1, best.name)
-                if len(cand.params) > self.max_buffers:
+                if len(cand.params) > limit:
                     break
                 best, b = cand, b + 1
             out.append(best)

@@ -6,15 +6,22 @@ Among the adapters wgpu enumerates (restricted to the requested backend), a disc
 preferred over an integrated or virtual one, and those over a software (CPU) adapter; native
 APIs over OpenGL.
 
+The device is requested with the adapter's own limits (`REQUESTED_LIMITS`: WebGPU's defaults
+allow 8 storage buffers per stage; real GPUs far more), and the storage-buffer limit reaches
+the compiler through the target (`gpu-split-wide` splits only kernels past it).
+
 A `GpuProgram` holds one compiled program on the device: a compute pipeline per kernel
 (cached by the hash of its WGSL source, so kernels shared between programs compile once),
-the program's buffers for a set of symbol values, and a bind group per kernel call. One run
-is: write the inputs that changed, write the symbols, encode every dispatch and the copies
-of the outputs into one command buffer, submit it once, map the staging buffer, read.
+its own buffers, a bind group per kernel call and a staging buffer, all kept across runs and
+symbol values (a buffer sized by a symbol grows to the next power of two when a run needs
+more), so a warm run creates no wgpu object. One run is: write the inputs that changed, write
+the symbols into the uniform buffer, encode every dispatch (through wgpu-native's C calls,
+`GpuDevice.raw_pass`) and the copies of the outputs into one command buffer, submit it once,
+map the staging buffer, read. `runtime/gpu_calls.py` counts the wgpu calls of a block.
 
 Inputs may instead be bound to buffers the caller keeps (`bound`: the resident copies of whole
 host storages, `backend/gpu_resident.py`): those persist across symbol values and programs,
-so a KV cache or a weight is uploaded once even as a dynamic length changes the buffer set.
+so a KV cache or a weight is uploaded once even as a dynamic length changes.
 An input a kernel writes (an in-place write, `lp.written_inputs`) can be read back in the same
 submission (`read_back`).
 
@@ -28,12 +35,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
+from . import gpu_calls
 from .config import get_config
 from ..ir import expr as ex
 from ..ir import loop as lp
@@ -170,9 +178,14 @@ def get_device() -> "GpuDevice":
         return _devices.setdefault(backend, dev)
 
 
-_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-binding-size", "max-buffer-size",
-           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
-           "max-compute-workgroup-size-x", "max-compute-workgroups-per-dimension")
+#: The limits the device is requested with at the adapter's values (WebGPU's defaults are far
+#: lower than real GPUs offer: 8 storage buffers per stage, 128 MiB bindings). The storage-buffer
+#: count reaches the compiler through the target (`gpu-split-wide`), the rest through `Caps`.
+REQUESTED_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-binding-size", "max-buffer-size",
+                    "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                    "max-compute-workgroup-size-x", "max-compute-workgroup-size-y",
+                    "max-compute-workgroup-size-z", "max-compute-workgroups-per-dimension", "max-bind-groups",
+                    "max-uniform-buffer-binding-size")
 
 
 @dataclass
@@ -190,8 +203,15 @@ class GpuDevice:
         self.wgpu = wgpu
         self.adapter = adapter
         features = [f for f in ("shader-f16", "timestamp-query", "subgroup") if f in adapter.features]
-        limits = {k: adapter.limits[k] for k in _LIMITS if k in adapter.limits}
-        self.device = adapter.request_device_sync(required_features=features, required_limits=limits)
+        #: The limits asked for: the adapter's own (`REQUESTED_LIMITS`).
+        self.requested_limits = {k: adapter.limits[k] for k in REQUESTED_LIMITS if k in adapter.limits}
+        try:
+            self.device = adapter.request_device_sync(required_features=features,
+                                                      required_limits=self.requested_limits)
+        except Exception as err:  # noqa: BLE001 - a driver refusing its own limits: WebGPU's defaults
+            log.info("torchburn: the adapter refused its own limits (%s); using WebGPU's defaults", err)
+            self.requested_limits = {}
+            self.device = adapter.request_device_sync(required_features=features)
         self.queue = self.device.queue
         lim = self.device.limits
         self.caps = Caps(
@@ -206,6 +226,11 @@ class GpuDevice:
         self.max_buffer = int(lim.get("max-buffer-size", self.max_binding))
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
         self._pipelines: dict[str, _Pipeline] = {}
+        #: wgpu-native's compute-pass C functions (set pipeline, set bind group, dispatch, NULL),
+        #: or None: the public methods wrap each call in Python checks (an empty dynamic-offset
+        #: array allocated per `set_bind_group`), 4-5x the cost of the call itself, paid per
+        #: dispatch, hundreds per decode step. Encoding errors still surface at `finish()`.
+        self.raw_pass = _raw_pass()
         self.pipeline_hits = 0
         self._fence: Optional[tuple[Any, Any]] = None
 
@@ -270,6 +295,16 @@ class GpuDevice:
                                          usage=usage.STORAGE | usage.COPY_DST | usage.COPY_SRC)
 
 
+def _raw_pass() -> Optional[tuple[Any, Any, Any, Any]]:
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+                lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):  # another wgpu backend or version: the public methods
+        return None
+
+
 def _round16(n: int) -> int:
     return max(16, (n + 15) // 16 * 16)
 
@@ -293,22 +328,61 @@ class _Slot:
 
 
 @dataclass
-class _BufferSet:
-    """The device buffers, bind groups and dispatch sizes of one set of symbol values."""
+class _Plan:
+    """What one set of symbol values decides, without any wgpu object: the bytes each buffer
+    needs, each call's workgroup counts, and where the outputs go in the staging buffer."""
 
-    buffers: dict[str, Any]
-    bytes: dict[str, int]
-    dispatches: list[tuple[int, Any, tuple[int, int, int]]]
-    staging: Any
+    sizes: dict[str, int]
+    groups: list[tuple[int, int, int]]
     out_offsets: list[tuple[int, int]]
-    slots: list[_Slot] = field(default_factory=list)
 
 
-InputSpec = tuple[Any, Hashable, Callable[[], Any]]
+#: (owner, stamp, bytes) of an input; None for one bound to the caller's buffer.
+InputSpec = Optional[tuple[Any, Hashable, Callable[[], Any]]]
+
+
+@dataclass
+class RunTimes:
+    """Where a program's runs spent host time: `submit_s` until the submission returned,
+    `wait_s` mapping and reading the results (mostly the GPU working; llvmpipe's OpenGL path
+    runs the kernels inside `submit`)."""
+
+    runs: int = 0
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    #: The part of `submit_s` before `submit` is called (buffers, writes, encoding).
+    encode_s: float = 0.0
+
+    def add(self, encode_s: float, submit_s: float, wait_s: float) -> None:
+        self.runs += 1
+        self.encode_s += encode_s
+        self.submit_s += submit_s
+        self.wait_s += wait_s
+
+
+def _grown(need: int, limit: int) -> int:
+    """The size of a buffer that must hold `need` bytes and may grow again: the next power of
+    two (so a length that grows one step at a time reallocates log2 times), within `limit`."""
+    size = 16
+    while size < need:
+        size *= 2
+    return min(size, max(limit // 16 * 16, _round16(need)))
 
 
 class GpuProgram:
-    """A compiled program on a device (module docstring)."""
+    """A compiled program on a device (module docstring).
+
+    The steady state creates no wgpu object: the program's own buffers (inputs not bound by the
+    caller, outputs, temporaries) are kept across runs and symbol values, one per name; a buffer
+    whose size depends on a symbol grows to the next power of two when a run needs more (and
+    binds its whole size: kernels index by the symbols, which the uniform buffer carries). A
+    call's bind group is kept while the buffers it binds are the same objects, so a decode step
+    whose length grows by one reuses every bind group. Per run: the uniforms and the changed
+    inputs are written, one command encoder encodes every dispatch and the output copies, one
+    submission, one map of the staging buffer (kept too)."""
+
+    #: Symbol-value plans kept (small: sizes and workgroup counts, no device memory).
+    PLANS = 64
 
     def __init__(self, device: GpuDevice, program: lp.Program, shaders: Sequence[KernelShader]) -> None:
         self.dev = device
@@ -321,16 +395,35 @@ class GpuProgram:
                            "(its lowering, lower-to-loops-gpu, makes none)")
         self.calls = [(index[c.kernel], c.args) for c in program.calls]
         self.buffers = {b.name: b for b in (*program.inputs, *program.outputs, *program.temps)}
+        #: Calls whose workgroup counts depend on a symbol.
+        self._dynamic_grids = [i for i, (k, _) in enumerate(self.calls)
+                               if any(ex.free_vars(e) for e in self.shaders[k].grid.groups)]
+        #: Buffers whose span does not depend on a symbol (sized exactly, never grown).
+        self._static = {name for name, b in self.buffers.items()
+                        if not any(ex.free_vars(d) for d in (*b.shape, *b.strides))}
         usage = device.wgpu.BufferUsage
         self.uniform = device.device.create_buffer(size=_round16(4 * len(program.symbols)),
                                                    usage=usage.UNIFORM | usage.COPY_DST)
         self._uniform_env: Optional[tuple[int, ...]] = None
-        self._sets: OrderedDict[Any, _BufferSet] = OrderedDict()
+        self._plans: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
+        self._own: dict[str, Any] = {}
+        self._slots: dict[str, _Slot] = {}
+        #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
+        self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
+        self._staging: Any = None
+        #: Dispatches encoded so far.
+        self.dispatches = 0
+        #: (bound buffers, all buffers, bind groups, own buffers sized by symbols) of the last run.
+        self._kept: Optional[tuple[tuple[tuple[str, Any], ...], dict[str, Any], list[Any], tuple[str, ...]]] = None
+        self._call_pipelines = [self.pipelines[k].pipeline for k, _ in self.calls]
         self._lock = threading.Lock()
         #: Input uploads so far (resident inputs are not uploaded again).
         self.uploads = 0
-        #: Bytes the last run uploaded through its own buffer set (not `bound` ones).
+        #: Bytes the last run uploaded through its own buffers (not `bound` ones).
         self.last_uploaded = 0
+        #: Host seconds of all `run_copy` calls: up to the submission returning (buffers, writes,
+        #: encoding, submit) and then waiting for the results (map and read).
+        self.times = RunTimes()
 
     # ---- sizes and buffers ---------------------------------------------------------------------------
     def nbytes(self, name: str, env: dict[str, int]) -> int:
@@ -343,7 +436,7 @@ class GpuProgram:
             raise GpuError(f"%{name} needs {size} bytes; the device binds at most {self.dev.max_binding}")
         return size
 
-    def _groups(self, shader: KernelShader, env: dict[str, int]) -> tuple[int, int, int]:
+    def _dims(self, shader: KernelShader, env: dict[str, int]) -> tuple[int, int, int]:
         gx, gy, gz = (ex.evaluate_index(e, env) for e in shader.grid.groups)
         limit = self.dev.max_groups
         if gx > limit and gy == 1 and shader.grid.mode != "gemm":
@@ -353,57 +446,104 @@ class GpuProgram:
             raise GpuError(f"kernel @{shader.name} needs {gx}x{gy}x{gz} workgroups; the limit is {limit} per dimension")
         return gx, gy, gz
 
-    def _buffer_set(self, env: dict[str, int], bound: Optional[dict[str, Any]] = None) -> _BufferSet:
-        bound = bound or {}
-        key = (tuple(env[s.name] for s in self.program.symbols), tuple((n, id(b)) for n, b in sorted(bound.items())))
-        found = self._sets.get(key)
+    def _plan(self, env: dict[str, int]) -> _Plan:
+        """The sizes and workgroup counts of a set of symbol values (cached; the static parts
+        of the first plan are shared by all)."""
+        key = tuple(env[s.name] for s in self.program.symbols)
+        found = self._plans.get(key)
         if found is not None:
-            self._sets.move_to_end(key)
+            self._plans.move_to_end(key)
             return found
-        for v in key[0]:
+        for v in key:
             if not -_I32_MAX <= v <= _I32_MAX:
                 raise GpuError(f"symbol value {v} does not fit in 32 bits")
-        dev = self.dev
-        sizes = {name: self.nbytes(name, env) for name in self.buffers}
-        bufs = {name: bound[name] if name in bound else dev.storage_buffer(n, label=name) for name, n in sizes.items()}
-        dispatches = []
-        for k, args in self.calls:
-            shader, pipe = self.shaders[k], self.pipelines[k]
-            groups = self._groups(shader, env)
-            if 0 in groups:
-                continue
-            entries = [{"binding": 0, "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}}]
-            for j, name in enumerate(args):
-                buf = bufs[name]
-                entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-            group = dev.device.create_bind_group(layout=pipe.layout, entries=entries)
-            dispatches.append((k, group, groups))
+        first = next(iter(self._plans.values()), None)
+        sizes = {name: first.sizes[name] if first is not None and name in self._static else self.nbytes(name, env)
+                 for name in self.buffers}
+        if first is None:
+            groups = [self._dims(self.shaders[k], env) for k, _ in self.calls]
+        else:  # only the calls whose grid depends on a symbol are evaluated again
+            groups = list(first.groups)
+            for i in self._dynamic_grids:
+                groups[i] = self._dims(self.shaders[self.calls[i][0]], env)
         offsets = []
         total = 0
         for b in self.program.outputs:
             offsets.append((total, sizes[b.name]))
             total += _round16(sizes[b.name])
-        usage = dev.wgpu.BufferUsage
-        staging = dev.device.create_buffer(size=max(16, total), usage=usage.MAP_READ | usage.COPY_DST)
-        bset = _BufferSet(bufs, sizes, dispatches, staging, offsets, [_Slot() for _ in self.program.inputs])
-        self._sets[key] = bset
-        while len(self._sets) > 4:
-            self._sets.popitem(last=False)
-        return bset
+        plan = _Plan(sizes, groups, offsets)
+        self._plans[key] = plan
+        while len(self._plans) > self.PLANS:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _buffer(self, name: str, need: int) -> Any:
+        """The program's own buffer for `name`, holding at least `need` bytes (made or grown
+        when it does not: its old contents and upload stamp are then gone)."""
+        buf = self._own.get(name)
+        if buf is not None and buf.size >= need:
+            return buf
+        size = _round16(need) if name in self._static else _grown(need, self.dev.max_binding)
+        buf = self.dev.storage_buffer(size, label=name)
+        self._own[name] = buf
+        self._slots[name] = _Slot()
+        return buf
+
+    def _resources(self, plan: _Plan, bound: Optional[dict[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
+        """The buffer of every name and the bind group of every call for a run. Kept from the
+        last run while the caller binds the same buffers and the program's own buffers whose
+        size depends on a symbol are still large enough: a warm step is a few comparisons."""
+        bound = bound or {}
+        key = tuple(bound.items())
+        kept = self._kept
+        if kept is not None and kept[0] == key and all(kept[1][n].size >= plan.sizes[n] for n in kept[3]):
+            return kept[1], kept[2]
+        bufs = {name: bound[name] if name in bound else self._buffer(name, n) for name, n in plan.sizes.items()}
+        groups = [self._bind_group(i, tuple(bufs[a] for a in args)) for i, (_, args) in enumerate(self.calls)]
+        dynamic = tuple(n for n in bufs if n not in bound and n not in self._static)
+        self._kept = (key, bufs, groups, dynamic)
+        return bufs, groups
+
+    def _bind_group(self, i: int, bufs: tuple[Any, ...]) -> Any:
+        """Call `i`'s bind group for these buffers: the kept one while they are the same objects."""
+        kept = self._groups[i]
+        if kept is not None and len(kept[0]) == len(bufs) and all(a is b for a, b in zip(kept[0], bufs)):
+            return kept[1]
+        entries = [{"binding": 0, "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}}]
+        for j, buf in enumerate(bufs):
+            entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        group = self.dev.device.create_bind_group(layout=self.pipelines[self.calls[i][0]].layout, entries=entries)
+        self._groups[i] = (bufs, group)  # holding the buffers keeps their ids from being reused
+        return group
+
+    def _dispatches(self, plan: _Plan, groups: list[Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
+        return [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
+                if 0 not in dims]
+
+    def _staging_for(self, nbytes: int) -> Any:
+        """The kept staging buffer, grown to hold `nbytes`."""
+        if self._staging is None or self._staging.size < nbytes:
+            usage = self.dev.wgpu.BufferUsage
+            self._staging = self.dev.device.create_buffer(size=_grown(nbytes, self.dev.max_buffer),
+                                                          usage=usage.MAP_READ | usage.COPY_DST)
+        return self._staging
 
     # ---- running ------------------------------------------------------------------------------------
-    def _write_inputs(self, bset: _BufferSet, inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None) -> int:
+    def _write_inputs(self, plan: _Plan, bufs: dict[str, Any], inputs: Sequence[InputSpec],
+                      bound: Optional[dict[str, Any]] = None) -> int:
         """Upload the inputs that changed; returns the bytes written (inputs in `bound` are the
         caller's to keep current)."""
         uploaded = 0
-        for b, slot, (owner, stamp, data_fn) in zip(self.program.inputs, bset.slots, inputs):
+        for b, spec in zip(self.program.inputs, inputs):
             if bound and b.name in bound:
                 continue
+            owner, stamp, data_fn = spec
+            slot = self._slots[b.name]
             if slot.owner is not None and slot.owner() is owner and slot.stamp == stamp and stamp is not None:
                 continue  # resident: the same tensor, unchanged since it was uploaded
-            if bset.bytes[b.name]:
+            if plan.sizes[b.name]:
                 data = data_fn()
-                self.dev.queue.write_buffer(bset.buffers[b.name], 0, data)
+                self.dev.queue.write_buffer(bufs[b.name], 0, data)
                 uploaded += len(data)
                 self.uploads += 1
             try:
@@ -422,14 +562,36 @@ class GpuProgram:
         self.dev.queue.write_buffer(self.uniform, 0, struct.pack(f"<{len(values)}i", *values))
         self._uniform_env = values
 
-    def _encode(self, encoder: Any, bset: _BufferSet, repeat: int = 1) -> None:
+    def _encode(self, encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
+        """One compute pass of every dispatch (a pipeline or bind group equal to the previous
+        one is not set again), through wgpu-native's C calls where available (`_raw_pass`)."""
         cp = encoder.begin_compute_pass()
-        for _ in range(repeat):
-            for k, group, (gx, gy, gz) in bset.dispatches:
-                cp.set_pipeline(self.pipelines[k].pipeline)
-                cp.set_bind_group(0, group)
-                cp.dispatch_workgroups(gx, gy, gz)
+        raw = None if gpu_calls.counting() else self.dev.raw_pass
+        last_pipe = last_group = None
+        if raw is not None:
+            set_pipeline, set_bind_group, dispatch, null = raw
+            handle = cp._internal
+            for _ in range(repeat):
+                for pipe, group, (gx, gy, gz) in dispatches:
+                    if pipe is not last_pipe:
+                        set_pipeline(handle, pipe._internal)
+                        last_pipe = pipe
+                    if group is not last_group:
+                        set_bind_group(handle, 0, group._internal, 0, null)
+                        last_group = group
+                    dispatch(handle, gx, gy, gz)
+        else:
+            for _ in range(repeat):
+                for pipe, group, (gx, gy, gz) in dispatches:
+                    if pipe is not last_pipe:
+                        cp.set_pipeline(pipe)
+                        last_pipe = pipe
+                    if group is not last_group:
+                        cp.set_bind_group(0, group)
+                        last_group = group
+                    cp.dispatch_workgroups(gx, gy, gz)
         cp.end()
+        self.dispatches += repeat * len(dispatches)
 
     def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None,
                  read_back: Sequence[str] = ()) -> list[memoryview]:
@@ -438,18 +600,16 @@ class GpuProgram:
         (owner, stamp, data_fn): the upload is skipped while `owner` is the object last uploaded
         to that slot and its stamp is equal. Inputs in `bound` use the caller's buffers."""
         with self._lock:
-            bset = self._buffer_set(env, bound)
-            self.last_uploaded = self._write_inputs(bset, inputs, bound)
+            t0 = time.perf_counter()
+            plan = self._plan(env)
+            bufs, groups = self._resources(plan, bound)
+            self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
             encoder = self.dev.device.create_command_encoder()
-            self._encode(encoder, bset)
-            copies = [(bset.buffers[b.name], size) for b, (_, size) in zip(self.program.outputs, bset.out_offsets)]
-            copies += [(bset.buffers[name], bset.bytes[name]) for name in read_back]
-            staging = bset.staging
-            total = sum(_round16(size) for _, size in copies)
-            if read_back:
-                staging = self.dev.device.create_buffer(size=max(16, total), usage=self.dev.wgpu.BufferUsage.MAP_READ
-                                                        | self.dev.wgpu.BufferUsage.COPY_DST)
+            self._encode(encoder, self._dispatches(plan, groups))
+            copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
+            copies += [(bufs[name], plan.sizes[name]) for name in read_back]
+            staging = self._staging_for(max(16, sum(_round16(size) for _, size in copies)))
             offsets = []
             off = 0
             for buf, size in copies:
@@ -457,15 +617,21 @@ class GpuProgram:
                 if size:
                     encoder.copy_buffer_to_buffer(buf, 0, staging, off, _round4(size))
                 off += _round16(size)
-            self.dev.queue.submit([encoder.finish()])
-            if not any(size for _, size in offsets):
-                return [memoryview(b"") for _ in offsets]
-            staging.map_sync(self.dev.wgpu.MapMode.READ)
+            commands = encoder.finish()
+            te = time.perf_counter()
+            self.dev.queue.submit([commands])
+            t1 = time.perf_counter()
             try:
-                return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
-                        for o, size in offsets]
+                if not any(size for _, size in offsets):
+                    return [memoryview(b"") for _ in offsets]
+                staging.map_sync(self.dev.wgpu.MapMode.READ, 0, _round16(off))
+                try:
+                    return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
+                            for o, size in offsets]
+                finally:
+                    staging.unmap()
             finally:
-                staging.unmap()
+                self.times.add(te - t0, t1 - t0, time.perf_counter() - t1)
 
     def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
         """A copy of the first `nbytes` of a device buffer (for resident inputs)."""
@@ -477,12 +643,14 @@ class GpuProgram:
         """Seconds per run of all kernels, inputs resident, no copies (one submission of
         `iters` runs, after a warm-up)."""
         with self._lock:
-            bset = self._buffer_set(env, bound)
-            self._write_inputs(bset, inputs, bound)
+            plan = self._plan(env)
+            bufs, groups = self._resources(plan, bound)
+            self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
+            dispatches = self._dispatches(plan, groups)
             for repeat in (1, iters):
                 encoder = self.dev.device.create_command_encoder()
-                self._encode(encoder, bset, repeat)
+                self._encode(encoder, dispatches, repeat)
                 t0 = time.perf_counter()
                 self.dev.queue.submit([encoder.finish()])
                 self.dev.wait()

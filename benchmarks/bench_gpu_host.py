@@ -1,0 +1,156 @@
+"""Host-side cost of one LLM decode step on the GPU engine: wgpu calls and host microseconds.
+
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py                  # 2 layers, SmolLM2 width
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --layers 30 --vocab 49152   # SmolLM2-135M
+    TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135  # an existing one
+    ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
+
+A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, intermediate
+1536; `--layers`, `--vocab` and `--hidden` shrink it for a software adapter) is loaded with
+`device="gpu"`, warmed up (prefill and decode compiled, buffers made), then `--tokens` greedy
+decode steps run twice: once while `torchburn.runtime.gpu_calls.count_calls()` counts the wgpu
+calls (through wgpu's public methods), once timed without the counting wrappers.
+Printed per decode step: dispatches, buffers / bind groups / command encoders created,
+write_buffer, submits, map and read calls; and the host time: the whole step, the GPU
+launcher's call (binding, residency checks, the program's run), in the run: buffers, uploads
+and encoding, then `submit`, then the wait for the results (the GPU's work on a real GPU;
+llvmpipe's OpenGL path runs the kernels inside `submit`). `--json` writes the same figures.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+SHOWN = ("dispatch_workgroups", "set_pipeline", "set_bind_group", "create_buffer", "create_bind_group",
+         "create_command_encoder", "begin_compute_pass", "copy_buffer_to_buffer", "write_buffer", "submit",
+         "map_sync", "read_mapped", "create_compute_pipeline", "create_shader_module")
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    from bench_llm_gpu import SMOLLM2_135M, make_checkpoint
+
+    if args.checkpoint and (Path(args.checkpoint) / "config.json").is_file():
+        return Path(args.checkpoint)
+    config = dict(SMOLLM2_135M, num_hidden_layers=args.layers, vocab_size=args.vocab, hidden_size=args.hidden)
+    if args.hidden != SMOLLM2_135M["hidden_size"]:
+        config.update(num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=1,
+                      intermediate_size=args.hidden * 8 // 3)
+    folder = Path(args.checkpoint or tempfile.mkdtemp(prefix="bench_gpu_host_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return make_checkpoint(folder, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=576)
+    p.add_argument("--quant", default=None, help="int8, int4 (default: f32 weights)")
+    p.add_argument("--tokens", type=int, default=16, help="decode steps counted")
+    p.add_argument("--checkpoint", default=None, help="reuse (or keep) the random checkpoint here")
+    p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    from torchburn.backend import gpu_launcher as gl
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+    from torchburn.runtime.gpu import get_device
+    from torchburn.runtime.gpu_calls import count_calls
+
+    folder = checkpoint(args)
+    llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
+                              **({"quant": args.quant} if args.quant else {}))
+    llm.eos_ids = frozenset()
+    greedy = SamplingParams(temperature=0.0)
+    prompt = [[3, 5, 7, 11]]
+    list(llm.generate_ids(prompt, args.tokens + 1, greedy))  # compiles prefill and decode, makes the buffers
+
+    launcher_s = [0.0]
+    call = gl.GpuLauncher.__call__
+
+    def timed(self: Any, *a: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return call(self, *a)
+        finally:
+            launcher_s[0] += time.perf_counter() - t
+
+    def snapshot() -> dict[int, tuple[int, int, float, float, float]]:
+        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s)
+                for x in gl.recent_launchers()}
+
+    # 1. counted: the same steps (the prompt again: lengths the warm-up reached) under count_calls
+    steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
+    next(steps)  # the prefill (and first token): not counted
+    with count_calls() as calls:
+        n = sum(1 for _ in steps)
+        counted = dict(calls)
+    assert n == args.tokens, n
+    # 2. timed: no counting wrappers (the engine's fast encoding path), optionally profiled
+    prof = cProfile.Profile() if args.profile else None
+    gl.GpuLauncher.__call__ = timed  # type: ignore[method-assign]
+    try:
+        steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
+        next(steps)
+        launcher_s[0] = 0.0
+        base = snapshot()
+        if prof:
+            prof.enable()
+        t0 = time.perf_counter()
+        n = sum(1 for _ in steps)
+        wall = time.perf_counter() - t0
+        if prof:
+            prof.disable()
+    finally:
+        gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
+    encode = submit = wait = 0.0
+    programs = []
+    for x in gl.recent_launchers():
+        c0, d0, e0, s0, w0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0))
+        if x.calls > c0:
+            t = x.gpu.times
+            encode += t.encode_s - e0
+            submit += t.submit_s - s0
+            wait += t.wait_s - w0
+            programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
+                             "dispatches_per_call": (x.gpu.dispatches - d0) / (x.calls - c0),
+                             "fallbacks": x.eager_fallbacks})
+    dev = get_device()
+    per = {k: counted.get(k, 0) / n for k in SHOWN}
+    us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6,
+          "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
+          "run: wait+read": wait / n * 1e6}
+    us["outside launcher"] = us["step"] - us["launcher"]
+    us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
+    print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
+          f"storage buffers per stage {dev.caps.max_storage_buffers}")
+    print(f"checkpoint {folder}: {n} decode steps, programs: {programs}")
+    print("wgpu calls per decode step (map_sync submits an empty command buffer of its own: 2 submits):")
+    for k in SHOWN:
+        print(f"  {k:24s} {per[k]:8.1f}")
+    print("host microseconds per decode step:")
+    for k, v in us.items():
+        print(f"  {k:24s} {v:10.0f}")
+    print(f"{n / wall:.1f} tokens/s")
+    if prof:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "programs": programs,
+                                               "tokens_per_s": n / wall}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
