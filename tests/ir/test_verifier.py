@@ -370,3 +370,22 @@ def test_errors_carry_where_and_what() -> None:
     import pickle
     back = pickle.loads(pickle.dumps(err))
     assert (back.where, back.message, str(back)) == (err.where, err.message, str(err))
+
+
+def test_added_ops_never_reuse_a_name_the_graph_has() -> None:
+    """A parsed graph may name its values `%v0, %v1...`, the names `add_op` generates: new
+    results skip them, so the graph still verifies and prints unambiguously."""
+    from torchburn.ir import tensor as tensor_ir
+    from torchburn.ir.parser import parse_graph
+    from torchburn.ir.printer import print_ir
+
+    taken = [f"v{n}" for n in range(next(tensor_ir._value_ids) + 1, next(tensor_ir._value_ids) + 6)]
+    params = ", ".join(f"%{n}: f32[4]" for n in taken)
+    g = parse_graph(f"graph @main({params}) {{\n  return %{taken[0]}\n}}")
+    x = g.inputs[0]
+    for _ in range(8):
+        x = g.add_op("neg", [x]).result
+    g.outputs = [x]
+    verify(g)
+    text = print_ir(g)
+    assert len({r.name for op in g.ops for r in op.results} | set(taken)) == 8 + len(taken), text

@@ -186,3 +186,34 @@ def test_gpu_form_is_the_flash_kernel_nest() -> None:
     text = print_ir(p.kernels[0])
     assert len(p.kernels) == 1 and p.kernels[0].body.annotation("gpu") == "attention", text
     assert 'gpu = "grid"' not in text and 'attn = "q"' in text and 'attn = "out"' in text, text
+
+
+
+def test_block_sizes_are_pass_options() -> None:
+    """`lower-to-loops{attention_block_q=2,attention_block_k=8,attention_rows=1}` parses,
+    changes the kernel's key blocks and keeps the numbers; a non-positive size is refused."""
+    import numpy as np
+
+    from torchburn.passes import PassError, parse_pipeline
+    from torchburn.passes.lower_to_loops import LowerToLoops
+
+    (small,) = parse_pipeline("lower-to-loops{attention_block_q=2,attention_block_k=8,attention_rows=1}")
+    assert small == LowerToLoops(attention_block_q=2, attention_block_k=8, attention_rows=1)
+    assert small.uuid() != LowerToLoops().uuid()
+    text = """graph @main(%q: f32[1, 2, 19, 8], %k: f32[1, 2, 19, 8], %v: f32[1, 2, 19, 8]) {
+  %0 = attention(%q, %k, %v) {scale = 0.35, causal = true, masked = false, segments = 1} : f32[1, 2, 19, 8]
+  return %0
+}"""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 19, 8, generator=g) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.35).numpy()
+    bodies = []
+    for lowering in (LowerToLoops(), small):
+        c = Compiled(text, lowering=lowering)
+        out = np.zeros((1, 2, 19, 8), np.float32)
+        c({"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), c.program.outputs[0].name: out})
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        bodies.append(print_ir(c.program.kernels[0]))
+    assert bodies[0] != bodies[1] and "+ 7) // 8" in bodies[1] and "+ 7) // 8" not in bodies[0]
+    with pytest.raises(PassError, match="attention_rows=0; expected a positive integer"):
+        LowerToLoops(attention_rows=0)

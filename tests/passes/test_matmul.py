@@ -84,9 +84,10 @@ class Compiled:
     """A tensor graph compiled through the pipeline, callable on numpy arrays."""
 
     def __init__(self, text: str, full_pipeline: bool = True, machine: Optional[Target] = None,
-                 swap: Optional[bool] = None) -> None:
+                 swap: Optional[bool] = None, lowering: Optional[LowerToLoops] = None) -> None:
         """`machine` is the target the passes plan for (the host by default; code is always
-        for the host); `swap` forces the GEMM plan's roles (`lower-to-loops{gemm_swap=...}`)."""
+        for the host); `swap` forces the GEMM plan's roles (`lower-to-loops{gemm_swap=...}`);
+        `lowering` replaces the lowering pass (its options)."""
         from torchburn.codegen import emit_program, entry_name, host_target
         from torchburn.passes.lower_to_loops import LowerToLoops
         from torchburn.runtime import jit
@@ -95,6 +96,8 @@ class Compiled:
         pipeline = Pipeline.default()
         if swap is not None:
             pipeline.lowering = LowerToLoops(gemm_swap="always" if swap else "never")
+        if lowering is not None:
+            pipeline.lowering = lowering
         if full_pipeline:
             pipeline.loop = _loop_passes()
         target = host_target()

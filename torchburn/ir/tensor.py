@@ -128,9 +128,19 @@ class Graph:
         if result_types is None:
             result_types = infer_types(name, [v.type for v in operands], attrs)
         op = Op(name, operands, attrs, [], loc)
-        base = next(_value_ids)
-        op.results = [Value(f"v{base}_{i}" if len(result_types) > 1 else f"v{base}", t, producer=op)
-                      for i, t in enumerate(result_types)]
+        # `v<n>` from a process-wide counter, skipping names the graph already has (a parsed
+        # graph may name its own values `%v0`): two values of one name print ambiguously.
+        taken: Optional[set[str]] = self.__dict__.get("_v_names")
+        if taken is None:
+            taken = {n for n in self._used_names() if n.startswith("v")}
+            self.__dict__["_v_names"] = taken
+        while True:
+            base = next(_value_ids)
+            names = [f"v{base}_{i}" for i in range(len(result_types))] if len(result_types) > 1 else [f"v{base}"]
+            if not taken.intersection(names):
+                break
+        taken.update(names)
+        op.results = [Value(n, t, producer=op) for n, t in zip(names, result_types)]
         if index is None:
             self.ops.append(op)
         else:

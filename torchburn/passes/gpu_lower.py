@@ -95,9 +95,6 @@ class LowerToLoopsGpu(LowerToLoops):
     simd_qlinear: ClassVar[bool] = False
     simd_conv: ClassVar[bool] = False
     slice_views: ClassVar[bool] = False
-    attention_block_q: ClassVar[int] = 1
-    attention_block_k: ClassVar[int] = 16
-    attention_rows: ClassVar[int] = 1
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:

@@ -139,16 +139,20 @@ class LowerToLoops(Pass):
     #: before calls the kernel lowered for it with its own buffers; false lowers every root
     #: (`dedup-kernels` merges the copies afterwards, to the same program).
     dedup: bool = True
-    #: Query rows per parallel task and keys per score block of the attention kernels
-    #: (`loopgen/attention.py`); a GPU wants one row per invocation.
-    attention_block_q: ClassVar[int] = 8
-    attention_block_k: ClassVar[int] = 32
+    #: Query rows per parallel task and keys per score block of the attention kernel
+    #: (`loopgen/attention.py`).
+    attention_block_q: int = 8
+    attention_block_k: int = 32
     #: Query rows an attention task computes together, sharing each key and value load.
-    attention_rows: ClassVar[int] = 4
+    attention_rows: int = 4
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
             raise PassError(f"pass {self.name}: gemm_swap={self.gemm_swap!r}; expected one of {', '.join(SWAP_CHOICES)}")
+        for knob in ("attention_block_q", "attention_block_k", "attention_rows"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PassError(f"pass {self.name}: {knob}={value!r}; expected a positive integer")
 
     def gemm_options(self) -> GemmOptions:
         return GemmOptions(SWAP_CHOICES[self.gemm_swap], self.gemm_direct_b, self.gemm_dot)
