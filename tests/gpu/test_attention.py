@@ -38,6 +38,20 @@ def test_sdpa_graph_is_one_attention_kernel(gpu) -> None:  # type: ignore[no-unt
     _one_kernel(reports, "flash")
 
 
+def test_hand_written_attention_is_one_kernel(gpu) -> None:  # type: ignore[no-untyped-def]
+    """`softmax(q @ k^T / sqrt(d) + mask) @ v` written out (`form-attention` makes it the op)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 13, 8, generator=g) for _ in range(3))
+    m = torch.randn(2, 1, 13, 13, generator=g)
+
+    def by_hand(a, b, c, d):  # type: ignore[no-untyped-def]
+        return torch.softmax(a @ b.transpose(-2, -1) / 8 ** 0.5 + d, dim=-1) @ c
+
+    reports = check_gpu(by_hand, q, k, v, m, rtol=1e-5, atol=1e-5)
+    (kernel,) = [k for r in reports for s in r.subgraphs for k in s.kernels]  # the matmuls and softmax gone
+    assert ": attention/flash" in kernel, kernel
+
+
 def test_no_mask_odd_head_dims_more_keys_than_rows(gpu) -> None:  # type: ignore[no-untyped-def]
     """Head dims 7 (q, k) and 5 (v): the vec4 lanes past them are padding, never loaded."""
     g = torch.Generator().manual_seed(1)
