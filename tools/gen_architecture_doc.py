@@ -42,7 +42,7 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
      results kept across graphs; plan-memory (workspace offsets)
-  -> LLVM IR through llvmlite, O2, object code for the target CPU          codegen/llvm/, runtime/jit.py
+  -> LLVM IR through llvmlite, O3, object code for the target CPU          codegen/llvm/, runtime/jit.py
      (the host, or the CPU TORCHBURN_TARGET names: emitted, not run)
   -> launcher: guards, output allocation, one native call                  backend/launcher.py
 ```

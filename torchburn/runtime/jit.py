@@ -37,12 +37,12 @@ _lock = threading.Lock()
 log = logging.getLogger("torchburn")
 
 #: LLVM's optimization level for generated code (the new pass manager's pipeline and the
-#: code generator's). O2, not O3: our passes already tile, vectorize and unroll, and on the CPU
-#: benchmark table O3 ran no faster (`bench_cpu.py` rows within the noise, the GEMM inner
-#: loop the same instructions) while costing a third more of LLVM's time (O3's extra full
-#: unrolling and instcombine rounds on the tiny Llama's kernels: 3.6 -> 2.5 s CPU).
-#: `docs/benchmarks.md`, "compile time", has the figures.
-OPT_LEVEL = 2
+#: code generator's). O3: O2 was tried (a third less LLVM time on the tiny Llama's kernels,
+#: 3.6 -> 2.5 s CPU, the CPU table's rows within noise) and the native kernel of the OpInfo
+#: sample `block_diag` in bfloat16 crashed (a segmentation fault) at O2 and not at O3: until
+#: that kernel is understood (our IR's fault or LLVM's), O3. `docs/benchmarks.md`, "compile
+#: time", has the figures.
+OPT_LEVEL = 3
 
 
 class JITError(RuntimeError):
