@@ -39,9 +39,11 @@ log = logging.getLogger("torchburn")
 #: LLVM's optimization level for generated code (the new pass manager's pipeline and the
 #: code generator's). O3: O2 was tried (a third less LLVM time on the tiny Llama's kernels,
 #: 3.6 -> 2.5 s CPU, the CPU table's rows within noise) and the native kernel of the OpInfo
-#: sample `block_diag` in bfloat16 crashed (a segmentation fault) at O2 and not at O3: until
-#: that kernel is understood (our IR's fault or LLVM's), O3. `docs/benchmarks.md`, "compile
-#: time", has the figures.
+#: sample `block_diag` in bfloat16 crashed (a segmentation fault) at O2: its x86 code calls
+#: compiler-rt's `__truncsfbf2` (f32 -> bf16, for `select`s of bf16 constants that O3 folds
+#: away), a symbol this process does not have, and MCJIT leaves an unresolved call at
+#: address 0. Until the generated module defines that helper itself (or the loader refuses
+#: unresolved symbols), O3. `docs/benchmarks.md`, "compile time", has the figures.
 OPT_LEVEL = 3
 
 
