@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -146,3 +147,13 @@ def test_matmul_family(m: int, k: int, n: int, batch: int, transpose: bool, dtyp
     ba = make((batch, m, k), dtype, "contiguous", seed)
     bb = make((batch, k, n), dtype, "contiguous", seed + 1)
     check(torch.bmm, ba, bb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 4, 12])
+def test_matmul_column_major_b_narrow_panels(n: int, dtype: torch.dtype) -> None:
+    """B read along k (a transposed, column-major factor) into panels narrower than the packing
+    group (4 f64 columns on AVX2): the panel was left unwritten and the product was NaN."""
+    a = make((5, 2), dtype, "contiguous", 0)
+    b = make((n, 2), dtype, "contiguous", 1).t()
+    check(lambda x, y: x @ y, a, b)

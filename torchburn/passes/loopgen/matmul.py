@@ -653,7 +653,9 @@ class GemmBuilder(NestHelpers):
                 stores.append(lp.Store(pb, (jp, kv, _ramp(Const(c * self.w), self.w)),
                                        ex.cast(ex.Load(load.buffer, idx, ScalarType(self.mm_t, self.w)), self.acc_t)))
             full = self.loop(kv, kc, lp.block(*stores))
-        elif load is not None and probe.unit("k"):
+        elif load is not None and probe.unit("k") and plan.nr % PACK_GROUP == 0:
+            # (a panel narrower than a group, e.g. 4 f64 columns, takes the per-element copy
+            # below: `nr // PACK_GROUP` groups would copy nothing.)
             # Blocks of PACK_BLOCK k x PACK_GROUP columns, one short loop along k (the rows of
             # B') per column, the columns of a group written out. No loop here stores with unit
             # stride, so a vectorizer leaves them scalar (gathers are slower on this copy).
