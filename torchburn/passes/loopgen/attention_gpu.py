@@ -32,6 +32,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
+from .attention import _Nest as _CpuNest
 from .kernel_builder import KernelBuilder, LoweringError
 
 F32 = ScalarType(dt.f32)
@@ -42,34 +43,13 @@ GPU_ATTENTION = "attention"
 ATTN = "attn"
 
 
-class _Nest:
-    """Locals, loops and f32 operand elements of the nest being built."""
-
-    def __init__(self, kb: KernelBuilder) -> None:
-        self.kb = kb
-
-    def local(self, name: str, n: int) -> lp.Buffer:
-        buf = lp.Buffer(self.kb.fresh(name), dt.f32, (Const(n),), (Const(1),), "local")
-        self.kb.emit(lp.Alloc(buf))
-        return buf
-
-    def get(self, buf: lp.Buffer, i: Expr = Const(0)) -> Expr:
-        return ex.Load(buf.name, (i,), F32)
-
-    def put(self, buf: lp.Buffer, value: Expr, i: Expr = Const(0)) -> None:
-        self.kb.emit(lp.Store(buf.name, (i,), value))
+class _Nest(_CpuNest):
+    """The CPU kernel's statement helpers; a loop may carry the `attn` tag that tells the
+    shader which operand element (or the output store) its body is."""
 
     def loop(self, prefix: str, extent: Expr, body: Callable[[Var], None], tag: Optional[str] = None,
              extra: tuple[tuple[str, str], ...] = ()) -> None:
-        v = Var(self.kb.fresh(prefix))
-        self.kb.push((v,))
-        body(v)
-        stmts = self.kb.pop()
-        notes = (((ATTN, tag),) if tag else ()) + extra
-        self.kb.emit(lp.For(v, Const(0), extent, "serial", stmts, notes))
-
-    def value(self, operand: Value, idx: tuple[Expr, ...]) -> Expr:
-        return self.kb.bind(ex.cast(self.kb.value_at(operand, idx), dt.f32), "x")
+        super().loop(prefix, extent, body, annotations=(((ATTN, tag),) if tag else ()) + extra)
 
 
 def build_attention_gpu(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
