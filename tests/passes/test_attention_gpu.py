@@ -8,15 +8,13 @@ from typing import Optional
 
 import numpy as np
 import pytest
-import torch
 
-from torchburn.frontend.attention_op import attention
 from torchburn.ir import loop as lp
 from torchburn.ir.parser import parse_graph
 from torchburn.passes.gpu_lower import LowerToLoopsGpu
 from torchburn.passes.gpu_map import GpuMap
 from torchburn.runtime.reference.entry import run_arrays
-from tests.passes.test_expand_attention import _graph
+from tests.passes.test_expand_attention import _arrays_and_reference, _graph
 
 
 def _program(text: str) -> lp.Program:
@@ -50,19 +48,6 @@ def test_nest_computes_the_op(q, segs, masks: list[Optional[str]], causal: bool,
     rng = np.random.default_rng(q[2] + len(segs))
     scale = 0.3
     prog = _program(_graph(q, segs, masks, causal, scale, dv))
-    arrays: dict[str, np.ndarray] = {"q": rng.standard_normal(q).astype(np.float32)}
-    for s, k in enumerate(segs):
-        arrays[f"k{s}"] = rng.standard_normal(k).astype(np.float32)
-        arrays[f"v{s}"] = rng.standard_normal((*k[:-1], dv)).astype(np.float32)
-        if masks[s] == "bool":
-            m = rng.random((*q[:-1], k[-2])) > 0.4
-            m[..., 0] = True
-            arrays[f"m{s}"] = m
-        elif masks[s] == "f32":
-            arrays[f"m{s}"] = np.where(rng.random((*q[:-1], k[-2])) > 0.3, 0.0, -1e30).astype(np.float32)
-    t = {n: torch.from_numpy(a) for n, a in arrays.items()}
-    with torch.no_grad():
-        want = attention(t["q"], [t[f"k{s}"] for s in range(len(segs))], [t[f"v{s}"] for s in range(len(segs))],
-                         [t.get(f"m{s}") for s in range(len(segs))], scale, causal).numpy()
+    arrays, want = _arrays_and_reference(rng, q, segs, masks, causal, scale, dv)
     out = run_arrays(prog, arrays)["out0"]
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

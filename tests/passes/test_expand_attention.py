@@ -73,16 +73,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fold_groups", [True, False])
-@pytest.mark.parametrize("q,segs,masks,causal,dv", CASES)
-def test_expanded_attention_computes_the_op(q, segs, masks, causal, dv, fold_groups) -> None:  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(len(segs) + q[2])
-    scale = 0.3
-    text = _graph(q, segs, masks, causal, scale, dv)
-    expanded = _expand(text, fold_groups=fold_groups)
-    assert "attention(" not in expanded
-    if fold_groups and q[1] != segs[0][1]:
-        assert "expand(%k" not in expanded and "expand(%v" not in expanded
+def _arrays_and_reference(rng: np.random.Generator, q: tuple[int, ...], segs: list, masks: list,
+                          causal: bool, scale: float, dv: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Random operands named as `_graph` names them (masks keep each row's first key) and the
+    op's result computed by PyTorch."""
     arrays: dict[str, np.ndarray] = {"q": rng.standard_normal(q).astype(np.float32)}
     for s, k in enumerate(segs):
         arrays[f"k{s}"] = rng.standard_normal(k).astype(np.float32)
@@ -97,6 +91,20 @@ def test_expanded_attention_computes_the_op(q, segs, masks, causal, dv, fold_gro
     with torch.no_grad():
         want = attention(t["q"], [t[f"k{s}"] for s in range(len(segs))], [t[f"v{s}"] for s in range(len(segs))],
                          [t.get(f"m{s}") for s in range(len(segs))], scale, causal).numpy()
+    return arrays, want
+
+
+@pytest.mark.parametrize("fold_groups", [True, False])
+@pytest.mark.parametrize("q,segs,masks,causal,dv", CASES)
+def test_expanded_attention_computes_the_op(q, segs, masks, causal, dv, fold_groups) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(len(segs) + q[2])
+    scale = 0.3
+    text = _graph(q, segs, masks, causal, scale, dv)
+    expanded = _expand(text, fold_groups=fold_groups)
+    assert "attention(" not in expanded
+    if fold_groups and q[1] != segs[0][1]:
+        assert "expand(%k" not in expanded and "expand(%v" not in expanded
+    arrays, want = _arrays_and_reference(rng, q, segs, masks, causal, scale, dv)
     compiled = Compiled(expanded)
     out = np.full(want.shape, np.nan, np.float32)
     compiled({**arrays, "out0": out})
