@@ -9,6 +9,7 @@ integer division by zero and INT_MIN / -1 (x86 traps).
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -170,3 +171,85 @@ def test_dot4_computes_the_semantics() -> None:
     np.testing.assert_array_equal(result.numpy(), sem.evaluate(ex.DOT4_U8I8, dt.i32, acc, a, b))
 
 
+
+
+@pytest.mark.parametrize("lanes", [4, 8])
+@pytest.mark.parametrize("narrow", ["and15", "shr4", "and127", "and255"])
+def test_dot4_of_small_operands_computes_the_semantics(lanes: int, narrow: str) -> None:
+    """`dot4_u8i8_acc` whose u8 operand is known below 128 (an int4 weight's nibbles) is
+    `pmaddubsw` + `pmaddwd` on x86 (codegen/llvm/dot.py): exact, the i16 pair sums cannot
+    saturate at the extremes (127 * -128 twice); a full-range operand (`& 255`, where 255 * 127
+    twice would saturate) keeps the widening sequence."""
+    rng = np.random.default_rng(lanes)
+    acc = rng.integers(-2**31, 2**31, (16, lanes)).astype(np.int32)
+    raw = rng.integers(0, 256, (16, 4 * lanes)).astype(np.uint8)
+    b = rng.integers(-128, 128, (16, 4 * lanes)).astype(np.int8)
+    raw[0, :], b[0, :] = 255, -128
+    raw[1, :], b[1, :] = 255, 127
+    s0 = Var("s0")
+    ba, bx, bw = buf("acc", dt.i32, (s0, lanes)), buf("a", dt.u8, (s0, 4 * lanes)), buf("b", dt.i8, (s0, 4 * lanes))
+    out = buf("out", dt.i32, (s0, lanes))
+    i = Var("i")
+
+    def ramp(n: int) -> ex.Expr:
+        return ex.Ramp(ex.Const(0), ex.Const(1), ex.ScalarType(dt.index, n))
+
+    u8 = ex.ScalarType(dt.u8, 4 * lanes)
+    a = load(bx, i, ramp(4 * lanes), lanes=4 * lanes)
+    op, k = {"and15": ("and", 15), "shr4": ("shr", 4), "and127": ("and", 127), "and255": ("and", 255)}[narrow]
+    small = ex.Binary(op, a, ex.const(k, dt.u8, 4 * lanes), u8)
+    value = ex.Call(ex.DOT4_U8I8, (load(ba, i, ramp(lanes), lanes=lanes), small, load(bw, i, ramp(4 * lanes), lanes=4 * lanes)),
+                    ex.ScalarType(dt.i32, lanes))
+    compiled = Compiled(program(loop(i, s0, store(out, (i, ramp(lanes)), value)), [ba, bx, bw], [out], [s0]))
+    result = torch.zeros(16, lanes, dtype=torch.int32)
+    compiled(torch.from_numpy(acc), torch.from_numpy(raw), torch.from_numpy(b), result, symbols=[16])
+    codes = sem.evaluate(op, dt.u8, raw, np.full_like(raw, k))
+    np.testing.assert_array_equal(result.numpy(), sem.evaluate(ex.DOT4_U8I8, dt.i32, acc, codes, b))
+    from .util import TARGET
+    uses_maddubs = "pmadd.ub.sw" in compiled.llvm_ir
+    if TARGET.native_dot4(lanes):
+        assert not uses_maddubs
+    else:
+        assert uses_maddubs == (narrow != "and255" and TARGET.small_dot4(lanes))
+
+
+@pytest.mark.parametrize("lanes", [4, 8])
+@pytest.mark.parametrize("masks", [(15, 15), (64, 127)])
+def test_nested_dot4_of_nibbles_computes_the_semantics(lanes: int, masks: tuple[int, int]) -> None:
+    """`dot4(dot4(acc, a & 15, b1), a >> 4, b2)` adds the two `pmaddubsw` results in i16 before
+    one `pmaddwd` (bounds 15 + 15 < 128); bounds adding up to 127 or more (63 + 64) keep two
+    separate sequences (`>> 1` then `& 127` bounds the second by 127). Both exact at the extremes."""
+    rng = np.random.default_rng(7 * lanes)
+    n = 4 * lanes
+    acc = rng.integers(-2**31, 2**31, (16, lanes)).astype(np.int32)
+    raw = rng.integers(0, 256, (16, n)).astype(np.uint8)
+    b = rng.integers(-128, 128, (16, 2 * n)).astype(np.int8)
+    raw[0, :], b[0, :] = 255, -128
+    raw[1, :], b[1, :] = 255, 127
+    s0 = Var("s0")
+    ba, bx, bw = buf("acc", dt.i32, (s0, lanes)), buf("a", dt.u8, (s0, n)), buf("b", dt.i8, (s0, 2 * n))
+    out = buf("out", dt.i32, (s0, lanes))
+    i = Var("i")
+
+    def ramp(start: int, k: int) -> ex.Expr:
+        return ex.Ramp(ex.Const(start), ex.Const(1), ex.ScalarType(dt.index, k))
+
+    u8 = ex.ScalarType(dt.u8, n)
+    a = load(bx, i, ramp(0, n), lanes=n)
+    lo = ex.Binary("and", a, ex.const(masks[0], dt.u8, n), u8)
+    hi = ex.Binary("and", ex.Binary("shr", a, ex.const(1, dt.u8, n), u8), ex.const(masks[1], dt.u8, n), u8)
+    i32 = ex.ScalarType(dt.i32, lanes)
+    inner = ex.Call(ex.DOT4_U8I8, (load(ba, i, ramp(0, lanes), lanes=lanes), lo, load(bw, i, ramp(0, n), lanes=n)), i32)
+    value = ex.Call(ex.DOT4_U8I8, (inner, hi, load(bw, i, ramp(n, n), lanes=n)), i32)
+    compiled = Compiled(program(loop(i, s0, store(out, (i, ramp(0, lanes)), value)), [ba, bx, bw], [out], [s0]))
+    result = torch.zeros(16, lanes, dtype=torch.int32)
+    compiled(torch.from_numpy(acc), torch.from_numpy(raw), torch.from_numpy(b), result, symbols=[16])
+    lo_v = raw & masks[0]
+    hi_v = (raw >> 1) & masks[1]
+    want = sem.evaluate(ex.DOT4_U8I8, dt.i32, sem.evaluate(ex.DOT4_U8I8, dt.i32, acc, lo_v, b[:, :n]), hi_v, b[:, n:])
+    np.testing.assert_array_equal(result.numpy(), want)
+    from .util import TARGET
+    if TARGET.small_dot4(lanes) and not TARGET.native_dot4(lanes):
+        ubsw = len(re.findall(r"call .*pmadd\.ub\.sw", compiled.llvm_ir))
+        wd = len(re.findall(r"call .*pmadd\.wd", compiled.llvm_ir))
+        assert ubsw > 0 and wd == (ubsw // 2 if masks == (15, 15) else ubsw)

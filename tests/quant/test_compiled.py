@@ -159,3 +159,25 @@ def test_int8_activations_accuracy(activations: str, config: tuple[str, Optional
         assert _relative_error(out, exact) < 1.1 * _relative_error(expected, exact)
     else:
         assert _relative_error(out, exact) < 0.01
+
+
+@pytest.mark.parametrize("activations", ["int8"])
+@pytest.mark.parametrize("config", [("int4", 32, True), ("int4", 32, False), ("int8", 32, True)],
+                         ids=lambda c: f"{c[0]}-g{c[1]}-{'sym' if c[2] else 'asym'}")
+@pytest.mark.parametrize("in_features", [256, 608, 96])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_int8_activations_group_blocks(activations: str, config: tuple[str, Optional[int], bool],
+                                       in_features: int, rows: int) -> None:
+    """The int8-activation kernel reads the scales of GROUP_BLOCK groups as one vector and takes
+    the groups left over one by one: 8 groups (blocks only), 19 (two blocks and three left),
+    3 (none in a block) give the op's reference within x's rounding."""
+    quant_type, group, symmetric = config
+    torch.manual_seed(in_features + rows)
+    lin = torch.nn.Linear(in_features, 40, bias=True)
+    layer = QuantizedLinear.from_float(lin, quant_type, group, symmetric, torch.float16)
+    x = torch.randn(rows, in_features)
+    with torch.no_grad():
+        expected = layer(x)
+        out, reports = run_compiled(layer, x)
+    assert_fully_compiled(reports)
+    assert 1e-5 < _relative_error(out, expected) < 0.015

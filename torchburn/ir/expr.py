@@ -164,7 +164,8 @@ class Call(Expr):
     a, b)` takes `acc: i32 x L`, `a: u8 x 4L`, `b: i8 x 4L` and gives `i32 x L`, lane `i` being
     `acc[i] + sum(i32(a[4i + j]) * i32(b[4i + j]) for j in 0..3)` (wrapping i32 sums; the
     products cannot overflow). It is the byte dot product of quantized kernels: one
-    `vpdpbusd` on CPUs with AVX512-VNNI, a widening multiply and pairwise adds elsewhere.
+    `vpdpbusd` on CPUs with AVX512-VNNI, `pmaddubsw` + `pmaddwd` on other x86 CPUs when `a`
+    is known below 128 (codegen/llvm/dot.py), a widening multiply and pairwise adds elsewhere.
     The `qlinear` kernel with int8 activations replaces the f32 lane-wise products
 
         let %wv = fma(cast<f32>(%q[n, ramp(c, 1, 16)] & broadcast(15, 16)), %dv, %mv)

@@ -30,6 +30,14 @@ DOT4_FEATURES: dict[int, tuple[str, ...]] = {
     4: ("avx512vnni", "avx512vl"),
 }
 
+#: Features of which any one makes `dot4_u8i8_acc` with a u8 operand below 128 two
+#: instructions (`pmaddubsw` + `pmaddwd`), by i32 lane count: the int4 weight's nibbles.
+SMALL_DOT4_FEATURES: dict[int, tuple[str, ...]] = {
+    4: ("ssse3", "avx", "avx2"),
+    8: ("avx2",),
+    16: ("avx512bw",),
+}
+
 
 @dataclass(frozen=True)
 class Target:
@@ -95,6 +103,14 @@ class Target:
         if needed is None or self.arch != "x86_64":
             return False
         return all(self.has_feature(f) for f in needed)
+
+    def small_dot4(self, lanes: int) -> bool:
+        """Whether `dot4_u8i8_acc` on `lanes` lanes is a short sequence when its u8 operand is
+        below 128 (`pmaddubsw`, `pmaddwd`; codegen/llvm/dot.py), or one instruction anyway."""
+        if self.native_dot4(lanes):
+            return True
+        needed = SMALL_DOT4_FEATURES.get(lanes)
+        return needed is not None and self.arch == "x86_64" and any(self.has_feature(f) for f in needed)
 
     def describe(self) -> str:
         if not self.arch:

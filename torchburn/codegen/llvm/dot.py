@@ -6,12 +6,22 @@ The IR call (see `torchburn.ir.expr.Call`) means, for `acc: i32 x L`, `a: u8 x 4
     result[i] = acc[i] + sum(i32(a[4 i + j]) * i32(b[4 i + j]) for j in 0..3)
 
 (wrapping i32 addition; four products of a u8 and an i8 never leave i32, so nothing
-saturates). On a CPU with AVX512-VNNI this is one `vpdpbusd` per register: the 512-bit form
-for 16 lanes and, with AVX512VL, the 256- and 128-bit forms for 8 and 4 lanes. Anywhere else
-(no VNNI, other lane counts, other architectures) the same value comes from the plain
-sequence: widen both to i32, multiply, and add the four products of each lane with
-shuffles; LLVM turns that into whatever widening multiply-adds the target has. Both ways
-give identical results, which the tests check by forcing a target without the feature.
+saturates). Three lowerings, all giving identical results (the tests force each):
+
+- AVX512-VNNI: one `vpdpbusd` per register, the 512-bit form for 16 lanes and, with
+  AVX512VL, the 256- and 128-bit forms for 8 and 4 lanes.
+- x86 without VNNI, when `a` is known below 128 (`known_bits.unsigned_max`: the nibbles of an
+  int4 weight, `b & 15` and `b >> 4`): `pmaddubsw` multiplies the bytes and adds adjacent
+  pairs into i16 lanes, `pmaddwd` by ones adds adjacent i16 pairs into i32 lanes, which is
+  lane `i`'s four products exactly (llama.cpp's AVX2 quantized dot). A pair sum is at most
+  2 * 127 * 128 = 32512 in magnitude, so the saturating i16 add never saturates; a full-range
+  `a` (255 * 127 * 2 = 64770) could, and takes the plain sequence. SSSE3 for 4 lanes, AVX2
+  for 8, AVX512BW for 16.
+  Two such calls nested, `dot4(dot4(acc, a1, b1), a2, b2)` (an int4 group's low and high
+  nibbles), add their i16 pair sums before the one `pmaddwd` when the bounds of `a1` and
+  `a2` add up to less than 128 (15 + 15: each i16 lane then stays within 2 * 30 * 128).
+- Anywhere else: widen both to i32, multiply, and add the four products of each lane with
+  shuffles.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ import llvmlite.ir as ir
 from ..errors import CodegenError
 from ..target import Target
 from .context import ModuleContext
+from .known_bits import unsigned_max
 from .types import I32, lanes_of
 
 #: `vpdpbusd` intrinsics by i32 lane count (the features each needs: `ir.target.DOT4_FEATURES`).
@@ -28,6 +39,21 @@ _VPDPBUSD: dict[int, str] = {
     8: "llvm.x86.avx512.vpdpbusd.256",
     4: "llvm.x86.avx512.vpdpbusd.128",
 }
+
+
+#: `(pmaddubsw, pmaddwd)` by i32 lane count (the features: `ir.target.SMALL_DOT4_FEATURES`).
+_MADDUBS: dict[int, tuple[str, str]] = {
+    4: ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"),
+    8: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+    16: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+}
+#: `a` below this cannot saturate `pmaddubsw`'s i16 pair sums (see the module docstring).
+MADDUBS_A_LIMIT = 128
+
+
+def has_maddubs_dot4(target: Target, lanes: int) -> bool:
+    """Whether `dot4_u8i8_acc` on `lanes` lanes with `a < 128` is `pmaddubsw` + `pmaddwd`."""
+    return lanes in _MADDUBS and target.small_dot4(lanes)
 
 
 def has_native_dot4(target: Target, lanes: int) -> bool:
@@ -45,6 +71,8 @@ def emit_dot4(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w
         vt = ir.VectorType(I32, lanes)
         fn = ctx.declare(name, vt, [vt, vt, vt])
         return b.call(fn, [acc, b.bitcast(a, vt), b.bitcast(w, vt)])
+    if has_maddubs_dot4(ctx.target, lanes) and unsigned_max(a) < MADDUBS_A_LIMIT:
+        return _maddubs(b, ctx, lanes, acc, a, w)
     wide = ir.VectorType(I32, 4 * lanes)
     products = b.mul(b.zext(a, wide), b.sext(w, wide))
     total = acc
@@ -56,3 +84,36 @@ def emit_dot4(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w
         part = b.shuffle_vector(products, ir.Constant(wide, ir.Undefined), mask)
         total = b.add(total, part)
     return total
+
+
+def emit_dot4_pair(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, first: tuple[ir.Value, ir.Value],
+                   second: tuple[ir.Value, ir.Value]) -> ir.Value | None:
+    """`dot4(dot4(acc, *first), *second)` as two `pmaddubsw`, one i16 add and one `pmaddwd`,
+    or None when that is not exact (bounds) or not available (target, lanes)."""
+    lanes = lanes_of(acc.type)
+    if has_native_dot4(ctx.target, lanes) or not has_maddubs_dot4(ctx.target, lanes):
+        return None
+    (a1, w1), (a2, w2) = first, second
+    for v in (a1, w1, a2, w2):
+        if lanes_of(v.type) != 4 * lanes:
+            return None
+    if unsigned_max(a1) + unsigned_max(a2) >= MADDUBS_A_LIMIT:
+        return None
+    ubsw, wd = _MADDUBS[lanes]
+    bytes_t, i16_t = ir.VectorType(ir.IntType(8), 4 * lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
+    fn = ctx.declare(ubsw, i16_t, [bytes_t, bytes_t])
+    pairs = b.add(b.call(fn, [a1, w1]), b.call(fn, [a2, w2]))
+    quads = b.call(ctx.declare(wd, ir.VectorType(I32, lanes), [i16_t, i16_t]), [pairs, ir.Constant(i16_t, [1] * (2 * lanes))])
+    return b.add(acc, quads)
+
+
+def _maddubs(b: ir.IRBuilder, ctx: ModuleContext, lanes: int, acc: ir.Value, a: ir.Value,
+             w: ir.Value) -> ir.Value:
+    """`acc + pmaddwd(pmaddubsw(a, w), 1)`: exact when every lane of `a` is below 128."""
+    ubsw, wd = _MADDUBS[lanes]
+    bytes_t, i16_t, i32_t = (ir.VectorType(ir.IntType(8), 4 * lanes), ir.VectorType(ir.IntType(16), 2 * lanes),
+                             ir.VectorType(I32, lanes))
+    pairs = b.call(ctx.declare(ubsw, i16_t, [bytes_t, bytes_t]), [a, w])
+    ones = ir.Constant(i16_t, [1] * (2 * lanes))
+    quads = b.call(ctx.declare(wd, i32_t, [i16_t, i16_t]), [pairs, ones])
+    return b.add(acc, quads)

@@ -26,7 +26,7 @@ from ...ir.expr import ScalarType
 from ..errors import CodegenError
 from . import memory
 from .binary import emit_binary
-from .dot import emit_dot4
+from .dot import emit_dot4, emit_dot4_pair
 from .casts import emit_bitcast, emit_cast
 from .function import FunctionState, Scope
 from .mathfuncs import emit_call
@@ -57,7 +57,7 @@ class ExprEmitter:
         handler's own `emit` of its operands is a memo hit: a fused chain of thousands of ops
         is one deep expression, too deep for recursion. Loads and ramps are left to their
         handlers (memory.py decides how to emit an index), which recurse only into indices."""
-        stack: list[tuple[ex.Expr, bool]] = [(k, False) for k in reversed(e.children())]
+        stack: list[tuple[ex.Expr, bool]] = [(k, False) for k in reversed(_operands(e))]
         while stack:
             node, children_done = stack.pop()
             hit = self._memo.get(id(node))
@@ -67,7 +67,7 @@ class ExprEmitter:
                 self._emit_node(node)
                 continue
             stack.append((node, True))
-            stack.extend((k, False) for k in reversed(node.children()))
+            stack.extend((k, False) for k in reversed(_operands(node)))
 
     def _emit_node(self, e: ex.Expr) -> ir.Value:
         handler = _HANDLERS.get(type(e))
@@ -158,6 +158,14 @@ class ExprEmitter:
         """Operands of three types, see `dot.py`."""
         if len(e.args) != 3:
             raise CodegenError(f"{ex.DOT4_U8I8} takes 3 arguments, got {len(e.args)}")
+        inner = e.args[0]
+        if isinstance(inner, ex.Call) and inner.name == ex.DOT4_U8I8 and len(inner.args) == 3:
+            acc, a1, b1 = (self.emit(arg) for arg in inner.args)
+            a2, b2 = self.emit(e.args[1]), self.emit(e.args[2])
+            fused = emit_dot4_pair(self.b, self.fs.ctx, acc, (a1, b1), (a2, b2))
+            if fused is not None:
+                return fused
+            return emit_dot4(self.b, self.fs.ctx, emit_dot4(self.b, self.fs.ctx, acc, a1, b1), a2, b2)
         acc, a, b = (self.emit(arg) for arg in e.args)
         return emit_dot4(self.b, self.fs.ctx, acc, a, b)
 
@@ -195,6 +203,16 @@ class ExprEmitter:
         if e.type.lanes != 1:
             raise CodegenError(f"vreduce_{e.op} must produce a scalar, not {e.type}")
         return emit_reduce(self.op_context(e.value.type), e.op, self.emit(e.value))
+
+
+def _operands(e: ex.Expr) -> tuple[ex.Expr, ...]:
+    """What `e`'s handler emits first: its children, except that a `dot4_u8i8_acc` nested in
+    another's accumulator is emitted by the outer one (`_dot4` may fuse the two)."""
+    if isinstance(e, ex.Call) and e.name == ex.DOT4_U8I8 and e.args:
+        inner = e.args[0]
+        if isinstance(inner, ex.Call) and inner.name == ex.DOT4_U8I8:
+            return (*inner.args, *e.args[1:])
+    return e.children()
 
 
 def _key_of(operand: object) -> object:

@@ -129,6 +129,8 @@ class CpuInfo:
     l2_bytes: int = 1024 * 1024
     threads: int = 1
     dot4_lanes: frozenset[int] = frozenset()
+    #: Lane counts at which it is short when the u8 operand is below 128 (int4 nibbles).
+    small_dot4_lanes: frozenset[int] = frozenset()
     #: SIMD registers (0: by the vector width, see above).
     registers: int = 0
     fma: bool = True
@@ -140,6 +142,7 @@ class CpuInfo:
         """The part of a target description the blocking reads."""
         return CpuInfo(target.vector_bits, target.l1_bytes, target.l2_bytes, target.threads,
                        frozenset(n for n in DOT4_FEATURES if target.native_dot4(n)),
+                       frozenset(n for n in DOT4_FEATURES if target.small_dot4(n)),
                        target.vector_registers(), target.has_fma(), target.fma_broadcast_operand())
 
     def lanes(self, dtype: dt.DType) -> int:

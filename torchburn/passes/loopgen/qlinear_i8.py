@@ -21,6 +21,12 @@ products. Scales are applied once per group (A = `ax` elements of x, B bytes per
           o[r][c] += coef[c, G] * xs[r, G]                          scalar
         y[r, c] = vreduce_add(f[r][c]) + K_off * o[r][c]
 
+Groups are taken GROUP_BLOCK at a time where the scales are unit-stride loads: the block's
+weight scales (and mins), `d_x` and `xs` are each one vector load and conversion
+(`dwv = f32(%scales[n_c, ramp(G0, 1, 8)])`), `d_w d_x` goes to a local vector `ds` whose lane
+`j` group `G0 + j` broadcasts, and `coef * xs` accumulates lane-wise in `offv` (reduced into
+`o` after the loop); the `K / A % GROUP_BLOCK` groups left over take the scalar form above.
+
 The weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
 `d (q - 8)` (coef = d, K_off = -8) or `d q + m` (coef = m, K_off = 1), exactly the u8 operand of
 the dot; int8 weights are made unsigned by `w ^ 0x80 = w + 128`, whose extra `128 sum(xq)` is
@@ -43,7 +49,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, static_int
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, _Probe, static_int
 from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder, x_lanes_index
 
 if TYPE_CHECKING:
@@ -56,6 +62,9 @@ MAX_XQ_BYTES = 256 * 1024
 INT8_ACT_GROUP = 128
 #: Bytes per dot product at least (4 i32 lanes); shorter groups keep f32 activations.
 MIN_CHUNK = 16
+#: Groups whose scales (and mins, and x's scales and sums) are read as one vector per block:
+#: a scalar f16 scale costs a load, an insert and a conversion per group and weight row.
+GROUP_BLOCK = 8
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,8 @@ def activation_group(ql: QLinear) -> int:
 def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[Q8Plan]:
     """The plan for int8 activations, or None to keep f32 ones: `choice` "f32", M unknown, a
     group too short for a dot product of 16 bytes, x too large for its stack buffer, or
-    ("auto") no native dot product on the target (`cpu.dot4_lanes`)."""
+    ("auto") no fast dot product on the target: native (`cpu.dot4_lanes`), or for int4's
+    nibbles `pmaddubsw` (`cpu.small_dot4_lanes`)."""
     k = static_int(ql.k)
     if choice == "f32" or m is None or k is None:
         return None
@@ -100,7 +110,8 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
     chunk = math.gcd(span, max(cpu.vector_bits // 8, MIN_CHUNK))
     if chunk < MIN_CHUNK or max(m, 1) * k > MAX_XQ_BYTES:
         return None
-    if choice == "auto" and chunk // 4 not in cpu.dot4_lanes:
+    fast = cpu.dot4_lanes | cpu.small_dot4_lanes if ql.kind == "int4" else cpu.dot4_lanes
+    if choice == "auto" and chunk // 4 not in fast:
         return None
     mr = 1 if m <= 1 else min(m, MR_ROWS)
     nr = 4 if mr == 1 else 2
@@ -214,19 +225,68 @@ class Q8Builder(QLinearBuilder):
 
     def group_loop_i8(self, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
                       off: lp.Buffer, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
-        """`for G { i = 0; for ch { dot4 }; f = fma(f32(i), d_w d_x, f); o += coef xs }`."""
+        """The loop over groups: blocks of GROUP_BLOCK groups with their scales read as vectors
+        where the scales (and mins) are unit-stride loads, then the groups left one by one."""
         kb, plan, ql = self.kb, self.plan, self.ql
         k = static_int(ql.k)
         assert k is not None
+        groups = k // plan.agroup
+        probes = self.scale_probes()
+        blocks = groups // GROUP_BLOCK if probes is not None else 0
+        if blocks:
+            assert probes is not None
+            offv = {p: self.local("offv", (GROUP_BLOCK,)) for p in facc}
+            ulane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, GROUP_BLOCK))
+            for a in offv.values():
+                kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, GROUP_BLOCK)))
+            gb = self.var("gb")
+            kb.push()
+            self.group_block(ex.mul(gb, Const(GROUP_BLOCK)), rows, ns, facc, offv, xq, xd, xs, probes)
+            self.loop(gb, Const(blocks), kb.pop())
+            u = ScalarType(dt.f32, GROUP_BLOCK)
+            for (r, c), a in offv.items():
+                where = (Const(r), Const(c))
+                total = ex.VectorReduce("add", ex.Load(a.name, (ulane,), u), F32)
+                kb.emit(lp.Store(off.name, where, ex.Binary("add", ex.Load(off.name, where, F32), total, F32)))
+        left = groups - blocks * GROUP_BLOCK
+        if left:
+            gv = self.var("g")
+            kb.push()
+            g = ex.add(gv, Const(blocks * GROUP_BLOCK))
+            iacc = self.group_dots(g, rows, ns, xq)
+            self.group_scales(g, rows, ns, facc, off, iacc, xd, xs)
+            self.loop(gv, Const(left), kb.pop())
+
+    def scale_probes(self) -> Optional[tuple[ex.Load, Optional[ex.Load], Var, Var]]:
+        """The scales (and mins) as loads unit-stride along the group, with the variables
+        standing for the weight row and the group; None for per-channel scales, an activation
+        group other than the weight's, or scales read otherwise."""
+        ql, plan = self.ql, self.plan
+        if ql.per_channel or plan.agroup != ql.group:
+            return None
+        n, g = Var(self.kb.fresh("n")), Var(self.kb.fresh("g"))
+        sp = _Probe(self.kb, ql.scales, (n, g), g, n)
+        if sp.load is None or not sp.unit("k"):
+            return None
+        if ql.kind == "int4" and not ql.symmetric:
+            assert ql.mins is not None
+            mp = _Probe(self.kb, ql.mins, (n, g), g, n)
+            if mp.load is None or not mp.unit("k"):
+                return None
+            return sp.load, mp.load, n, g
+        return sp.load, None, n, g
+
+    def group_dots(self, g: Expr, rows: list[Expr], ns: list[Expr], xq: lp.Buffer) -> dict[tuple[int, int], lp.Buffer]:
+        """`iacc[r, c] = sum of byte products over group g` (fresh i32 accumulators)."""
+        kb, plan, ql = self.kb, self.plan, self.ql
         ag, b = plan.agroup, plan.chunk
         h = ql.group // 2
         span = h if ql.kind == "int4" else ag
         lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
-        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        it = ScalarType(dt.i32, plan.lanes)
         bytes_t = ScalarType(dt.i8, b)
-        gv = self.var("g")
-        kb.push()
-        iacc = {p: self.buffer("iacc", dt.i32, (plan.lanes,)) for p in facc}
+        pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
+        iacc = {p: self.buffer("iacc", dt.i32, (plan.lanes,)) for p in pairs}
         for a in iacc.values():
             kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, plan.lanes)))
 
@@ -234,10 +294,10 @@ class Q8Builder(QLinearBuilder):
             return ex.Load(xq.name, (rows[r], ex.Ramp(k0, Const(1), ScalarType(dt.index, b))), bytes_t)
 
         def chunk(ch: Expr) -> None:
-            base = ex.add(ex.mul(gv, Const(ag)), ex.mul(ch, Const(b)))
+            base = ex.add(ex.mul(g, Const(ag)), ex.mul(ch, Const(b)))
             for c in range(plan.nr):
                 if ql.kind == "int4":
-                    raw = kb.bind(self.q_bytes(ns[c], ex.add(ex.mul(gv, Const(h)), ex.mul(ch, Const(b)))), "b")
+                    raw = kb.bind(self.q_bytes(ns[c], ex.add(ex.mul(g, Const(h)), ex.mul(ch, Const(b)))), "b")
                     u8 = raw.type
                     codes = (kb.bind(ex.Binary("and", raw, ex.const(15, dt.u8, b), u8), "lo"),
                              kb.bind(ex.Binary("shr", raw, ex.const(4, dt.u8, b), u8), "hi"))
@@ -261,9 +321,18 @@ class Q8Builder(QLinearBuilder):
             kb.push()
             chunk(chv)
             kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
-        wgroup = gv if ag == ql.group else ex.floordiv(ex.mul(gv, Const(ag)), Const(ql.group))
-        dx = [kb.bind(ex.Load(xd.name, (rows[r], gv), F32), "dx") for r in range(plan.mr)]
-        sx = [kb.bind(ex.Load(xs.name, (rows[r], gv), F32), "sx") for r in range(plan.mr)]
+        return iacc
+
+    def group_scales(self, g: Expr, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
+                     off: lp.Buffer, iacc: dict[tuple[int, int], lp.Buffer], xd: lp.Buffer, xs: lp.Buffer) -> None:
+        """`f = fma(f32(i), d_w d_x, f); o += coef xs` for one group, scales read one by one."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        ag = plan.agroup
+        wgroup = g if ag == ql.group else ex.floordiv(ex.mul(g, Const(ag)), Const(ql.group))
+        dx = [kb.bind(ex.Load(xd.name, (rows[r], g), F32), "dx") for r in range(plan.mr)]
+        sx = [kb.bind(ex.Load(xs.name, (rows[r], g), F32), "sx") for r in range(plan.mr)]
         for c in range(plan.nr):
             dw: Optional[Expr] = None
             if not ql.per_channel:
@@ -271,7 +340,7 @@ class Q8Builder(QLinearBuilder):
             coef: Optional[Expr] = dw
             if ql.kind == "int4" and not ql.symmetric:
                 assert ql.mins is not None
-                coef = kb.bind(ex.cast(kb.value_at(ql.mins, (ns[c], gv)), dt.f32), "mw")
+                coef = kb.bind(ex.cast(kb.value_at(ql.mins, (ns[c], g)), dt.f32), "mw")
             for r in range(plan.mr):
                 scale = dx[r] if dw is None else kb.bind(ex.Binary("mul", dw, dx[r], F32), "ds")
                 acc = ex.Load(facc[(r, c)].name, (lane,), vt)
@@ -281,7 +350,44 @@ class Q8Builder(QLinearBuilder):
                 o = ex.Load(off.name, where, F32)
                 grown = ex.Binary("add", o, sx[r], F32) if coef is None else ex.Call("fma", (coef, sx[r], o), F32)
                 kb.emit(lp.Store(off.name, where, grown))
-        self.loop(gv, Const(k // ag), kb.pop())
+
+    def group_block(self, g0: Expr, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
+                    offv: dict[tuple[int, int], lp.Buffer], xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer,
+                    probes: tuple[ex.Load, Optional[ex.Load], Var, Var]) -> None:
+        """GROUP_BLOCK groups from `g0`: their weight scales (and mins), x's scales and sums read
+        as vectors, `d_w d_x` kept in a local vector per (row, weight row) and broadcast from it
+        per group, the offset terms accumulated lane-wise (`offv`, summed after the loop)."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        u = GROUP_BLOCK
+        ut = ScalarType(dt.f32, u)
+        ulane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, u))
+        glanes = ex.Ramp(g0, Const(1), ScalarType(dt.index, u))
+        scale_load, min_load, n_var, g_var = probes
+
+        def widened(load: ex.Load, n: Expr) -> Expr:
+            index = tuple(ex.substitute(i, {n_var.name: n}) for i in load.index)
+            wide = _lanes_index(index, g_var.name, g0, u)
+            assert wide is not None
+            return ex.cast(ex.Load(load.buffer, wide, ScalarType(load.type.dtype, u)), dt.f32)
+
+        dwv = [kb.bind(widened(scale_load, ns[c]), "dwv") for c in range(plan.nr)]
+        coefv = dwv if min_load is None else [kb.bind(widened(min_load, ns[c]), "mwv") for c in range(plan.nr)]
+        dxv = [kb.bind(ex.Load(xd.name, (rows[r], glanes), ut), "dxv") for r in range(plan.mr)]
+        sxv = [kb.bind(ex.Load(xs.name, (rows[r], glanes), ut), "sxv") for r in range(plan.mr)]
+        ds = {}
+        for (r, c), a in offv.items():
+            ds[(r, c)] = self.local("ds", (u,))
+            kb.emit(lp.Store(ds[(r, c)].name, (ulane,), ex.Binary("mul", dwv[c], dxv[r], ut)))
+            grown = ex.Call("fma", (coefv[c], sxv[r], ex.Load(a.name, (ulane,), ut)), ut)
+            kb.emit(lp.Store(a.name, (ulane,), grown))
+        lane = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, plan.lanes))
+        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        for j in range(u):
+            iacc = self.group_dots(ex.add(g0, Const(j)), rows, ns, xq)
+            for p, a in facc.items():
+                scale = ex.Broadcast(ex.Load(ds[p].name, (Const(j),), F32), vt)
+                prod = ex.cast(ex.Load(iacc[p].name, (lane,), it), dt.f32)
+                kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (prod, scale, ex.Load(a.name, (lane,), vt)), vt)))
 
 
 def build_qlinear_i8(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, plan: Q8Plan,
