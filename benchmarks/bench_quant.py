@@ -125,14 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=31, help="interleaved timing rounds per batch")
     parser.add_argument("--stream-mib", type=int, default=512, help="size of the bandwidth probe")
     parser.add_argument("--extra", action="store_true", help="also INT4 group 32 and asymmetric")
-    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads of torch and of TorchBurn's kernels (0: leave both)")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--activations", choices=("f32", "int8"), default="int8",
                         help="x of the quantized kernels (one per process: Dynamo reuses a module's graph)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")  # the key does not see compiler edits
+    if args.threads:  # both engines: torch's pool and the threads of our parallel loops
+        torch.set_num_threads(args.threads)
+        os.environ["TORCHBURN_NUM_THREADS"] = str(args.threads)
     import torchburn  # noqa: F401  (registers the backend)
 
     layers = contenders(args.extra)
