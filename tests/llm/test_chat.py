@@ -2,7 +2,9 @@
 /exit."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,8 +43,26 @@ def test_two_turns_reset_and_exit(tiny_checkpoint) -> None:
     assert child.exitstatus == 0
 
 
-def test_ctrl_c_stops_the_answer_not_the_chat(tiny_checkpoint) -> None:
+def _without_end_of_sequence(folder: Path, into: Path) -> Path:
+    """A copy of the checkpoint that names no end-of-sequence token: the random tiny model
+    otherwise samples one within a few dozen tokens, and an answer that has already ended
+    cannot be interrupted (a race with the Ctrl-C that the test lost on a loaded machine)."""
+    shutil.copytree(folder, into)
+    for name in ("config.json", "generation_config.json"):
+        path = into / name
+        if path.exists():
+            cfg = json.loads(path.read_text())
+            cfg.pop("eos_token_id", None)
+            path.write_text(json.dumps(cfg))
+    tok = json.loads((into / "tokenizer_config.json").read_text())
+    tok["eos_token"] = "<|no-such-token|>"
+    (into / "tokenizer_config.json").write_text(json.dumps(tok))
+    return into
+
+
+def test_ctrl_c_stops_the_answer_not_the_chat(tiny_checkpoint, tmp_path: Path) -> None:
     _, folder = tiny_checkpoint("qwen2")
+    folder = _without_end_of_sequence(folder, tmp_path / "no_eos")
     child = _spawn(folder, "--tokens", "3500", "--max-context", "4096")
     child.expect(">>> ")
     child.sendline("tell me a long story")
