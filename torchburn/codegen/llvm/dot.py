@@ -94,26 +94,28 @@ def emit_dot4_pair(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, first: tu
     if has_native_dot4(ctx.target, lanes) or not has_maddubs_dot4(ctx.target, lanes):
         return None
     (a1, w1), (a2, w2) = first, second
-    for v in (a1, w1, a2, w2):
-        if lanes_of(v.type) != 4 * lanes:
-            return None
+    if any(lanes_of(v.type) != 4 * lanes for v in (a1, w1, a2, w2)):
+        return None
     if unsigned_max(a1) + unsigned_max(a2) >= MADDUBS_A_LIMIT:
         return None
-    ubsw, wd = _MADDUBS[lanes]
-    bytes_t, i16_t = ir.VectorType(ir.IntType(8), 4 * lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
-    fn = ctx.declare(ubsw, i16_t, [bytes_t, bytes_t])
-    pairs = b.add(b.call(fn, [a1, w1]), b.call(fn, [a2, w2]))
-    quads = b.call(ctx.declare(wd, ir.VectorType(I32, lanes), [i16_t, i16_t]), [pairs, ir.Constant(i16_t, [1] * (2 * lanes))])
-    return b.add(acc, quads)
+    pairs = b.add(_byte_pairs(b, ctx, lanes, a1, w1), _byte_pairs(b, ctx, lanes, a2, w2))
+    return b.add(acc, _pair_sums(b, ctx, lanes, pairs))
 
 
 def _maddubs(b: ir.IRBuilder, ctx: ModuleContext, lanes: int, acc: ir.Value, a: ir.Value,
              w: ir.Value) -> ir.Value:
     """`acc + pmaddwd(pmaddubsw(a, w), 1)`: exact when every lane of `a` is below 128."""
-    ubsw, wd = _MADDUBS[lanes]
-    bytes_t, i16_t, i32_t = (ir.VectorType(ir.IntType(8), 4 * lanes), ir.VectorType(ir.IntType(16), 2 * lanes),
-                             ir.VectorType(I32, lanes))
-    pairs = b.call(ctx.declare(ubsw, i16_t, [bytes_t, bytes_t]), [a, w])
-    ones = ir.Constant(i16_t, [1] * (2 * lanes))
-    quads = b.call(ctx.declare(wd, i32_t, [i16_t, i16_t]), [pairs, ones])
-    return b.add(acc, quads)
+    return b.add(acc, _pair_sums(b, ctx, lanes, _byte_pairs(b, ctx, lanes, a, w)))
+
+
+def _byte_pairs(b: ir.IRBuilder, ctx: ModuleContext, lanes: int, a: ir.Value, w: ir.Value) -> ir.Value:
+    """`pmaddubsw(a, w)`: `2 lanes` i16 sums of adjacent byte products."""
+    bytes_t, i16_t = ir.VectorType(ir.IntType(8), 4 * lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
+    return b.call(ctx.declare(_MADDUBS[lanes][0], i16_t, [bytes_t, bytes_t]), [a, w])
+
+
+def _pair_sums(b: ir.IRBuilder, ctx: ModuleContext, lanes: int, pairs: ir.Value) -> ir.Value:
+    """`pmaddwd(pairs, 1)`: `lanes` i32 sums of adjacent i16 lanes."""
+    i16_t = ir.VectorType(ir.IntType(16), 2 * lanes)
+    fn = ctx.declare(_MADDUBS[lanes][1], ir.VectorType(I32, lanes), [i16_t, i16_t])
+    return b.call(fn, [pairs, ir.Constant(i16_t, [1] * (2 * lanes))])

@@ -56,7 +56,7 @@ def lane_constants(value: ir.Value) -> list[int] | None:
     if isinstance(value, ir.Instruction) and value.opname == "shufflevector":
         inserted, _, mask = value.operands
         if (isinstance(inserted, ir.Instruction) and inserted.opname == "insertelement"
-                and isinstance(mask, ir.Constant) and _elements(mask) == [0] * len(_elements(mask) or [1])
+                and isinstance(mask, ir.Constant) and set(_elements(mask) or [1]) == {0}
                 and isinstance(inserted.operands[1], ir.Constant)
                 and _elements(inserted.operands[2]) == [0]):
             return _elements(inserted.operands[1])

@@ -48,7 +48,7 @@ from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
-from ...ir.tensor import Op
+from ...ir.tensor import Op, Value
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, _Probe, static_int
 from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder, x_lanes_index
 
@@ -265,16 +265,19 @@ class Q8Builder(QLinearBuilder):
         if ql.per_channel or plan.agroup != ql.group:
             return None
         n, g = Var(self.kb.fresh("n")), Var(self.kb.fresh("g"))
-        sp = _Probe(self.kb, ql.scales, (n, g), g, n)
-        if sp.load is None or not sp.unit("k"):
+
+        def unit_load(v: Value) -> Optional[ex.Load]:
+            probe = _Probe(self.kb, v, (n, g), g, n)  # the group in the probe's "k" position
+            return probe.load if probe.load is not None and probe.unit("k") else None
+
+        scales = unit_load(ql.scales)
+        if scales is None:
             return None
         if ql.kind == "int4" and not ql.symmetric:
             assert ql.mins is not None
-            mp = _Probe(self.kb, ql.mins, (n, g), g, n)
-            if mp.load is None or not mp.unit("k"):
-                return None
-            return sp.load, mp.load, n, g
-        return sp.load, None, n, g
+            mins = unit_load(ql.mins)
+            return None if mins is None else (scales, mins, n, g)
+        return scales, None, n, g
 
     def group_dots(self, g: Expr, rows: list[Expr], ns: list[Expr], xq: lp.Buffer) -> dict[tuple[int, int], lp.Buffer]:
         """`iacc[r, c] = sum of byte products over group g` (fresh i32 accumulators)."""
