@@ -63,6 +63,7 @@ An elementwise kernel `for i0 in 0..64 { for i1 in 0..256 { %out0[i0, i1] = ... 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import AbstractSet, Callable, ClassVar, Optional
 
@@ -70,7 +71,7 @@ from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Expr
-from .base import LoopPass, register_pass
+from .base import LoopPass, PassError, register_pass
 from .gpu_rows import rows_annotate
 from .loopgen.attention import TASKS
 
@@ -78,6 +79,10 @@ from .loopgen.attention import TASKS
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
 #: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device).
 GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
+#: The spelling of a GEMM tile (`BMxBNxBK/TMxTN`, optionally `/s2`: two workgroup-memory
+#: stages) and of a flash-attention tile (`BQxBK/TMxTN`, or "rows").
+_GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?"
+_ATTENTION_TILE = r"\d+x\d+/\d+x\d+|rows"
 #: Workgroups a GEMM grid should have to keep a large GPU busy.
 GEMM_MIN_GROUPS = 96
 
@@ -314,6 +319,16 @@ class GpuMap(LoopPass):
     #: Matrix products with at most this many output rows (batch x M, static) are mapped as
     #: reductions, not GEMM tiles (matrix-vector products: decode steps).
     gemv_rows: int = 4
+    #: Flash-attention prefill tile `BQxBK/TMxTN` (`codegen/wgsl/attention_tiled.py`), "rows"
+    #: (an invocation per query row) or "auto" (the first tile that fits the device).
+    attention_tile: str = "auto"
+
+    def __post_init__(self) -> None:
+        for knob, pattern in (("gemm_tile", _GEMM_TILE), ("attention_tile", _ATTENTION_TILE)):
+            value = getattr(self, knob)
+            if value != "auto" and not (isinstance(value, str) and re.fullmatch(pattern, value)):
+                raise PassError(f"pass {self.name}: {knob}={value!r}; expected 'auto' or a tile such as "
+                                f"{GEMM_TILES[0] if knob == 'gemm_tile' else '64x64/4x8 (or rows)'}")
 
     def run(self, program: lp.Program) -> lp.Program:
         return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))
@@ -324,7 +339,10 @@ class GpuMap(LoopPass):
         if _gemm_depth(body, params, {v.name for v in k.symbols}) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
         if isinstance(body, lp.For) and body.annotation("gpu") == "attention":
-            return k  # mapped by its lowering (`loopgen/attention_gpu.py`)
+            # mapped by its lowering (`loopgen/attention_gpu.py`); the shader reads the tile
+            if self.attention_tile == "auto":
+                return k
+            return replace(k, body=replace(body, annotations=body.annotations + (("gpu_tile", self.attention_tile),)))
         if isinstance(body, lp.For) and body.annotation(TASKS) == "independent":
             return replace(k, body=self._tasks(body))
         prelude, nest = _split_prelude(body)

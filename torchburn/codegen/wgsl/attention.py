@@ -31,6 +31,7 @@ from typing import Optional
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, Var
+from . import attention_tiled as tiled
 from .kernel_state import KernelContext, Local
 from .shader import Grid, KernelShader
 from .types import WgslUnsupported
@@ -152,17 +153,39 @@ class AttentionEmitter:
         k.helpers.sources["fa_operands"] = "\n".join(funcs)
         tq = nest.grid[-1].extent
         tq_static = _static(tq)
+        self.uses_subgroups = False
         if tq_static is not None and tq_static <= DECODE_ROWS:
             body, wg, groups, summary = self._decode()
         else:
-            body, wg, groups, summary = self._prefill()
+            lay = None
+            if self._rows_free_kv():
+                lay = tiled.choose(root.annotation("gpu_tile"), self.d4, self.v4, tq_static,
+                                   k.caps.max_workgroup_storage, k.caps.max_invocations)
+            if lay is not None:
+                body, wg, groups, summary = tiled.emit_tiled(self, lay)
+            else:
+                body, wg, groups, summary = self._prefill()
         bindings = k.bindings()
         if len(bindings) > k.caps.max_storage_buffers:
             raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings)} storage buffers; the device "
                                   f"allows {k.caps.max_storage_buffers}")
         source = k.assemble(bindings, wg, body)
+        if self.uses_subgroups:
+            source = source.replace("@builtin(num_workgroups) nwg: vec3<u32>) {",
+                                    "@builtin(num_workgroups) nwg: vec3<u32>,\n"
+                                    "        @builtin(subgroup_size) tb_sg_n: u32) {")
         return KernelShader(k.kernel.name, source, bindings, Grid((groups, Const(1), Const(1)), wg, "groups"),
                             summary)
+
+    def _rows_free_kv(self) -> bool:
+        """Whether the key and value accessors ignore the query row (they read `(b, h, j, c)`):
+        the cooperative schedule stages one tile for all rows of a block."""
+        row = self.nest.grid[-1].var.name
+        for f in (*self.nest.k, *self.nest.v):
+            for x in lp.walk_stmts(f.body):
+                if any(row in ex.free_vars(e) for e in lp.stmt_exprs(x)):
+                    return False
+        return True
 
     # ---- accessors ---------------------------------------------------------------------------------
     def _check_vars(self, f: lp.For, stmts: tuple[lp.Stmt, ...], params: list[Var]) -> None:
