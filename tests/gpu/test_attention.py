@@ -38,6 +38,36 @@ def test_sdpa_graph_is_one_attention_kernel(gpu) -> None:  # type: ignore[no-unt
     _one_kernel(reports, "flash")
 
 
+@pytest.mark.parametrize("tile,b,h,t,d,causal", [
+    ("64x32/4x4", 1, 2, 37, 64, True),   # D=64 on a 32 KiB device: P and the row reductions in K's memory
+    ("32x64/4x4", 2, 1, 45, 12, True),   # 16 lanes per row: subgroups of 8 reduce through memory
+    ("16x32/8x4", 1, 3, 29, 20, False),  # 8 rows per invocation, Dv/4 = 5 columns over 8 lanes
+    ("16x16/4x16", 1, 1, 23, 8, True),   # one lane per row: nothing to reduce across lanes
+    ("rows", 1, 2, 21, 16, True),        # the one-invocation-per-row schedule
+])
+def test_prefill_tiles(gpu, tile: str, b: int, h: int, t: int, d: int, causal: bool) -> None:  # type: ignore[no-untyped-def]
+    """Each tile form of the cooperative prefill kernel (`attention_tiled.py`) at ragged sizes:
+    rows and keys not multiples of the tile, head dims not multiples of the lanes."""
+    from torchburn.backend import report as rep
+    from torchburn.backend.entry import torchburn_backend
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    fn = lambda a, b_, c: F.scaled_dot_product_attention(a, b_, c, is_causal=causal)  # noqa: E731
+    torch._dynamo.reset()
+    records = rep.start_recording()
+    try:
+        out = torch.compile(fn, backend=torchburn_backend,
+                            options={"passes": {"before-codegen": [f"gpu-map{{attention_tile={tile}}}"]}})(q, k, v)
+    finally:
+        rep.stop_recording()
+    torch.testing.assert_close(out, fn(q, k, v), rtol=1e-5, atol=1e-5)
+    kernel = _one_kernel(records, "flash")
+    assert (": attention/flash-rows" in kernel) == (tile == "rows"), kernel
+    if tile != "rows":
+        assert f"flash {tile}" in kernel, kernel
+
+
 def test_hand_written_attention_is_one_kernel(gpu) -> None:  # type: ignore[no-untyped-def]
     """`softmax(q @ k^T / sqrt(d) + mask) @ v` written out (`form-attention` makes it the op)."""
     g = torch.Generator().manual_seed(5)

@@ -120,7 +120,7 @@ def test_bmm_and_linear(gpu) -> None:  # type: ignore[no-untyped-def]
     check_gpu(lin, torch.randn(10, 64), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x8", "128x64x16/8x4", "64x64x16/4x4"])
+@pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x16/s2", "128x64x16/8x4", "64x64x16/4x4/s2"])
 def test_gemm_tiles(gpu, tile: str) -> None:  # type: ignore[no-untyped-def]
     """Every tile the benchmark uses is right, also on edges (sizes not multiples of the tile)."""
     a, b = torch.randn(200, 132), torch.randn(132, 260)

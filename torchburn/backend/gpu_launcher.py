@@ -261,6 +261,14 @@ class GpuLauncher:
         bound, _ = self._resident(args)
         return self.gpu.benchmark(env, self._specs(args, env, bound), iters, bound)
 
+    def benchmark_kernels(self, *args: Any, iters: int = 20) -> list[tuple[str, str, float]]:
+        """(kernel, summary, seconds) of each dispatch alone on `args` (inputs resident)."""
+        env = self._bind(args)
+        if env is None:
+            raise GpuError("arguments differ from the compiled ones")
+        bound, _ = self._resident(args)
+        return self.gpu.benchmark_kernels(env, self._specs(args, env, bound), iters, bound)
+
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = self._bind(args)
         if env is None:

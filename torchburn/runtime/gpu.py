@@ -643,19 +643,37 @@ class GpuProgram:
         """Seconds per run of all kernels, inputs resident, no copies (one submission of
         `iters` runs, after a warm-up)."""
         with self._lock:
+            dispatches = self._prepare(env, inputs, bound)
+            return self._time(dispatches, iters)
+
+    def benchmark_kernels(self, env: dict[str, int], inputs: Sequence[InputSpec], iters: int = 20,
+                          bound: Optional[dict[str, Any]] = None) -> list[tuple[str, str, float]]:
+        """(kernel, summary, seconds) per dispatch of a run: each dispatch alone, `iters`
+        times in one submission (inputs resident; a kernel reads what the run before left)."""
+        with self._lock:
+            dispatches = self._prepare(env, inputs, bound)
             plan = self._plan(env)
-            bufs, groups = self._resources(plan, bound)
-            self._write_inputs(plan, bufs, inputs, bound)
-            self._write_symbols(env)
-            dispatches = self._dispatches(plan, groups)
-            for repeat in (1, iters):
-                encoder = self.dev.device.create_command_encoder()
-                self._encode(encoder, dispatches, repeat)
-                t0 = time.perf_counter()
-                self.dev.queue.submit([encoder.finish()])
-                self.dev.wait()
-                dt = time.perf_counter() - t0
-            return dt / iters
+            calls = [k for (k, _), dims in zip(self.calls, plan.groups) if 0 not in dims]
+            return [(self.shaders[k].name, self.shaders[k].summary, self._time([d], iters))
+                    for k, d in zip(calls, dispatches)]
+
+    def _prepare(self, env: dict[str, int], inputs: Sequence[InputSpec],
+                 bound: Optional[dict[str, Any]]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
+        plan = self._plan(env)
+        bufs, groups = self._resources(plan, bound)
+        self._write_inputs(plan, bufs, inputs, bound)
+        self._write_symbols(env)
+        return self._dispatches(plan, groups)
+
+    def _time(self, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], iters: int) -> float:
+        for repeat in (1, iters):
+            encoder = self.dev.device.create_command_encoder()
+            self._encode(encoder, dispatches, repeat)
+            t0 = time.perf_counter()
+            self.dev.queue.submit([encoder.finish()])
+            self.dev.wait()
+            dt = time.perf_counter() - t0
+        return dt / iters
 
 
 def _round4(n: int) -> int:

@@ -387,7 +387,7 @@ class AttentionEmitter:
         for c in range(v4):
             self._store_row(L, iv, f"fa_a{c}", "fa_inv", "    ", c)
         L.append("  }")
-        return L, bq, groups, f"attention/flash {bq}x{bk}"
+        return L, bq, groups, f"attention/flash-rows {bq}x{bk}"
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode(self) -> tuple[list[str], int, Expr, str]:

@@ -42,23 +42,28 @@ XYZW = "xyzw"
 
 @dataclass(frozen=True)
 class Tile:
-    """Tile shape `BMxBNxBK/TMxTN` (the `gpu_tile` annotation)."""
+    """Tile shape `BMxBNxBK/TMxTN[/sS]` (the `gpu_tile` annotation): S = 2 double-buffers the
+    workgroup tiles (one barrier per step of BK instead of two)."""
 
     bm: int
     bn: int
     bk: int
     tm: int
     tn: int
+    stages: int = 1
 
     @staticmethod
     def parse(text: str) -> "Tile":
         try:
-            block, thread = text.split("/")
+            block, thread, *rest = text.split("/")
             bm, bn, bk = (int(x) for x in block.split("x"))
             tm, tn = (int(x) for x in thread.split("x"))
+            if len(rest) > 1 or (rest and rest[0] not in ("s1", "s2")):
+                raise ValueError
+            stages = int(rest[0][1:]) if rest else 1
         except ValueError:
-            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN, e.g. 128x128x16/8x8") from None
-        return Tile(bm, bn, bk, tm, tn)
+            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN[/s2], e.g. 128x128x16/8x8") from None
+        return Tile(bm, bn, bk, tm, tn, stages)
 
     @property
     def threads(self) -> int:
@@ -66,10 +71,10 @@ class Tile:
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * self.bk * (self.bm + self.bn)
+        return 4 * self.bk * (self.bm + self.bn) * self.stages
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}"
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}" + ("/s2" if self.stages == 2 else "")
 
     def check(self) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk % 4:
@@ -198,8 +203,8 @@ class GemmEmitter:
         if len(bindings) > k.caps.max_storage_buffers:
             raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings)} storage buffers; the device "
                                   f"allows {k.caps.max_storage_buffers}")
-        k.workgroup_arrays["tb_As"] = f"var<workgroup> tb_As: array<vec4<f32>, {tile.bk * tile.bm // 4}>;"
-        k.workgroup_arrays["tb_Bs"] = f"var<workgroup> tb_Bs: array<vec4<f32>, {tile.bk * tile.bn // 4}>;"
+        k.workgroup_arrays["tb_As"] = f"var<workgroup> tb_As: array<vec4<f32>, {tile.stages * tile.bk * tile.bm // 4}>;"
+        k.workgroup_arrays["tb_Bs"] = f"var<workgroup> tb_Bs: array<vec4<f32>, {tile.stages * tile.bk * tile.bn // 4}>;"
         k.helpers.sources["tb_operands"] = "\n".join(funcs)
         source = k.assemble(bindings, tile.threads, body)
         M, N = nest.i.extent, nest.j.extent
@@ -308,31 +313,56 @@ class GemmEmitter:
             for l in range(b_plan[0]):
                 self._load_lines(line, "b", b_mode, l, k0, bargs, ind)
 
+        def compute(base_a: str, base_b: str) -> None:
+            for kk in range(t.bk):
+                line("{", 2)
+                for g in range(rg):
+                    line(f"let a{g} = tb_As[{base_a}{kk * t.bm // 4 + g * (t.bm // t.tm)}u + tb_ty];", 3)
+                for c in range(cg):
+                    line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4 + c * (t.bn // t.tn)}u + tb_tx];", 3)
+                for g in range(rg):
+                    for q in range(4):
+                        for c in range(cg):
+                            acc = f"tb_c{g}_{q}_{c}"
+                            line(f"{acc} = fma(vec4<f32>(a{g}.{XYZW[q]}), b{c}, {acc});", 3)
+                line("}", 2)
+
+        def stash(base_a: str, base_b: str, ind: int) -> None:
+            for l in range(a_plan[0]):
+                self._stash_lines(line, "a", a_mode, l, base_a, ind)
+            for l in range(b_plan[0]):
+                self._stash_lines(line, "b", b_mode, l, base_b, ind)
+
         prefetch("0", 1)
         line(f"let tb_nk = (tb_K + {t.bk - 1}) / {t.bk};")
-        line("for (var tb_kt: i32 = 0; tb_kt < tb_nk; tb_kt = tb_kt + 1) {")
-        for l in range(a_plan[0]):
-            self._stash_lines(line, "a", a_mode, l)
-        for l in range(b_plan[0]):
-            self._stash_lines(line, "b", b_mode, l)
-        line("workgroupBarrier();", 2)
-        line("if (tb_kt + 1 < tb_nk) {", 2)
-        prefetch(f"(tb_kt + 1) * {t.bk}", 3)
-        line("}", 2)
-        for kk in range(t.bk):
-            line("{", 2)
-            for g in range(rg):
-                line(f"let a{g} = tb_As[{kk * t.bm // 4 + g * (t.bm // t.tm)}u + tb_ty];", 3)
-            for c in range(cg):
-                line(f"let b{c} = tb_Bs[{kk * t.bn // 4 + c * (t.bn // t.tn)}u + tb_tx];", 3)
-            for g in range(rg):
-                for q in range(4):
-                    for c in range(cg):
-                        acc = f"tb_c{g}_{q}_{c}"
-                        line(f"{acc} = fma(vec4<f32>(a{g}.{XYZW[q]}), b{c}, {acc});", 3)
+        if t.stages == 1:
+            line("for (var tb_kt: i32 = 0; tb_kt < tb_nk; tb_kt = tb_kt + 1) {")
+            stash("", "", 2)
+            line("workgroupBarrier();", 2)
+            line("if (tb_kt + 1 < tb_nk) {", 2)
+            prefetch(f"(tb_kt + 1) * {t.bk}", 3)
             line("}", 2)
-        line("workgroupBarrier();", 2)
-        line("}")
+            compute("", "")
+            line("workgroupBarrier();", 2)
+            line("}")
+        else:
+            # two workgroup tiles: step kt reads one while the next step's values go to the other
+            size_a, size_b = t.bk * t.bm // 4, t.bk * t.bn // 4
+            stash("", "", 1)
+            line("workgroupBarrier();")
+            line("for (var tb_kt: i32 = 0; tb_kt < tb_nk; tb_kt = tb_kt + 1) {")
+            line(f"let tb_sa = u32(tb_kt & 1) * {size_a}u;", 2)
+            line(f"let tb_sb = u32(tb_kt & 1) * {size_b}u;", 2)
+            line("let tb_more = tb_kt + 1 < tb_nk;", 2)
+            line("if (tb_more) {", 2)
+            prefetch(f"(tb_kt + 1) * {t.bk}", 3)
+            line("}", 2)
+            compute("tb_sa + ", "tb_sb + ")
+            line("if (tb_more) {", 2)
+            stash(f"{size_a}u - tb_sa + ", f"{size_b}u - tb_sb + ", 3)
+            line("}", 2)
+            line("workgroupBarrier();", 2)
+            line("}")
         self._store_lines(line, rg, cg)
         return L
 
@@ -372,7 +402,7 @@ class GemmEmitter:
             line(f"{reg} = 0.0;", ind)
             line(f"if ({guard_items}{row} < {limit} && {kv} < tb_K) {{ {reg} = {call(row, kv, False)}; }}", ind)
 
-    def _stash_lines(self, line, which: str, mode: str, l: int) -> None:
+    def _stash_lines(self, line, which: str, mode: str, l: int, base: str = "", ind: int = 2) -> None:
         t = self.tile
         rows = t.bm if which == "a" else t.bn
         arr = "tb_As" if which == "a" else "tb_Bs"
@@ -385,11 +415,11 @@ class GemmEmitter:
             kq = f"({c} % {t.bk // 4}u)"
             for q in range(4):
                 flat = f"(({kq} * 4u + {q}u) * {rows}u + {row})"
-                line(f"{guard}{{ {arr}[{flat} / 4u][{flat} % 4u] = {reg}.{XYZW[q]}; }}", 2)
+                line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}.{XYZW[q]}; }}", ind)
         elif mode == "r4":
-            line(f"{guard}{{ {arr}[{c}] = {reg}; }}", 2)
+            line(f"{guard}{{ {arr}[{base}{c}] = {reg}; }}", ind)
         else:
-            line(f"{guard}{{ {arr}[{c} / 4u][{c} % 4u] = {reg}; }}", 2)
+            line(f"{guard}{{ {arr}[{base}{c} / 4u][{c} % 4u] = {reg}; }}", ind)
 
     def _store_lines(self, line, rg: int, cg: int) -> None:
         k, t, nest = self.k, self.tile, self.nest

@@ -1,0 +1,138 @@
+"""Sweep the GPU engine's tile shapes against PyTorch CUDA, in one process (for choosing the
+defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
+
+    TORCHBURN_WGPU_BACKEND=vulkan python benchmarks/bench_gpu_sweep.py [--quick] [--json F]
+
+For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles`, and for each causal
+attention shape `BxHxTxD` (f32, `F.scaled_dot_product_attention`) and each tile of
+`--attention-tiles` ("rows" is the one-invocation-per-row schedule): our kernel time (inputs
+resident, one submission of many runs), the error against the CUDA result, and PyTorch CUDA
+eager's time by CUDA events (TF32 off). Rows print as they finish, so a run cut short by a
+time limit still reports what it measured. Ratios are PyTorch time / ours (above 1: faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import cuda_kernels, kernel_time, ours  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import torchburn  # noqa: E402
+
+GEMM_TILES = ("128x128x16/8x8", "128x128x16/8x8/s2", "128x128x8/8x8/s2", "128x128x8/8x16",
+              "128x128x8/8x16/s2", "128x128x16/8x16", "128x128x8/16x8/s2", "128x64x16/8x8/s2",
+              "64x128x16/8x8/s2", "64x64x16/8x8/s2", "64x64x16/4x4", "64x64x16/4x4/s2", "64x32x16/4x4",
+              "32x64x16/4x4")
+GEMM_SHAPES = ("4096x4096x4096", "512x2304x768", "512x768x768", "512x3072x768", "512x768x3072")
+ATTENTION_TILES = ("rows", "64x64/4x8", "64x32/4x4", "64x64/4x4", "32x64/4x8", "32x32/4x4", "64x32/8x4",
+                   "128x32/8x4", "16x64/4x8")
+ATTENTION_SHAPES = ("4x12x1024x64", "4x12x128x64")
+
+
+def emit(line: str, out: list[str]) -> None:
+    print(line, flush=True)
+    out.append(line)
+
+
+def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], lines: list[str], iters: int) -> None:
+    for shape in shapes:
+        m, n, k = (int(x) for x in shape.split("x"))
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        flops = 2.0 * m * n * k
+        ref = cuda_kernels(torch.mm, (a, b), iters)
+        expected = (a.cuda() @ b.cuda()).cpu() if torch.cuda.is_available() else a @ b
+        rows = record.setdefault("gemm", {}).setdefault(shape, {"torch_s": ref})
+        emit(f"GEMM {shape}: PyTorch {flops / ref / 1e12:.2f} TFLOP/s" if ref else f"GEMM {shape}", lines)
+        for tile in tiles:
+            opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
+            try:
+                t0 = time.perf_counter()
+                _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
+                compile_s = time.perf_counter() - t0
+                t = kernel_time(launchers, iters)
+                err = float((out - expected).abs().max())
+                summary = [s for x in launchers for s in x.compiled.kernel_summary()]
+            except Exception as e:  # noqa: BLE001 - one tile failing does not stop the sweep
+                emit(f"  {tile:>20}: failed: {type(e).__name__}: {' '.join(str(e).split())[:150]}", lines)
+                rows[tile] = {"error": str(e)}
+                continue
+            rows[tile] = {"seconds": t, "tflops": flops / t / 1e12, "max_abs_err": err, "compile_s": compile_s,
+                          "kernels": summary}
+            ratio = f"{ref / t:.2f}x" if ref else ""
+            emit(f"  {tile:>20}: {flops / t / 1e12:6.2f} TFLOP/s {t * 1e6:9.1f} us  {ratio:>6}  err {err:.1e}"
+                 f"  (compile {compile_s:.1f} s) {summary}", lines)
+
+
+def sweep_attention(shapes: list[str], tiles: list[str], record: dict[str, Any], lines: list[str], iters: int) -> None:
+    for shape in shapes:
+        b, h, t_, d = (int(x) for x in shape.split("x"))
+        q, k, v = (torch.randn(b, h, t_, d) for _ in range(3))
+        fn: Callable[..., Any] = lambda x, y, z: F.scaled_dot_product_attention(x, y, z, is_causal=True)  # noqa: E731
+        ref = cuda_kernels(fn, (q, k, v), iters)
+        expected = fn(q.cuda(), k.cuda(), v.cuda()).cpu() if torch.cuda.is_available() else fn(q, k, v)
+        rows = record.setdefault("attention", {}).setdefault(shape, {"torch_s": ref})
+        emit(f"attention causal {shape}: PyTorch {ref * 1e6:.1f} us" if ref else f"attention causal {shape}", lines)
+        for tile in tiles:
+            opts = {"passes": {"before-codegen": [f"gpu-map{{attention_tile={tile}}}"]}}
+            try:
+                t0 = time.perf_counter()
+                _, launchers, out = ours(fn, (q, k, v), opts)
+                compile_s = time.perf_counter() - t0
+                t = kernel_time(launchers, iters)
+                err = float((out - expected).abs().max())
+                summary = [s for x in launchers for s in x.compiled.kernel_summary() if "attention" in s]
+            except Exception as e:  # noqa: BLE001
+                emit(f"  {tile:>12}: failed: {type(e).__name__}: {' '.join(str(e).split())[:150]}", lines)
+                rows[tile] = {"error": str(e)}
+                continue
+            rows[tile] = {"seconds": t, "max_abs_err": err, "compile_s": compile_s, "kernels": summary}
+            ratio = f"{ref / t:.2f}x" if ref else ""
+            emit(f"  {tile:>12}: {t * 1e6:9.1f} us  {ratio:>6}  err {err:.1e}  (compile {compile_s:.1f} s) {summary}",
+                 lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (software adapters)")
+    ap.add_argument("--gemm-shapes", default=",".join(GEMM_SHAPES))
+    ap.add_argument("--gemm-tiles", default=",".join(GEMM_TILES))
+    ap.add_argument("--attention-shapes", default=",".join(ATTENTION_SHAPES))
+    ap.add_argument("--attention-tiles", default=",".join(ATTENTION_TILES))
+    ap.add_argument("--only", default="gemm,attention")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json", help="write the figures as JSON here")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    info = torchburn.gpu_info()
+    if info is None or torchburn.active_engine() != "wgpu":
+        sys.exit("no WebGPU adapter: nothing to sweep")
+    record: dict[str, Any] = {"adapter": info, "torch": torch.__version__}
+    lines: list[str] = []
+    emit(f"adapter: {info['name']} ({info['backend']}); torch {torch.__version__}", lines)
+    if args.quick:
+        args.gemm_shapes, args.attention_shapes = "200x260x132", "1x2x70x16"
+    only = set(args.only.split(","))
+    try:
+        if "gemm" in only:
+            sweep_gemm(args.gemm_shapes.split(","), args.gemm_tiles.split(","), record, lines, args.iters)
+        if "attention" in only:
+            sweep_attention(args.attention_shapes.split(","), args.attention_tiles.split(","), record, lines,
+                            args.iters)
+    finally:
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
