@@ -35,6 +35,7 @@ from . import attention_tiled as tiled
 from .kernel_state import KernelContext, Local
 from .shader import Grid, KernelShader
 from .types import WgslUnsupported
+from .vec4 import runs_of_four
 
 #: Query rows at most (static) for the decode form.
 DECODE_ROWS = 8
@@ -240,9 +241,7 @@ class AttentionEmitter:
             return False
         buf = self.k.params[load.buffer].buffer
         c = f.var
-        if buf.dtype.name != "f32" or not load.index or load.index[-1] != c or buf.strides[-1] != Const(1):
-            return False
-        if any(c.name in ex.free_vars(i) for i in load.index[:-1]):
+        if buf.dtype.name != "f32" or buf.strides[-1] != Const(1) or not runs_of_four(load.index, c):
             return False
         if not all(size == Const(1) or (isinstance(st, Const) and int(st.value) % 4 == 0)
                    for size, st in zip(buf.shape[:-1], buf.strides[:-1])):

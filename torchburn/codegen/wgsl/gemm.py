@@ -35,6 +35,7 @@ from ...ir.expr import Const, Expr, Var
 from .kernel_state import KernelContext, Local
 from .shader import Grid, KernelShader
 from .types import WgslUnsupported, value_type
+from .vec4 import runs_of_four
 
 
 XYZW = "xyzw"
@@ -244,10 +245,9 @@ class GemmEmitter:
             return "scalar"
         buf = self.k.params[load.buffer].buffer
         for mode, along, extent in (("k4", kl.var, kl.extent), ("r4", row.var, row.extent)):
-            idx = load.index
-            if not idx or idx[-1] != along or any(along.name in ex.free_vars(i) for i in idx[:-1]):
-                continue
             if not (isinstance(extent, Const) and int(extent.value) % 4 == 0) or buf.strides[-1] != Const(1):
+                continue
+            if not runs_of_four(load.index, along):
                 continue
             if all(size == Const(1) or (isinstance(st, Const) and int(st.value) % 4 == 0)
                    for size, st in zip(buf.shape[:-1], buf.strides[:-1])):
