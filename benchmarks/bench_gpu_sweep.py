@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--gemm-tiles", default=",".join(GEMM_TILES))
     ap.add_argument("--attention-shapes", default=",".join(ATTENTION_SHAPES))
     ap.add_argument("--attention-tiles", default=",".join(ATTENTION_TILES))
-    ap.add_argument("--only", default="gemm,attention")
+    ap.add_argument("--only", default="gemm,attention", help="parts in the order to run them")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", help="write the figures as JSON here")
     args = ap.parse_args()
@@ -122,13 +122,13 @@ def main() -> None:
     emit(f"adapter: {info['name']} ({info['backend']}); torch {torch.__version__}", lines)
     if args.quick:
         args.gemm_shapes, args.attention_shapes = "200x260x132", "1x2x70x16"
-    only = set(args.only.split(","))
     try:
-        if "gemm" in only:
-            sweep_gemm(args.gemm_shapes.split(","), args.gemm_tiles.split(","), record, lines, args.iters)
-        if "attention" in only:
-            sweep_attention(args.attention_shapes.split(","), args.attention_tiles.split(","), record, lines,
-                            args.iters)
+        for part in args.only.split(","):  # in the order given
+            if part == "gemm":
+                sweep_gemm(args.gemm_shapes.split(","), args.gemm_tiles.split(","), record, lines, args.iters)
+            elif part == "attention":
+                sweep_attention(args.attention_shapes.split(","), args.attention_tiles.split(","), record, lines,
+                                args.iters)
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
