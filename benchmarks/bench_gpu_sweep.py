@@ -3,7 +3,8 @@ defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
 
     TORCHBURN_WGPU_BACKEND=vulkan python benchmarks/bench_gpu_sweep.py [--quick] [--json F]
 
-For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles`, and for each causal
+For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles` (or of the shape's own
+list, `MxNxK=tile+tile`), and for each causal
 attention shape `BxHxTxD` (f32, `F.scaled_dot_product_attention`) and each tile of
 `--attention-tiles` ("rows" is the one-invocation-per-row schedule): our kernel time (inputs
 resident, one submission of many runs), the error against the CUDA result, and PyTorch CUDA
@@ -44,7 +45,8 @@ def emit(line: str, out: list[str]) -> None:
 
 
 def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], lines: list[str], iters: int) -> None:
-    for shape in shapes:
+    for spec in shapes:
+        shape, _, own = spec.partition("=")
         m, n, k = (int(x) for x in shape.split("x"))
         a, b = torch.randn(m, k), torch.randn(k, n)
         flops = 2.0 * m * n * k
@@ -52,7 +54,7 @@ def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], line
         expected = (a.cuda() @ b.cuda()).cpu() if torch.cuda.is_available() else a @ b
         rows = record.setdefault("gemm", {}).setdefault(shape, {"torch_s": ref})
         emit(f"GEMM {shape}: PyTorch {flops / ref / 1e12:.2f} TFLOP/s" if ref else f"GEMM {shape}", lines)
-        for tile in tiles:
+        for tile in own.split("+") if own else tiles:
             opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
             try:
                 t0 = time.perf_counter()
