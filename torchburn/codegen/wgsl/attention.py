@@ -6,12 +6,17 @@ each operand (views, casts and fused producers included) and how to store one ou
 Each becomes a WGSL function (`fa_q(b.., h, i, c)`, `fa_k0(b.., h, i, j, c)`, ...); the
 schedule is this module's own, in one of two forms:
 
-- **prefill** (many query rows): a workgroup per `(batch, head, block of BQ rows)`, one
-  invocation per row. Its q row (pre-scaled) and output accumulator live in registers as
-  `vec4`s; per tile of BK keys the workgroup stages K and V in workgroup memory, cooperatively
-  and coalesced, then each invocation computes its BK scores, the tile's maximum, and the online
-  softmax update (`corr = exp(m - m_new)` rescales the sum and the accumulator). With `causal`,
-  tiles past the block's last row are never loaded, keys past a row's own index score -inf.
+- **prefill** (many query rows): the cooperative tiled schedule of `attention_tiled.py`: a
+  workgroup per `(batch, head, block of BQ rows)` computes each BQ x BK score tile as a product
+  of workgroup-memory tiles, each invocation a TM x TN register micro-tile of scores and TM rows
+  of the output, with an online softmax (row max and sum through subgroup shuffles or workgroup
+  memory). The tile is `gpu-map{attention_tile}` (`gpu_tile` on the nest) or the first of
+  `attention_tiled.AUTO_TILES` that fits the device's workgroup memory. Where none fits (large
+  head dims on a small device) or `attention_tile=rows`: one invocation per row, its pre-scaled
+  q row and output accumulator in registers as `vec4`s, K and V staged per tile of BK keys in
+  workgroup memory, each invocation computing its BK scores and the online-softmax update
+  (`corr = exp(m - m_new)` rescales the sum and the accumulator). With `causal`, tiles past the
+  block's last row are never loaded, keys past a row's own index score -inf.
 - **decode** (at most `DECODE_ROWS` query rows): a workgroup per query row, its invocations
   splitting the keys (`j = lid, lid + WG, ...`), each with its own running max, sum and
   accumulator; a tree reduction in workgroup memory merges them (max, then the rescaled sums

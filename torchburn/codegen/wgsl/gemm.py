@@ -19,10 +19,13 @@ A workgroup computes a BM x BN tile of the output with (BM/TM) x (BN/TN) invocat
 holding a TM x TN block of accumulators in registers (`vec4`s, fully unrolled). Per step of
 BK along k, the workgroup stages an A tile (k-major) and a B tile in workgroup memory; the
 next step's global loads are issued into registers before the current tile is consumed, so
-their latency hides behind the arithmetic. Global loads are `vec4` when an operand is a plain
-load contiguous along k, m or n with 16-byte aligned rows; otherwise scalar. Out-of-range
-elements load as zero and stores are bounds-checked, so any M, N, K works. The epilogue runs
-per element on the accumulators before the only store.
+their latency hides behind the arithmetic. With two stages (`.../s2`) the workgroup tiles are
+double-buffered: step kt reads one while step kt+1's values are stored into the other, one
+barrier per step instead of two. Global loads are `vec4` when an operand is a plain load
+whose four consecutive k (or m, n) values are four aligned consecutive elements (`vec4.py`:
+`k`, `k mod c`, plus multiples of 4); otherwise scalar. Out-of-range elements load as zero and
+stores are bounds-checked, so any M, N, K works. The epilogue runs per element on the
+accumulators before the only store.
 """
 from __future__ import annotations
 
