@@ -40,9 +40,10 @@ def test_sdpa_graph_is_one_attention_kernel(gpu) -> None:  # type: ignore[no-unt
 
 @pytest.mark.parametrize("tile,b,h,t,d,causal", [
     ("64x32/4x4", 1, 2, 37, 64, True),   # D=64 on a 32 KiB device: P and the row reductions in K's memory
-    ("32x64/4x4", 2, 1, 45, 12, True),   # 16 lanes per row: subgroups of 8 reduce through memory
+    ("32x64/4x4/s2", 2, 1, 140, 12, True),  # 16 lanes per row (subgroups of 8 reduce through memory),
+                                            # keys prefetched into registers, 5 blocks paired
     ("16x32/8x4", 1, 3, 29, 20, False),  # 8 rows per invocation, Dv/4 = 5 columns over 8 lanes
-    ("16x16/4x16", 1, 1, 23, 8, True),   # one lane per row: nothing to reduce across lanes
+    ("16x16/4x16", 1, 1, 70, 8, True),   # one lane per row: nothing to reduce across lanes
     ("rows", 1, 2, 21, 16, True),        # the one-invocation-per-row schedule
 ])
 def test_prefill_tiles(gpu, tile: str, b: int, h: int, t: int, d: int, causal: bool) -> None:  # type: ignore[no-untyped-def]

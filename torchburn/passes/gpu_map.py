@@ -80,9 +80,10 @@ COMBINERS = ("add", "mul", "min", "max", "and", "or")
 #: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device).
 GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
 #: The spelling of a GEMM tile (`BMxBNxBK/TMxTN`, optionally `/s2`: two workgroup-memory
-#: stages) and of a flash-attention tile (`BQxBK/TMxTN`, or "rows").
+#: stages) and of a flash-attention tile (`BQxBK/TMxTN`, optionally `/s2`: the next keys and values
+#: loaded into registers during the current tile; or "rows").
 _GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?"
-_ATTENTION_TILE = r"\d+x\d+/\d+x\d+|rows"
+_ATTENTION_TILE = r"\d+x\d+/\d+x\d+(/s[12])?|rows"
 #: Workgroups a GEMM grid should have to keep a large GPU busy.
 GEMM_MIN_GROUPS = 96
 
@@ -328,7 +329,7 @@ class GpuMap(LoopPass):
             value = getattr(self, knob)
             if value != "auto" and not (isinstance(value, str) and re.fullmatch(pattern, value)):
                 raise PassError(f"pass {self.name}: {knob}={value!r}; expected 'auto' or a tile such as "
-                                f"{GEMM_TILES[0] if knob == 'gemm_tile' else '64x64/4x8 (or rows)'}")
+                                f"{GEMM_TILES[0] if knob == 'gemm_tile' else '64x64/4x4 (or rows)'}")
 
     def run(self, program: lp.Program) -> lp.Program:
         return program.with_kernels(tuple(self.map_kernel(k) for k in program.kernels))

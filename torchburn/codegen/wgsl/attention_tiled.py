@@ -43,7 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 LOG2E = 1.4426950408889634
 #: Tiles tried in order by `auto` (the first that fits the device and the row count).
-AUTO_TILES = ("64x64/4x8", "64x32/4x4", "32x32/4x4", "16x32/4x4", "16x16/4x4")
+AUTO_TILES = ("64x64/4x4", "64x32/4x4", "32x32/4x4", "16x32/4x4", "16x16/4x4")
+#: Under a causal mask, a workgroup takes two query blocks (the i-th from each end) from this
+#: many blocks on: every workgroup then has the same number of key tiles.
+PAIR_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,21 @@ class FlashTile:
     bk: int
     tm: int
     tn: int
+    #: 2: the next tile's keys and values are loaded into registers while this one is used.
+    stages: int = 1
 
     @staticmethod
     def parse(text: str) -> "FlashTile":
         try:
-            block, thread = text.split("/")
+            block, thread, *rest = text.split("/")
             bq, bk = (int(x) for x in block.split("x"))
             tm, tn = (int(x) for x in thread.split("x"))
+            if len(rest) > 1 or (rest and rest[0] not in ("s1", "s2")):
+                raise ValueError
+            stages = int(rest[0][1:]) if rest else 1
         except ValueError:
-            raise WgslUnsupported(f"attention tile {text!r}: expected BQxBK/TMxTN, e.g. 64x64/4x8") from None
-        tile = FlashTile(bq, bk, tm, tn)
+            raise WgslUnsupported(f"attention tile {text!r}: expected BQxBK/TMxTN[/s2], e.g. 64x64/4x4") from None
+        tile = FlashTile(bq, bk, tm, tn, stages)
         if min(bq, bk, tm, tn) < 1 or tm % 4 or bq % tm or bk % tn or bk % 4:
             raise WgslUnsupported(f"attention tile {text!r}: TM a multiple of 4 dividing BQ, TN dividing BK, "
                                   "BK a multiple of 4")
@@ -78,7 +86,7 @@ class FlashTile:
         return (self.bq // self.tm) * self.tx
 
     def __str__(self) -> str:
-        return f"{self.bq}x{self.bk}/{self.tm}x{self.tn}"
+        return f"{self.bq}x{self.bk}/{self.tm}x{self.tn}" + ("/s2" if self.stages == 2 else "")
 
 
 def _pow2_factor(n: int, cap: int = 8) -> int:
@@ -184,6 +192,9 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
     for f in nest.grid[:-1]:
         heads = ex.mul(heads, f.extent)
     nqb = ex.floordiv(ex.add(tq, Const(bq - 1)), Const(bq))
+    if nest.causal:  # pairs of blocks from PAIR_BLOCKS blocks on: ceil(nqb / 2) workgroups per head
+        nqb = ex.sub(nqb, ex.mul(ex.floordiv(nqb, Const(2)),
+                                 ex.minimum(Const(1), ex.floordiv(nqb, Const(PAIR_BLOCKS)))))
     groups = ex.mul(heads, nqb)
     scale = f"f32({nest.scale * LOG2E!r})"
     L: list[str] = []
@@ -192,9 +203,12 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
     a(f"  let fa_tq = {r.scalar(tq)};")
     a(f"  let fa_nqb = u32((fa_tq + {bq - 1}) / {bq});")
     a(f"  let fa_heads = u32({r.scalar(heads)});")
-    a("  if (fa_g >= fa_nqb * fa_heads) { return; }")
-    # the query block varies slowest, the last (longest under a causal mask) first
-    a("  let fa_q0 = i32(fa_nqb - 1u - fa_g / fa_heads) * " + f"{bq};")
+    # under a causal mask, block i sees i + 1 key tiles: a workgroup takes the blocks nqb-1-p
+    # and p (every pair the same work) once there are enough blocks to fill the device
+    a(f"  let fa_pair = {'fa_nqb >= ' + str(PAIR_BLOCKS) + 'u' if nest.causal else 'false'};")
+    a("  let fa_nw = select(fa_nqb, (fa_nqb + 1u) / 2u, fa_pair);")
+    a("  if (fa_g >= fa_nw * fa_heads) { return; }")
+    a("  let fa_pi = fa_g / fa_heads;")
     a("  let fa_rest = fa_g % fa_heads;")
     saved, k.lines, k.indent = k.lines, [], 1
     k.unflatten("fa_rest", nest.grid[:-1], [f.extent for f in nest.grid[:-1]])
@@ -204,6 +218,16 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
     a(f"  let fa_ty = lid / {tx_n}u;")
     a(f"  let fa_kx = fa_tx & {pk - 1}u;")
     a(f"  let fa_px = fa_tx & {pp - 1}u;")
+    if t.stages == 2:
+        for which, w in (("k", d4), ("v", v4)):
+            for n in range(-(-bk * w // wg)):
+                a(f"  var fa_r{which}{n}: vec4<f32>;")
+    a("  for (var fa_half: u32 = 0u; fa_half < select(1u, 2u, fa_pair); fa_half = fa_half + 1u) {")
+    # the last block (the longest under a causal mask) first
+    a("  let fa_qb = select(fa_nqb - 1u - fa_pi, fa_pi, fa_half == 1u);")
+    a("  if (fa_half == 1u && fa_qb == fa_nqb - 1u - fa_pi) { break; }")
+    a("  workgroupBarrier();")
+    a(f"  let fa_q0 = i32(fa_qb) * {bq};")
     a("  let fa_any = min(fa_q0, fa_tq - 1);")  # a row for the k/v accessors' (unused) row argument
     for rr in range(tm):
         a(f"  let fa_r{rr} = fa_q0 + i32(fa_ty) * {tm} + {rr};")
@@ -223,11 +247,23 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
         a("  {")
         a(f"  let fa_T = {r.scalar(keys.extent)};")
         a(f"  let fa_E = {f'min(fa_T, min(fa_tq, fa_q0 + {bq}))' if nest.causal else 'fa_T'};")
+        if t.stages == 2:
+            _fetch(L, em, s, "k", d4, bk, wg, "0")
+            _fetch(L, em, s, "v", v4, bk, wg, "0")
         a(f"  for (var fa_j0: i32 = 0; fa_j0 < fa_E; fa_j0 = fa_j0 + {bk}) {{")
         a("    workgroupBarrier();")
-        _stage(L, em, s, "k", d4, bk, wg, pk)
-        _stage(L, em, s, "v", v4, bk, wg, 1)
-        a("    workgroupBarrier();")
+        if t.stages == 2:
+            _stash(L, "k", d4, bk, wg, pk)
+            _stash(L, "v", v4, bk, wg, 1)
+            a("    workgroupBarrier();")
+            a(f"    if (fa_j0 + {bk} < fa_E) {{")
+            _fetch(L, em, s, "k", d4, bk, wg, f"fa_j0 + {bk}")
+            _fetch(L, em, s, "v", v4, bk, wg, f"fa_j0 + {bk}")
+            a("    }")
+        else:
+            _stage(L, em, s, "k", d4, bk, wg, pk)
+            _stage(L, em, s, "v", v4, bk, wg, 1)
+            a("    workgroupBarrier();")
         _scores(L, d4, tm, tn, tx_n, pk)
         _mask(L, em, s, tm, tn, tx_n, nest.m[s] is not None, nest.causal)
         # the tile's row maxima, over the invocation's keys then the row's lanes
@@ -270,6 +306,7 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
                   f"fa_out({em._args(f'fa_r{rr}')}, i32(c4) * 4 + {e}, fa_o{rr}_{ci}.{'xyzw'[e]} * fa_inv); }}")
             a("    }")
         a("  }")
+    a("  }")  # the half loop
     summary = (f"attention/flash {t}" + (" subgroups" if sub else "") + (" alias" if lay.alias else "")
                + (" red-in-ks" if lay.red == "ks" else ""))
     return L, wg, groups, summary
@@ -302,6 +339,29 @@ def _stage(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk:
     L.append(f"      if (jj < fa_E) {{ x = {em._vec(fn, em._args('fa_any', 'jj'), 'i32(c) * 4')}; }}")
     L.append(f"      {arr}[{slot}] = x;")
     L.append("    }")
+
+
+def _fetch(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk: int, wg: int, j0: str) -> None:
+    """The invocation's share of the tile from key `j0` into registers `fa_r<which><n>` (zero
+    past the last key): the loads are in flight while the current tile is used."""
+    fn = f"fa_{which}{s}"
+    for n in range(-(-bk * w // wg)):
+        reg = f"fa_r{which}{n}"
+        L.append(f"    {{ let t = lid + {n * wg}u;")
+        L.append(f"      let jj = {j0} + i32(t / {w}u);")
+        L.append(f"      {reg} = vec4<f32>(0.0);")
+        guard = "" if bk * w % wg == 0 else f"t < {bk * w}u && "
+        L.append(f"      if ({guard}jj < fa_E) {{ {reg} = {em._vec(fn, em._args('fa_any', 'jj'), f'i32(t % {w}u) * 4')}; }}")
+        L.append("    }")
+
+
+def _stash(L: list[str], which: str, w: int, bk: int, wg: int, pk: int) -> None:
+    """Registers `fa_r<which><n>` (`_fetch`) into the workgroup tile (keys XOR-swizzled)."""
+    arr = "fa_Ks" if which == "k" else "fa_Vs"
+    for n in range(-(-bk * w // wg)):
+        guard = "" if bk * w % wg == 0 else f"if (t < {bk * w}u) "
+        slot = f"(t / {w}u) * {w}u + ((t % {w}u) ^ ((t / {w}u) & {pk - 1}u))" if pk > 1 else "t"
+        L.append(f"    {{ let t = lid + {n * wg}u; {guard}{{ {arr}[{slot}] = fa_r{which}{n}; }} }}")
 
 
 def _scores(L: list[str], d4: int, tm: int, tn: int, tx_n: int, pk: int) -> None:
