@@ -4,7 +4,7 @@ Importing this package registers every built-in pass."""
 from . import base, fusion, lower_to_loops, memory_plan  # noqa: F401
 from . import canonicalize, fold_batch_norm, form_attention, pattern  # noqa: F401
 from . import expand_math, fuse_sibling_loops, parallelize, simplify, split_accumulators, tile, unroll, vectorize  # noqa: F401
-from . import expand_attention, gpu_lower, gpu_map, gpu_split  # noqa: F401
+from . import expand_attention, gpu_lower, gpu_map, gpu_split, gpu_split_k  # noqa: F401
 from .base import (Instrument, LoopPass, Pass, PassError, PassManager, PrintAfterAll, TensorPass,
                    TimePasses, VerifyAfterEach, get_pass, parse_pipeline, register_pass)
 

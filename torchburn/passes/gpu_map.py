@@ -77,15 +77,18 @@ from .loopgen.attention import TASKS
 
 #: Reduction combiners a workgroup can tree-reduce.
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
-#: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device).
+#: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device;
+#: 32x32 only for products smaller than 64 in a dimension).
 GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
 #: The spelling of a GEMM tile (`BMxBNxBK/TMxTN`, optionally `/s2`: two workgroup-memory
 #: stages) and of a flash-attention tile (`BQxBK/TMxTN`, optionally `/s2`: the next keys and values
 #: loaded into registers during the current tile; or "rows").
 _GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?"
 _ATTENTION_TILE = r"\d+x\d+/\d+x\d+(/s[12])?|rows"
-#: Workgroups a GEMM grid should have to keep a large GPU busy.
-GEMM_MIN_GROUPS = 96
+#: Workgroups a GEMM grid should have to keep a large GPU busy (two per multiprocessor of a
+#: 132-SM H200: 128x128 tiles only for large products; measured there, 512x3072x768 ran in
+#: 116 us on 384 tiles of 64x64, 120 us on 96 of 128x128).
+GEMM_MIN_GROUPS = 256
 
 Annotations = tuple[tuple[str, str], ...]
 
@@ -443,8 +446,12 @@ class GpuMap(LoopPass):
         for f in batch_loops:
             batch *= _static(f.extent) or 64
         m, n = _static(iloop.extent), _static(jloop.extent)
-        for tile in GEMM_TILES:
+        for tile in GEMM_TILES[:-1]:
             bm, bn = (int(x) for x in tile.split("/")[0].split("x")[:2])
             if m is None or n is None or batch * -(-m // bm) * -(-n // bn) >= GEMM_MIN_GROUPS:
                 return tile
-        return GEMM_TILES[-1]
+        # a smaller tile only where the product is small: 4x4 micro-tiles of 64 invocations
+        # compute less per workgroup memory read than the 64x64 tile (`gpu-split-k` adds
+        # workgroups to products with a long reduction instead)
+        assert m is not None and n is not None
+        return GEMM_TILES[-1] if min(m, n) < 64 else GEMM_TILES[-2]

@@ -3,7 +3,7 @@ passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
     gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse{epilogue_reshape=false}
-                         | lower-to-loops-gpu | gpu-split-wide, gpu-map
+                         | lower-to-loops-gpu | gpu-split-wide, gpu-split-k, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
 """
@@ -16,6 +16,7 @@ from .fusion import Fuse
 from .gpu_lower import LowerToLoopsGpu
 from .gpu_map import GpuMap
 from .gpu_split import GpuSplitWide
+from .gpu_split_k import GpuSplitK
 from .lower_to_loops import LowerToLoops
 from .pipeline import Pipeline, user_loop_passes
 
@@ -24,7 +25,8 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
     nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
-    `gpu_split.py`) and `gpu-map` last (unless the user placed them). Row fusion stays:
+    `gpu_split.py`), `gpu-split-k` (products with few output tiles, `gpu_split_k.py`) and
+    `gpu-map` last (unless the user placed them). Row fusion stays:
     `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). A fused `attention`
     op stays one kernel, the flash-attention shader (`codegen/wgsl/attention.py`), where that
     covers it; `expand-attention{keep_flash}` expands the others into products and a softmax
@@ -35,6 +37,9 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     if not any(x.name == GpuSplitWide.name for x in loop):
         # before the mapping, so that each chunk is mapped on its own
         loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitWide())
+    if not any(x.name == GpuSplitK.name for x in loop):
+        # before the mapping: the parts are a GEMM, their sum an elementwise kernel
+        loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitK())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
     # The plain GPU GEMM nest computes epilogues at the product's own index only.
     tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
