@@ -4,7 +4,7 @@ defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
     TORCHBURN_WGPU_BACKEND=vulkan python benchmarks/bench_gpu_sweep.py [--quick] [--json F]
 
 For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles` (or of the shape's own
-list, `MxNxK=tile+tile`), and for each causal
+list, `MxNxK=tile+tile`; `tile~S` also sets `gpu-split-k{splits=S}`, 1: no split), and for each causal
 attention shape `BxHxTxD` (f32, `F.scaled_dot_product_attention`) and each tile of
 `--attention-tiles` ("rows" is the one-invocation-per-row schedule): our kernel time (inputs
 resident, one submission of many runs), the error against the CUDA result, and PyTorch CUDA
@@ -55,7 +55,9 @@ def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], line
         rows = record.setdefault("gemm", {}).setdefault(shape, {"torch_s": ref})
         emit(f"GEMM {shape}: PyTorch {flops / ref / 1e12:.2f} TFLOP/s" if ref else f"GEMM {shape}", lines)
         for tile in own.split("+") if own else tiles:
-            opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
+            gemm_tile, _, splits = tile.partition("~")
+            passes = [f"gpu-map{{gemm_tile={gemm_tile}}}"] + ([f"gpu-split-k{{splits={splits}}}"] if splits else [])
+            opts = {"passes": {"before-codegen": passes}}
             try:
                 t0 = time.perf_counter()
                 _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
