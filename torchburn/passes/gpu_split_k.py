@@ -102,7 +102,8 @@ def _match(k: lp.Kernel) -> Optional[_Product]:
     params = {b.name for b in k.params}
     symbols = {v.name for v in k.symbols}
     loops, inner = _perfect_nest(k.body)
-    if _gemm_depth(k.body, params, symbols) != len(loops) or not isinstance(inner, lp.Block):
+    if len(loops) < 2 or _gemm_depth(k.body, params, symbols) != len(loops) or not isinstance(inner, lp.Block) \
+            or len(inner.stmts) < 3:
         return None
     alloc, init, kloop, *epilogue = inner.stmts
     if not (isinstance(alloc, lp.Alloc) and isinstance(init, lp.Store) and isinstance(kloop, lp.For)):
