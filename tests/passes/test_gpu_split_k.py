@@ -65,3 +65,22 @@ def test_split_product_on_the_gpu(gpu) -> None:  # type: ignore[no-untyped-def]
     reports = check_gpu(lambda p, q, r: torch.relu(p @ q + r), x, w, b, rtol=1e-4, atol=1e-4)
     kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
     assert any("_part: gemm" in k for k in kernels) and any("_sum:" in k for k in kernels), kernels
+
+
+def test_split_projection_of_attention_heads_reads_vec4(gpu) -> None:  # type: ignore[no-untyped-def]
+    """The heads of an attention output read by a projection (`k // 64`, `k % 64`) stay `vec4`
+    loads in the parts of a split reduction (`(ks * 256 + k) // 64`, `(ks * 256 + k) % 64`)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    proj = nn.Linear(512, 48)
+
+    def f(q, k, v):  # type: ignore[no-untyped-def]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return proj(y.transpose(1, 2).contiguous().view(2, 12, 512))
+
+    q, k, v = (torch.randn(2, 8, 12, 64) for _ in range(3))
+    reports = check_gpu(f, q, k, v, rtol=1e-4, atol=1e-5)
+    kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
+    assert any("_part: gemm" in k and "A:k4" in k for k in kernels), kernels

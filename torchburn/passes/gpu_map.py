@@ -85,9 +85,9 @@ GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
 #: loaded into registers during the current tile; or "rows").
 _GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?"
 _ATTENTION_TILE = r"\d+x\d+/\d+x\d+(/s[12])?|rows"
-#: Workgroups a GEMM grid should have to keep a large GPU busy (two per multiprocessor of a
-#: 132-SM H200: 128x128 tiles only for large products; measured there, 512x3072x768 ran in
-#: 116 us on 384 tiles of 64x64, 120 us on 96 of 128x128).
+#: Workgroups a GEMM grid should have to keep a large GPU busy (about two per multiprocessor of
+#: a 132-SM H200: 128x128 tiles only for large products; there the GPT block's 512x3072x768
+#: product took 110 us on 384 tiles of 64x64 against 120 us on 96 of 128x128).
 GEMM_MIN_GROUPS = 256
 
 Annotations = tuple[tuple[str, str], ...]

@@ -32,9 +32,18 @@ def _multiple_of_4(e: Expr) -> bool:
     return False
 
 
+def _aligned_plus(e: Expr, v: Var) -> bool:
+    """`e` is `v` plus terms that are multiples of 4 (`v` itself once, with coefficient 1)."""
+    terms = _terms(e)
+    with_v = [t for t in terms if v.name in ex.free_vars(t)]
+    return len(with_v) == 1 and with_v[0] == v and all(_multiple_of_4(t) for t in terms if t is not with_v[0])
+
+
 def runs_of_four(index: tuple[Expr, ...], v: Var) -> bool:
     """Whether `v = v0 .. v0+3` (`v0` a multiple of 4) reads four consecutive elements of the
-    innermost dimension starting at a multiple of 4 (module docstring)."""
+    innermost dimension starting at a multiple of 4 (module docstring). The argument of a
+    `mod` / `floordiv` by `c` may itself be `v` plus multiples of 4 (`(ks * 384 + k) mod 64`, a
+    part of a split reduction): four values from a multiple of 4 never cross a multiple of `c`."""
     if not index:
         return False
     terms = _terms(index[-1])
@@ -42,17 +51,18 @@ def runs_of_four(index: tuple[Expr, ...], v: Var) -> bool:
     if len(with_v) != 1 or not all(_multiple_of_4(t) for t in terms if t is not with_v[0]):
         return False
     core = with_v[0]
-    block: Optional[int] = None
+    arg: Optional[Expr] = None
     if core != v:
-        if not (isinstance(core, ex.Binary) and core.op == "mod" and core.a == v and isinstance(core.b, Const)):
+        if not (isinstance(core, ex.Binary) and core.op == "mod" and isinstance(core.b, Const)
+                and _aligned_plus(core.a, v)):
             return False
-        block = int(core.b.value)
-        if block % 4 or block <= 0:
+        arg = core.a
+        if int(core.b.value) % 4 or int(core.b.value) <= 0:
             return False
     for i in index[:-1]:
         if v.name not in ex.free_vars(i):
             continue
-        if block is None or not (isinstance(i, ex.Binary) and i.op == "floordiv" and i.a == v
-                                 and i.b == Const(block)):
+        if arg is None or not (isinstance(i, ex.Binary) and i.op == "floordiv" and i.a == arg
+                               and i.b == core.b):  # type: ignore[union-attr]
             return False
     return True
