@@ -6,7 +6,11 @@
 # two folders for Python 3.12 / manylinux, installed with `pip install --target --python-version 3.12
 # --platform manylinux_2_28_x86_64 --only-binary=:all: --no-deps` and packed with `tar | xz -9`:
 # llvmlite.tar.xz, and site.tar.xz with wgpu, blake3, gguf, transformers, pytest, hypothesis and
-# their dependencies; xz packs Python sources about twice as tight as the wheels' zip).
+# their dependencies; xz packs Python sources about twice as tight as the wheels' zip). A run may
+# carry 64 MiB with the checkout's tracked files: the 2026-12-02 build (63.9 MB with numpy, without
+# hf_xet and pydantic, transformers' models cut to llama, qwen2, mistral, gpt2 and auto) leaves
+# about 1 MB, so a branch is carried as the files that differ from the checkout, copied over it
+# first (`cp -r .overlay/. .`).
 # Usage there, from the repository root:
 #
 #     bash benchmarks/h200.sh [tests|sweep|bench|llm|host|all, or a comma list such as llm,host] ...
