@@ -25,8 +25,11 @@ All accumulation is f32; the base-2 exponent saves a multiply per score (the sca
 multiplied by log2(e) once). Workgroup memory is read with static offsets plus the invocation's
 own indices; `Ks` and `Ps` rows are XOR-swizzled in 16-byte units (`c ^ (row & 7)`) so that the
 lanes of a quarter-warp hit different banks without padding. `Ps` shares `Ks`'s memory when both
-would not fit (a barrier between the score and the probability phase). Workgroups are issued
-heaviest first under a causal mask (the last query blocks see the most keys).
+would not fit (a barrier between the score and the probability phase). Under a causal mask the
+last query blocks see the most keys: workgroups take them first, and from `PAIR_BLOCKS` blocks
+on a workgroup takes two blocks, the i-th from each end, so that all walk the same number of
+key tiles. With `/s2` tiles the next tile's keys and values are loaded into registers while the
+current tile is used (stored to workgroup memory at the top of the next step).
 """
 from __future__ import annotations
 
