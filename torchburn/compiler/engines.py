@@ -6,7 +6,7 @@ caches, dumps, running the pipeline with the target in the pass context); an eng
 
 | engine | pipeline | key | build | disk cache |
 |---|---|---|---|---|
-| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR -> O3 -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
+| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, optimized at O2 in a second thread while the next is emitted) -> linked -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
 | `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
 
 | `reference` | `reference_pipeline` of it (`reference.py`: plain nests, no CPU loop passes) | nothing (the interpreter is torchburn's own source) | none: the NumPy interpreter runs the loop program | no |

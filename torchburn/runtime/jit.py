@@ -9,7 +9,9 @@ disk and loaded in another process without compiling again. Every engine is crea
 libgomp is loaded into the process with `load_library_permanently`, so generated code that
 calls `GOMP_parallel` resolves it to the same OpenMP runtime torch uses (torch ships one in
 `torch/lib`), sharing its thread pool. libm symbols (`erff`, `expm1f`, ...) resolve from the
-process the same way.
+process the same way. A program emitted a module per kernel is compiled by `ModuleParts`, LLVM
+working in a second thread while Python emits the next module; `load_object` refuses an
+object calling a function the process lacks (the code generator's own helper calls included).
 """
 from __future__ import annotations
 
