@@ -43,7 +43,8 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
      results kept across graphs; plan-memory (workspace offsets)
   -> LLVM IR through llvmlite, a module per distinct kernel, each         codegen/llvm/, runtime/jit.py
-     optimized (O2) in a second thread while Python emits the next;
+     optimized (O2; GEMM-like kernels O3) in a second thread while
+     Python emits the next;
      linked, object code for the target CPU (the host, or the CPU
      TORCHBURN_TARGET names: emitted, not run); a call the process
      cannot bind is refused when loading
@@ -118,12 +119,14 @@ workspace temporaries; one kernel of it:
 
 ## 5. LLVM IR and assembly
 
-A `TORCHBURN_DUMP` writes one LLVM module per program with one exported entry, `void entry(ptr
-buffers, ptr symbols, ptr workspace)`; kernels are internal functions taking `noalias` buffer
-pointers. Without a dump the same functions are emitted a module per kernel (`hidden`, so a
-shared library does not export them) and one for the entry, which LLVM optimizes in a second
-thread while Python emits the next (`codegen/llvm/module.py: emit_program_parts`,
-`runtime/jit.py: ModuleParts`), then links into one object.
+One exported entry per program, `void entry(ptr buffers, ptr symbols, ptr workspace)`;
+kernels are functions taking `noalias` buffer pointers, each in a module of its own (`hidden`,
+so a shared library does not export them), the entry in the last one. LLVM optimizes each
+module in a second thread while Python emits the next (`codegen/llvm/module.py:
+emit_program_parts`, `runtime/jit.py: ModuleParts`; register-blocked products at O3, the
+rest at O2), then links them into one object. `module.ll` of a `TORCHBURN_DUMP` holds the
+modules one after the other, each starting after a `; ---- torchburn: next module ----` line
+(`emit_program` writes them as one module).
 
 ```llvm
 {llvm}

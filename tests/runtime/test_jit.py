@@ -161,3 +161,13 @@ def test_generated_modules_define_the_bf16_rounding_helper() -> None:
 def test_undefined_symbols_of_non_elf_data_is_unknown() -> None:
     assert jit.undefined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O magic
     assert jit.undefined_symbols(b"\x7fELF" + bytes(10)) is None  # truncated
+
+
+def test_micro_kernel_mark_agrees_with_codegen() -> None:
+    """jit.py spells the mark again (the warm path does not import codegen)."""
+    from torchburn.codegen.llvm import module
+
+    assert jit.MICRO_KERNEL_MARK == module.MICRO_KERNEL_MARK
+    assert jit.part_opt_level(module.MICRO_KERNEL_MARK + "", 2) == jit.MICRO_KERNEL_OPT_LEVEL
+    assert jit.part_opt_level("; ModuleID", 2) == 2
+    assert jit.part_opt_level(module.MICRO_KERNEL_MARK, 0) == 0

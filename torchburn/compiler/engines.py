@@ -95,7 +95,7 @@ class LlvmEngine:
         return (target.triple, target.cpu, target.features, llvm_version(), *checks)
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
-        from ..codegen.llvm.module import emit_program, entry_name
+        from ..codegen.llvm.module import entry_name
         from ..codegen.target import runs_here
         from ..runtime import jit
 
@@ -103,14 +103,8 @@ class LlvmEngine:
 
         t0 = time.perf_counter()
         runnable = runs_here(target)
-        bounds_check = get_config().bounds_check
-        if dump is None:
-            # In parts: LLVM optimizes each kernel in a second thread while the next is emitted.
-            llvm_ir, obj, t1 = compile_in_parts(program, target, bounds_check, shared and runnable)
-        else:  # one module, as a user would feed it to `llc` (the same code, linked otherwise)
-            llvm_ir = emit_program(program, target, bounds_check=bounds_check)
-            t1 = time.perf_counter()
-            obj = jit.compile_llvm_ir(llvm_ir, target, shared=shared and runnable)
+        # In parts: LLVM optimizes each kernel in a second thread while the next is emitted.
+        llvm_ir, obj, t1 = compile_in_parts(program, target, get_config().bounds_check, shared and runnable)
         t2 = time.perf_counter()
         if dump is not None:
             dump.write("module.ll", llvm_ir)

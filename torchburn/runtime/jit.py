@@ -39,14 +39,22 @@ _lock = threading.Lock()
 log = logging.getLogger("torchburn")
 
 #: LLVM's optimization level for generated code (the new pass manager's pipeline and the
-#: code generator's). O2: O3's extra work (more full unrolling, more instcombine rounds; up to
-#: twice the assembly) bought no speed on the CPU table (the GEMM inner loop is the same
-#: instructions; `bench_compile.py --opt-levels 2,3`) and cost a third more LLVM time. At O2 a
-#: bf16 `select` once reached the code generator, which widens it to f32 and calls
-#: compiler-rt's `__truncsfbf2`, absent from the process; codegen now selects 16-bit floats
-#: as integers (`halfconv.select_bits`), every module with `bfloat` values defines that
-#: helper (`module._BF16_RUNTIME`), and `load_object` refuses any call it cannot bind.
+#: code generator's), except register-blocked products (`MICRO_KERNEL_OPT_LEVEL`). O2: O3's
+#: extra work (more full unrolling, more instcombine rounds) bought no speed on the CPU
+#: table's elementwise, normalization and attention rows and cost a third more LLVM time
+#: (`bench_compile.py --opt-levels 2,3`, `docs/benchmarks.md`). At O2 a bf16 `select` once
+#: reached the code generator, which widens it to f32 and calls compiler-rt's `__truncsfbf2`,
+#: absent from the process; codegen now selects 16-bit floats as integers
+#: (`halfconv.select_bits`), every module with `bfloat` values defines that helper
+#: (`module._BF16_RUNTIME`), and `load_object` refuses any call it cannot bind.
 OPT_LEVEL = 2
+#: The level of a module holding a register-blocked product (a part marked `MICRO_KERNEL_MARK`
+#: by `codegen.llvm.module.emit_program_parts`): O3 unrolls the GEMM and quantized-GEMM loops
+#: once more, and one-thread prefill of SmolLM2 (pp128, int8 qlinear kernels) measured 8-12%
+#: slower at O2 (medians of 7 and 15 interleaved rounds at load 8-10); these kernels keep O3.
+MICRO_KERNEL_OPT_LEVEL = 3
+#: How `emit_program_parts` marks such a module (its first line; a comment to LLVM).
+MICRO_KERNEL_MARK = "; torchburn: micro-kernel\n"
 
 
 class JITError(RuntimeError):
@@ -149,8 +157,17 @@ def join_modules(parts: "list[str] | tuple[str, ...]") -> str:
     return MODULE_SEPARATOR.join(parts)
 
 
+def part_opt_level(llvm_ir: str, opt_level: int) -> int:
+    """The level one module is optimized at: `MICRO_KERNEL_OPT_LEVEL` for a marked
+    register-blocked product (unless optimization is off), else `opt_level`."""
+    if opt_level > 0 and llvm_ir.startswith(MICRO_KERNEL_MARK):
+        return max(opt_level, MICRO_KERNEL_OPT_LEVEL)
+    return opt_level
+
+
 def _optimize_one(llvm_ir: str, target: Target, opt_level: int, phases: Optional[dict[str, float]]) -> llvm.ModuleRef:
     """One module parsed, verified and optimized (the caller holds `_lock`)."""
+    opt_level = part_opt_level(llvm_ir, opt_level)
     tm = _cached_target_machine(target, opt_level)
     t0 = time.thread_time()
     try:
@@ -188,8 +205,14 @@ def _linked(modules: list[llvm.ModuleRef]) -> llvm.ModuleRef:
 
 def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
                       phases: Optional[dict[str, float]] = None) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
-    mods = [_optimize_one(text, target, opt_level, phases) for text in llvm_ir.split(MODULE_SEPARATOR)]
-    return _linked(mods), _cached_target_machine(target, opt_level)
+    texts = llvm_ir.split(MODULE_SEPARATOR)
+    mods = [_optimize_one(text, target, opt_level, phases) for text in texts]
+    return _linked(mods), _cached_target_machine(target, _emit_level(texts, opt_level))
+
+
+def _emit_level(texts: "list[str]", opt_level: int) -> int:
+    """The code generator's level for the linked module: the highest of its parts'."""
+    return max(part_opt_level(t, opt_level) for t in texts)
 
 
 def _emit(mod: llvm.ModuleRef, target: Target, opt_level: int, shared: bool,
@@ -222,7 +245,7 @@ def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL, sh
     seconds of the linker, a child process), for `benchmarks/bench_compile.py`."""
     with _lock:  # LLVM target machines are not safe to share across threads
         mod, _ = _optimized_module(llvm_ir, target, opt_level, phases)
-        return _emit(mod, target, opt_level, shared, phases)
+        return _emit(mod, target, _emit_level(llvm_ir.split(MODULE_SEPARATOR), opt_level), shared, phases)
 
 
 class ModuleParts:
@@ -267,7 +290,7 @@ class ModuleParts:
             raise JITError("no module to compile")
         modules = [f.result() for f in self._futures]
         with _lock:
-            return _emit(_linked(modules), self.target, self.opt_level, shared, self.phases)
+            return _emit(_linked(modules), self.target, _emit_level(self.texts, self.opt_level), shared, self.phases)
 
     def close(self) -> None:
         """Drop queued parts and stop the worker (after `finish`, or when emitting failed)."""

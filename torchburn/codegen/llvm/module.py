@@ -107,13 +107,14 @@ def emit_program_parts(program: lp.Program, target: Target, bounds_check: bool =
     for names in _identical_kernels(program):
         ctx = ModuleContext(f"{program.name}.{names[0]}", target, bounds_check)
         shared_unsafe = set().union(*(unsafe[n] for n in names))
-        fn = _emit_kernel(ctx, program, program.kernel(names[0]), shared_unsafe, linkage="hidden")
+        kernel = program.kernel(names[0])
+        fn = _emit_kernel(ctx, program, kernel, shared_unsafe, linkage="hidden")
         for n in names:
             declared[n] = (fn.name, fn.function_type)
         loader_globals |= _declare_loader_globals(ctx.module)
         text = str(ctx.module)
         needs_bf16 = needs_bf16 or "bfloat" in text
-        yield text
+        yield MICRO_KERNEL_MARK + text if has_micro_kernel(kernel) else text
     ctx = ModuleContext(program.name, target, bounds_check)
     functions: dict[str, ir.Function] = {}
     for n, (name, fn_type) in declared.items():
@@ -129,6 +130,18 @@ def emit_program_parts(program: lp.Program, target: Target, bounds_check: bool =
     yield text
     if needs_bf16 or "bfloat" in text:
         yield _BF16_RUNTIME
+
+
+#: The first line of a part whose kernel is a register-blocked product (`runtime/jit.py`
+#: optimizes it at `MICRO_KERNEL_OPT_LEVEL`).
+MICRO_KERNEL_MARK = "; torchburn: micro-kernel\n"
+#: Kernel attributes of the register-blocked products (`passes/loopgen`: matmul, qlinear, conv).
+_MICRO_KERNEL_ATTRS = ("gemm", "qlinear", "conv")
+
+
+def has_micro_kernel(kernel: lp.Kernel) -> bool:
+    """Whether the kernel is a register-blocked product (its attributes say which)."""
+    return any(name in _MICRO_KERNEL_ATTRS for name, _ in kernel.attrs)
 
 
 def _declare_loader_globals(module: ir.Module) -> set[str]:
