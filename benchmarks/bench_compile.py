@@ -20,7 +20,9 @@ the per-pass figures (CPU) and the machine's load average come with them.
 
 `--opt-levels` is what LLVM's optimization level (`jit.OPT_LEVEL`) costs at run time: each
 row of `bench_cpu.py`'s table compiled once per level in one process (one thread), then timed
-interleaved by the thread's CPU time; ratios are to the first level.
+interleaved by the thread's CPU time; ratios are to the first level. Register-blocked
+products (GEMM, quantized GEMM, convolution kernels) are optimized at
+`jit.MICRO_KERNEL_OPT_LEVEL` or the level asked, whichever is higher.
 
 Run 1 starts with an empty disk cache (cold: passes, codegen and LLVM run); the following runs
 find the program in the disk cache (warm: parse the stored program, load its object code).
@@ -277,14 +279,7 @@ def opt_levels(levels: list[int], names: list[str], rounds: int) -> None:
     from torchburn.runtime import jit
 
     torch.set_num_threads(1)
-    compile_llvm_ir = jit.compile_llvm_ir
-    level = [levels[0]]
-
-    def at_level(llvm_ir: str, target: object, opt_level: int = jit.OPT_LEVEL, shared: bool = False,
-                 phases: object = None) -> object:
-        return compile_llvm_ir(llvm_ir, target, level[0], shared)  # type: ignore[arg-type]
-
-    jit.compile_llvm_ir = at_level  # type: ignore[assignment]
+    defaults = jit.ModuleParts.__init__.__defaults__
     cases = bench_cpu.cases()
     print(f"run time per LLVM level, 1 thread, thread CPU time, median of {rounds} interleaved rounds; "
           f"load {os.getloadavg()[0]:.1f}")
@@ -294,7 +289,7 @@ def opt_levels(levels: list[int], names: list[str], rounds: int) -> None:
         with torch.no_grad():
             expected = case.fn(*case.args)
             for lv in levels:
-                level[0] = lv
+                jit.ModuleParts.__init__.__defaults__ = (lv, None)  # (opt_level, phases)
                 torch._dynamo.reset()
                 memory_cache().clear()
                 fn = torch.compile(case.fn, backend=torchburn_backend)
@@ -304,7 +299,7 @@ def opt_levels(levels: list[int], names: list[str], rounds: int) -> None:
         base = t[f"O{levels[0]}"].median_s
         print(f"{name:<12} " + "  ".join(f"{k} {v.median_s * 1e3:9.3f} ms ({v.median_s / base:.3f})"
                                           for k, v in t.items()), flush=True)
-    jit.compile_llvm_ir = compile_llvm_ir  # type: ignore[assignment]
+    jit.ModuleParts.__init__.__defaults__ = defaults
 
 
 def run_child(cache_dir: Path, batch: int, pyc: bool = False, model: str = "mlp",
