@@ -42,8 +42,12 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
      results kept across graphs; plan-memory (workspace offsets)
-  -> LLVM IR through llvmlite, O3, object code for the target CPU          codegen/llvm/, runtime/jit.py
-     (the host, or the CPU TORCHBURN_TARGET names: emitted, not run)
+  -> LLVM IR through llvmlite, a module per distinct kernel, each         codegen/llvm/, runtime/jit.py
+     optimized (O2; GEMM-like kernels O3) in a second thread while
+     Python emits the next;
+     linked, object code for the target CPU (the host, or the CPU
+     TORCHBURN_TARGET names: emitted, not run); a call the process
+     cannot bind is refused when loading
   -> launcher: guards, output allocation, one native call                  backend/launcher.py
 ```
 
@@ -115,8 +119,14 @@ workspace temporaries; one kernel of it:
 
 ## 5. LLVM IR and assembly
 
-One LLVM module per program with one exported entry, `void entry(ptr buffers, ptr symbols,
-ptr workspace)`; kernels are internal functions taking `noalias` buffer pointers.
+One exported entry per program, `void entry(ptr buffers, ptr symbols, ptr workspace)`;
+kernels are functions taking `noalias` buffer pointers, each in a module of its own (`hidden`,
+so a shared library does not export them), the entry in the last one. LLVM optimizes each
+module in a second thread while Python emits the next (`codegen/llvm/module.py:
+emit_program_parts`, `runtime/jit.py: ModuleParts`; register-blocked products at O3, the
+rest at O2), then links them into one object. `module.ll` of a `TORCHBURN_DUMP` holds the
+modules one after the other, each starting after a `; ---- torchburn: next module ----` line
+(`emit_program` writes them as one module).
 
 ```llvm
 {llvm}

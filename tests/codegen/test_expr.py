@@ -88,3 +88,45 @@ def test_a_scalar_broadcast_twice_in_a_block_is_broadcast_once() -> None:
     k(xs, ws, out_a, out_b)
     torch.testing.assert_close(out_a, xs * 1.5)
     torch.testing.assert_close(out_b, xs + 1.5)
+
+
+def test_a_vector_loads_index_and_constant_splats_are_not_emitted_as_values() -> None:
+    # let v = x[ramp(i * 8, 1, 8)]; out[ramp(i * 8, 1, 8)] = v * 2: the load's address is its
+    # first lane's (memory.py); the ramp itself is no value, and splat(2.0) is a constant vector
+    i = Var("i")
+    n, lanes = 32, 8
+    x, out = buf("x", dt.f32, (n,)), buf("out", dt.f32, (n,))
+    v = Var("v", ex.ScalarType(dt.f32, lanes))
+    idx = ex.Ramp(ex.mul(i, lanes), ex.Const(1), ex.ScalarType(dt.index, lanes))
+    body = lp.Block((lp.Let(v, load(x, idx, lanes=lanes)),
+                     store(out, (idx,), ex.mul(v, ex.Broadcast(ex.const(2.0, dt.f32), v.type)))))
+    k = Compiled(program(loop(i, n // lanes, body), [x], [out]))
+    assert "<8 x i64>" not in k.llvm_ir, k.llvm_ir
+    assert _count(r"shufflevector|insertelement", k.llvm_ir) == 0, k.llvm_ir
+    xs, o = torch.randn(n), torch.zeros(n)
+    k(xs, o)
+    torch.testing.assert_close(o, xs * 2)
+
+
+def test_a_16_bit_float_select_chooses_bits() -> None:
+    # out[i] = i < 3 ? x[i] : 0.0 in bf16 and f16, vectors and scalars: a select of `bfloat`
+    # on a CPU without bf16 arithmetic would widen both sides and call a rounding function
+    for dtype, tdtype in ((dt.bf16, torch.bfloat16), (dt.f16, torch.float16)):
+        for lanes in (1, 8):
+            i = Var("i")
+            n = 16
+            x, out = buf("x", dtype, (n,)), buf("out", dtype, (n,))
+            if lanes == 1:
+                idx, pos = i, i
+            else:
+                idx = ex.Ramp(ex.mul(i, lanes), ex.Const(1), ex.ScalarType(dt.index, lanes))
+                pos = idx
+            cond = ex.binary("lt", pos, ex.Const(3) if lanes == 1 else ex.Broadcast(ex.Const(3), pos.type))
+            zero = ex.const(0.0, dtype) if lanes == 1 else ex.Broadcast(ex.const(0.0, dtype), ex.ScalarType(dtype, lanes))
+            k = Compiled(program(loop(i, n // lanes, store(out, (idx,), ex.select(cond, load(x, idx, lanes=lanes), zero))),
+                                 [x], [out]))
+            assert re.search(r"select\s+(<8 x i1>|i1) [^,]+, (<8 x i16>|i16)", k.llvm_ir), k.llvm_ir
+            xs, o = torch.randn(n, dtype=tdtype), torch.full((n,), 7.0, dtype=tdtype)
+            k(xs, o)
+            expected = torch.where(torch.arange(n) < 3, xs, torch.zeros_like(xs))
+            assert torch.equal(o, expected)

@@ -1,6 +1,7 @@
 """Whole programs: several kernels, workspace temporaries, the entry ABI, parameter attributes."""
 from __future__ import annotations
 
+import ctypes
 import re
 
 import pytest
@@ -121,3 +122,59 @@ def test_contract_fastmath_attr() -> None:
     prog = lp.Program("fm", (x,), (out,), (), (s0,), (lp.KernelCall("k", ("x", "out")),), (k,))
     text = emit_program(prog, TARGET)
     assert "fmul contract" in text and "fadd contract" in text
+
+
+def test_program_in_parts_links_kernels_and_loader_globals() -> None:
+    """`emit_program_parts`: a module per kernel, each optimized on its own in LLVM's thread
+    (`jit.ModuleParts`), then the entry's, then linked. Two kernels using the globals the
+    loader repoints (a parallel loop's thread count, an integer division's fault counter)
+    define them once, in the entry's module; the linked program runs and reports the fault."""
+    from torchburn.codegen.llvm.module import emit_program_parts
+    from torchburn.runtime import faults, jit
+
+    s0 = Var("s0")
+    x, d, t, out = (buf(n, dt.i64, (s0,)) for n in ("x", "d", "t", "out"))
+    i = Var("i")
+    ka = lp.Kernel("a", (x, d, t), (s0,), loop(i, s0, store(t, (i,), ex.floordiv(load(x, i), load(d, i))), kind="parallel"))
+    kb = lp.Kernel("b", (t, d, out), (s0,), loop(i, s0, store(out, (i,), ex.add(ex.floordiv(load(t, i), load(d, i)), ex.const(1, dt.i64))), kind="parallel"))
+    prog = lp.Program("parts", (x, d), (out,), (t,), (s0,),
+                      (lp.KernelCall("a", ("x", "d", "t")), lp.KernelCall("b", ("t", "d", "out"))), (ka, kb),
+                      temp_offsets=(("t", Const(0)),), workspace_bytes=ex.mul(s0, 8))
+    texts = list(emit_program_parts(prog, TARGET))
+    assert len(texts) == 3
+    for kernel_text in texts[:2]:
+        assert re.search(r'define hidden void @"parts\.[ab]"', kernel_text)
+        assert '@"torchburn_fault" = external global ptr' in kernel_text
+    assert re.search(r'@"torchburn_fault" = global ptr', texts[2])
+    assert re.search(r'declare hidden void @"parts\.a"', texts[2])
+    parts = jit.ModuleParts(TARGET)
+    try:
+        for text in texts:
+            parts.add(text)
+        native = jit.load_object(parts.finish(shared=True))
+    finally:
+        parts.close()
+    n = 1000
+    xs, ds = torch.randint(-50, 50, (n,)), torch.randint(1, 5, (n,))
+    ds[7] = 0
+    out, ws = torch.empty(n, dtype=torch.int64), torch.empty(8 * n, dtype=torch.uint8)
+    ptrs = (ctypes.c_void_p * 3)(xs.data_ptr(), ds.data_ptr(), out.data_ptr())
+    syms = (ctypes.c_int64 * 1)(n)
+    before = faults.counter.value
+    native.entry(entry_name(prog))(ctypes.addressof(ptrs), ctypes.addressof(syms), ws.data_ptr())
+    assert faults.counter.value > before
+    ok = ds != 0
+    xo, do = xs[ok], ds[ok]
+    torch.testing.assert_close(out[ok], torch.div(torch.div(xo, do, rounding_mode="floor"), do, rounding_mode="floor") + 1)
+
+
+def test_a_part_llvm_rejects_is_reported_when_finishing() -> None:
+    from torchburn.runtime import jit
+
+    parts = jit.ModuleParts(TARGET)
+    try:
+        parts.add("define void @f() {\n ret i32 0\n}")
+        with pytest.raises(jit.JITError, match="rejected"):
+            parts.finish()
+    finally:
+        parts.close()

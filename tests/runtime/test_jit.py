@@ -97,3 +97,77 @@ def test_program_compiles_and_loads_repeatedly() -> None:
     for _ in range(3):
         native = jit.load_object(jit.compile_llvm_ir(emit_program(prog, TARGET), TARGET))
         assert native.entry(entry_name(prog)) is not None
+
+
+_ROUND_TO_BF16 = """
+define void @round(ptr %src, ptr %dst, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %p = getelementptr inbounds float, ptr %src, i64 %i
+  %x = load float, ptr %p, align 4
+  %y = fptrunc float %x to bfloat
+  %q = getelementptr inbounds bfloat, ptr %dst, i64 %i
+  store bfloat %y, ptr %q, align 2
+  %next = add i64 %i, 1
+  %done = icmp eq i64 %next, %n
+  br i1 %done, label %exit, label %loop
+exit:
+  ret void
+}
+"""
+
+
+def _converts_to_bf16_itself() -> bool:
+    """Whether LLVM lowers f32 -> bf16 to instructions here (AVX512-BF16, AVX-NE-CONVERT), or
+    the host is not x86 (where the libcall was seen)."""
+    features = set(TARGET.features.split(","))
+    return not TARGET.triple.startswith("x86_64") or bool({"+avx512bf16", "+avxneconvert"} & features)
+
+
+def test_call_the_code_generator_adds_is_refused_by_name() -> None:
+    """An `fptrunc` to bf16 on a CPU without bf16 instructions becomes a call to compiler-rt's
+    `__truncsfbf2` during instruction selection (the IR never declared it); this process has
+    no such function, so loading must fail with its name, not bind it to address 0."""
+    if _converts_to_bf16_itself():
+        pytest.skip("the CPU converts to bf16 itself")
+    obj = jit.compile_llvm_ir(_ROUND_TO_BF16, TARGET)
+    assert "__truncsfbf2" in jit.undefined_symbols(obj.data)
+    with pytest.raises(jit.JITError, match="__truncsfbf2"):
+        jit.load_object(obj)
+
+
+def test_generated_modules_define_the_bf16_rounding_helper() -> None:
+    """Every module with `bfloat` values defines `__truncsfbf2` itself (integer operations,
+    torch's rounding): the same code then loads and rounds to nearest even, NaN to 0x7FC0."""
+    from torchburn.codegen.llvm.module import _BF16_RUNTIME
+
+    obj = jit.compile_llvm_ir(_ROUND_TO_BF16 + _BF16_RUNTIME, TARGET)
+    assert "__truncsfbf2" not in jit.undefined_symbols(obj.data)
+    native = jit.load_object(obj)
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF800000, 0x00000001,
+                         0x80000000, 0x7FC00001, 0xFFFFFFFF], dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), torch.randn(100) * 1e3])
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(native.address("round"))
+    fn(x.data_ptr(), out.data_ptr(), x.numel())
+    expected = x.to(torch.bfloat16)
+    nan = expected.isnan()
+    assert torch.equal(out.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
+    assert (out.view(torch.int16)[nan] == 0x7FC0).all()
+
+
+def test_undefined_symbols_of_non_elf_data_is_unknown() -> None:
+    assert jit.undefined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O magic
+    assert jit.undefined_symbols(b"\x7fELF" + bytes(10)) is None  # truncated
+
+
+def test_micro_kernel_mark_agrees_with_codegen() -> None:
+    """jit.py spells the mark again (the warm path does not import codegen)."""
+    from torchburn.codegen.llvm import module
+
+    assert jit.MICRO_KERNEL_MARK == module.MICRO_KERNEL_MARK
+    assert jit.part_opt_level(module.MICRO_KERNEL_MARK + "", 2) == jit.MICRO_KERNEL_OPT_LEVEL
+    assert jit.part_opt_level("; ModuleID", 2) == 2
+    assert jit.part_opt_level(module.MICRO_KERNEL_MARK, 0) == 0

@@ -6,7 +6,7 @@ caches, dumps, running the pipeline with the target in the pass context); an eng
 
 | engine | pipeline | key | build | disk cache |
 |---|---|---|---|---|
-| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR -> O3 -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
+| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, optimized at O2 in a second thread while the next is emitted) -> linked -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
 | `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
 
 | `reference` | `reference_pipeline` of it (`reference.py`: plain nests, no CPU loop passes) | nothing (the interpreter is torchburn's own source) | none: the NumPy interpreter runs the loop program | no |
@@ -95,17 +95,16 @@ class LlvmEngine:
         return (target.triple, target.cpu, target.features, llvm_version(), *checks)
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
-        from ..codegen.llvm.module import emit_program, entry_name
+        from ..codegen.llvm.module import entry_name
         from ..codegen.target import runs_here
         from ..runtime import jit
 
         from ..runtime.config import get_config
 
         t0 = time.perf_counter()
-        llvm_ir = emit_program(program, target, bounds_check=get_config().bounds_check)
-        t1 = time.perf_counter()
         runnable = runs_here(target)
-        obj = jit.compile_llvm_ir(llvm_ir, target, shared=shared and runnable)
+        # In parts: LLVM optimizes each kernel in a second thread while the next is emitted.
+        llvm_ir, obj, t1 = compile_in_parts(program, target, get_config().bounds_check, shared and runnable)
         t2 = time.perf_counter()
         if dump is not None:
             dump.write("module.ll", llvm_ir)
@@ -118,6 +117,25 @@ class LlvmEngine:
         t3 = time.perf_counter()
         return Build(native, entry, {"codegen": t1 - t0, "llvm": t2 - t1, "load": t3 - t2},
                      kernel_origins(program), llvm_ir, obj)
+
+
+def compile_in_parts(program: "Program", target: "Target", bounds_check: bool, shared: bool,
+                     phases: Optional[dict[str, float]] = None) -> tuple[str, Any, float]:
+    """The program's LLVM IR (its modules joined, `jit.join_modules`), its object code, and
+    when (`time.perf_counter`) the last module was emitted: each module is handed to LLVM's
+    thread as soon as it is emitted (`jit.ModuleParts`)."""
+    from ..codegen.llvm.module import emit_program_parts
+    from ..runtime import jit
+
+    parts = jit.ModuleParts(target, phases=phases)
+    try:
+        for text in emit_program_parts(program, target, bounds_check):
+            parts.add(text)
+        emitted = time.perf_counter()
+        obj = parts.finish(shared=shared)
+    finally:
+        parts.close()
+    return jit.join_modules(parts.texts), obj, emitted
 
 
 def _not_here(target: "Target") -> Callable[..., None]:

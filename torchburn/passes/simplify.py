@@ -46,7 +46,7 @@ After:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from ..ir import expr as ex
@@ -498,9 +498,15 @@ def _defined_names(s: lp.Stmt) -> set[str]:
     return out
 
 
+def _loaded_buffers(e: Expr) -> set[str]:
+    return {x.buffer for x in ex.walk(e) if isinstance(x, ex.Load)}
+
+
 @dataclass
 class _StmtSimplifier:
     names: NameSupply
+    #: `uses` per statement: id -> (the statement, its variables, its buffers)
+    memo: dict[int, tuple[lp.Stmt, frozenset[str], frozenset[str]]] = field(default_factory=dict)
 
     def block(self, stmts: tuple[lp.Stmt, ...], b: Bounds) -> lp.Stmt:
         out: list[lp.Stmt] = []
@@ -525,7 +531,30 @@ class _StmtSimplifier:
                 if _defined_names(new) & clash:
                     new = freshen(new, self.names)
             out.append(new)
-        return lp.block(*_drop_dead(out)) if out else empty()
+        return lp.block(*_drop_dead(out, self.uses)) if out else empty()
+
+    def uses(self, s: lp.Stmt) -> tuple[frozenset[str], frozenset[str]]:
+        """The variables and buffers a statement tree reads or writes (`stmt_free_vars`,
+        `_buffers_used`), remembered per statement: the blocks of a nest are cleaned from the
+        inside out, so an outer block finds its inner statements' answers here instead of
+        walking them again at every level."""
+        hit = self.memo.get(id(s))
+        if hit is not None and hit[0] is s:
+            return hit[1], hit[2]
+        names: set[str] = set()
+        bufs: set[str] = set()
+        if isinstance(s, lp.Store):
+            bufs.add(s.buffer)
+        for e in lp.stmt_exprs(s):
+            names |= ex.free_vars(e)
+            bufs |= _loaded_buffers(e)
+        for child in s.children():
+            child_names, child_bufs = self.uses(child)
+            names |= child_names
+            bufs |= child_bufs
+        out = (frozenset(names), frozenset(bufs))
+        self.memo[id(s)] = (s, *out)
+        return out
 
     def stmt(self, s: lp.Stmt, b: Bounds) -> lp.Stmt:
         if isinstance(s, lp.Block):
@@ -562,8 +591,10 @@ class _StmtSimplifier:
         return replace(s, start=start, extent=extent, body=body)
 
 
-def _drop_dead(stmts: list[lp.Stmt]) -> list[lp.Stmt]:
-    """Remove lets whose variable and allocations whose buffer the rest of the block never uses."""
+def _drop_dead(stmts: list[lp.Stmt], uses: "Callable[[lp.Stmt], tuple[frozenset[str], frozenset[str]]] | None" = None
+               ) -> list[lp.Stmt]:
+    """Remove lets whose variable and allocations whose buffer the rest of the block never uses
+    (`uses(s)`: the variables and buffers of a statement tree, by default walked afresh)."""
     used_vars: set[str] = set()
     used_bufs: set[str] = set()
     kept: list[lp.Stmt] = []
@@ -574,8 +605,13 @@ def _drop_dead(stmts: list[lp.Stmt]) -> list[lp.Stmt]:
             continue
         if is_empty(s):
             continue
-        used_vars |= stmt_free_vars(s)
-        used_bufs |= _buffers_used(s)
+        if uses is None:
+            used_vars |= stmt_free_vars(s)
+            used_bufs |= _buffers_used(s)
+        else:
+            names, bufs = uses(s)
+            used_vars |= names
+            used_bufs |= bufs
         kept.append(s)
     return kept[::-1]
 

@@ -9,7 +9,9 @@ disk and loaded in another process without compiling again. Every engine is crea
 libgomp is loaded into the process with `load_library_permanently`, so generated code that
 calls `GOMP_parallel` resolves it to the same OpenMP runtime torch uses (torch ships one in
 `torch/lib`), sharing its thread pool. libm symbols (`erff`, `expm1f`, ...) resolve from the
-process the same way.
+process the same way. A program emitted a module per kernel is compiled by `ModuleParts`, LLVM
+working in a second thread while Python emits the next module; `load_object` refuses an
+object calling a function the process lacks (the code generator's own helper calls included).
 """
 from __future__ import annotations
 
@@ -23,12 +25,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import llvmlite.binding as llvm
 
 from . import faults, threads
-from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp  # noqa: F401  (re-exported)
+from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp, undefined_symbols  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
     from ..codegen.target import Target
@@ -37,14 +39,22 @@ _lock = threading.Lock()
 log = logging.getLogger("torchburn")
 
 #: LLVM's optimization level for generated code (the new pass manager's pipeline and the
-#: code generator's). O3: O2 was tried (a third less LLVM time on the tiny Llama's kernels,
-#: 3.6 -> 2.5 s CPU, the CPU table's rows within noise) and the native kernel of the OpInfo
-#: sample `block_diag` in bfloat16 crashed (a segmentation fault) at O2: its x86 code calls
-#: compiler-rt's `__truncsfbf2` (f32 -> bf16, for `select`s of bf16 constants that O3 folds
-#: away), a symbol this process does not have, and MCJIT leaves an unresolved call at
-#: address 0. Until the generated module defines that helper itself (or the loader refuses
-#: unresolved symbols), O3. `docs/benchmarks.md`, "compile time", has the figures.
-OPT_LEVEL = 3
+#: code generator's), except register-blocked products (`MICRO_KERNEL_OPT_LEVEL`). O2: O3's
+#: extra work (more full unrolling, more instcombine rounds) bought no speed on the CPU
+#: table's elementwise, normalization and attention rows and cost a third more LLVM time
+#: (`bench_compile.py --opt-levels 2,3`, `docs/benchmarks.md`). At O2 a bf16 `select` once
+#: reached the code generator, which widens it to f32 and calls compiler-rt's `__truncsfbf2`,
+#: absent from the process; codegen now selects 16-bit floats as integers
+#: (`halfconv.select_bits`), every module with `bfloat` values defines that helper
+#: (`module._BF16_RUNTIME`), and `load_object` refuses any call it cannot bind.
+OPT_LEVEL = 2
+#: The level of a module holding a register-blocked product (a part marked `MICRO_KERNEL_MARK`
+#: by `codegen.llvm.module.emit_program_parts`): O3 unrolls the GEMM and quantized-GEMM loops
+#: once more, and one-thread prefill of SmolLM2 (pp128, int8 qlinear kernels) measured 8-12%
+#: slower at O2 (medians of 7 and 15 interleaved rounds at load 8-10); these kernels keep O3.
+MICRO_KERNEL_OPT_LEVEL = 3
+#: How `emit_program_parts` marks such a module (its first line; a comment to LLVM).
+MICRO_KERNEL_MARK = "; torchburn: micro-kernel\n"
 
 
 class JITError(RuntimeError):
@@ -59,15 +69,20 @@ def _init_llvm() -> None:
     the JIT's resolver (Python loads them privately, so `erff` or `memset` would not be found)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    for lib in ("m", "c"):
+    # libgcc_s: the compiler runtime functions LLVM's code generator may call where the CPU
+    # lacks an instruction (`__truncdfhf2`, `__extendhfsf2` without F16C; GCC 12 and later)
+    for lib, soname in (("m", "libm.so.6"), ("c", "libc.so.6"), ("gcc_s", "libgcc_s.so.1")):
         try:  # the usual soname first: find_library spawns `ldconfig -p`, slow on a warm start
-            llvm.load_library_permanently(f"lib{lib}.so.6")
+            llvm.load_library_permanently(soname)
             continue
         except RuntimeError:
             pass
         path = ctypes.util.find_library(lib)
         if path is not None:
-            llvm.load_library_permanently(path)
+            try:
+                llvm.load_library_permanently(path)
+            except RuntimeError:
+                pass
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,8 +146,28 @@ def _cached_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine
 
 # ---- compile ---------------------------------------------------------------------------------
 
-def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
-                      phases: Optional[dict[str, float]] = None) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
+#: Separates the modules of a program emitted in parts (`codegen.llvm.module.emit_program_parts`)
+#: where they travel as one text (`Build.llvm_ir`, dumps, `assembly`): each is parsed and
+#: optimized on its own, then they are linked into one module.
+MODULE_SEPARATOR = "\n; ---- torchburn: next module ----\n"
+
+
+def join_modules(parts: "list[str] | tuple[str, ...]") -> str:
+    """Module texts as one text (`MODULE_SEPARATOR`); `compile_llvm_ir` and `assembly` take it."""
+    return MODULE_SEPARATOR.join(parts)
+
+
+def part_opt_level(llvm_ir: str, opt_level: int) -> int:
+    """The level one module is optimized at: `MICRO_KERNEL_OPT_LEVEL` for a marked
+    register-blocked product (unless optimization is off), else `opt_level`."""
+    if opt_level > 0 and llvm_ir.startswith(MICRO_KERNEL_MARK):
+        return max(opt_level, MICRO_KERNEL_OPT_LEVEL)
+    return opt_level
+
+
+def _optimize_one(llvm_ir: str, target: Target, opt_level: int, phases: Optional[dict[str, float]]) -> llvm.ModuleRef:
+    """One module parsed, verified and optimized (the caller holds `_lock`)."""
+    opt_level = part_opt_level(llvm_ir, opt_level)
     tm = _cached_target_machine(target, opt_level)
     t0 = time.thread_time()
     try:
@@ -154,31 +189,114 @@ def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
     if phases is not None:
         phases["llvm_parse"] = phases.get("llvm_parse", 0.0) + t1 - t0
         phases["llvm_optimize"] = phases.get("llvm_optimize", 0.0) + time.thread_time() - t1
-    return mod, tm
+    return mod
+
+
+def _linked(modules: list[llvm.ModuleRef]) -> llvm.ModuleRef:
+    """The modules linked into the first (kernels the entry declares become its definitions)."""
+    first = modules[0]
+    for other in modules[1:]:
+        try:
+            first.link_in(other)
+        except RuntimeError as e:
+            raise JITError(f"LLVM could not link the program's modules: {e}") from e
+    return first
+
+
+def _optimized_module(llvm_ir: str, target: Target, opt_level: int,
+                      phases: Optional[dict[str, float]] = None) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
+    texts = llvm_ir.split(MODULE_SEPARATOR)
+    mods = [_optimize_one(text, target, opt_level, phases) for text in texts]
+    return _linked(mods), _cached_target_machine(target, _emit_level(texts, opt_level))
+
+
+def _emit_level(texts: "list[str]", opt_level: int) -> int:
+    """The code generator's level for the linked module: the highest of its parts'."""
+    return max(part_opt_level(t, opt_level) for t in texts)
+
+
+def _emit(mod: llvm.ModuleRef, target: Target, opt_level: int, shared: bool,
+          phases: Optional[dict[str, float]]) -> ObjectCode:
+    """The object code of an optimized module (the caller holds `_lock`), and with `shared` its
+    shared library (see `compile_llvm_ir`)."""
+    _check_external_symbols(mod)
+    pic = shared and _linker() is not None
+    t0 = time.thread_time()
+    tm = _pic_target_machine(target, opt_level) if pic else _cached_target_machine(target, opt_level)
+    data = bytes(tm.emit_object(mod))
+    t1, w1 = time.thread_time(), time.perf_counter()
+    shared_lib = _link_shared(data) if pic else b""
+    if phases is not None:
+        phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + t1 - t0
+        phases["llvm_link"] = phases.get("llvm_link", 0.0) + time.perf_counter() - w1
+    return ObjectCode(data, target.triple, target.cpu, target.features, shared_lib)
 
 
 def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL, shared: bool = False,
                     phases: Optional[dict[str, float]] = None) -> ObjectCode:
     """Optimize LLVM IR text with the new pass manager's O`opt_level` pipeline and emit an
-    object file for `target`. With `shared`, the object is position independent and is also
-    linked into a shared library, which a later process loads without LLVM
+    object file for `target`. The text may hold several modules (`join_modules`), each
+    optimized on its own, then linked. With `shared`, the object is position independent and
+    is also linked into a shared library, which a later process loads without LLVM
     (`shared_lib.load_shared`); left empty when there is no linker or linking fails. One
     emission serves both: this process loads the same PIC object through LLVM. `phases`, if
     given, gets this thread's CPU seconds added per stage (`llvm_parse`: parse and verify,
     `llvm_optimize`, `llvm_emit`: instruction selection to object code; `llvm_link`: wall
     seconds of the linker, a child process), for `benchmarks/bench_compile.py`."""
     with _lock:  # LLVM target machines are not safe to share across threads
-        mod, tm = _optimized_module(llvm_ir, target, opt_level, phases)
-        _check_external_symbols(mod)
-        pic = shared and _linker() is not None
-        t0 = time.thread_time()
-        data = bytes((_pic_target_machine(target, opt_level) if pic else tm).emit_object(mod))
-        t1, w1 = time.thread_time(), time.perf_counter()
-    shared_lib = _link_shared(data) if pic else b""
-    if phases is not None:
-        phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + t1 - t0
-        phases["llvm_link"] = phases.get("llvm_link", 0.0) + time.perf_counter() - w1
-    return ObjectCode(data, target.triple, target.cpu, target.features, shared_lib)
+        mod, _ = _optimized_module(llvm_ir, target, opt_level, phases)
+        return _emit(mod, target, _emit_level(llvm_ir.split(MODULE_SEPARATOR), opt_level), shared, phases)
+
+
+class ModuleParts:
+    """LLVM's work on a program emitted in parts, in a second thread while the caller emits
+    the next part (`codegen.llvm.module.emit_program_parts`):
+
+        parts = ModuleParts(target)
+        try:
+            for text in emit_program_parts(program, target):
+                parts.add(text)            # parsed and optimized in the background
+            obj = parts.finish(shared=True)  # linked, emitted, as `compile_llvm_ir`
+        finally:
+            parts.close()
+
+    Code generation is Python (holding the GIL); llvmlite's calls into LLVM release it, so on
+    two cores LLVM optimizes kernel k while Python emits kernel k + 1. `llvmlite.ir` calls no
+    LLVM, so the caller's thread and the worker never use LLVM at once; the worker holds
+    `_lock` for each part as every other compile does. The object is the one
+    `compile_llvm_ir(join_modules(texts))` makes. `phases` gets the worker's CPU seconds
+    for parsing and optimizing, and the caller's for emitting."""
+
+    def __init__(self, target: Target, opt_level: int = OPT_LEVEL, phases: Optional[dict[str, float]] = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.target, self.opt_level, self.phases = target, opt_level, phases
+        self.texts: list[str] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchburn-llvm")
+        self._futures: list[Any] = []
+
+    def add(self, llvm_ir: str) -> None:
+        """Queue one module for parsing and optimization."""
+        self.texts.append(llvm_ir)
+        self._futures.append(self._pool.submit(self._optimize, llvm_ir))
+
+    def _optimize(self, llvm_ir: str) -> llvm.ModuleRef:
+        with _lock:
+            return _optimize_one(llvm_ir, self.target, self.opt_level, self.phases)
+
+    def finish(self, shared: bool = False) -> ObjectCode:
+        """Wait for every part, link them and emit the object (a part's error is raised here)."""
+        if not self._futures:
+            raise JITError("no module to compile")
+        modules = [f.result() for f in self._futures]
+        with _lock:
+            return _emit(_linked(modules), self.target, _emit_level(self.texts, self.opt_level), shared, self.phases)
+
+    def close(self) -> None:
+        """Drop queued parts and stop the worker (after `finish`, or when emitting failed)."""
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True)
 
 
 @functools.lru_cache(maxsize=1)
@@ -225,6 +343,26 @@ def _check_external_symbols(mod: llvm.ModuleRef) -> None:
     missing = [n for n in external if not llvm.address_of_symbol(n)]
     if missing:
         raise JITError(f"generated code calls functions this process does not provide: {missing}")
+
+
+#: Symbols the object loader defines itself (the ELF global offset table of PIC code).
+_LINKER_DEFINED = frozenset({"_GLOBAL_OFFSET_TABLE_"})
+
+
+def _check_object_symbols(obj: ObjectCode) -> None:
+    """Refuse an object that calls a function this process lacks, naming it. The object's own
+    symbol table is read, not the IR's declarations: the code generator adds calls of its own
+    (compiler-rt helpers for operations the CPU has no instruction for), and MCJIT binds a
+    symbol it cannot find to address 0, a crash at the first call. Objects that are not ELF
+    (Mach-O, COFF) are not read; `_check_external_symbols` checked their IR when compiled."""
+    names = undefined_symbols(obj.data)
+    if not names:
+        return
+    missing = sorted({n for n in names if n not in _LINKER_DEFINED and not llvm.address_of_symbol(n)})
+    if missing:
+        raise JITError(f"the native code calls functions this process does not provide: {missing} "
+                       "(a compiler runtime function the code generator used where the CPU lacks an "
+                       "instruction, or a library that is not loaded)")
 
 
 def optimized_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> str:
@@ -278,6 +416,7 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
         obj = ObjectCode(bytes(obj), host.triple, host.cpu, host.features)
     _init_llvm()
     _openmp(required=obj.uses_openmp)
+    _check_object_symbols(obj)
     target = Target.from_features(obj.triple, obj.cpu, obj.features)
     with _lock:
         holder = llvm.parse_assembly("")

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -53,6 +54,44 @@ class ObjectCode:
         return b"GOMP_parallel" in self.data
 
 
+def undefined_symbols(data: bytes) -> Optional[list[str]]:
+    """The names an ELF relocatable object needs from elsewhere (undefined global and weak
+    symbols of its symbol table), or None when `data` is not ELF (Mach-O, COFF): read here, with
+    the standard library, because the backend adds calls LLVM IR never declared (compiler-rt's
+    `__truncsfbf2` for a bf16 operation the CPU lacks), and a call the loader cannot bind must
+    fail the load, not jump to address 0."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return None
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    try:
+        if wide:
+            shoff, = struct.unpack_from(order + "Q", data, 0x28)
+            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x3A)
+            section, sym, sym_size = order + "IIQQQQIIQQ", order + "IBBHQQ", 24
+        else:
+            shoff, = struct.unpack_from(order + "I", data, 0x20)
+            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x2E)
+            section, sym, sym_size = order + "IIIIIIIIII", order + "IIIBBH", 16
+        headers = [struct.unpack_from(section, data, shoff + i * shentsize) for i in range(shnum)]
+        names: list[str] = []
+        for h in headers:
+            if h[1] != 2:  # SHT_SYMTAB
+                continue
+            offset, size = h[4], h[5]
+            strtab = headers[h[6]]
+            strings = data[strtab[4]:strtab[4] + strtab[5]]
+            for k in range(sym_size, size - sym_size + 1, sym_size):  # entry 0 is the null symbol
+                fields = struct.unpack_from(sym, data, offset + k)
+                name_at, info, shndx = (fields[0], fields[1], fields[3]) if wide else (fields[0], fields[3], fields[5])
+                if shndx != 0 or (info >> 4) not in (1, 2):  # defined here, or a local symbol
+                    continue
+                end = strings.index(b"\0", name_at)
+                names.append(strings[name_at:end].decode())
+        return names
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
 def find_libgomp() -> Optional[str]:
     """Path of the libgomp to use: torch's bundled copy if torch has one, else the system's."""
     spec = importlib.util.find_spec("torch")
@@ -78,6 +117,7 @@ def _prepare(uses_openmp: bool) -> None:
     for libm in ("libm.so.6", ctypes.util.find_library("m") or "libm.so"):
         if _global_library(libm):
             break
+    _global_library("libgcc_s.so.1")  # compiler runtime functions, as `jit._init_llvm` loads them
     if uses_openmp:
         path = find_libgomp()
         if path is None or not _global_library(path):

@@ -28,6 +28,7 @@ from . import memory
 from .binary import emit_binary
 from .dot import emit_dot4, emit_dot4_pair
 from .casts import emit_bitcast, emit_cast
+from .halfconv import select_bits
 from .function import FunctionState, Scope
 from .mathfuncs import emit_call
 from .opcontext import OpContext
@@ -48,7 +49,7 @@ class ExprEmitter:
         hit = self._memo.get(id(e))
         if hit is not None and hit[0] is e:
             return hit[1]
-        if e.children():
+        if isinstance(e, _ARITHMETIC) and e.children():
             self._emit_operands_first(e)
         return self._emit_node(e)
 
@@ -103,6 +104,8 @@ class ExprEmitter:
         if hit is not None and hit[0] is v:  # broadcast earlier in this block (see `_binary`)
             return hit[1]
         vt = ir.VectorType(v.type, lanes)
+        if isinstance(v, ir.Constant) and isinstance(v.constant, (int, float)):
+            return ir.Constant(vt, [v.constant] * lanes)
         one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
         mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
         vector = self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
@@ -183,7 +186,7 @@ class ExprEmitter:
         if e.cond.lanes not in (1, lanes):
             raise CodegenError(f"select condition has {e.cond.lanes} lanes, values {lanes}")
         a, b = self.splat(self.emit(e.a), lanes), self.splat(self.emit(e.b), lanes)
-        return self.b.select(cond, a, b)
+        return select_bits(self.b, cond, a, b)
 
     def _load(self, e: ex.Load) -> ir.Value:
         return memory.emit_load(self, e)

@@ -19,7 +19,7 @@ import llvmlite.ir as ir
 
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
-from .types import BFLOAT, F32, HALF, I32, lanes_of, splat_const, vector_of
+from .types import BFLOAT, F32, HALF, I32, lanes_of, scalar_of, splat_const, vector_of
 
 _I16 = ir.IntType(16)
 
@@ -46,3 +46,13 @@ def from_f32(b: ir.IRBuilder, v: ir.Value, dtype: DType) -> ir.Value:
     is_nan = b.fcmp_unordered("uno", v, v)
     top = b.select(is_nan, splat_const(vector_of(_I16, lanes), 0x7FC0), top)
     return b.bitcast(top, vector_of(BFLOAT, lanes))
+
+
+def select_bits(b: ir.IRBuilder, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+    """`select cond, x, y`; a 16-bit float choice is made on its bits: a CPU without 16-bit
+    float arithmetic computes `half`/`bfloat` operations in f32, so a select of them would
+    widen both sides and round the result back (for bf16 on x86, a call per lane)."""
+    if scalar_of(x.type) not in (HALF, BFLOAT):
+        return b.select(cond, x, y)
+    bits = vector_of(_I16, lanes_of(x.type))
+    return b.bitcast(b.select(cond, b.bitcast(x, bits), b.bitcast(y, bits)), x.type)

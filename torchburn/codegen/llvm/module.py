@@ -31,17 +31,25 @@ lose `noalias`. Parameters a kernel never writes are marked `readonly`.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Iterator
 
 import llvmlite.ir as ir
 
 from ...ir import loop as lp
 from ..errors import CodegenError
 from ..target import Target
+from .bounds import BOUNDS_GLOBAL, bounds_global
 from .context import ModuleContext, symbol_name
+from .faults import FAULT_GLOBAL, fault_global
 from .expr import ExprEmitter
 from .function import BufferRef, FunctionState, Scope
 from .stmt import StmtEmitter
+from .parallel import THREADS_GLOBAL, thread_count_global
 from .types import I8, I64, PTR, VOID, reg_type
+
+#: Globals the loader points at the process's own (`runtime/faults.py`, `threads.py`, the
+#: bounds record): each module that uses one defines it; a program in parts defines each once.
+_LOADER_GLOBALS = {FAULT_GLOBAL: fault_global, THREADS_GLOBAL: thread_count_global, BOUNDS_GLOBAL: bounds_global}
 
 
 def entry_name(program: lp.Program) -> str:
@@ -56,7 +64,97 @@ def kernel_function_name(program: lp.Program, kernel: lp.Kernel) -> str:
 def emit_program(program: lp.Program, target: Target, bounds_check: bool = False) -> str:
     """LLVM IR text of one module holding all kernels of `program` and its entry function;
     with `bounds_check`, every load and store is checked against its buffer (`bounds.py`)."""
-    return str(build_module(program, target, bounds_check).module)
+    text = str(build_module(program, target, bounds_check).module)
+    return text + _BF16_RUNTIME if "bfloat" in text else text
+
+
+#: compiler-rt's f32 -> bf16 rounding, defined by every module that has `bfloat` values. A CPU
+#: without bf16 instructions computes a `bfloat` operation the IR leaves (a `select` LLVM
+#: formed, an `fadd` a pass folded) in f32, and LLVM's code generator rounds the result back
+#: with a call to `__truncsfbf2`, added after the IR is optimized, which neither this process
+#: nor libgcc before GCC 13 provides. The module's own definition (hidden: never exported
+#: from a shared library) binds it; integer operations only (a `fptrunc` here would call
+#: itself), rounding to nearest even with NaN to 0x7FC0, as `halfconv.from_f32` and torch.
+_BF16_RUNTIME = """
+define hidden bfloat @__truncsfbf2(float %x) nounwind {
+  %bits = bitcast float %x to i32
+  %high = lshr i32 %bits, 16
+  %odd = and i32 %high, 1
+  %bias = add i32 %odd, 32767
+  %rounded = add i32 %bits, %bias
+  %top = lshr i32 %rounded, 16
+  %top16 = trunc i32 %top to i16
+  %nan = fcmp uno float %x, 0.0
+  %result = select i1 %nan, i16 32704, i16 %top16
+  %bf = bitcast i16 %result to bfloat
+  ret bfloat %bf
+}
+"""
+
+
+def emit_program_parts(program: lp.Program, target: Target, bounds_check: bool = False) -> Iterator[str]:
+    """`emit_program` as several modules, yielded one at a time so that LLVM can work on one
+    while the next is emitted (`runtime.jit.ModuleParts`): one per distinct kernel (its function
+    `hidden`: visible to the other modules, never exported from a shared library), then the
+    entry's, which declares the kernels and defines the globals the loader repoints, then the
+    bf16 helper where a module has `bfloat` values. Linked, they are the module
+    `emit_program` builds, less what LLVM's interprocedural passes could do across kernels
+    (kernels are `noinline` and the entry passes them run-time values)."""
+    unsafe = _aliased_params(program)
+    declared: dict[str, tuple[str, ir.FunctionType]] = {}
+    loader_globals: set[str] = set()
+    needs_bf16 = False
+    for names in _identical_kernels(program):
+        ctx = ModuleContext(f"{program.name}.{names[0]}", target, bounds_check)
+        shared_unsafe = set().union(*(unsafe[n] for n in names))
+        kernel = program.kernel(names[0])
+        fn = _emit_kernel(ctx, program, kernel, shared_unsafe, linkage="hidden")
+        for n in names:
+            declared[n] = (fn.name, fn.function_type)
+        loader_globals |= _declare_loader_globals(ctx.module)
+        text = str(ctx.module)
+        needs_bf16 = needs_bf16 or "bfloat" in text
+        yield MICRO_KERNEL_MARK + text if has_micro_kernel(kernel) else text
+    ctx = ModuleContext(program.name, target, bounds_check)
+    functions: dict[str, ir.Function] = {}
+    for n, (name, fn_type) in declared.items():
+        existing = ctx.module.globals.get(name)
+        if not isinstance(existing, ir.Function):
+            existing = ir.Function(ctx.module, fn_type, name)
+            existing.linkage = "hidden"
+        functions[n] = existing
+    for name in sorted(loader_globals):
+        _LOADER_GLOBALS[name](ctx.module)
+    _emit_entry(ctx, program, functions)
+    text = str(ctx.module)
+    yield text
+    if needs_bf16 or "bfloat" in text:
+        yield _BF16_RUNTIME
+
+
+#: The first line of a part whose kernel is a register-blocked product (`runtime/jit.py`
+#: optimizes it at `MICRO_KERNEL_OPT_LEVEL`).
+MICRO_KERNEL_MARK = "; torchburn: micro-kernel\n"
+#: Kernel attributes of the register-blocked products (`passes/loopgen`: matmul, qlinear, conv).
+_MICRO_KERNEL_ATTRS = ("gemm", "qlinear", "conv")
+
+
+def has_micro_kernel(kernel: lp.Kernel) -> bool:
+    """Whether the kernel is a register-blocked product (its attributes say which)."""
+    return any(name in _MICRO_KERNEL_ATTRS for name, _ in kernel.attrs)
+
+
+def _declare_loader_globals(module: ir.Module) -> set[str]:
+    """Turn the module's definitions of the globals the loader repoints (`@torchburn_fault`,
+    `@torchburn_num_threads`, `@torchburn_bounds`) into declarations, so a program in parts
+    defines each once (in the entry's module); returns the names found."""
+    found = set()
+    for name in _LOADER_GLOBALS:
+        g = module.globals.get(name)
+        if isinstance(g, ir.GlobalVariable):
+            g.initializer = None
+            found.add(name)
+    return found
 
 
 def build_module(program: lp.Program, target: Target, bounds_check: bool = False) -> ModuleContext:
@@ -107,10 +205,13 @@ def _aliased_params(program: lp.Program) -> dict[str, set[int]]:
     return unsafe
 
 
-def _emit_kernel(ctx: ModuleContext, program: lp.Program, kernel: lp.Kernel, unsafe: set[int]) -> ir.Function:
+def _emit_kernel(ctx: ModuleContext, program: lp.Program, kernel: lp.Kernel, unsafe: set[int],
+                 linkage: str = "internal") -> ir.Function:
     arg_types = [PTR] * len(kernel.params) + [reg_type(v.type) for v in kernel.symbols]
     fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), kernel_function_name(program, kernel))
-    fn.linkage = "internal"
+    # ("hidden" is a visibility, not a linkage; llvmlite writes it where the linkage goes,
+    # `define hidden void @...`, which is what LLVM reads)
+    fn.linkage = linkage
     fn.attributes.add("nounwind")
     # A kernel is a whole loop nest called once per call site: inlining it into the entry gains
     # nothing and would make LLVM's work grow with the number of calls, not of distinct kernels.
