@@ -66,7 +66,16 @@ def _undefined(e: ex.Expr) -> bool:
             return True  # the bits of a NaN (sign, payload) are not fixed by IEEE
         if isinstance(node, ex.Load):
             return True
+        if isinstance(node, ex.Binary) and node.op == "copysign" and not _plain_number(node.b):
+            return True  # the sign of a NaN an operation makes (0 * inf) is not fixed either
     return False
+
+
+def _plain_number(e: ex.Expr) -> bool:
+    """A constant that is not NaN, or a broadcast of one: never a NaN of unknown sign."""
+    if isinstance(e, ex.Broadcast):
+        return _plain_number(e.value)
+    return isinstance(e, ex.Const) and e.value == e.value
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

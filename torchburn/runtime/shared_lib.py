@@ -20,9 +20,9 @@ import functools
 import glob
 import hashlib
 import importlib.util
+import io
 import os
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -56,40 +56,23 @@ class ObjectCode:
 
 def undefined_symbols(data: bytes) -> Optional[list[str]]:
     """The names an ELF relocatable object needs from elsewhere (undefined global and weak
-    symbols of its symbol table), or None when `data` is not ELF (Mach-O, COFF): read here, with
-    the standard library, because the backend adds calls LLVM IR never declared (compiler-rt's
-    `__truncsfbf2` for a bf16 operation the CPU lacks), and a call the loader cannot bind must
-    fail the load, not jump to address 0."""
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+    symbols of its symbol tables), or None when `data` is not a readable ELF object (Mach-O,
+    COFF, truncated). Read with pyelftools because the backend adds calls LLVM IR never
+    declared (compiler-rt's `__truncsfbf2` for a bf16 operation the CPU lacks), and a call the
+    loader cannot bind must fail the load, not jump to address 0."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    if not data.startswith(b"\x7fELF"):
         return None
-    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
     try:
-        if wide:
-            shoff, = struct.unpack_from(order + "Q", data, 0x28)
-            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x3A)
-            section, sym, sym_size = order + "IIQQQQIIQQ", order + "IBBHQQ", 24
-        else:
-            shoff, = struct.unpack_from(order + "I", data, 0x20)
-            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x2E)
-            section, sym, sym_size = order + "IIIIIIIIII", order + "IIIBBH", 16
-        headers = [struct.unpack_from(section, data, shoff + i * shentsize) for i in range(shnum)]
-        names: list[str] = []
-        for h in headers:
-            if h[1] != 2:  # SHT_SYMTAB
-                continue
-            offset, size = h[4], h[5]
-            strtab = headers[h[6]]
-            strings = data[strtab[4]:strtab[4] + strtab[5]]
-            for k in range(sym_size, size - sym_size + 1, sym_size):  # entry 0 is the null symbol
-                fields = struct.unpack_from(sym, data, offset + k)
-                name_at, info, shndx = (fields[0], fields[1], fields[3]) if wide else (fields[0], fields[3], fields[5])
-                if shndx != 0 or (info >> 4) not in (1, 2):  # defined here, or a local symbol
-                    continue
-                end = strings.index(b"\0", name_at)
-                names.append(strings[name_at:end].decode())
-        return names
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        elf = ELFFile(io.BytesIO(data))
+        names = [sym.name for section in elf.iter_sections() if isinstance(section, SymbolTableSection)
+                 for sym in section.iter_symbols()
+                 if sym.name and sym["st_shndx"] == "SHN_UNDEF" and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")]
+    except Exception:  # noqa: BLE001 - pyelftools raises assorted errors on malformed input
         return None
+    return names
 
 
 def find_libgomp() -> Optional[str]:
