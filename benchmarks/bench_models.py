@@ -15,7 +15,9 @@ Per model and mode:
   before each step (no optimizer step: weights stay fixed, so every call does the same work).
 
 Each compiled contender is checked against eager first. Times are medians of interleaved
-rounds (`benchmarks/common.py`), with the interquartile range as the spread. Compile time:
+rounds (`benchmarks/common.py`), with the interquartile range as the spread; wall time, or
+with `--clock cpu` the CPU time of the whole process (all threads), which a loaded machine
+disturbs less (one thread: the time the step ran; more threads: OpenMP's spinning counts). Compile time:
 `cold` is the first call after `torch._dynamo.reset()` with torchburn's caches empty
 (memory; the disk cache is off unless `--disk-cache`) and Inductor's cache folder fresh
 (`TORCHINDUCTOR_CACHE_DIR` is a new temporary folder for the process, and Inductor's
@@ -84,7 +86,12 @@ def _step(model: Any, case: Any, kw: dict[str, Any], mode: str) -> Callable[[], 
     return training
 
 
-def run_model(name: str, mode: str, which: list[str], rounds: int) -> dict[str, Any]:
+#: `--clock`: wall time, or the CPU time of the whole process (every thread's; on a loaded
+#: machine it leaves out the time other processes held the cores, but counts OpenMP's spinning).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def run_model(name: str, mode: str, which: list[str], rounds: int, clock: str = "wall") -> dict[str, Any]:
     import torch
 
     from benchmarks.common import compare
@@ -130,7 +137,7 @@ def run_model(name: str, mode: str, which: list[str], rounds: int) -> dict[str, 
             if internal:
                 raise SystemExit(f"{name} {mode}: internal compiler error in {internal}")
         fns[who] = fn
-    timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds)
+    timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds, clock=CLOCKS[clock])
     return {"model": name, "mode": mode, "timings": timings, "compile": compile_s}
 
 
@@ -194,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conv", action="store_true", help="only the convolutional models (" + ", ".join(CONV_MODELS) + ")")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per row")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU time (all threads): steadier on a loaded machine")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
     args = parser.parse_args(argv)
@@ -215,17 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         if name not in zoo.CASES:
             raise SystemExit(f"unknown model {name!r}; known: {', '.join(zoo.CASES)}")
         for mode in [m for m in args.modes.split(",") if m]:
-            results.append(run_model(name, mode, which, args.rounds))
+            results.append(run_model(name, mode, which, args.rounds, args.clock))
             print(table(results[-1:], which).splitlines()[-1], file=sys.stderr, flush=True)
     info = machine_info()
     info["loadavg_1m_before"] = load_before
     print(f"# {info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, load "
-          f"{load_before:.2f} before / {info['loadavg_1m']:.2f} after; median of {args.rounds} interleaved rounds")
+          f"{load_before:.2f} before / {info['loadavg_1m']:.2f} after; median of {args.rounds} interleaved rounds, "
+          f"{args.clock} time")
     print(table(results, which))
     means = geomeans(results, which)
     for mode, m in means.items():
         print(f"geomean {mode}: " + ", ".join(f"{w}/eager {v:.2f}" for w, v in m.items()))
-    write_json(args.json, {"machine": info, "rounds": args.rounds, "results": results, "geomean_vs_eager": means})
+    write_json(args.json, {"machine": info, "rounds": args.rounds, "clock": args.clock, "results": results,
+                           "geomean_vs_eager": means})
     return 0
 
 

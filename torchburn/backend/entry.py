@@ -29,6 +29,7 @@ from . import fx_cache, inference_path
 from . import report as rep
 from ..runtime.config import get_config
 from .launcher import Launcher
+from .output_strides import report_forward_output_strides, restride_placeholders
 
 if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_cache.py)
     from .gpu_launcher import GpuLauncher
@@ -37,8 +38,13 @@ if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_c
 log = logging.getLogger("torchburn")
 
 #: `options={"passes": {...}}` (user passes by insertion point, see `passes/pipeline.py`) and
-#: `options={"target": "avx2"}` (the CPU to compile for, as `TORCHBURN_TARGET` names it).
-KNOWN_OPTIONS = ("passes", "target")
+#: `options={"target": "avx2"}` (the CPU to compile for, as `TORCHBURN_TARGET` names it) and
+#: `options={"partitioner": "save-all"}` (how a training graph is split, see `_partition_fn`).
+KNOWN_OPTIONS = ("passes", "target", "partitioner")
+#: `min-cut`: the backward recomputes cheap forward values instead of the forward storing them
+#: (AOTAutograd's min-cut rematerialization, as Inductor does); `save-all`: the forward stores
+#: every value the backward reads (AOTAutograd's default partition).
+PARTITIONERS = ("min-cut", "save-all")
 
 
 class _Observers(threading.local):
@@ -70,6 +76,8 @@ def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     unknown = set(options) - set(KNOWN_OPTIONS)
     if unknown:
         raise ValueError(f"torchburn: unknown option(s) {sorted(unknown)}; known: {list(KNOWN_OPTIONS)}")
+    if options.get("partitioner", "min-cut") not in PARTITIONERS:
+        raise ValueError(f"torchburn: option partitioner={options['partitioner']!r}; expected one of {list(PARTITIONERS)}")
     if "target" in options:
         from ..codegen.target_names import check_target_name
 
@@ -99,6 +107,8 @@ class _LazyPipeline:
         self.user_passes = checked.get("passes")
         #: The `target` option (None: `TORCHBURN_TARGET`).
         self.target: Optional[str] = checked.get("target")
+        #: The `partitioner` option (see `PARTITIONERS`).
+        self.partitioner: str = checked.get("partitioner", "min-cut")
         self._pipeline: Optional["Pipeline"] = None
         self._key: Optional[str] = None
         if self.user_passes:  # user passes: build now, so a bad spec fails at torch.compile
@@ -129,6 +139,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
     report = rep.GraphReport(kind)
     t0 = time.perf_counter()
+    if kind == "backward":  # saved activations as the compiled forward lays them out
+        restride_placeholders(gm, example_inputs)
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
     views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
     mark_slot_writes(gm)  # a mutated input's few written elements are stored in place
@@ -157,6 +169,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             fx_cache.store(disk, key, manifest)
     if modules is not None:
         modules.append(module)
+    if kind == "forward":
+        report_forward_output_strides(module, example_inputs)
     fn = _guard_gpu_state(module, _fast_callable(module))
     if not getattr(fn, "_boxed_call", False):
         fn = make_boxed_func(fn)
@@ -412,6 +426,15 @@ def _input_sources(gm: torch.fx.GraphModule) -> list[Optional[str]]:
     return out
 
 
+def _partition_fn(name: str) -> Callable[..., Any]:
+    """AOTAutograd's partitioner of the joint training graph that `name` picks."""
+    from torch._functorch import partitioners
+
+    if name == "save-all":
+        return partitioners.default_partition
+    return functools.partial(partitioners.min_cut_rematerialization_partition, compiler="inductor")
+
+
 def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
     """The backend Dynamo calls (registered as "torchburn" through an entry point)."""
     t0 = time.perf_counter()
@@ -438,6 +461,7 @@ def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
         return compile_fx_graph(g, inputs, pipeline=pipeline, kind="backward")
 
     wrapped = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decompositions,
+                           partition_fn=_partition_fn(pipeline.partitioner),
                            keep_inference_input_mutations=True)(gm, example_inputs)
     for callback in observers:
         callback(sources, example_inputs, compilations, modules)

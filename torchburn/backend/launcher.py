@@ -43,17 +43,22 @@ class LauncherSpec:
     n_symbols: int
     #: Length of the tuple `launch` returns.
     n_results: int
+    #: Where each result comes from: `"new"` (a new contiguous tensor), `"input i"` (argument
+    #: `i` itself, written in place) or `"copy i"` (a clone of argument `i`). The strides of a
+    #: training forward's outputs are told to AOTAutograd from it (`output_strides.py`).
+    results: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "name": self.name, "dtypes": [list(d) for d in self.dtypes],
-                "n_pointers": self.n_pointers, "n_symbols": self.n_symbols, "n_results": self.n_results}
+                "n_pointers": self.n_pointers, "n_symbols": self.n_symbols, "n_results": self.n_results,
+                "results": list(self.results)}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "LauncherSpec":
         """Raises KeyError, TypeError or ValueError on a record of the wrong shape."""
         dtypes = tuple((str(k), str(v)) for k, v in d["dtypes"])
         return LauncherSpec(str(d["source"]), str(d["name"]), dtypes, int(d["n_pointers"]),
-                            int(d["n_symbols"]), int(d["n_results"]))
+                            int(d["n_symbols"]), int(d["n_results"]), tuple(str(r) for r in d["results"]))
 
 
 @dataclass

@@ -249,6 +249,8 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     stored = lp.written_inputs(p)  # an in-place write (`inplace_writes.py`): the input itself
     source_of = {b.name: f"a{i}" if b.name in stored else f"a{i}.clone()" for b, i in zip(p.inputs, tensor_args)}
     source_of.update({b.name: f"o{k}" for k, b in enumerate(p.outputs)})
+    kind_of = {b.name: f"input {i}" if b.name in stored else f"copy {i}" for b, i in zip(p.inputs, tensor_args)}
+    kind_of.update({b.name: "new" for b in p.outputs})
     names = p.result_names()
     if len(names) != len(g.outputs) or any(n not in source_of for n in names):
         raise ValueError(f"{p.name}: the program returns {names}, the graph {len(g.outputs)} values")
@@ -259,4 +261,5 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     unpack = f"{', '.join(args)}{',' if len(args) == 1 else ''} = args" if args else "pass"
     source = "\n".join([f"def launch({', '.join(args)}):"] + ["    " + ln for ln in body]
                        + ["", "", "def launch_boxed(args):", "    " + unpack] + ["    " + ln for ln in body]) + "\n"
-    return LauncherSpec(source, p.name, tuple(dtypes), max(len(ptrs), 1), len(syms), len(results))
+    return LauncherSpec(source, p.name, tuple(dtypes), max(len(ptrs), 1), len(syms), len(results),
+                        tuple(kind_of[n] for n in names))

@@ -5,7 +5,8 @@ Each op either becomes the root of a kernel (`kernel = k`: its result is written
 or is inlined into the kernels of its consumers (`fused_into = [k, ...]`): elementwise chains
 become one loop nest, views become index arithmetic in the loads, and elementwise producers
 fold into reductions. A value is materialized when it is a graph output, when recomputing it
-in several consumers would duplicate expensive work, or when it feeds a matrix product (which
+in several consumers would duplicate expensive work (the readers of a view count, not the
+view: `cos(emb)` seen through `unsqueeze` by the rotary embedding of every query and key), or when it feeds a matrix product (which
 reads each element many times), or when it is a residual stream: an elementwise op that
 reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
 product's epilogue, so that each layer of a deep model stores its sum once and gets the same
@@ -246,7 +247,12 @@ class Fuse(TensorPass):
             # A contraction (matmul, convolution) reads each element many times: compute it
             # once, unless it is a constant.
             return cat == "factory"
-        if len(consumers) == 1:
+        # A view read by several kernels is inlined into each of them, and so is what it
+        # views: count the readers behind inlined views (`cos(emb)` viewed by `unsqueeze` and
+        # read by the rotary embedding of every query and key has one consumer, and four
+        # kernels that would each recompute it).
+        uses = _uses_through_views(result, users, inlined)
+        if uses == 1:
             return True
         if self.epilogues and _reads_product(op) and any(_reads_product(u) for u in consumers):
             # A residual stream: `x1 = x0 + attn(..)` read by a norm and by `x2 = x1 + mlp(..)`.
@@ -255,7 +261,20 @@ class Fuse(TensorPass):
             # differ from layer to layer. Stored, it is its product's epilogue (the product
             # is never written) and every layer gets the same kernels.
             return False
-        return not recompute_too_costly(op, inlined, len(consumers), self.max_recompute_cost)
+        return not recompute_too_costly(op, inlined, uses, self.max_recompute_cost)
+
+
+def _uses_through_views(value: Value, users: dict[Value, list[Op]], inlined: set[Op]) -> int:
+    """How many ops read `value`, counting the readers of an inlined view instead of the view."""
+    count = 0
+    stack = list(users.get(value, []))
+    while stack:
+        user = stack.pop()
+        if user in inlined and category(user) == "view" and len(user.results) == 1:
+            stack.extend(users.get(user.result, []))
+        else:
+            count += 1
+    return count
 
 
 def _reads_product(op: Op) -> bool:

@@ -137,8 +137,28 @@ def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
     return div(b, x, y, rounding_mode="floor")
 
 
+#: `x ** c` for the constant exponents ATen's CPU kernel computes without `pow`
+#: (`PowKernel.cpp`): the same operations in the same order, so the same roundings, and no
+#: per-lane libm call (LLVM's `llvm.pow` on a vector is one `powf` call per lane).
+_POW_FORMS = {2.0: "square", 3.0: "cube", -2.0: "inverse_square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
+
+
 @lowering(aten.pow)
 def pow_(b: Builder, x: Operand, y: Operand) -> Value:
+    if isinstance(x, Value) and isinstance(y, (int, float)) and not isinstance(y, bool) and float(y) in _POW_FORMS:
+        comp, res = b.promote(x, y)
+        if comp in (dt.f32, dt.f64):
+            xs = b.as_tensor(x, comp)
+            form = _POW_FORMS[float(y)]
+            if form in ("sqrt", "rsqrt", "reciprocal"):
+                out = b.op(form, xs)
+            elif form == "inverse_square":
+                out = b.op("div", b.scalar_like(1.0, xs), b.op("mul", xs, xs))
+            else:
+                out = b.op("mul", xs, xs)
+                if form == "cube":
+                    out = b.op("mul", out, xs)
+            return b.cast(out, res)
     return b.elementwise("pow", x, y)
 
 
