@@ -99,7 +99,7 @@ class _Product:
 
 def _match(k: lp.Kernel) -> Optional[_Product]:
     """The product nest of `k` (as `lower-to-loops-gpu` writes it) with static sizes, or None."""
-    params = {b.name for b in k.params}
+    params = {b.name: b for b in k.params}
     symbols = {v.name for v in k.symbols}
     loops, inner = _perfect_nest(k.body)
     if len(loops) < 2 or _gemm_depth(k.body, params, symbols) != len(loops) or not isinstance(inner, lp.Block) \
