@@ -215,7 +215,7 @@ def ratio(ref: Optional[float], t: Optional[float]) -> str:
 
 def compare(name: str, make: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]], rows: list[list[str]],
             record: dict[str, Any], iters: int = 20, rtol: float = 1e-4, atol: float = 1e-4,
-            nbytes: Optional[float] = None) -> None:
+            nbytes: Optional[float] = None, options: Optional[dict[str, Any]] = None) -> None:
     """One workload on our GPU engine and on PyTorch CUDA, eager and CUDA-graph replay.
 
     `make()` returns `(fn, cpu_args)`; a module `fn` is moved to CUDA for the reference (a fresh
@@ -225,7 +225,7 @@ def compare(name: str, make: Callable[[], tuple[Callable[..., Any], tuple[Any, .
     if isinstance(fn, nn.Module):
         fn.eval()
     try:
-        compiled, launchers, out = ours(fn, args)
+        compiled, launchers, out = ours(fn, args, options)
         with torch.no_grad():
             expected = make()[0](*make()[1]) if isinstance(fn, nn.Module) else fn(*args)
             torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
@@ -310,14 +310,21 @@ def bench_attention(b: int, h: int, t: int, d: int, rows: list[list[str]], recor
     compare(f"attention decode, KV cache {t} B={b} H={h} D={d}", make, rows, record)
 
 
-def bench_block(d: int, heads: int, t: int, batch: int, rows: list[list[str]], record: dict[str, Any]) -> None:
+def bench_block(d: int, heads: int, t: int, batch: int, rows: list[list[str]], record: dict[str, Any],
+                variants: Sequence[str] = ()) -> None:
+    """The block with the default passes, then with each of `variants` (loop passes placed
+    before codegen, `;`-separated: `gpu-split-k{min_groups=512};gpu-map{gemm_tile=64x64x16/8x8}`)."""
     x = torch.randn(batch, t, d)
 
     def make() -> tuple[Callable[..., Any], tuple[Any, ...]]:
         torch.manual_seed(0)
         return Block(d, heads), (x,)
 
-    compare(f"GPT block d={d} T={t} batch {batch}", make, rows, record, iters=50)
+    name = f"GPT block d={d} T={t} batch {batch}"
+    compare(name, make, rows, record, iters=50)
+    for v in variants:
+        opts = {"passes": {"before-codegen": [p for p in v.split(";") if p]}}
+        compare(f"{name}, {v}", make, rows, record, iters=50, options=opts)
 
 
 def bench_mlp(rows: list[list[str]], record: dict[str, Any]) -> None:
@@ -343,6 +350,9 @@ def main() -> None:
     ap.add_argument("--only", default="gemm,elementwise,softmax,attention,mlp,block")
     ap.add_argument("--tiles", default=",".join(TILES), help="GEMM tiles of the GEMM rows (gpu-map's gemm_tile)")
     ap.add_argument("--per-kernel", action="store_true", help="time each kernel alone too (printed)")
+    ap.add_argument("--block-variants", default="",
+                    help="more GPT block rows, each with these loop passes (`|` between variants, `;` between "
+                         "passes), e.g. 'gpu-split-k{min_groups=512}|gpu-map{gemm_tile=64x64x16/8x8}'")
     args = ap.parse_args()
     global PER_KERNEL
     PER_KERNEL = args.per_kernel
@@ -369,7 +379,7 @@ def main() -> None:
         bench_mlp(rows, record)
     if "block" in only:
         d, heads, t = (64, 4, 16) if q else (768, 12, 128)
-        bench_block(d, heads, t, 4, rows, record)
+        bench_block(d, heads, t, 4, rows, record, [v for v in args.block_variants.split("|") if v])
     head = ["workload", "TorchBurn wgpu", "PyTorch CUDA", "TorchBurn / PyTorch"]
     text = table(head, [r for r in rows if len(r) == 4])
     head2 = ["workload", "ours kernels", "ours end to end", "CUDA eager", "CUDA graph", "vs eager (kernels)",

@@ -6,7 +6,9 @@ defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
 For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles` (or of the shape's own
 list, `MxNxK=tile+tile`; `tile~S` also sets `gpu-split-k{splits=S}`, 1: no split), and for each causal
 attention shape `BxHxTxD` (f32, `F.scaled_dot_product_attention`) and each tile of
-`--attention-tiles` ("rows" is the one-invocation-per-row schedule): our kernel time (inputs
+`--attention-tiles` ("rows" is the one-invocation-per-row schedule; a tile of either list
+spelled `tile@checked` compiles with wgpu's runtime checks, as `TORCHBURN_DEBUG=bounds` does,
+to see what naga's index clamping and loop counters cost): our kernel time (inputs
 resident, one submission of many runs), the error against the CUDA result, and PyTorch CUDA
 eager's time by CUDA events (TF32 off). Rows print as they finish, so a run cut short by a
 time limit still reports what it measured. Ratios are PyTorch time / ours (above 1: faster).
@@ -14,7 +16,9 @@ time limit still reports what it measured. Ratios are PyTorch time / ours (above
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torchburn  # noqa: E402
+from torchburn.runtime.config import reload_config  # noqa: E402
 
 GEMM_TILES = ("128x128x16/8x8", "128x128x16/8x8/s2", "128x128x8/8x8/s2", "128x128x8/8x16",
               "128x128x8/8x16/s2", "128x128x16/8x16", "128x128x8/16x8/s2", "128x64x16/8x8/s2",
@@ -37,6 +42,28 @@ GEMM_SHAPES = ("4096x4096x4096", "512x2304x768", "512x768x768", "512x3072x768", 
 ATTENTION_TILES = ("rows", "64x64/4x8", "64x32/4x4", "64x64/4x4", "32x64/4x8", "32x32/4x4", "64x32/8x4",
                    "128x32/8x4", "16x64/4x8")
 ATTENTION_SHAPES = ("4x12x1024x64", "4x12x128x64")
+
+
+@contextlib.contextmanager
+def wgpu_checks(tile: str) -> Any:
+    """`tile` without its `@checked` suffix; with it, wgpu's runtime checks stay on for the
+    compile inside the block (`TORCHBURN_DEBUG=bounds`: shader modules with naga's clamps)."""
+    base, _, flag = tile.partition("@")
+    if flag not in ("", "checked"):
+        raise SystemExit(f"tile {tile!r}: the only suffix is @checked")
+    saved = os.environ.get("TORCHBURN_DEBUG")
+    if flag:
+        os.environ["TORCHBURN_DEBUG"] = "bounds"
+        reload_config()
+    try:
+        yield base
+    finally:
+        if flag:
+            if saved is None:
+                os.environ.pop("TORCHBURN_DEBUG", None)
+            else:
+                os.environ["TORCHBURN_DEBUG"] = saved
+            reload_config()
 
 
 def emit(line: str, out: list[str]) -> None:
@@ -55,12 +82,13 @@ def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], line
         rows = record.setdefault("gemm", {}).setdefault(shape, {"torch_s": ref})
         emit(f"GEMM {shape}: PyTorch {flops / ref / 1e12:.2f} TFLOP/s" if ref else f"GEMM {shape}", lines)
         for tile in own.split("+") if own else tiles:
-            gemm_tile, _, splits = tile.partition("~")
+            gemm_tile, _, splits = tile.partition("@")[0].partition("~")
             passes = [f"gpu-map{{gemm_tile={gemm_tile}}}"] + ([f"gpu-split-k{{splits={splits}}}"] if splits else [])
             opts = {"passes": {"before-codegen": passes}}
             try:
                 t0 = time.perf_counter()
-                _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
+                with wgpu_checks(tile):
+                    _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
                 compile_s = time.perf_counter() - t0
                 t = kernel_time(launchers, iters)
                 err = float((out - expected).abs().max())
@@ -86,10 +114,11 @@ def sweep_attention(shapes: list[str], tiles: list[str], record: dict[str, Any],
         rows = record.setdefault("attention", {}).setdefault(shape, {"torch_s": ref})
         emit(f"attention causal {shape}: PyTorch {ref * 1e6:.1f} us" if ref else f"attention causal {shape}", lines)
         for tile in tiles:
-            opts = {"passes": {"before-codegen": [f"gpu-map{{attention_tile={tile}}}"]}}
+            opts = {"passes": {"before-codegen": [f"gpu-map{{attention_tile={tile.partition('@')[0]}}}"]}}
             try:
                 t0 = time.perf_counter()
-                _, launchers, out = ours(fn, (q, k, v), opts)
+                with wgpu_checks(tile):
+                    _, launchers, out = ours(fn, (q, k, v), opts)
                 compile_s = time.perf_counter() - t0
                 t = kernel_time(launchers, iters)
                 err = float((out - expected).abs().max())

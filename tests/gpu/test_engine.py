@@ -120,6 +120,30 @@ def test_bmm_and_linear(gpu) -> None:  # type: ignore[no-untyped-def]
     check_gpu(lin, torch.randn(10, 64), rtol=1e-4, atol=1e-4)
 
 
+def test_linear_epilogues_through_a_reshape_of_the_rows(gpu) -> None:  # type: ignore[no-untyped-def]
+    """A linear layer on `[batch, seq, features]` is a product of `batch * seq` rows reshaped
+    back: its bias, GELU and residual add stay in the product's kernel (stored at the reshaped
+    index), also in the sum of a split reduction, a batched product regrouped into rows, and a
+    decode-shaped product (a reduction per output)."""
+    torch.manual_seed(0)
+    fc, down, sq = nn.Linear(32, 48), nn.Linear(1024, 24), nn.Linear(32, 32)
+
+    def kernels(reports: list) -> list[str]:  # type: ignore[type-arg]
+        return [k.split(";")[0] for r in reports for s in r.subgraphs for k in s.kernels]
+
+    x, r = torch.randn(2, 12, 32), torch.randn(2, 12, 24)
+    ks = kernels(check_gpu(lambda a: F.gelu(fc(a)), x, rtol=1e-4, atol=1e-4))
+    assert len(ks) == 1 and "gemm" in ks[0], ks
+    ks = kernels(check_gpu(lambda a, b: b + down(a), torch.randn(2, 12, 1024), r, rtol=1e-4, atol=1e-4))
+    assert len(ks) == 2 and "_part: gemm" in ks[0] and "_sum: threads" in ks[1], ks  # split-K
+    bias = torch.randn(12)
+    ks = kernels(check_gpu(lambda a, b: torch.relu(torch.bmm(a, b).reshape(24, 12) + bias),
+                           torch.randn(3, 8, 16), torch.randn(3, 16, 12), rtol=1e-4, atol=1e-4))
+    assert len(ks) == 1 and "gemm" in ks[0], ks
+    ks = kernels(check_gpu(lambda a: a + F.gelu(sq(a)), torch.randn(1, 1, 32), rtol=1e-4, atol=1e-4))
+    assert len(ks) == 1 and "single" not in ks[0], ks
+
+
 @pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x16/s2", "128x64x16/8x4", "64x64x16/4x4/s2"])
 def test_gemm_tiles(gpu, tile: str) -> None:  # type: ignore[no-untyped-def]
     """Every tile the benchmark uses is right, also on edges (sizes not multiples of the tile)."""

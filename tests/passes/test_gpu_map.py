@@ -211,3 +211,34 @@ def test_an_fma_accumulation_is_a_shared_reduction() -> None:
     bad = kernel(REDUCTION.format(n=256).replace("%acc1[0] = %acc1[0] + x3",
                                                  "%acc1[0] = fma(%acc1[0], x3, %acc1[0])"))
     assert not {f.annotation("gpu") for f in _loops(run_pass(GpuMap(), bad).body)} & {"threads", "lanes"}
+
+
+REGROUPED = """
+    kernel @k0(%x: f32[32, 64] strides [64, 1], %w: f32[64, 48] strides [48, 1], %r: f32[2, 16, 48] strides [768, 48, 1],
+               %out: f32[2, 16, 48] strides [768, 48, 1]) {{
+      for i0 in 0..32 {{
+        for i1 in 0..48 {{
+          alloc %acc: f32[1] strides [1] local
+          %acc[0] = 0.0:f32
+          for k2 in 0..64 {{
+            let x3 = %x[i0, k2]
+            let x4 = %w[k2, i1]
+            %acc[0] = %acc[0] + x3 * x4
+          }}
+          let t5 = %acc[0]
+          let x6 = %r[{index}]
+          %out[{index}] = t5 + x6
+        }}
+      }}
+    }}
+"""
+
+
+def test_product_stored_through_a_row_regroup_is_a_gemm() -> None:
+    """A linear layer's epilogue after a reshape of its rows (`[32, 48] -> [2, 16, 48]`, the
+    residual add) stores at the regrouped index: still one element per (i, j), a GEMM."""
+    out = run_pass(GpuMap(), kernel(REGROUPED.format(index="i0 // 16, i0 % 16, i1")))
+    assert out.body.annotation("gpu") == "gemm", out
+    # not a regroup (two rows to one element): no parallel loop over i0, not a GEMM
+    other = run_pass(GpuMap(), kernel(REGROUPED.format(index="i0 // 16, i0 // 16, i1")))
+    assert other.body.annotation("gpu") != "gemm", other

@@ -64,7 +64,9 @@ def test_split_product_on_the_gpu(gpu) -> None:  # type: ignore[no-untyped-def]
     x, w, b = torch.randn(96, 1024), torch.randn(1024, 80), torch.randn(80)
     reports = check_gpu(lambda p, q, r: torch.relu(p @ q + r), x, w, b, rtol=1e-4, atol=1e-4)
     kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
-    assert any("_part: gemm" in k for k in kernels) and any("_sum:" in k for k in kernels), kernels
+    assert any("_part: gemm" in k for k in kernels), kernels
+    # the sum is straight-line code: an elementwise kernel with vec4 loads and stores
+    assert any("_sum: threads/vec4" in k for k in kernels), kernels
 
 
 def test_split_projection_of_attention_heads_reads_vec4(gpu) -> None:  # type: ignore[no-untyped-def]

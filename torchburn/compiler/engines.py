@@ -163,9 +163,11 @@ class WgslEngine:
         return gpu_pipeline(pipeline)
 
     def key_parts(self, target: "Target") -> tuple[str, ...]:
+        from ..runtime.config import get_config
         from ..runtime.gpu import get_device
 
-        return ("wgsl", get_device().cache_tag())
+        checks = ("bounds",) if get_config().bounds_check else ()  # wgpu's runtime checks kept
+        return ("wgsl", get_device().cache_tag(), *checks)
 
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
         from ..codegen.wgsl import WgslUnsupported, emit_program, refuse_data_divisors

@@ -5,8 +5,11 @@ host (`loopgen/matmul.py`). A GPU wants the plain definition instead, one output
 iteration of a parallel nest with the reduction over k inside, so that `gpu-map` can see the
 product and WGSL codegen can tile it for workgroups. Every other kernel is lowered exactly as
 `lower-to-loops` lowers it, but for `attention`, written as the nest the WGSL flash-attention
-shader reads (`loopgen/attention_gpu.py`). A fused epilogue (bias add, activation, cast: elementwise ops
-computed from the product, see `fuse`) follows the reduction, per element.
+shader reads (`loopgen/attention_gpu.py`). A fused epilogue (bias add, activation, residual add,
+cast: elementwise ops computed from the product, see `fuse`) follows the reduction, per element;
+through a reshape that regroups the rows (a linear layer on `[batch, seq, features]`), the
+store and the ops after the reshape index the reshaped result (`gpu_regroup.py`):
+`%out[i0 floordiv 16, i0 mod 16, i1] = ...`.
 
 Before (tensor IR, after `fuse`):
 
@@ -47,7 +50,8 @@ from ..ir.tensor import Op, Value
 from .base import register_pass
 from .loopgen.attention_gpu import build_attention_gpu
 from .loopgen.kernel_builder import KernelBuilder
-from .loopgen.matmul import CpuInfo, fused_matmul
+from .gpu_regroup import regroup_rows
+from .loopgen.matmul import CpuInfo, epilogue_views, fused_matmul
 from .lower_to_loops import LowerToLoops
 
 
@@ -78,9 +82,17 @@ def build_plain_gemm(kb: KernelBuilder, root: Op, mm: Op, out: lp.Buffer) -> lp.
     total = kb.bind(ex.cast(ex.Load(acc.name, (Const(0),), ScalarType(acc_t)), mm.result.dtype), "x")
     idx = (*bvars, i, j)
     kb.define(mm.result, idx, total)
-    val = kb.compute(root, idx) if root is not mm else total
+    # A reshape regrouping the rows inside the epilogue (`fuse`): the ops before it are
+    # computed at the product's index, the ones after it and the store at the root's.
+    views = epilogue_views(root, set(kb.buffers)) if root is not mm else []
+    out_idx = idx
+    if views:
+        out_idx = (*regroup_rows(idx[:-1], mm.result.shape[:-1], root.result.shape[:-1]), j)
+        for view in views:
+            kb.define(view.result, out_idx, kb.value_at(view.operands[0], idx))
+    val = kb.compute(root, out_idx) if root is not mm else total
     kb.used_buffers[out.name] = out
-    kb.emit(lp.Store(out.name, idx, val))
+    kb.emit(lp.Store(out.name, out_idx, val))
     body = kb.pop()
     origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
     return kb.nest(vars_, shape, body, origin)

@@ -65,13 +65,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import AbstractSet, Callable, ClassVar, Optional
+from typing import AbstractSet, Callable, ClassVar, Mapping, Optional
 
 from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Expr
 from .base import LoopPass, PassError, register_pass
+from .gpu_regroup import regrouped_loops
 from .gpu_rows import rows_annotate
 from .loopgen.attention import TASKS
 
@@ -118,16 +119,18 @@ def _perfect_nest(s: lp.Stmt) -> tuple[list[lp.For], lp.Stmt]:
     return loops, s
 
 
-def _global_accesses(s: lp.Stmt, params: set[str]) -> tuple[list[lp.Store], list[ex.Load]]:
+def _global_accesses(s: lp.Stmt, params: AbstractSet[str] | Mapping[str, lp.Buffer]) -> tuple[list[lp.Store], list[ex.Load]]:
     stores = [x for x in lp.walk_stmts(s) if isinstance(x, lp.Store) and x.buffer in params]
     loads = [n for x in lp.walk_stmts(s) for e in lp.stmt_exprs(x) for n in ex.walk(e)
              if isinstance(n, ex.Load) and n.buffer in params]
     return stores, loads
 
 
-def _parallel_prefix(loops: list[lp.For], params: set[str]) -> int:
+def _parallel_prefix(loops: list[lp.For], params: Mapping[str, lp.Buffer]) -> int:
     """How many outer loops of the nest are parallel: each global store names every such
-    loop variable as a whole index, and written buffers are read only where they are written."""
+    loop variable as a whole index (or, through a row regroup, the loops of the rows and the
+    column: a product's epilogue stored through a reshape, `gpu_regroup.py`), and written
+    buffers are read only where they are written."""
     if not loops:
         return 0
     stores, loads = _global_accesses(loops[0], params)
@@ -135,9 +138,10 @@ def _parallel_prefix(loops: list[lp.For], params: set[str]) -> int:
     for ld in loads:
         if ld.buffer in written and ld.index not in {st.index for st in stores if st.buffer == ld.buffer}:
             return 0
+    regrouped = [regrouped_loops(st.index, loops, params[st.buffer].shape) for st in stores]
     n = 0
     for f in loops:
-        if not stores or not all(f.var in st.index for st in stores):
+        if not stores or not all(f.var in st.index or n < r for st, r in zip(stores, regrouped)):
             break
         n += 1
     return n
@@ -197,7 +201,7 @@ def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
     return out
 
 
-def _gemm_depth(s: lp.Stmt, params: set[str], symbols: AbstractSet[str] = frozenset()) -> int:
+def _gemm_depth(s: lp.Stmt, params: Mapping[str, lp.Buffer], symbols: AbstractSet[str] = frozenset()) -> int:
     """Loops of the nest a matrix product (as `lower-to-loops-gpu` writes it) maps onto, or 0:
     parallel output loops (batch.., i, j) around `alloc %acc; %acc[0] = 0; for k { %acc[0] =
     %acc[0] + A * B }; epilogue`, where A does not read j and B does not read i."""
@@ -339,7 +343,7 @@ class GpuMap(LoopPass):
 
     def map_kernel(self, k: lp.Kernel) -> lp.Kernel:
         body = k.body
-        params = {b.name for b in k.params}
+        params = {b.name: b for b in k.params}
         if _gemm_depth(body, params, {v.name for v in k.symbols}) and not self._few_rows(body):
             return replace(k, body=self._gemm(body))
         if isinstance(body, lp.For) and body.annotation("gpu") == "attention":
@@ -354,14 +358,14 @@ class GpuMap(LoopPass):
         loops, _ = _perfect_nest(nest)
         n = _parallel_prefix(loops, params)
         if self.rows and loops:
-            rows = rows_annotate(loops, n, params, self.workgroup, self.vectorize)
+            rows = rows_annotate(loops, n, set(params), self.workgroup, self.vectorize)
             if rows is not None:
                 return replace(k, body=lp.block(*prelude, rows) if prelude else rows)
         # Grid and block kernels are one nest: leading invariant `let`s move into its body.
         mapped = self._map_nest(_sink(prelude, nest) if prelude else body, params)
         return k if mapped is None else replace(k, body=mapped)
 
-    def _map_nest(self, body: lp.Stmt, params: set[str]) -> Optional[lp.Stmt]:
+    def _map_nest(self, body: lp.Stmt, params: Mapping[str, lp.Buffer]) -> Optional[lp.Stmt]:
         """The block or grid mapping of a loop nest, None when it has no parallel loop."""
         loops, _ = _perfect_nest(body)
         n = _parallel_prefix(loops, params)

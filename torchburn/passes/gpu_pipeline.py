@@ -2,14 +2,12 @@
 passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
-    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse{epilogue_reshape=false}
+    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse
                          | lower-to-loops-gpu | gpu-split-wide, gpu-split-k, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
 """
 from __future__ import annotations
-
-import dataclasses
 
 from .expand_attention import ExpandAttention
 from .fusion import Fuse
@@ -41,9 +39,7 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
         # before the mapping: the parts are a GEMM, their sum an elementwise kernel
         loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitK())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    # The plain GPU GEMM nest computes epilogues at the product's own index only.
-    tensor = [dataclasses.replace(x, epilogue_reshape=False) if isinstance(x, Fuse) else x
-              for x in p.tensor]
+    tensor = list(p.tensor)
     if not any(x.name == ExpandAttention.name for x in tensor):
         at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
         tensor.insert(at, ExpandAttention(keep_flash=flash))

@@ -59,12 +59,9 @@ After:
     kernel @k0_sum(%k0_part: f32[2, 8, 8] strides [64, 8, 1], %out0: f32[8, 8] strides [8, 1]) {
       for i0 in 0..8 {
         for i1 in 0..8 {
-          alloc %acc: f32[1] strides [1] local
-          %acc[0] = 0.0:f32
-          for ks0 in 0..2 {
-            %acc[0] = %acc[0] + %k0_part[ks0, i0, i1]
-          }
-          let t5 = %acc[0]
+          let psum0 = %k0_part[0, i0, i1]
+          let psum1 = psum0 + %k0_part[1, i0, i1]
+          let t5 = psum1
           %out0[i0, i1] = max(t5, 0.0:f32)
         }
       }
@@ -79,6 +76,7 @@ from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const, Var
+from ..ir.transform import StmtMutator
 from .base import LoopPass, PassError, register_pass
 from .gpu_map import _gemm_depth, _perfect_nest
 from .loop_utils import substitute_stmt
@@ -99,7 +97,7 @@ class _Product:
 
 def _match(k: lp.Kernel) -> Optional[_Product]:
     """The product nest of `k` (as `lower-to-loops-gpu` writes it) with static sizes, or None."""
-    params = {b.name for b in k.params}
+    params = {b.name: b for b in k.params}
     symbols = {v.name for v in k.symbols}
     loops, inner = _perfect_nest(k.body)
     if len(loops) < 2 or _gemm_depth(k.body, params, symbols) != len(loops) or not isinstance(inner, lp.Block) \
@@ -137,6 +135,24 @@ def _fresh(k: lp.Kernel, prefix: str) -> Var:
     while f"{prefix}{n}" in taken:
         n += 1
     return Var(f"{prefix}{n}")
+
+
+def _unused(taken: set[str], prefix: str) -> str:
+    n = 0
+    while f"{prefix}{n}" in taken:
+        n += 1
+    taken.add(f"{prefix}{n}")
+    return f"{prefix}{n}"
+
+
+class _ReadAs(StmtMutator):
+    """Reads of the accumulator `%acc[0]` become `value`."""
+
+    def __init__(self, acc: str, value: ex.Expr) -> None:
+        self.acc, self.value = acc, value
+
+    def visit_Load(self, e: ex.Load) -> ex.Expr:
+        return self.value if e.buffer == self.acc else e
 
 
 @register_pass
@@ -241,11 +257,19 @@ class GpuSplitK(LoopPass):
             nest = replace(f, body=nest)
         nest = lp.For(sv, Const(0), Const(s), "serial", nest, p.loops[0].annotations)
         first = _trimmed(replace(k, name=f"{k.name}_part", body=nest), (part,))
-        # the sum of the parts, then the product's own epilogue
-        add = lp.Store(p.alloc.buffer.name, (Const(0),),
-                       ex.Binary("add", acc_load, ex.Load(part_name, idx, F32), F32))
-        sum_loop = lp.For(sv, Const(0), Const(s), "serial", add)
-        body: lp.Stmt = lp.Block((p.alloc, p.init, sum_loop, *p.epilogue))
+        # the sum of the parts in a fixed order, as straight-line lets (an elementwise kernel:
+        # `gpu-map` gives it vec4 loads and stores), then the product's own epilogue reading it
+        taken = {x.var.name for x in lp.walk_stmts(k.body) if isinstance(x, (lp.For, lp.Let))}
+        lets: list[lp.Stmt] = []
+        total: ex.Expr = ex.Load(part_name, (Const(0), *idx[1:]), F32)
+        for n in range(1, s):
+            name = _unused(taken, "psum")
+            lets.append(lp.Let(Var(name, F32), total))
+            total = ex.Binary("add", Var(name, F32), ex.Load(part_name, (Const(n), *idx[1:]), F32), F32)
+        name = _unused(taken, "psum")
+        lets.append(lp.Let(Var(name, F32), total))
+        epilogue = tuple(_ReadAs(p.alloc.buffer.name, Var(name, F32)).visit_stmt(x) for x in p.epilogue)
+        body: lp.Stmt = lp.Block((*lets, *epilogue))
         for f in reversed(p.loops):
             body = replace(f, body=body)
         second = _trimmed(replace(k, name=f"{k.name}_sum", params=(part, *k.params), body=body))

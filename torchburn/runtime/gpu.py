@@ -31,6 +31,7 @@ into bytes and back.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 import weakref
@@ -231,6 +232,8 @@ class GpuDevice:
         #: array allocated per `set_bind_group`), 4-5x the cost of the call itself, paid per
         #: dispatch, hundreds per decode step. Encoding errors still surface at `finish()`.
         self.raw_pass = _raw_pass()
+        #: wgpu-native's shader module call without runtime checks (`_shader_module`), or None.
+        self.raw_module = _raw_module()
         self.pipeline_hits = 0
         self._fence: Optional[tuple[Any, Any]] = None
 
@@ -241,7 +244,8 @@ class GpuDevice:
 
     def pipeline(self, shader: KernelShader) -> _Pipeline:
         """The compute pipeline of a shader, compiled once per distinct source."""
-        key = blake3(shader.source.encode()).hexdigest()
+        checked = self.raw_module is None or get_config().bounds_check
+        key = blake3(shader.source.encode()).hexdigest() + ("/checked" if checked else "")
         hit = self._pipelines.get(key)
         if hit is not None:
             self.pipeline_hits += 1
@@ -253,13 +257,39 @@ class GpuDevice:
             kind = wgpu.BufferBindingType.storage if b.writable else wgpu.BufferBindingType.read_only_storage
             entries.append({"binding": k + 1, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}})
         layout = self.device.create_bind_group_layout(entries=entries)
-        module = self.device.create_shader_module(code=shader.source, label=shader.name)
+        module = self._shader_module(shader, checked)
         pipe = self.device.create_compute_pipeline(
             layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
             compute={"module": module, "entry_point": "main"}, label=shader.name)
         entry = _Pipeline(pipe, layout)
         self._pipelines[key] = entry
         return entry
+
+    def _shader_module(self, shader: KernelShader, checked: bool) -> Any:
+        """The shader module of a kernel, without wgpu's runtime checks where wgpu-native offers
+        that (`wgpuDeviceCreateShaderModuleTrusted`).
+
+        By default naga, translating WGSL for the driver, clamps every index into a
+        fixed-size array (workgroup tiles, vector lanes: a `min` before each access, which also
+        keeps the driver from folding a constant offset into the load) and gives every loop a
+        64-bit iteration counter that breaks out after 2^64 trips (an extra exit the driver
+        cannot reason about: no unrolling by trip count). Our shaders need neither: codegen
+        keeps every index in range (loads and stores are guarded by the extents, tile indices
+        are in range by construction) and every loop has a trip count. `TORCHBURN_DEBUG=bounds`
+        keeps wgpu's checks (a kernel whose result changes with it reads out of bounds)."""
+        if checked or self.raw_module is None:
+            return self.device.create_shader_module(code=shader.source, label=shader.name)
+        ffi, lib, create, new_struct_p, to_view, module_type = self.raw_module
+        source = new_struct_p("WGPUShaderSourceWGSL *", code=to_view(shader.source))
+        source[0].chain.next = ffi.NULL
+        source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+        desc = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
+                            label=to_view(shader.name))
+        gpu_calls.note("create_shader_module")
+        handle = create(self.device._internal, desc, 0)  # 0: no runtime checks
+        if handle == ffi.NULL:
+            raise GpuError(f"shader module creation failed for kernel {shader.name}")
+        return module_type(shader.name, handle, self.device)
 
     def wait(self) -> None:
         """Block until the queue's submitted work is done (a tiny copy and map; wgpu 0.32's
@@ -302,6 +332,17 @@ def _raw_pass() -> Optional[tuple[Any, Any, Any, Any]]:
         return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
                 lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
     except (ImportError, AttributeError):  # another wgpu backend or version: the public methods
+        return None
+
+
+def _raw_module() -> Optional[tuple[Any, Any, Any, Any, Any, Any]]:
+    try:
+        from wgpu.backends.wgpu_native._api import GPUShaderModule, libf, new_struct_p, to_c_string_view
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        # libf: the calls that raise wgpu's validation errors (a shader the WGSL front end rejects)
+        return ffi, lib, libf.wgpuDeviceCreateShaderModuleTrusted, new_struct_p, to_c_string_view, GPUShaderModule
+    except (ImportError, AttributeError):  # another wgpu backend or version: the checked call
         return None
 
 
@@ -665,15 +706,18 @@ class GpuProgram:
         self._write_symbols(env)
         return self._dispatches(plan, groups)
 
-    def _time(self, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], iters: int) -> float:
-        for repeat in (1, iters):
+    def _time(self, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], iters: int, rounds: int = 5) -> float:
+        """Seconds per run: the median of `rounds` submissions of `iters` runs each, after one
+        run to warm up (one submission alone moved by 5-10% between runs on the H200)."""
+        samples = []
+        for repeat in (1, *[iters] * rounds):
             encoder = self.dev.device.create_command_encoder()
             self._encode(encoder, dispatches, repeat)
             t0 = time.perf_counter()
             self.dev.queue.submit([encoder.finish()])
             self.dev.wait()
-            dt = time.perf_counter() - t0
-        return dt / iters
+            samples.append((time.perf_counter() - t0) / repeat)
+        return statistics.median(samples[1:])
 
 
 def _round4(n: int) -> int:

@@ -31,12 +31,20 @@ COUNTED: dict[str, tuple[str, ...]] = {
 
 _lock = threading.Lock()
 _active = False
+_counts: "Counter[str] | None" = None
 
 
 def counting() -> bool:
     """Whether a `count_calls` block is running: the GPU engine then encodes through wgpu's
     public methods (which it counts), not wgpu-native's C functions (`GpuDevice.raw_pass`)."""
     return _active
+
+
+def note(name: str) -> None:
+    """Count a call the GPU engine makes through wgpu-native's C functions rather than a
+    counted method (`create_shader_module` without runtime checks, `runtime/gpu.py`)."""
+    if _counts is not None:
+        _counts[name] += 1
 
 
 def _wrap(fn: Callable[..., Any], name: str, counts: Counter[str]) -> Callable[..., Any]:
@@ -54,11 +62,11 @@ def count_calls() -> Iterator[Counter[str]]:
     the block runs; wgpu's classes are restored on exit). One block at a time per process."""
     from wgpu.backends import wgpu_native
 
-    global _active
+    global _active, _counts
     counts: Counter[str] = Counter()
     saved: list[tuple[type, str, Any]] = []
     with _lock:
-        _active = True
+        _active, _counts = True, counts
         try:
             for cls_name, methods in COUNTED.items():
                 cls = getattr(wgpu_native, cls_name)
@@ -69,7 +77,7 @@ def count_calls() -> Iterator[Counter[str]]:
                     setattr(cls, m, _wrap(fn, m, counts))
             yield counts
         finally:
-            _active = False
+            _active, _counts = False, None
             for cls, m, original in reversed(saved):
                 if original is None:
                     delattr(cls, m)

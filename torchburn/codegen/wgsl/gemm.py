@@ -25,7 +25,8 @@ barrier per step instead of two. Global loads are `vec4` when an operand is a pl
 whose four consecutive k (or m, n) values are four aligned consecutive elements (`vec4.py`:
 `k`, `k mod c`, plus multiples of 4); otherwise scalar. Out-of-range elements load as zero and
 stores are bounds-checked, so any M, N, K works. The epilogue runs per element on the
-accumulators before the only store.
+accumulators before the only store, at the product's index or, through a reshape regrouping
+the rows, at the reshaped result's (`%out[i floordiv 16, i mod 16, j]`).
 """
 from __future__ import annotations
 
@@ -102,6 +103,9 @@ class MatmulNest:
     epilogue: list[lp.Let]
     out: str
     value: Expr
+    #: Where element (batch.., i, j) is stored: the loop variables, or an index computed from
+    #: them (a reshape regrouping the rows in the epilogue: `%out[i floordiv 16, i mod 16, j]`).
+    index: tuple[Expr, ...]
 
 
 def _fail(why: str) -> WgslUnsupported:
@@ -177,9 +181,11 @@ def match_matmul(root: lp.For, symbols: frozenset[str] = frozenset()) -> MatmulN
         a, b = b, a
     if not (ex.free_vars(a) <= a_names and ex.free_vars(b) <= b_names):
         raise _fail("the factors mix i and j")
-    if store.index != tuple(f.var for f in loops):
+    loop_names = {f.var.name for f in loops}
+    if any(not ex.free_vars(x) <= loop_names | set(symbols) for x in store.index):
         raise _fail("output index")
-    return MatmulNest(batch, iloop, jloop, kloop, acc, a_lets, b_lets, a, b, epilogue, store.buffer, store.value)
+    return MatmulNest(batch, iloop, jloop, kloop, acc, a_lets, b_lets, a, b, epilogue, store.buffer, store.value,
+                      store.index)
 
 
 class GemmEmitter:
@@ -429,12 +435,19 @@ class GemmEmitter:
         out = k.params[nest.out].buffer
         N = nest.j.extent
         vec_ok = (out.dtype == dt.f32 and isinstance(N, Const) and int(N.value) % 4 == 0 and out.strides[-1] == Const(1)
+                  and nest.index[-1] == nest.j.var
                   and all(size == Const(1) or (isinstance(st, Const) and int(st.value) % 4 == 0)
                           for size, st in zip(out.shape[:-1], out.strides[:-1])))
         if vec_ok:
             k.params[nest.out].vec4 = True
-        bvars = tuple(f.var for f in nest.batch)
         bargs = "".join(f"v_{f.var.name}, " for f in nest.batch)
+
+        def at(row: Expr, col: Expr) -> tuple[Expr, ...]:
+            """The output index of element (row, col) of the tile."""
+            names = {nest.i.var.name: row, nest.j.var.name: col}
+            return tuple(ex.substitute(x, names) for x in nest.index)
+
+        k.r.nonneg |= {f"tb_row{g}_{q}" for g in range(rg) for q in range(4)} | {f"tb_col{c}" for c in range(cg)}
         for g in range(rg):
             for q in range(4):
                 row = Var(f"tb_row{g}_{q}")
@@ -451,12 +464,12 @@ class GemmEmitter:
                         return f"tb_epi({bargs}v_{row.name}, {colv}, {acc}.{XYZW[e]})"
 
                     if vec_ok:
-                        off = k.offset(out, (*bvars, row, col))
+                        off = k.offset(out, at(row, col))
                         value = f"vec4<f32>({', '.join(epi(e) for e in range(4))})"
                         line(f"if (v_{col.name} < tb_N) {{ st4_{nest.out}({off}, {value}); }}", 3)
                     else:
                         for e in range(4):
-                            off = k.offset(out, (*bvars, row, ex.add(col, Const(e))))
+                            off = k.offset(out, at(row, ex.add(col, Const(e))))
                             line(f"if (v_{col.name} + {e} < tb_N) {{ st_{nest.out}({off}, {epi(e)}); }}", 3)
                     line("}", 2)
                 line("}")
