@@ -55,10 +55,11 @@ class LauncherSpec:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "LauncherSpec":
-        """Raises KeyError, TypeError or ValueError on a record of the wrong shape."""
+        """Raises KeyError, TypeError or ValueError on a record of the wrong shape (a record
+        without `results`, written before they were recorded, describes none)."""
         dtypes = tuple((str(k), str(v)) for k, v in d["dtypes"])
         return LauncherSpec(str(d["source"]), str(d["name"]), dtypes, int(d["n_pointers"]),
-                            int(d["n_symbols"]), int(d["n_results"]), tuple(str(r) for r in d["results"]))
+                            int(d["n_symbols"]), int(d["n_results"]), tuple(str(r) for r in d.get("results", ())))
 
 
 @dataclass
