@@ -54,6 +54,8 @@ fn2 = torch.compile(f2, backend="torchburn")
 teams.append(run(fn2, f2))  # unset: a module loaded now takes OpenMP's default, for all modules
 threads.set_num_threads(1)  # changes every loaded module at once
 teams.append(run(fn2, f2))
+f3 = lambda t: (t - 0.5).sigmoid()
+teams.append(run(torch.compile(f3, backend="torchburn"), f3))  # a module loaded later keeps it
 print("TEAMS", teams, torch_threads == torch.get_num_threads())
 '''
 
@@ -72,8 +74,9 @@ def test_num_threads_sets_the_team_of_generated_loops() -> None:
     import torch
 
     # the team inside the kernel: as set (3, more than this machine's cores), OpenMP's default
-    # once unset, 1 after set_num_threads(1); torch's own setting unchanged throughout
-    assert run_child("3") == f"TEAMS [[3], [{torch.get_num_threads()}], [1]] True"
+    # once unset, 1 after set_num_threads(1), also in a module loaded after that; torch's own
+    # setting unchanged throughout
+    assert run_child("3") == f"TEAMS [[3], [{torch.get_num_threads()}], [1], [1]] True"
 
 
 def test_set_num_threads_rejects_negative_counts() -> None:

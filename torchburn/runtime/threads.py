@@ -6,8 +6,9 @@ pass that int to `GOMP_parallel` as the team size, so the setting applies to gen
 only: torch's own thread setting (`omp_set_num_threads`, `torch.set_num_threads`) is never
 changed. 0 means the OpenMP runtime's default, which is torch's setting.
 
-The count is read from the configuration whenever a module is loaded, and `set_num_threads`
-changes it for every loaded module at once.
+The count follows the configuration (`TORCHBURN_NUM_THREADS`), read whenever a module is
+loaded; `set_num_threads` changes it for every loaded module at once, and it stays so until
+the configured value itself changes (a later module load does not undo it).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ THREADS_GLOBAL = "torchburn_num_threads"
 
 #: The one thread count all loaded modules read.
 _count = ctypes.c_int(0)
+#: The configured value last taken into `_count` (None: none yet).
+_configured: Optional[int] = None
 
 
 def num_threads() -> int:
@@ -38,9 +41,13 @@ def set_num_threads(n: int) -> None:
 
 def attach(global_address: Callable[[str], Optional[int]]) -> None:
     """Point a freshly loaded module's `@torchburn_num_threads` at the process's count, after
-    taking the count from the configuration. `global_address(name)` gives the address of a
-    global of the module, or None when it has none (no parallel loops)."""
-    _count.value = get_config().num_threads
+    taking the count from the configuration if that changed since it was last taken (an
+    explicit `set_num_threads` stays). `global_address(name)` gives the address of a global of
+    the module, or None when it has none (no parallel loops)."""
+    global _configured
+    configured = get_config().num_threads
+    if configured != _configured:
+        _count.value, _configured = configured, configured
     addr = global_address(THREADS_GLOBAL)
     if addr:
         ctypes.c_void_p.from_address(addr).value = ctypes.addressof(_count)
