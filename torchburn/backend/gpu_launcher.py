@@ -162,8 +162,10 @@ class GpuLauncher:
         def launch(*args: Any) -> tuple[Any, ...]:
             return self(*args)
 
-        #: A plain function, as the backend installs it in the graph.
+        #: A plain function, as the backend installs it in the graph (`output_strides.py` knows
+        #: it by `gpu_launcher`: it cannot run on fake tensors).
         self.launch = launch
+        launch.gpu_launcher = self  # type: ignore[attr-defined]
         _recent.append(weakref.ref(self))
         del _recent[:-64]
 
