@@ -162,7 +162,9 @@ class GpuLauncher:
         def launch(*args: Any) -> tuple[Any, ...]:
             return self(*args)
 
-        #: A plain function, as the backend installs it in the graph.
+        #: A plain function, as the backend installs it in the graph (`gpu_launcher` marks it for
+        #: `output_strides.py`, which cannot run it on fake tensors).
+        launch.gpu_launcher = self  # type: ignore[attr-defined]
         self.launch = launch
         _recent.append(weakref.ref(self))
         del _recent[:-64]

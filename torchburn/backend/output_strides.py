@@ -99,6 +99,8 @@ class _FakeRun(torch.fx.Interpreter):
         return value
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if getattr(target, "gpu_launcher", None) is not None:  # its results' layouts are not described
+            raise _Unknown(getattr(target, "__name__", "gpu launcher"))
         launcher = getattr(target, "launcher", None)
         if launcher is None:
             return super().call_function(target, args, kwargs)
