@@ -3,7 +3,7 @@ defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
 
     TORCHBURN_WGPU_BACKEND=vulkan python benchmarks/bench_gpu_sweep.py [--quick] [--json F]
 
-For each GEMM shape `MxNxK` (f32, `a @ b`) and each tile of `--gemm-tiles` (or of the shape's own
+For each GEMM shape `MxNxK` (f32, `a @ b`; `MxNxKt`: `a @ b.t()` with `b` N x K, a linear layer) and each tile of `--gemm-tiles` (or of the shape's own
 list, `MxNxK=tile+tile`; `tile~S` also sets `gpu-split-k{splits=S}`, 1: no split), and for each causal
 attention shape `BxHxTxD` (f32, `F.scaled_dot_product_attention`) and each tile of
 `--attention-tiles` ("rows" is the one-invocation-per-row schedule; a tile of either list
@@ -74,22 +74,27 @@ def emit(line: str, out: list[str]) -> None:
 def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], lines: list[str], iters: int) -> None:
     for spec in shapes:
         shape, _, own = spec.partition("=")
-        m, n, k = (int(x) for x in shape.split("x"))
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        linear = shape.endswith("t")  # b held as N x K, read transposed (a linear layer's weight)
+        m, n, k = (int(x) for x in shape.rstrip("t").split("x"))
+        a, b = torch.randn(m, k), torch.randn(n, k) if linear else torch.randn(k, n)
+        mm: Callable[..., Any] = (lambda x, y: x @ y.t()) if linear else (lambda x, y: x @ y)
         flops = 2.0 * m * n * k
-        ref = cuda_kernels(torch.mm, (a, b), iters)
-        expected = (a.cuda() @ b.cuda()).cpu() if torch.cuda.is_available() else a @ b
+        ref = cuda_kernels(mm, (a, b), iters)
+        expected = mm(a.cuda(), b.cuda()).cpu() if torch.cuda.is_available() else mm(a, b)
         rows = record.setdefault("gemm", {}).setdefault(shape, {"torch_s": ref})
         emit(f"GEMM {shape}: PyTorch {flops / ref / 1e12:.2f} TFLOP/s" if ref else f"GEMM {shape}", lines)
         for tile in own.split("+") if own else tiles:
             gemm_tile, _, splits = tile.partition("@")[0].partition("~")
-            passes = [f"gpu-map{{gemm_tile={gemm_tile}}}"] + ([f"gpu-split-k{{splits={splits}}}"] if splits else [])
+            # gpu-split-k before gpu-map, as the GPU pipeline places it (its parts are a GEMM to map)
+            passes = ([f"gpu-split-k{{splits={splits}}}"] if splits else []) + [f"gpu-map{{gemm_tile={gemm_tile}}}"]
             opts = {"passes": {"before-codegen": passes}}
             try:
                 t0 = time.perf_counter()
                 with wgpu_checks(tile):
-                    _, launchers, out = ours(lambda x, y: x @ y, (a, b), opts)
+                    _, launchers, out = ours(mm, (a, b), opts)
                 compile_s = time.perf_counter() - t0
+                if not launchers:  # the compile cache handed back an earlier row's program
+                    raise RuntimeError("no new kernels: the same program as an earlier row")
                 t = kernel_time(launchers, iters)
                 err = float((out - expected).abs().max())
                 summary = [s for x in launchers for s in x.compiled.kernel_summary()]
@@ -120,6 +125,8 @@ def sweep_attention(shapes: list[str], tiles: list[str], record: dict[str, Any],
                 with wgpu_checks(tile):
                     _, launchers, out = ours(fn, (q, k, v), opts)
                 compile_s = time.perf_counter() - t0
+                if not launchers:  # the compile cache handed back an earlier row's program
+                    raise RuntimeError("no new kernels: the same program as an earlier row")
                 t = kernel_time(launchers, iters)
                 err = float((out - expected).abs().max())
                 summary = [s for x in launchers for s in x.compiled.kernel_summary() if "attention" in s]
