@@ -218,3 +218,21 @@ def test_head_dim_beyond_registers_is_expanded(gpu, d: int) -> None:  # type: ig
     reports = check_gpu(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, rtol=1e-4, atol=1e-5)
     kernels = _attention_kernels(reports)
     assert kernels and not any("attention/" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("layout", ["sdpa", "heads-merged"])
+def test_output_through_views_is_one_kernel(gpu, layout: str) -> None:  # type: ignore[no-untyped-def]
+    """An attention result the graph returns through permutes and reshapes (SDPA's transposed
+    output, or heads merged into `[B, T, H*D]`) is stored at the view's index by the attention
+    kernel itself: the graph has no copy kernel (`loopgen/store_views.py`)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 19, 8, generator=g)
+    k, v = (torch.randn(2, 2, 19, 8, generator=g) for _ in range(2))
+    if layout == "sdpa":
+        fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
+    else:
+        fn = lambda a, b, c: attention(a, [b], [c], [], 0.3, True).transpose(1, 2).reshape(2, 19, 32)  # noqa: E731
+    reports = check_gpu(fn, q, k, v, rtol=1e-5, atol=1e-5)
+    kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
+    assert len(kernels) == 1 and "aten.permute" in kernels[0], kernels
+    _one_kernel(reports, "flash")

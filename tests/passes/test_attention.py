@@ -20,6 +20,7 @@ from torchburn.ir.ops import OpError, infer_types
 from torchburn.ir.tensor_type import TensorType
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
+from torchburn.passes.fusion import Fuse
 from tests.helpers import engine, run_compiled, assert_fully_compiled
 from tests.passes.test_matmul import Compiled
 
@@ -144,6 +145,44 @@ def test_llvm_and_reference_match_eager(case: dict, seed: int) -> None:
             golden, reports = run_compiled(fn, q, keys, values, masks)
         assert {s.engine for r in reports for s in r.subgraphs if s.compiled} == {"reference"}
         torch.testing.assert_close(golden, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_output_through_views_is_stored_by_the_attention_kernel() -> None:
+    """An attention result returned through a permute and a reshape (heads merged into
+    `[B, T, H*D]`) is stored at the view's index by the attention kernel: one kernel, no
+    temporary; equal to eager (GQA, causal, ragged rows)."""
+    text = """graph @main(%q: f32[2, 4, 7, 8], %k: f32[2, 2, 7, 8], %v: f32[2, 2, 7, 8]) {
+  %0 = attention(%q, %k, %v) {scale = 0.3, causal = true, masked = false, segments = 1} : f32[2, 4, 7, 8]
+  %1 = permute(%0) {dims = [0, 2, 1, 3]} : f32[2, 7, 4, 8]
+  %2 = reshape(%1) {shape = [2, 7, 32]} : f32[2, 7, 32]
+  return %2
+}"""
+    c = Compiled(text)
+    assert len(c.program.kernels) == 1 and not c.program.temps, print_ir(c.program)
+    # the heads' rows of 8 merged into the last dim, stored as vectors along it
+    assert re.search(r"%out0\[b\d+, i\d+, ramp\(h\d+ \* 8, 1, 8\)\]", print_ir(c.program.kernels[0]))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 7, 8, generator=g)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g) for _ in range(2))
+    fn = lambda a, b, c: attention(a, [b], [c], [], 0.3, True).transpose(1, 2).reshape(2, 7, 32)  # noqa: E731
+    out, reports = run_compiled(fn, q, k, v)
+    assert_fully_compiled(reports)
+    kernels = [x for r in reports for s in r.subgraphs for x in s.kernels]
+    assert len(kernels) == 1, kernels
+    expected = _sdpa(q, [k], [v], [], 0.3, True).transpose(1, 2).reshape(2, 7, 32)
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_attention_read_beside_its_view_keeps_its_buffer() -> None:
+    """The result also read by another op (here: returned itself) is stored once; the view
+    copies it in a kernel of its own."""
+    text = """graph @main(%q: f32[1, 2, 7, 8], %k: f32[1, 2, 7, 8], %v: f32[1, 2, 7, 8]) {
+  %0 = attention(%q, %k, %v) {scale = 0.5, causal = false, masked = false, segments = 1} : f32[1, 2, 7, 8]
+  %1 = permute(%0) {dims = [2, 0, 1, 3]} : f32[7, 1, 2, 8]
+  return %0, %1
+}"""
+    graph = Fuse().run(parse_graph(text))
+    assert [op.attrs.get("kernel") for op in graph.ops] == [0, 1]
 
 
 def test_half_precision_inputs() -> None:

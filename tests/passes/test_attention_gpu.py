@@ -51,3 +51,20 @@ def test_nest_computes_the_op(q, segs, masks: list[Optional[str]], causal: bool,
     arrays, want = _arrays_and_reference(rng, q, segs, masks, causal, scale, dv)
     out = run_arrays(prog, arrays)["out0"]
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_nest_stores_through_views() -> None:
+    """Returned through a permute and a reshape (`fuse` puts the op in the view's kernel), the
+    nest's `out` accessor stores at the view's index: one kernel, the view's values."""
+    from torchburn.passes.fusion import Fuse
+
+    q, segs, masks, causal, dv = CASES[1]
+    text = _graph(q, segs, masks, causal, 0.3, dv).replace(
+        "  return %0\n", "  %1 = permute(%0) {dims = [2, 0, 1, 3]} : f32[5, 2, 6, 8]\n"
+        "  %2 = reshape(%1) {shape = [5, 2, 48]} : f32[5, 2, 48]\n  return %2\n")
+    prog = LowerToLoopsGpu().run(Fuse().run(parse_graph(text)))
+    (k,) = prog.kernels
+    assert k.body.annotation("gpu") == "attention" and not prog.temps
+    arrays, want = _arrays_and_reference(np.random.default_rng(7), q, segs, masks, causal, 0.3, dv)
+    out = run_arrays(prog, arrays)["out0"]
+    np.testing.assert_allclose(out, want.transpose(2, 0, 1, 3).reshape(5, 2, 48), rtol=1e-5, atol=1e-5)

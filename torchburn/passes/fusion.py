@@ -43,6 +43,14 @@ matmul gets `fused_into` that kernel, whose root is the last op of the epilogue.
 at most one matmul this way (the first, in graph order); a product read by two kernels, or
 through a view or a reduction, keeps its own kernel.
 
+**Attention through views.** An `attention` op read only by a chain of permutes and reshapes
+whose last one is stored (PyTorch's SDPA result is a transposed view of a `[B, T, H, D]`
+buffer; the graph returns that layout) is computed in that view's kernel: the attention nest
+stores each element at the view's index (`loopgen/store_views.py`), with no copy kernel.
+
+    %0 = attention(%q, %k, %v) {scale = 0.125, causal = true, ..., fused_into = [0]} : f32[4, 12, 1024, 64]
+    %1 = permute(%0) {dims = [2, 0, 1, 3], kernel = 0} : f32[1024, 4, 12, 64]
+
 Before:
 
     graph @main(%x: f32[32, 512], %w: f32[1024, 512], %b: f32[1024]) {
@@ -73,6 +81,7 @@ from typing import ClassVar
 from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import TensorPass, register_pass
+from .loopgen.store_views import view_chain_root
 from .row_fusion import row_groups
 
 #: Elementwise ops whose recomputation costs more than a memory round trip.
@@ -139,6 +148,10 @@ class Fuse(TensorPass):
     #: Largest inline cost an elementwise op may be recomputed at inside one row kernel, per
     #: extra use (`exp(x - max)` read by the sum's loop and by the normalizing loop costs 11).
     max_row_recompute_cost: int = 24
+    #: Compute an `attention` op read only by permutes and reshapes that are stored (SDPA's
+    #: output layout, a graph output) in their kernel: the attention nest stores each element
+    #: at the view's index, and no copy kernel runs (`loopgen/store_views.py`).
+    attention_views: bool = True
 
     def run(self, graph: Graph) -> Graph:
         for op in graph.ops:
@@ -161,6 +174,10 @@ class Fuse(TensorPass):
         if self.row_reductions:
             inlined |= row_groups(graph, users, outputs, inlined, epilogue_roots, recompute_too_costly,
                                   self.max_row_recompute_cost)
+        if self.attention_views:
+            inlined |= {op for op in graph.ops if op.name == "attention" and op not in inlined
+                        and len(op.results) == 1 and op.result not in outputs
+                        and view_chain_root(op.result, users, inlined) is not None}
         kernels: dict[Op, set[int]] = {}
         next_id = 0
         for op in graph.ops:

@@ -52,6 +52,7 @@ from .loopgen.attention_gpu import build_attention_gpu
 from .loopgen.kernel_builder import KernelBuilder
 from .gpu_regroup import regroup_rows
 from .loopgen.matmul import CpuInfo, epilogue_views, fused_matmul
+from .loopgen.store_views import fused_through_views
 from .lower_to_loops import LowerToLoops
 
 
@@ -111,13 +112,15 @@ class LowerToLoopsGpu(LowerToLoops):
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         mm = fused_matmul(op, set(buffers))
-        if mm is None and op.name != "attention":
+        attn = (op, []) if op.name == "attention" else fused_through_views(op, set(buffers), {"attention"})
+        if mm is None and attn is None:
             return super()._lower_root(name, op, buffers, symbols, temps, cpu)
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
-        if mm is None:
-            # the flash-attention shader's nest (`loopgen/attention_gpu.py`)
-            body = build_attention_gpu(kb, op, out)
+        if attn is not None:
+            # the flash-attention shader's nest (`loopgen/attention_gpu.py`), storing through
+            # the permutes and reshapes computed in its kernel (`loopgen/store_views.py`)
+            body = build_attention_gpu(kb, attn[0], out, attn[1])
         else:
             body = build_plain_gemm(kb, op, mm, out)
         params = tuple(sorted(kb.used_buffers.values(), key=lambda b: b.name == out.name))

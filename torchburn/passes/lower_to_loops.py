@@ -81,6 +81,7 @@ from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
 from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
 from .loopgen.qlinear_forms import build_qlinear
 from .loopgen.root_key import ProductReach, RootKey, root_key
+from .loopgen.store_views import fused_through_views
 
 #: Values of `lower-to-loops{gemm_swap=...}`.
 SWAP_CHOICES = {"auto": None, "always": True, "never": False}
@@ -260,9 +261,10 @@ class LowerToLoops(Pass):
         kb = KernelBuilder(name, buffers)
         out = buffers[op.result]
         qop = fused_qlinear(op, set(buffers))
-        if op.name == "attention":
-            body = build_attention(kb, op, out, self.attention_block_q, self.attention_block_k,
-                                   self.attention_rows)
+        attn = (op, []) if op.name == "attention" else fused_through_views(op, set(buffers), {"attention"})
+        if attn is not None:
+            body = build_attention(kb, attn[0], out, self.attention_block_q, self.attention_block_k,
+                                   self.attention_rows, attn[1])
         elif qop is not None:
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):

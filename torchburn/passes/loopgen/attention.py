@@ -36,7 +36,7 @@ accumulator is a local array).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
@@ -44,6 +44,8 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .kernel_builder import KernelBuilder, LoweringError
+from .store_views import through
+from .views import Index
 
 F32 = ScalarType(dt.f32)
 NEG_INF = Const(float("-inf"), F32)
@@ -59,8 +61,11 @@ def _ceil_div(a: Expr, b: int) -> Expr:
 class _Nest:
     """The statement helpers of one attention kernel (locals, loops, loads)."""
 
-    def __init__(self, kb: KernelBuilder) -> None:
+    def __init__(self, kb: KernelBuilder, out_index: Callable[[Index], Index] = lambda idx: idx) -> None:
         self.kb = kb
+        #: Where output element `(b.., h, i, c)` is stored: its own index, or the index of the
+        #: permutes and reshapes computed in the same kernel (`store_views.py`).
+        self.out_index = out_index
 
     def local(self, name: str, n: int) -> lp.Buffer:
         buf = lp.Buffer(self.kb.fresh(name), dt.f32, (Const(n),), (Const(1),), "local")
@@ -88,11 +93,13 @@ class _Nest:
 
 
 def build_attention(kb: KernelBuilder, op: Op, out: lp.Buffer, block_q: int = 8, block_k: int = 32,
-                    max_rows: int = 4) -> lp.Stmt:
-    """The nest of the module docstring for `op`, storing into `out`. A task takes the query
-    heads of one key/value head (`G` of them) and `max(1, max_rows // G)` query rows of each
-    (one row for decode): those rows share every key and value load. `block_q` is the number
-    of rows per task when the query heads do not group (a GPU wants one)."""
+                    max_rows: int = 4, views: Sequence[Op] = ()) -> lp.Stmt:
+    """The nest of the module docstring for `op`, storing into `out`, at the index of the
+    permutes and reshapes `views` computed in the kernel (`store_views.py`; `out` is the last
+    one's buffer). A task takes the query heads of one key/value head (`G` of them) and
+    `max(1, max_rows // G)` query rows of each (one row for decode): those rows share every
+    key and value load. `block_q` is the number of rows per task when the query heads do not
+    group (a GPU wants one)."""
     q = op.operands[0]
     segments = int(op.attrs.get("segments", 1))
     masked = bool(op.attrs.get("masked", False))
@@ -119,7 +126,10 @@ def build_attention(kb: KernelBuilder, op: Op, out: lp.Buffer, block_q: int = 8,
         group, rows_per_head = 1, block_q
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
-    n = _Nest(kb)
+    for view in views:
+        if view.loc and view.loc not in kb.origins:
+            kb.origins.append(view.loc)
+    n = _Nest(kb, lambda idx: through(views, idx))
     kb.used_buffers[out.name] = out
     nqb = _ceil_div(tq, rows_per_head)
     head_tasks = ex.floordiv(hq, group)
@@ -285,7 +295,7 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
 
         def store(c: Var, row: _Row = row, acc: lp.Buffer = acc, inv: Expr = inv) -> None:
             val = kb.bind(ex.cast(ex.Binary("mul", n.get(acc, c), inv, F32), out.dtype))
-            kb.emit(lp.Store(out.name, (*bidx, row.h, row.i, c), val))
+            kb.emit(lp.Store(out.name, n.out_index((*bidx, row.h, row.i, c)), val))
 
         if guard:
             kb.push()

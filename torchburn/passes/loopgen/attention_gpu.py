@@ -25,7 +25,7 @@ enclosing loop variables, so the emitter can make each one a WGSL function.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
@@ -34,6 +34,7 @@ from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .attention import _Nest as _CpuNest
 from .kernel_builder import KernelBuilder, LoweringError
+from .store_views import through
 
 F32 = ScalarType(dt.f32)
 NEG_INF = Const(float("-inf"), F32)
@@ -52,8 +53,10 @@ class _Nest(_CpuNest):
         super().loop(prefix, extent, body, annotations=(((ATTN, tag),) if tag else ()) + extra)
 
 
-def build_attention_gpu(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
-    """The nest of the module docstring for `op`, storing into `out`."""
+def build_attention_gpu(kb: KernelBuilder, op: Op, out: lp.Buffer, views: Sequence[Op] = ()) -> lp.Stmt:
+    """The nest of the module docstring for `op`, storing into `out` at the index of the
+    permutes and reshapes `views` computed in the kernel (`store_views.py`: the `out`
+    accessor's store then names the view's index, `%out[i, b, h, c]`)."""
     q = op.operands[0]
     segments = int(op.attrs.get("segments", 1))
     masked = bool(op.attrs.get("masked", False))
@@ -69,8 +72,11 @@ def build_attention_gpu(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
     dv = int(dv_e.value)
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
+    for view in views:
+        if view.loc and view.loc not in kb.origins:
+            kb.origins.append(view.loc)
     kb.used_buffers[out.name] = out
-    n = _Nest(kb)
+    n = _Nest(kb, lambda idx: through(views, idx))
     kb.push()
     extents = q.shape[:-1]
     vars_ = kb.loops(extents, "i")
@@ -128,7 +134,7 @@ def build_attention_gpu(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
     def store(c: Var) -> None:
         n.put(o, ex.Binary("mul", n.get(acc, c), inv, F32))
         val = kb.bind(ex.cast(n.get(o), out.dtype))
-        kb.emit(lp.Store(out.name, (*bidx, h, i, c), val))
+        kb.emit(lp.Store(out.name, n.out_index((*bidx, h, i, c)), val))
 
     n.loop("c", Const(dv), store, "out")
     notes = (("gpu", GPU_ATTENTION), ("attn_scale", repr(scale)), ("attn_causal", str(causal).lower()),

@@ -94,8 +94,14 @@ def _delinearize(lin: Expr, shape: Sequence[Expr]) -> list[Expr]:
 def reshape_index(op: Op, idx: Index) -> Index:
     """Map through a row-major reshape, dimension group by dimension group, so that common
     reshapes (splitting or merging dims) need no division on untouched dims."""
-    src = list(op.operands[0].shape)
-    dst = list(op.result.shape)
+    return regroup_index(idx, op.result.shape, op.operands[0].shape)
+
+
+def regroup_index(idx: Index, shape: Sequence[Expr], to: Sequence[Expr]) -> Index:
+    """The index over `to` of the element at `idx` over `shape` (the same elements in
+    row-major order), dimension group by dimension group (`reshape_index`)."""
+    src = list(to)
+    dst = list(shape)
     out: list[Expr] = []
     i = j = 0
     while i < len(src) or j < len(dst):
