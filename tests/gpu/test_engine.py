@@ -144,7 +144,8 @@ def test_linear_epilogues_through_a_reshape_of_the_rows(gpu) -> None:  # type: i
     assert len(ks) == 1 and "single" not in ks[0], ks
 
 
-@pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x16/s2", "128x64x16/8x4", "64x64x16/4x4/s2"])
+@pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x16/s2", "128x64x16/8x4", "64x64x16/4x4/s2",
+                                  "128x128x8/8x8/ar/g4", "64x64x16/4x4/s2/ar"])
 def test_gemm_tiles(gpu, tile: str) -> None:  # type: ignore[no-untyped-def]
     """Every tile the benchmark uses is right, also on edges (sizes not multiples of the tile)."""
     a, b = torch.randn(200, 132), torch.randn(132, 260)
@@ -158,6 +159,24 @@ def test_gemm_tiles(gpu, tile: str) -> None:  # type: ignore[no-untyped-def]
     torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
     kernels = [k for r in records for s in r.subgraphs for k in s.kernels]
     assert any(f"gemm {tile}" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("k,m,mode", [(44, 300, "r4"), (45, 301, "scalar")])
+def test_gemm_a_rows_from_every_load_form(gpu, k: int, m: int, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """`/ar` (A kept as rows of k in workgroup memory) from A loaded as vec4s along m (a
+    transposed operand) and as scalars; `/g3` groups 3 tile rows of 5 (the last group short)."""
+    a, b = torch.randn(k, m), torch.randn(k, 70)
+    tile = "64x64x16/4x4/ar/g3"
+    opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
+    torch._dynamo.reset()
+    records = rep.start_recording()
+    try:
+        out = torch.compile(lambda x, y: x.t() @ y, backend=torchburn_backend, options=opts)(a, b)
+    finally:
+        rep.stop_recording()
+    torch.testing.assert_close(out, a.t() @ b, rtol=1e-4, atol=1e-4)
+    kernels = [x for r in records for s in r.subgraphs for x in s.kernels]
+    assert any(f"gemm {tile} A:{mode}" in x for x in kernels), kernels
 
 
 def test_attention(gpu) -> None:  # type: ignore[no-untyped-def]

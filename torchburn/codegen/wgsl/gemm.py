@@ -47,8 +47,13 @@ XYZW = "xyzw"
 
 @dataclass(frozen=True)
 class Tile:
-    """Tile shape `BMxBNxBK/TMxTN[/sS]` (the `gpu_tile` annotation): S = 2 double-buffers the
-    workgroup tiles (one barrier per step of BK instead of two)."""
+    """Tile shape `BMxBNxBK/TMxTN[/sS][/ar][/gG]` (the `gpu_tile` annotation): S = 2
+    double-buffers the workgroup tiles (one barrier per step of BK instead of two); `ar` keeps
+    the A tile in workgroup memory as rows of k (`tb_As[m][k]`: a vec4 along k is stored as it
+    was loaded, and read back as four k steps of one row) instead of k-major (`tb_As[k][m]`:
+    four scalar stores per vec4 loaded along k, one vec4 read per k step and four rows); G > 1
+    launches the output tiles in groups of G tile rows, column by column within a group, so
+    that the workgroups running together share A and B tiles in L2 (Triton's grouped order)."""
 
     bm: int
     bn: int
@@ -56,6 +61,8 @@ class Tile:
     tm: int
     tn: int
     stages: int = 1
+    a_rows: bool = False
+    group: int = 1
 
     @staticmethod
     def parse(text: str) -> "Tile":
@@ -63,12 +70,27 @@ class Tile:
             block, thread, *rest = text.split("/")
             bm, bn, bk = (int(x) for x in block.split("x"))
             tm, tn = (int(x) for x in thread.split("x"))
-            if len(rest) > 1 or (rest and rest[0] not in ("s1", "s2")):
-                raise ValueError
-            stages = int(rest[0][1:]) if rest else 1
+            stages, a_rows, group = 1, False, 1
+            order = ["s", "ar", "g"]  # each option at most once, in this order
+            for opt in rest:
+                kind = "ar" if opt == "ar" else opt[:1]
+                if kind not in order:
+                    raise ValueError
+                order = order[order.index(kind) + 1:]
+                if kind == "s":
+                    if opt not in ("s1", "s2"):
+                        raise ValueError
+                    stages = int(opt[1:])
+                elif kind == "ar":
+                    a_rows = True
+                else:
+                    group = int(opt[1:])
+                    if group < 1:
+                        raise ValueError
         except ValueError:
-            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN[/s2], e.g. 128x128x16/8x8") from None
-        return Tile(bm, bn, bk, tm, tn, stages)
+            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN[/s2][/ar][/gG], "
+                                  "e.g. 128x128x16/8x8") from None
+        return Tile(bm, bn, bk, tm, tn, stages, a_rows, group)
 
     @property
     def threads(self) -> int:
@@ -79,7 +101,8 @@ class Tile:
         return 4 * self.bk * (self.bm + self.bn) * self.stages
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}" + ("/s2" if self.stages == 2 else "")
+        return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}" + ("/s2" if self.stages == 2 else "")
+                + ("/ar" if self.a_rows else "") + (f"/g{self.group}" if self.group > 1 else ""))
 
     def check(self) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk % 4:
@@ -297,8 +320,17 @@ class GemmEmitter:
         line(f"let tb_M = {r.scalar(nest.i.extent)};")
         line(f"let tb_N = {r.scalar(nest.j.extent)};")
         line(f"let tb_K = {r.scalar(nest.k.extent)};")
-        line(f"let tb_m0 = i32(wid.y) * {t.bm}i;")
-        line(f"let tb_n0 = i32(wid.x) * {t.bn}i;")
+        if t.group > 1:
+            # tiles in groups of G tile rows, down the rows of a group before the next column
+            line("let tb_pid = wid.y * nwg.x + wid.x;")
+            line(f"let tb_gfirst = (tb_pid / ({t.group}u * nwg.x)) * {t.group}u;")
+            line(f"let tb_gsize = min(nwg.y - tb_gfirst, {t.group}u);")
+            line(f"let tb_gin = tb_pid % ({t.group}u * nwg.x);")
+            line(f"let tb_m0 = i32(tb_gfirst + tb_gin % tb_gsize) * {t.bm}i;")
+            line(f"let tb_n0 = i32(tb_gin / tb_gsize) * {t.bn}i;")
+        else:
+            line(f"let tb_m0 = i32(wid.y) * {t.bm}i;")
+            line(f"let tb_n0 = i32(wid.x) * {t.bn}i;")
         if nest.batch:
             saved, k.lines, k.indent = k.lines, [], 1
             k.line("let tb_z = wid.z;")
@@ -323,6 +355,8 @@ class GemmEmitter:
                 self._load_lines(line, "b", b_mode, l, k0, bargs, ind)
 
         def compute(base_a: str, base_b: str) -> None:
+            if t.a_rows:
+                return compute_a_rows(base_a, base_b)
             for kk in range(t.bk):
                 line("{", 2)
                 for g in range(rg):
@@ -334,6 +368,27 @@ class GemmEmitter:
                         for c in range(cg):
                             acc = f"tb_c{g}_{q}_{c}"
                             line(f"{acc} = fma(vec4<f32>(a{g}.{XYZW[q]}), b{c}, {acc});", 3)
+                line("}", 2)
+
+        def compute_a_rows(base_a: str, base_b: str) -> None:
+            # the invocation's TM rows of A as vec4s along k, each used for four k steps
+            bk4 = t.bk // 4
+            for k4 in range(bk4):
+                line("{", 2)
+                for g in range(rg):
+                    for q in range(4):
+                        line(f"let a{g}_{q} = tb_As[{base_a}(tb_ty * 4u + {g * t.bm // rg + q}u) * {bk4}u + {k4}u];", 3)
+                for e in range(4):
+                    kk = 4 * k4 + e
+                    line("{", 3)
+                    for c in range(cg):
+                        line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4 + c * (t.bn // t.tn)}u + tb_tx];", 4)
+                    for g in range(rg):
+                        for q in range(4):
+                            for c in range(cg):
+                                acc = f"tb_c{g}_{q}_{c}"
+                                line(f"{acc} = fma(vec4<f32>(a{g}_{q}.{XYZW[e]}), b{c}, {acc});", 4)
+                    line("}", 3)
                 line("}", 2)
 
         def stash(base_a: str, base_b: str, ind: int) -> None:
@@ -419,7 +474,18 @@ class GemmEmitter:
         c = f"(lid + {l * t.threads}u)"
         reg = f"tb_r{which}{l}"
         guard = "" if n_items % t.threads == 0 else f"if ({c} < {n_items}u) "
-        if mode == "k4":
+        if which == "a" and t.a_rows:
+            # rows of k: element (row, k) at row * BK + k
+            if mode == "k4":  # item c is (row c / (BK/4), k4 c % (BK/4)): vec4 slot c
+                line(f"{guard}{{ {arr}[{base}{c}] = {reg}; }}", ind)
+            elif mode == "r4":  # rows 4 (c % (BM/4)) .. +3 of k c / (BM/4)
+                for q in range(4):
+                    flat = f"((({c} % {rows // 4}u) * 4u + {q}u) * {t.bk}u + {c} / {rows // 4}u)"
+                    line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}.{XYZW[q]}; }}", ind)
+            else:  # row c % BM, k c / BM
+                flat = f"(({c} % {rows}u) * {t.bk}u + {c} / {rows}u)"
+                line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}; }}", ind)
+        elif mode == "k4":
             row = f"({c} / {t.bk // 4}u)"
             kq = f"({c} % {t.bk // 4}u)"
             for q in range(4):
