@@ -95,6 +95,21 @@ def test_loops_left_alone() -> None:
     assert run_pass(SplitAccumulators(count=1), kernel(VECTOR_SUM)) == kernel(VECTOR_SUM)
 
 
+@pytest.mark.parametrize("n", [5, 6, 9])
+def test_constant_extents_with_lets_verify_and_execute(n: int) -> None:
+    """A constant trip count of one group plus a remainder (5 = 1 * 4 + 1) makes both loops a
+    single trip, inlined into one scope: the remainder's lets are renamed, not bound again
+    (an attention kernel's P @ V loop over 5 keys failed verification)."""
+    text = VECTOR_SUM.replace("0..s0", f"0..{n}").replace(
+        "%acc_v[ramp(0, 1, 8)] = %acc_v[ramp(0, 1, 8)] + %x[ramp(r_v * 8, 1, 8)]",
+        "let t_v = %x[ramp(r_v * 8, 1, 8)] * broadcast(2.0:f32, 8)\n"
+        "%acc_v[ramp(0, 1, 8)] = %acc_v[ramp(0, 1, 8)] + t_v")
+    k = run_pass(Simplify(), run_pass(SplitAccumulators(), kernel(text)))
+    x = np.random.default_rng(n).standard_normal(8 * n, dtype=np.float32)
+    r = execute(k, {"x": x, "out": np.zeros(1, np.float32)}, {"s0": n, "s1": 8 * n})
+    np.testing.assert_allclose(r["out"][0], 2 * x.astype(np.float64).sum(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 15, 17, 64, 100])
 def test_vector_sum_executes(n: int) -> None:
     """Every remainder of the unrolled loop, each vector read once and in bounds."""

@@ -157,8 +157,10 @@ def split_loop(loop: lp.For, accs: list[Accumulator], count: int, names: NameSup
     groups = ex.floordiv(loop.extent, count)
     main = make_loop(outer, Const(0), groups, "serial", lp.block(*bodies), loop.annotations)
     done = ex.mul(groups, count)
-    rest = make_loop(loop.var, ex.add(loop.start, done), ex.mod(loop.extent, count), "serial", loop.body,
-                     loop.annotations)
+    # The remainder's lets get fresh names too: with constant extents both loops may be a
+    # single trip, inlined into one scope beside the first copy (5 = 1 * 4 + 1).
+    rest = make_loop(loop.var, ex.add(loop.start, done), ex.mod(loop.extent, count), "serial",
+                     freshen(loop.body, names), loop.annotations)
     fold: list[lp.Stmt] = []
     for a in accs:
         parts: list[Expr] = [ex.Load(name, a.index, a.type) for name in copies[a.buffer.name]]
