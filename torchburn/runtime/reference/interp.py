@@ -245,7 +245,9 @@ class KernelCode:
         sdt = storage_dtype(b.dtype)
 
         def alloc(s: State) -> None:
-            vals = [int(f(s)) for f in dims]
+            # in lanes (a loop run as one vector of its iterations) an extent may vary by lane:
+            # each lane's storage is as large as the largest, and a lane reads only its own part
+            vals = [int(np.max(f(s))) for f in dims]
             shape, strides = tuple(vals[:b.ndim]), tuple(vals[b.ndim:])
             lane_shape = tuple(s.lane_shape) if s.depth else ()
             data = np.zeros(lane_shape + (span_elements(shape, strides),), sdt)
