@@ -168,6 +168,25 @@ def test_program_in_parts_links_kernels_and_loader_globals() -> None:
     torch.testing.assert_close(out[ok], torch.div(torch.div(xo, do, rounding_mode="floor"), do, rounding_mode="floor") + 1)
 
 
+def test_parts_calling_a_function_no_part_defines_are_refused() -> None:
+    """A part may call what another part defines; a call nothing defines (neither a part nor
+    the process) is refused with its name when the parts are joined, never bound to address 0."""
+    from torchburn.runtime import jit
+
+    callee = "define hidden void @g() {\n  ret void\n}\n"
+    caller = ("declare hidden void @g()\ndeclare void @torchburn_no_such_function()\n"
+              "define void @f() {\n  call void @g()\n  call void @torchburn_no_such_function()\n  ret void\n}\n")
+    parts = jit.ModuleParts(TARGET)
+    try:
+        parts.add(callee)
+        parts.add(caller)
+        with pytest.raises(jit.JITError, match="torchburn_no_such_function") as err:
+            parts.finish()
+        assert "'g'" not in str(err.value)
+    finally:
+        parts.close()
+
+
 def test_a_part_llvm_rejects_is_reported_when_finishing() -> None:
     from torchburn.runtime import jit
 
