@@ -63,7 +63,10 @@ ELEMENTWISE = {
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))
 def test_elementwise(gpu, name: str) -> None:  # type: ignore[no-untyped-def]
     fn, args = ELEMENTWISE[name]
-    check_gpu(fn, *args, rtol=1e-5, atol=2e-6)
+    # WGSL's exp is accurate to a few f32 ulps, not correctly rounded: a bf16 result near a
+    # rounding boundary may land one bf16 ulp (2^-8 relative) from eager's
+    rtol = 2 ** -8 if name == "bf16" else 1e-5
+    check_gpu(fn, *args, rtol=rtol, atol=2e-6)
 
 
 # ---- reductions ---------------------------------------------------------------------------------
