@@ -16,9 +16,9 @@ products. Scales are applied once per group (A = `ax` elements of x, B bytes per
           for ch:                                                   (unrolled when short)
             int4: b = %q[n_c, G h + ch B + 0..B]   (u8)
                   i = dot4(dot4(i, b & 15, xq[r, G g + ch B ..]), b >> 4, xq[r, G g + h + ch B ..])
-            int8: i = dot4(i, bitcast<u8>(%q[n_c, G A + ch B ..] ^ 0x80), xq[r, G A + ch B ..])
+            int8: i = dot4_i8i8(i, %q[n_c, G A + ch B ..], max(xq[r, G A + ch B ..], -127))
           f[r][c] = fma(f32(i), d_w[c, G] d_x[r, G], f[r][c])       f32 x B/4
-          o[r][c] += coef[c, G] * xs[r, G]                          scalar
+          o[r][c] += coef[c, G] * xs[r, G]                          scalar (int4)
         y[r, c] = vreduce_add(f[r][c]) + K_off * o[r][c]
 
 Groups are taken GROUP_BLOCK at a time where the scales are unit-stride loads: the block's
@@ -44,10 +44,11 @@ At batch 1, NR = 1: each step reads one weight row, so the weight is one sequent
 (four rows side by side were four streams, which the hardware prefetchers follow badly: a
 576 x 1536 weight took 2.5 times as long as a 1536 x 576 one of the same bytes).
 
-The weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
+The int4 weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
 `d (q - 8)` (coef = d, K_off = -8) or `d q + m` (coef = m, K_off = 1), exactly the u8 operand of
-the dot; int8 weights are made unsigned by `w ^ 0x80 = w + 128`, whose extra `128 sum(xq)` is
-taken off the same way (coef = d, K_off = -128; per-channel scales multiply the finished sum).
+the dot. Int8 weights take the signed dot `dot4_i8i8_acc` with x clamped to [-127, 127] (which
+it is by construction; the clamp tells codegen, which then multiplies `|w|` by `sign(x, w)`
+with `pmaddubsw` where there is no VNNI); per-channel scales multiply the finished sum.
 Integer sums are exact, so the only approximation is x's rounding, well below the int4
 weight's own error (docs/quantization.md has the figures).
 
@@ -135,8 +136,8 @@ def _pack(ql: QLinear, agroup: int, span: int, chunk: int, groups: int, vector_b
 def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[Q8Plan]:
     """The plan for int8 activations, or None to keep f32 ones: `choice` "f32", M unknown, a
     group too short for a dot product of 16 bytes, x too large for its stack buffer, or
-    ("auto") no fast dot product on the target: native (`cpu.dot4_lanes`), or for int4's
-    nibbles `pmaddubsw` (`cpu.small_dot4_lanes`). At batch 1 each step takes one weight row
+    ("auto") no fast dot product on the target: native (`cpu.dot4_lanes`), or `pmaddubsw`
+    (`cpu.small_dot4_lanes`: int4's nibbles, and int8 by `|w| * sign(x, w)`). At batch 1 each step takes one weight row
     (NR = 1): its bytes are one sequential stream (several rows side by side are several
     streams, which the prefetchers follow badly: half the bandwidth or less when rows are long)."""
     k = static_int(ql.k)
@@ -148,7 +149,7 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
     chunk = math.gcd(span, vector_bytes)
     if chunk < MIN_CHUNK or max(m, 1) * k > MAX_XQ_BYTES:
         return None
-    fast = cpu.dot4_lanes | cpu.small_dot4_lanes if ql.kind == "int4" else cpu.dot4_lanes
+    fast = cpu.dot4_lanes | cpu.small_dot4_lanes
     if choice == "auto" and chunk // 4 not in fast:
         return None
     pack = _pack(ql, agroup, span, chunk, k // agroup, vector_bytes, fast, choice)
@@ -160,7 +161,8 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
 
 
 def _dot4(acc: Expr, a: Expr, b: Expr) -> Expr:
-    return ex.Call(ex.DOT4_U8I8, (acc, a, b), acc.type)
+    name = ex.DOT4_U8I8 if a.dtype == dt.u8 else ex.DOT4_I8I8
+    return ex.Call(name, (acc, a, b), acc.type)
 
 
 def lane_segments(values: list[Expr], lanes: int) -> Expr:
@@ -233,8 +235,8 @@ class Q8Builder(QLinearBuilder):
 
     # ---- x -> (xq, d_x, xs) ------------------------------------------------------------------
     def quantize_x(self, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
-        """`xq[r, :]` (`x_position`'s order), `xd[r, G]` (scale) and `xs[r, G]` (scale * sum
-        of xq) for every row."""
+        """`xq[r, :]` (`x_position`'s order), `xd[r, G]` (scale) and, for int4, `xs[r, G]`
+        (scale * sum of xq) for every row."""
         kb, ql, plan = self.kb, self.ql, self.plan
         lanes = math.gcd(plan.agroup // 2 if self.permuted() else plan.agroup, 16)
         r = self.var("r")
@@ -256,10 +258,12 @@ class Q8Builder(QLinearBuilder):
         vt = ScalarType(dt.f32, lanes)
         it = ScalarType(dt.i32, lanes)
         ramp = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, lanes))
+        sums = self.ql.kind == "int4"  # the sums of x carry int4's offsets
         amax = self.buffer("amax", dt.f32, (lanes,))
-        isum = self.buffer("isum", dt.i32, (lanes,))
         kb.emit(lp.Store(amax.name, (ramp,), ex.const(0.0, dt.f32, lanes)))
-        kb.emit(lp.Store(isum.name, (ramp,), ex.const(0, dt.i32, lanes)))
+        if sums:
+            isum = self.buffer("isum", dt.i32, (lanes,))
+            kb.emit(lp.Store(isum.name, (ramp,), ex.const(0, dt.i32, lanes)))
         steps = plan.agroup // lanes
 
         def col(ch: Var) -> Expr:
@@ -282,10 +286,12 @@ class Q8Builder(QLinearBuilder):
         offset = ex.mul(ch, Const(lanes))
         at = self.x_position(g, offset) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)
         kb.emit(lp.Store(xq.name, (r, ex.Ramp(at, Const(1), ScalarType(dt.index, lanes))), ex.cast(qi, dt.i8)))
-        kb.emit(lp.Store(isum.name, (ramp,), ex.Binary("add", ex.Load(isum.name, (ramp,), it), qi, it)))
+        if sums:
+            kb.emit(lp.Store(isum.name, (ramp,), ex.Binary("add", ex.Load(isum.name, (ramp,), it), qi, it)))
         self.loop(ch, Const(steps), kb.pop())
-        total = ex.cast(ex.VectorReduce("add", ex.Load(isum.name, (ramp,), it), ScalarType(dt.i32)), dt.f32)
-        kb.emit(lp.Store(xs.name, (r, g), ex.Binary("mul", d, total, F32)))
+        if sums:
+            total = ex.cast(ex.VectorReduce("add", ex.Load(isum.name, (ramp,), it), ScalarType(dt.i32)), dt.f32)
+            kb.emit(lp.Store(xs.name, (r, g), ex.Binary("mul", d, total, F32)))
 
     # ---- the nest ----------------------------------------------------------------------------
     def build(self) -> lp.Stmt:
@@ -309,7 +315,7 @@ class Q8Builder(QLinearBuilder):
         for r, c in pairs:
             kb.emit(lp.Store(off.name, (Const(r), Const(c)), Const(0.0, F32)))
         self.group_loop_i8(rows, ns, facc, off, xq, xd, xs)
-        final = -8.0 if ql.kind == "int4" and ql.symmetric else 1.0 if ql.kind == "int4" else -128.0
+        final = -8.0 if ql.symmetric else 1.0  # int4's offsets (int8 has none)
         for r, c in pairs:
             total: Optional[Expr] = None
             for w, accs in facc.items():
@@ -318,8 +324,9 @@ class Q8Builder(QLinearBuilder):
                                                       ScalarType(dt.f32, lanes)), F32)
                 total = part if total is None else ex.Binary("add", total, part, F32)
             assert total is not None
-            o = ex.Load(off.name, (Const(r), Const(c)), F32)
-            value: Expr = ex.Call("fma", (o, Const(final, F32), total), F32)
+            value: Expr = total
+            if ql.kind == "int4":
+                value = ex.Call("fma", (ex.Load(off.name, (Const(r), Const(c)), F32), Const(final, F32), total), F32)
             if ql.per_channel:
                 value = ex.Binary("mul", value, ex.cast(kb.value_at(ql.scales, (ns[c],)), dt.f32), F32)
             kb.emit(lp.Store(tile.name, (Const(r), Const(c)), value))
@@ -341,7 +348,8 @@ class Q8Builder(QLinearBuilder):
         blocks = groups // GROUP_BLOCK if probes is not None else 0
         if blocks:
             assert probes is not None
-            offv = {key: self.local("offv", (GROUP_BLOCK,)) for key in facc[p]}
+            offsets = self.ql.kind == "int4"
+            offv = {key: self.local("offv", (GROUP_BLOCK,)) for key in facc[p]} if offsets else {}
             ulane = self.lane(GROUP_BLOCK)
             for a in offv.values():
                 kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, GROUP_BLOCK)))
@@ -420,13 +428,14 @@ class Q8Builder(QLinearBuilder):
                     highs = ex.add(start, Const(width * h)) if width > 1 else ex.add(base, Const(h))
                     parts = [(codes[0], base), (codes[1], highs)]
                 else:
-                    raw = self.q_bytes(ns[c], base, b)
-                    flipped = ex.Binary("xor", raw, ex.const(-128, dt.i8, b), raw.type)
-                    parts = [(kb.bind(ex.Bitcast(flipped, ScalarType(dt.u8, b)), "wu"), base)]
+                    parts = [(kb.bind(self.q_bytes(ns[c], base, b), "w"), base)]
                 for r in range(plan.mr):
                     cur: Expr = ex.Load(iacc[(r, c)].name, (lane,), it)
                     for codes_, at in parts:
-                        cur = _dot4(cur, codes_, x_bytes(r, at))
+                        xb = x_bytes(r, at)
+                        if codes_.dtype == dt.i8:  # in [-127, 127] already: the bound is for codegen
+                            xb = ex.Binary("max", xb, ex.const(-127, dt.i8, b), bytes_t)
+                        cur = _dot4(cur, codes_, xb)
                     kb.emit(lp.Store(iacc[(r, c)].name, (lane,), cur))
 
         chunks = span // plan.chunk if width == 1 else 1
@@ -443,8 +452,8 @@ class Q8Builder(QLinearBuilder):
     def group_scales(self, g: Expr, width: int, rows: list[Expr], ns: list[Expr],
                      facc: dict[tuple[int, int], lp.Buffer], off: lp.Buffer,
                      iacc: dict[tuple[int, int], lp.Buffer], xd: lp.Buffer, xs: lp.Buffer) -> None:
-        """`f = fma(f32(i), d_w d_x, f); o += coef xs` for the `width` groups from `g`, scales
-        read one by one (a pack's scales blended into its lane segments)."""
+        """`f = fma(f32(i), d_w d_x, f); o += coef xs` (int4) for the `width` groups from `g`,
+        scales read one by one (a pack's scales blended into its lane segments)."""
         kb, plan, ql = self.kb, self.plan, self.ql
         lanes = plan.chunk * width // 4
         lane = self.lane(lanes)
@@ -455,7 +464,8 @@ class Q8Builder(QLinearBuilder):
             gj = ex.add(g, Const(j)) if j else g
             wgroup = gj if ag == ql.group else ex.floordiv(ex.mul(gj, Const(ag)), Const(ql.group))
             dx = [kb.bind(ex.Load(xd.name, (rows[r], gj), F32), "dx") for r in range(plan.mr)]
-            sx = [kb.bind(ex.Load(xs.name, (rows[r], gj), F32), "sx") for r in range(plan.mr)]
+            sx = [kb.bind(ex.Load(xs.name, (rows[r], gj), F32), "sx") for r in range(plan.mr)] \
+                if ql.kind == "int4" else []
             for c in range(plan.nr):
                 dw: Optional[Expr] = None
                 if not ql.per_channel:
@@ -466,6 +476,8 @@ class Q8Builder(QLinearBuilder):
                     coef = kb.bind(ex.cast(kb.value_at(ql.mins, (ns[c], gj)), dt.f32), "mw")
                 for r in range(plan.mr):
                     scales[(r, c)].append(dx[r] if dw is None else kb.bind(ex.Binary("mul", dw, dx[r], F32), "ds"))
+                    if ql.kind != "int4":
+                        continue
                     where = (Const(r), Const(c))
                     o = ex.Load(off.name, where, F32)
                     grown = ex.Binary("add", o, sx[r], F32) if coef is None else ex.Call("fma", (coef, sx[r], o), F32)
@@ -480,7 +492,7 @@ class Q8Builder(QLinearBuilder):
                     probes: tuple[ex.Load, Optional[ex.Load], Var, Var]) -> None:
         """GROUP_BLOCK groups from `g0`: their weight scales (and mins), x's scales and sums read
         as vectors, `d_w d_x` kept in a local vector per (row, weight row) and broadcast from it
-        per group (blended into lane segments per pack), the offset terms accumulated
+        per group (blended into lane segments per pack), int4's offset terms accumulated
         lane-wise (`offv`, summed after the loop)."""
         kb, plan = self.kb, self.plan
         u = GROUP_BLOCK
@@ -498,11 +510,12 @@ class Q8Builder(QLinearBuilder):
         dwv = [kb.bind(widened(scale_load, ns[c]), "dwv") for c in range(plan.nr)]
         coefv = dwv if min_load is None else [kb.bind(widened(min_load, ns[c]), "mwv") for c in range(plan.nr)]
         dxv = [kb.bind(ex.Load(xd.name, (rows[r], glanes), ut), "dxv") for r in range(plan.mr)]
-        sxv = [kb.bind(ex.Load(xs.name, (rows[r], glanes), ut), "sxv") for r in range(plan.mr)]
+        sxv = [kb.bind(ex.Load(xs.name, (rows[r], glanes), ut), "sxv") for r in range(plan.mr)] if offv else []
         ds = {}
-        for (r, c), a in offv.items():
+        for r, c in facc:
             ds[(r, c)] = self.local("ds", (u,))
             kb.emit(lp.Store(ds[(r, c)].name, (ulane,), ex.Binary("mul", dwv[c], dxv[r], ut)))
+        for (r, c), a in offv.items():
             grown = ex.Call("fma", (coefv[c], sxv[r], ex.Load(a.name, (ulane,), ut)), ut)
             kb.emit(lp.Store(a.name, (ulane,), grown))
         p = plan.pack
