@@ -140,13 +140,22 @@ class StepProfiler:
 
 
 _MODULE = re.compile(r"@ (\S+) \((\w+)\)")
+#: ATen ops that only view or reorder their input (``_describe`` names a kernel by the others).
+_VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "permute", "transpose.int", "t", "expand",
+                       "unsqueeze", "squeeze.dim", "select.int", "slice.Tensor", "split.Tensor",
+                       "split_with_sizes", "chunk", "unbind.int", "alias"})
+
+
+def _op_name(entry: str) -> str:
+    """``aten.split_with_sizes.default @ model.layers.0...`` -> ``split_with_sizes``."""
+    return entry.split(" @ ")[0].replace("aten.", "").replace(".default", "")
 
 
 def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[str, str]:
     """(what the kernel computes, the model source it came from)."""
     kernel = program.kernel(call.kernel)
     attrs = dict(kernel.attrs)
-    ops = [o.split(" @ ")[0].replace("aten.", "").replace(".default", "") for o in origin.split("; ") if o]
+    ops = [_op_name(o) for o in origin.split("; ") if o]
     fused = ", ".join(dict.fromkeys(ops))
     if "qlinear" in attrs:  # quantized linears carry no origin of their own: name the weight
         weight = next((p for p in kernel.params[1:] if p.dtype.name in ("u8", "i8")), None)
@@ -156,7 +165,11 @@ def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[s
             in_features = cols * 2 if kind == "int4" else cols
             what = f"quantized linear {kind} [{rows} x {in_features}]" + (f" + {fused}" if fused else "")
             return what, _linear_source(model, rows, in_features)
-    modules = _MODULE.findall(origin)
+    entries = [o for o in origin.split("; ") if o]
+    # views and layout changes (a fused linear's output split into q, k, v) name no kernel
+    # (when there are other ops): the deepest module of the ops that compute names it
+    computing = [o for o in entries if _op_name(o) not in _VIEW_OPS]
+    modules = _MODULE.findall("; ".join(computing or entries))
     where = ""
     if modules:
         path, cls = max(modules, key=lambda m: m[0].count("."))
