@@ -213,6 +213,48 @@ def test_dot4_of_small_operands_computes_the_semantics(lanes: int, narrow: str) 
         assert uses_maddubs == (narrow != "and255" and TARGET.small_dot4(lanes))
 
 
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("clamp", ["none", "b", "a"])
+def test_signed_dot4_computes_the_semantics(lanes: int, clamp: str) -> None:
+    """`dot4_i8i8_acc` (signed by signed bytes) is exact at the extremes (-128 * -128 four
+    times, which `pmaddubsw` would saturate); with one operand clamped above -128
+    (`max(x, -127)`) it is `|a| * sign(b, a)` through `pmaddubsw` on x86 without VNNI, else the
+    widening sequence."""
+    rng = np.random.default_rng(11 * lanes)
+    n = 4 * lanes
+    acc = rng.integers(-2**31, 2**31, (16, lanes)).astype(np.int32)
+    a = rng.integers(-128, 128, (16, n)).astype(np.int8)
+    b = rng.integers(-128, 128, (16, n)).astype(np.int8)
+    a[0, :], b[0, :] = -128, -128
+    a[1, :], b[1, :] = -128, 127
+    a[2, :], b[2, :] = 127, -128
+    a[3, ::2], b[3, ::2] = 0, -128
+    s0 = Var("s0")
+    ba, bx, bw = buf("acc", dt.i32, (s0, lanes)), buf("a", dt.i8, (s0, n)), buf("b", dt.i8, (s0, n))
+    out = buf("out", dt.i32, (s0, lanes))
+    i = Var("i")
+
+    def ramp(k: int) -> ex.Expr:
+        return ex.Ramp(ex.Const(0), ex.Const(1), ex.ScalarType(dt.index, k))
+
+    i8 = ex.ScalarType(dt.i8, n)
+    xa, xb = load(bx, i, ramp(n), lanes=n), load(bw, i, ramp(n), lanes=n)
+    if clamp == "a":
+        xa = ex.Binary("max", xa, ex.const(-127, dt.i8, n), i8)
+    elif clamp == "b":
+        xb = ex.Binary("max", xb, ex.const(-127, dt.i8, n), i8)
+    value = ex.Call(ex.DOT4_I8I8, (load(ba, i, ramp(lanes), lanes=lanes), xa, xb), ex.ScalarType(dt.i32, lanes))
+    compiled = Compiled(program(loop(i, s0, store(out, (i, ramp(lanes)), value)), [ba, bx, bw], [out], [s0]))
+    result = torch.zeros(16, lanes, dtype=torch.int32)
+    compiled(torch.from_numpy(acc), torch.from_numpy(a), torch.from_numpy(b), result, symbols=[16])
+    ca = np.maximum(a, -127).astype(np.int8) if clamp == "a" else a
+    cb = np.maximum(b, -127).astype(np.int8) if clamp == "b" else b
+    np.testing.assert_array_equal(result.numpy(), sem.evaluate(ex.DOT4_I8I8, dt.i32, acc, ca, cb))
+    from .util import TARGET
+    if TARGET.small_dot4(lanes) and not TARGET.native_dot4(lanes):
+        assert ("pmadd.ub.sw" in compiled.llvm_ir) == (clamp != "none")
+
+
 @pytest.mark.parametrize("lanes", [4, 8])
 @pytest.mark.parametrize("masks", [(15, 15), (64, 127)])
 def test_nested_dot4_of_nibbles_computes_the_semantics(lanes: int, masks: tuple[int, int]) -> None:

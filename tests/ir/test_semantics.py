@@ -322,6 +322,17 @@ def test_dot4_matches_torch() -> None:
         sem.evaluate(ex.DOT4_U8I8, dt.i32, acc.numpy(), a.numpy()[:, :16], b.numpy()[:, :16])
 
 
+def test_signed_dot4_matches_torch() -> None:
+    g = torch.Generator().manual_seed(1)
+    acc = torch.randint(-2**31, 2**31 - 1, (3, 8), generator=g, dtype=torch.int64).to(torch.int32)
+    a = torch.randint(-128, 128, (3, 32), generator=g).to(torch.int8)
+    b = torch.randint(-128, 128, (3, 32), generator=g).to(torch.int8)
+    a[0, :4], b[0, :4] = -128, -128
+    expected = (acc.long() + (a.long() * b.long()).reshape(3, 8, 4).sum(-1)).to(torch.int32)
+    ours = sem.evaluate(ex.DOT4_I8I8, dt.i32, acc.numpy(), a.numpy(), b.numpy())
+    np.testing.assert_array_equal(ours, expected.numpy())
+
+
 # ---- rules torch cannot show ----------------------------------------------------------------
 
 @pytest.mark.parametrize("d", [d for d in INTS if d.kind == "i"], ids=str)

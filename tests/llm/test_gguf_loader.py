@@ -55,7 +55,9 @@ def test_gguf_weights_stay_quantized(smollm) -> None:
              for mod in m.modules() if isinstance(mod, QuantizedLinear)}
     assert kinds == {("int4", 32, True), ("int8", 32, False)}  # Q4_1 layers, Q8_0 tied head
     assert m.lm_head.qweight is m.embed_tokens.qweight
-    assert m.layers[0].self_attn.q_proj.scales.dtype == torch.float16
+    attn = m.layers[0].self_attn  # q, k and v fused on loading, as stored (nothing requantized)
+    assert attn.q_proj is None and attn.qkv_proj.scales.dtype == torch.float16
+    assert attn.qkv_proj.out_features == 576 + 2 * 192 and m.layers[0].mlp.gate_up_proj.out_features == 2 * 1536
 
 
 @needs_gguf
@@ -69,10 +71,10 @@ def test_unpermuted_rows_are_the_gguf_rows() -> None:
     t = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
     raw = import_gguf_q4_1(np.asarray(t.data), (576, 576))
     model, _ = load_gguf_model(GGUF, None)
-    ours = model.layers[0].self_attn.q_proj
+    ours = model.layers[0].self_attn.qkv_proj  # q's rows first
     perm = unpermute_rows(576, 9)
-    assert torch.equal(ours.packed, raw.packed[perm])
-    assert torch.equal(ours.scales, raw.scales[perm]) and torch.equal(ours.mins, raw.mins[perm])
+    assert torch.equal(ours.packed[:576], raw.packed[perm])
+    assert torch.equal(ours.scales[:576], raw.scales[perm]) and torch.equal(ours.mins[:576], raw.mins[perm])
 
 
 @needs_gguf
@@ -119,8 +121,10 @@ def test_default_activations_agree_with_float_over_256_steps() -> None:
     assert agreement > 0.95
 
 
-def _small_gguf(path: Path, q_rows: int = 64, header_rows: Optional[int] = None) -> Path:
-    """A one-layer llama GGUF with Q8_0 and F32 tensors, written by the gguf package."""
+def _small_gguf(path: Path, q_rows: int = 64, header_rows: Optional[int] = None,
+                float_v: bool = False) -> Path:
+    """A one-layer llama GGUF with Q8_0 and F32 tensors, written by the gguf package
+    (``float_v``: attn_v stored as F32, unlike attn_q and attn_k)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -145,6 +149,9 @@ def _small_gguf(path: Path, q_rows: int = 64, header_rows: Optional[int] = None)
     for name, shape in [("attn_q", (q_rows, 64)), ("attn_k", (32, 64)), ("attn_v", (32, 64)),
                         ("attn_output", (64, 64)), ("ffn_gate", (96, 64)), ("ffn_up", (96, 64)),
                         ("ffn_down", (64, 96))]:
+        if float_v and name == "attn_v":
+            w.add_tensor(f"blk.0.{name}.weight", rng.standard_normal(shape).astype(np.float32) * 0.1)
+            continue
         header = (header_rows, 2 * 34) if name == "attn_q" and header_rows else None  # bytes
         w.add_tensor(f"blk.0.{name}.weight", q8(shape), raw_dtype=gguf.GGMLQuantizationType.Q8_0,
                      raw_shape=header)

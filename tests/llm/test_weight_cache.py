@@ -61,7 +61,7 @@ def test_gguf_second_load_comes_from_the_cache(disk: Path, tmp_path: Path) -> No
     assert second.tokenizer.encode("abc aa") == first.tokenizer.encode("abc aa")
     assert second.config == first.config
     # the cached tensors are views of the mapped file, not copies
-    packed = second.model.layers[0].self_attn.q_proj.qweight
+    packed = second.model.layers[0].self_attn.qkv_proj.qweight  # q, k and v fused on loading
     assert not packed.untyped_storage().resizable()
 
 
@@ -77,6 +77,23 @@ def test_quantized_safetensors_second_load_comes_from_the_cache(disk: Path, tiny
     greedy = SamplingParams(temperature=0.0)
     rows = [[5, 17, 99, 250, 3]]
     assert list(second.generate_ids(rows, 4, greedy)) == list(first.generate_ids(rows, 4, greedy))
+
+
+def test_float_and_unlike_projections_round_trip(disk: Path, tmp_path: Path, tiny_checkpoint) -> None:
+    """The cache holds what the loader fused (float, with qwen2's q/k/v biases) and keeps
+    apart what it kept apart (a GGUF whose V is F32 while Q and K are Q8_0)."""
+    _, folder = tiny_checkpoint("qwen2")
+    first, second = _load(folder), _load(folder)
+    _same_model(first.model, second.model)
+    assert second.model.layers[0].self_attn.qkv_proj.bias is not None
+    gguf = _small_gguf(tmp_path / "v.gguf", float_v=True)
+    hits = wc.STATS.hits
+    first, second = _load(gguf), _load(gguf)
+    assert wc.STATS.hits == hits + 1
+    _same_model(first.model, second.model)
+    attn, mlp = second.model.layers[0].self_attn, second.model.layers[0].mlp
+    assert attn.qkv_proj is None and isinstance(attn.v_proj, torch.nn.Linear)
+    assert attn.q_proj is not None and mlp.gate_up_proj is not None
 
 
 def test_key_follows_source_metadata_and_quant(tmp_path: Path, tiny_checkpoint) -> None:

@@ -157,7 +157,7 @@ CASES = [  # m, n, k, kind, group, symmetric
 #: Cases that take the int8-activation kernel (groups of x long enough for 16-byte dots).
 I8_CASES = [(1, 70, 256, "int4", 64, True), (5, 37, 128, "int4", 32, False), (16, 64, 256, "int8", None, True),
             (3, 9, 96, "int8", 32, True), (1, 33, 256, "int4", 128, True), (3, 40, 320, "int4", 32, False),
-            (1, 12, 1024, "int8", None, True), (2, 7, 320, "int8", 64, True)]
+            (1, 12, 1024, "int8", None, True), (2, 7, 320, "int8", 64, True), (1, 21, 96, "int4", 32, False)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -187,7 +187,8 @@ def test_kernels_match_reference(case: tuple, form: str) -> None:  # type: ignor
 @pytest.mark.parametrize("case", I8_CASES[5:], ids=lambda c: "-".join(map(str, c)))
 def test_int8_activations_more_shapes(case: tuple) -> None:  # type: ignore[type-arg]
     """Asymmetric g32 with K = 320 (not a multiple of 64), per-channel int8 with x quantized
-    in groups of 128, grouped int8 g64; no epilogue, so the raw sums are compared."""
+    in groups of 128, grouped int8 g64, three g32 groups (a pack of two and one left); no
+    epilogue, so the raw sums are compared."""
     m, n, k, kind, group, symmetric = case
     c = Compiled(qlinear_graph(m, n, k, kind, group, symmetric, epilogue=False, activations="int8"))
     plan = dict(c.program.kernels[0].attrs)["qlinear"]
@@ -234,7 +235,7 @@ def test_symbolic_rows_int8_activations_in_the_gemv_branch() -> None:
     the multi-row branch keeps f32 activations; M = 0 writes nothing and reads nothing."""
     c = Compiled(qlinear_graph("s0", 20, 128, "int4", 64, True, activations="int8"))
     plan = dict(c.program.kernels[0].attrs)["qlinear"]
-    assert "mr=1 nr=4 act=int8" in plan and "mr=4 nr=2 lanes=" in plan
+    assert "mr=1 nr=1 act=int8" in plan and "mr=4 nr=2 lanes=" in plan
     arrays, wd = weights(20, 128, "int4", 64, True)
     b = np.ones(20, np.float32)
     for m in (0, 1, 2, 9):
@@ -322,9 +323,9 @@ def test_no_access_outside_buffers() -> None:
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_grouped_gemv_scales_once_per_group(kind: str) -> None:
     """Grouped scales leave the inner loop: a GEMV over groups of 32 multiplies (f32 `fmul`)
-    only the first chunk of each group per weight row (int8: one weight row per step, int4:
-    four), not every dequantized vector (the old form had one `fmul` per vector: 4 chunks x 4
-    rows for int8), and matches the reference."""
+    only the first chunk of each group (one weight row per step), not every dequantized vector
+    (the old form had one `fmul` per vector: 4 chunks x 4 rows for int8), and matches the
+    reference."""
     import re
 
     from torchburn.codegen import emit_program, host_target
@@ -332,19 +333,50 @@ def test_grouped_gemv_scales_once_per_group(kind: str) -> None:
     m, n, k = 1, 13, 576
     c = Compiled(qlinear_graph(m, n, k, kind, 32, kind == "int8", epilogue=False))
     plan = dict(c.program.kernels[0].attrs)["qlinear"]
-    assert ("mr=1 nr=1" if kind == "int8" else "mr=1 nr=4") in plan, plan
+    assert "mr=1 nr=1" in plan, plan
     llvm_ir = emit_program(c.program, host_target())
     lanes = int(plan.split("lanes=")[1].split()[0])
     chunks = (32 // lanes) if kind == "int8" else (16 // lanes) * 2
     fmuls = len(re.findall(r"= fmul <\d+ x float>", llvm_ir))
     if chunks > 1:
-        assert fmuls == (1 if kind == "int8" else 4), (fmuls, plan)
+        assert fmuls == 1, (fmuls, plan)
     arrays, wd = weights(n, k, kind, 32, kind == "int8")
     x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
     out = np.zeros((m, n), np.float32)
     c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
     expected = reference(x, wd, np.zeros(n), epilogue=False)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("bits", [256, 512])
+@pytest.mark.parametrize("case", [(1, 21, 96, "int4", 32, False), (3, 10, 608, "int4", 32, True),
+                                  (1, 9, 1088, "int4", 32, False), (2, 11, 208, "int8", 16, True)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_int8_activations_pack_groups(case: tuple, bits: int) -> None:  # type: ignore[type-arg]
+    """Groups shorter than a vector register are taken `pack` at a time by one dot product
+    (int4 g32: two on 256-bit vectors, four on 512; int8 g16 likewise), with x's bytes of a
+    pack reordered (low halves, then high halves) and the groups' scales blended into lane
+    segments: in blocks of eight, whole packs left over, and single groups left after them
+    (K = 96: three groups; 608: 19; 1088: 34). Planned for `bits`-bit vectors (the code runs
+    here in any case), against the float64 product of the quantized x."""
+    from torchburn.codegen import Target
+
+    m, n, k, kind, group, symmetric = case
+    machine = Target(vector_bits=bits, l1_bytes=32 * 1024, l2_bytes=1 << 20, threads=2, name="packs")
+    c = test_matmul.Compiled(qlinear_graph(m, n, k, kind, group, symmetric, activations="int8"),
+                             machine=machine)
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    pack = min(bits // 8 // (group // 2 if kind == "int4" else group), 8)
+    while pack > k // group:
+        pack //= 2
+    assert f"pack={pack}" in plan, plan
+    arrays, wd = weights(n, k, kind, group, symmetric)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": b, "out0": out})
+    np.testing.assert_allclose(out, reference(x, wd, b, plan=plan, kind=kind, group=group), rtol=1e-4, atol=1e-4)
 
 
 def _split_k_graph(m: int, heads: int, dim: int, activations: str) -> str:

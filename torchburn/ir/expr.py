@@ -23,6 +23,8 @@ from .dtypes import DType
 from .opnames import (  # noqa: F401  (re-exported: `ex.BINARY_OPS` is the usual spelling)
     BINARY_OPS,
     COMPARISONS,
+    DOT4_CALLS,
+    DOT4_I8I8,
     DOT4_U8I8,
     INFIX_OPS,
     NAMED_BINARY_OPS,
@@ -175,6 +177,10 @@ class Call(Expr):
 
         let %lo = %q[n, ramp(c, 1, 32)] & broadcast(15, 32)
         %iacc[ramp(0, 1, 8)] = dot4_u8i8_acc(%iacc[ramp(0, 1, 8)], %lo, %xq[i, ramp(k, 1, 32)])
+
+    `dot4_i8i8_acc(acc, a, b)` is the same with `a: i8 x 4L` (signed bytes by signed bytes:
+    an int8 weight by int8 activations); without VNNI it is `pabsb`, `psignb`, `pmaddubsw`,
+    `pmaddwd` when one operand is known above -128 (`|a| * sign(b, a)`: no pair sum saturates).
     """
 
     name: str

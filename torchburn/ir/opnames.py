@@ -15,8 +15,11 @@ INFIX_OPS: dict[str, str] = {
 NAMED_BINARY_OPS: frozenset[str] = frozenset(
     {"min", "max", "pow", "atan2", "fmod", "remainder", "copysign", "hypot", "nextafter"}
 )
-#: The byte dot-product call (see `expr.Call`): its arguments have three different types.
+#: The byte dot-product calls (see `expr.Call`): an i32 accumulator and two byte vectors,
+#: unsigned by signed or signed by signed.
 DOT4_U8I8 = "dot4_u8i8_acc"
+DOT4_I8I8 = "dot4_i8i8_acc"
+DOT4_CALLS: frozenset[str] = frozenset({DOT4_U8I8, DOT4_I8I8})
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
 
@@ -30,7 +33,7 @@ UNARY_FUNCS: frozenset[str] = frozenset({
 #: Unary functions whose result is a bool whatever the operand.
 PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"})
 #: Calls that are neither binary operators nor unary functions.
-OTHER_CALLS: frozenset[str] = frozenset({"fma", DOT4_U8I8})
+OTHER_CALLS: frozenset[str] = frozenset({"fma"}) | DOT4_CALLS
 #: Every scalar operation an interpretation of the IR implements: the binary operators, the
 #: calls, and the nodes `cast`, `bitcast` and `select`.
 SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}

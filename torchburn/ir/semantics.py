@@ -54,7 +54,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DType
-from .opnames import COMPARISONS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
+from .opnames import COMPARISONS, DOT4_CALLS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
 
 
 class DivisionByZero(ZeroDivisionError):
@@ -482,7 +482,8 @@ FLOAT: dict[str, Fn] = {
 }
 
 #: The definitions, by dtype kind ("f", "i", "u", "b"). `cast`, `bitcast`, `select` and
-#: `dot4_u8i8_acc` are defined below for every kind they apply to.
+#: the byte dot products (`dot4_u8i8_acc`, `dot4_i8i8_acc`) are defined below for every kind
+#: they apply to.
 TABLES: dict[str, Mapping[str, Fn]] = {"f": FLOAT, "i": SIGNED, "u": UNSIGNED, "b": BOOL}
 
 
@@ -492,7 +493,7 @@ def defined(op: str, dtype: DType) -> bool:
         return True
     if op == "bitcast":
         return True
-    if op == DOT4_U8I8:
+    if op in DOT4_CALLS:
         return dtype == dt.i32
     return op in TABLES[_kind(dtype)]
 
@@ -588,12 +589,14 @@ def bitcast_value(value: Any, src: DType, dst: DType) -> Any:
 
 # ---- the entry point ----------------------------------------------------------------------------
 
-def _dot4(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`dot4_u8i8_acc` over the last axis: acc `(..., L)` i32, a `(..., 4L)` u8, b `(..., 4L)` i8."""
+def _dot4(acc: np.ndarray, a: np.ndarray, b: np.ndarray, name: str = DOT4_U8I8) -> np.ndarray:
+    """`dot4_u8i8_acc` over the last axis: acc `(..., L)` i32, a `(..., 4L)` u8 (i8 for
+    `dot4_i8i8_acc`), b `(..., 4L)` i8: `acc[i] + sum(a[4i + j] * b[4i + j] for j in 0..3)`,
+    the products exact, the sum wrapping in i32."""
     acc, a, b = np.asarray(acc), np.asarray(a), np.asarray(b)
     lanes = acc.shape[-1] if acc.ndim else 1
     if a.shape[-1:] != (4 * lanes,) or b.shape != a.shape:
-        raise ValueError(f"{DOT4_U8I8} needs (..., L), (..., 4L), (..., 4L); got {acc.shape}, {a.shape}, {b.shape}")
+        raise ValueError(f"{name} needs (..., L), (..., 4L), (..., 4L); got {acc.shape}, {a.shape}, {b.shape}")
     prod = a.astype(np.int64) * b.astype(np.int64)
     sums = prod.reshape(prod.shape[:-1] + (lanes, 4)).sum(axis=-1)
     return (acc.astype(np.int64).reshape(sums.shape) + sums).astype(np.int32).reshape(acc.shape)
@@ -634,7 +637,7 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
     """Apply `op` element-wise for operand dtype `dtype` (see the module docstring).
 
     `cast` and `bitcast` take `(value, dst_dtype)`, `select` `(cond, a, b)` with `dtype` the
-    type of `a` and `b`, `dot4_u8i8_acc` `(acc, a, b)` with `dtype` i32. Raises
+    type of `a` and `b`, `dot4_u8i8_acc` and `dot4_i8i8_acc` `(acc, a, b)` with `dtype` i32. Raises
     `DivisionByZero` for integer division by zero and `UndefinedOp` for an op the dtype lacks.
 
         >>> evaluate("mod", dt.i32, -7, 3), evaluate("fmod", dt.i32, -7, 3)
@@ -655,10 +658,11 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
         if op == "select":
             cond = to_array(args[0], dt.bool_)
             r = np.where(cond, to_array(args[1], dtype), to_array(args[2], dtype))
-        elif op == DOT4_U8I8:
+        elif op in DOT4_CALLS:
             if dtype != dt.i32:
-                raise UndefinedOp(f"{DOT4_U8I8} accumulates in i32, not {dtype}")
-            r = _dot4(to_array(args[0], dt.i32), to_array(args[1], dt.u8), to_array(args[2], dt.i8))
+                raise UndefinedOp(f"{op} accumulates in i32, not {dtype}")
+            a_dtype = dt.u8 if op == DOT4_U8I8 else dt.i8
+            r = _dot4(to_array(args[0], dt.i32), to_array(args[1], a_dtype), to_array(args[2], dt.i8), op)
         else:
             fn = TABLES[_kind(dtype)].get(op)
             if fn is None:

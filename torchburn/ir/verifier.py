@@ -436,7 +436,7 @@ class _KernelVerifier:
                 raise bad(f"{e.name} must be its own node, not a Call")
             if not e.args:
                 raise bad("a call needs at least one argument")
-            if e.name == ex.DOT4_U8I8:
+            if e.name in ex.DOT4_CALLS:
                 return self.dot4_type(e, bad)
             if e.name in ex.UNARY_FUNCS and len(e.args) != 1:
                 raise bad(f"{e.name} takes one argument, got {len(e.args)}")
@@ -487,13 +487,15 @@ class _KernelVerifier:
 
     @staticmethod
     def dot4_type(e: ex.Call, bad: Callable[[str], VerificationError]) -> ex.ScalarType:
-        """`dot4_u8i8_acc(acc: i32 x L, a: u8 x 4L, b: i8 x 4L)` gives `i32 x L` (see `Call`)."""
+        """`dot4_u8i8_acc(acc: i32 x L, a: u8 x 4L, b: i8 x 4L)` (`dot4_i8i8_acc`: `a: i8 x 4L`)
+        gives `i32 x L` (see `Call`)."""
         if len(e.args) != 3:
-            raise bad(f"{ex.DOT4_U8I8} takes 3 arguments, got {len(e.args)}")
+            raise bad(f"{e.name} takes 3 arguments, got {len(e.args)}")
         acc, a, b = (arg.type for arg in e.args)
-        if acc.dtype != dt.i32 or a.dtype != dt.u8 or b.dtype != dt.i8 or a.lanes != 4 * acc.lanes \
+        a_dtype = dt.u8 if e.name == ex.DOT4_U8I8 else dt.i8
+        if acc.dtype != dt.i32 or a.dtype != a_dtype or b.dtype != dt.i8 or a.lanes != 4 * acc.lanes \
                 or b.lanes != a.lanes:
-            raise bad(f"{ex.DOT4_U8I8} needs i32 x L, u8 x 4L and i8 x 4L, not {acc}, {a} and {b}")
+            raise bad(f"{e.name} needs i32 x L, {a_dtype} x 4L and i8 x 4L, not {acc}, {a} and {b}")
         return acc
 
 

@@ -75,9 +75,11 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (
             c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         self.window = window
-        self.q_proj = nn.Linear(c.hidden_size, self.heads * c.head_dim, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.q_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
+        #: q, k and v as one linear once loaded (`fuse.py`), which then replaces the three.
+        self.qkv_proj: Optional[nn.Module] = None
         self.o_proj = nn.Linear(self.heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
@@ -96,9 +98,15 @@ class Attention(nn.Module):
         query heads without a repeat.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            kv = self.kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([self.heads * self.head_dim, kv, kv], -1)
+        else:
+            assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        v = v.view(b, t, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
@@ -118,12 +126,19 @@ class MLP(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         c = config
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.gate_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        #: gate and up as one linear once loaded (`fuse.py`), which then replaces the two.
+        self.gate_up_proj: Optional[nn.Module] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, -1)
+        else:
+            assert self.gate_proj is not None and self.up_proj is not None
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -139,7 +154,9 @@ class Decoder(nn.Module):
     """Embedding, decoder layers, final norm and output head.
 
     Parameter names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ...), so a
-    safetensors checkpoint loads by name.
+    safetensors checkpoint loads by name; once loaded, the sibling projections of each layer
+    are fused (``qkv_proj``, ``gate_up_proj``: `fuse.py`) and ``unfuse_projections`` gives
+    the checkpoint's names back.
     """
 
     def __init__(self, config: DecoderConfig) -> None:

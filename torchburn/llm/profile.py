@@ -6,7 +6,10 @@ buffers, symbols and workspace layout, one call), and the launcher's native entr
 for a function that calls those one-kernel programs in turn with the same pointers, timing
 each.  The results are the same (the kernels are the same code, run in the same order on the
 same memory); only the ~2 us of a ctypes call per kernel is added, and it is counted in
-each kernel's time.  Each kernel is named by its origin (the ATen ops and the model module it
+each kernel's time.  Each kernel gets its wall time and the calling thread's CPU time
+(`time.thread_time`): on a shared machine the second leaves out the time the thread waited
+descheduled, but counts the time it spun at a parallel loop's closing barrier waiting for
+the other threads.  Each kernel is named by its origin (the ATen ops and the model module it
 came from, with the module's ``forward`` as ``file:line``); quantized linears, whose origin is
 empty, by their weight's shape and kind.
 """
@@ -33,6 +36,7 @@ class KernelTime:
     what: str
     where: str
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 @contextlib.contextmanager
@@ -89,11 +93,12 @@ class StepProfiler:
         self.calls = 0
 
     def _entry(self, buffers: Any, symbols: Any, workspace: Any) -> None:
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
         for k, entry in zip(self.kernels, self.entries):
-            t0 = clock()
+            t0, c0 = clock(), cpu()
             entry(buffers, symbols, workspace)
             k.seconds += clock() - t0
+            k.cpu_seconds += cpu() - c0
         self.calls += 1
 
     @contextlib.contextmanager
@@ -109,32 +114,48 @@ class StepProfiler:
     def table(self, top: int = 25) -> str:
         n = max(self.calls, 1)
         total = sum(k.seconds for k in self.kernels) / n
+        total_cpu = sum(k.cpu_seconds for k in self.kernels) / n
         rows = sorted(self.kernels, key=lambda k: -k.seconds)
-        lines = [f"decode step: {total * 1e3:.3f} ms in {len(self.kernels)} kernel calls "
-                 f"(mean of {n} steps; each call includes ~2 us of ctypes)",
-                 "| kernel | us/step | share | what | model source |", "|---|---:|---:|---|---|"]
+        lines = [f"decode step: {total * 1e3:.3f} ms ({total_cpu * 1e3:.3f} ms CPU of the calling thread) in "
+                 f"{len(self.kernels)} kernel calls (mean of {n} steps; each call includes ~2 us of ctypes)",
+                 "| kernel | us/step | CPU us/step | share | what | model source |", "|---|---:|---:|---:|---|---|"]
         for k in rows[:top]:
-            lines.append(f"| {k.kernel} | {k.seconds / n * 1e6:.1f} | {100 * k.seconds / n / total:.1f}% | "
-                         f"{k.what} | {k.where} |")
+            lines.append(f"| {k.kernel} | {k.seconds / n * 1e6:.1f} | {k.cpu_seconds / n * 1e6:.1f} | "
+                         f"{100 * k.seconds / n / total:.1f}% | {k.what} | {k.where} |")
         if len(rows) > top:
             rest = sum(k.seconds for k in rows[top:]) / n
-            lines.append(f"| ({len(rows) - top} more) | {rest * 1e6:.1f} | {100 * rest / total:.1f}% | | |")
-        by_place: dict[str, float] = defaultdict(float)
+            rest_cpu = sum(k.cpu_seconds for k in rows[top:]) / n
+            lines.append(f"| ({len(rows) - top} more) | {rest * 1e6:.1f} | {rest_cpu * 1e6:.1f} | "
+                         f"{100 * rest / total:.1f}% | | |")
+        by_place: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
         for k in self.kernels:
-            by_place[k.where] += k.seconds / n
-        lines.append("by model source: " + "; ".join(
-            f"{w or '?'} {s * 1e6:.0f} us" for w, s in sorted(by_place.items(), key=lambda x: -x[1])[:8]))
+            entry = by_place[k.where]
+            entry[0] += k.seconds / n
+            entry[1] += k.cpu_seconds / n
+            entry[2] += 1
+        lines.append("by model source (wall us, CPU us, calls per step): " + "; ".join(
+            f"{w or '?'} {s[0] * 1e6:.0f} / {s[1] * 1e6:.0f} us in {s[2]:.0f}"
+            for w, s in sorted(by_place.items(), key=lambda x: -x[1][0])[:10]))
         return "\n".join(lines)
 
 
 _MODULE = re.compile(r"@ (\S+) \((\w+)\)")
+#: ATen ops that only view or reorder their input (``_describe`` names a kernel by the others).
+_VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "permute", "transpose.int", "t", "expand",
+                       "unsqueeze", "squeeze.dim", "select.int", "slice.Tensor", "split.Tensor",
+                       "split_with_sizes", "chunk", "unbind.int", "alias"})
+
+
+def _op_name(entry: str) -> str:
+    """``aten.split_with_sizes.default @ model.layers.0...`` -> ``split_with_sizes``."""
+    return entry.split(" @ ")[0].replace("aten.", "").replace(".default", "")
 
 
 def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[str, str]:
     """(what the kernel computes, the model source it came from)."""
     kernel = program.kernel(call.kernel)
     attrs = dict(kernel.attrs)
-    ops = [o.split(" @ ")[0].replace("aten.", "").replace(".default", "") for o in origin.split("; ") if o]
+    ops = [_op_name(o) for o in origin.split("; ") if o]
     fused = ", ".join(dict.fromkeys(ops))
     if "qlinear" in attrs:  # quantized linears carry no origin of their own: name the weight
         weight = next((p for p in kernel.params[1:] if p.dtype.name in ("u8", "i8")), None)
@@ -144,7 +165,11 @@ def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[s
             in_features = cols * 2 if kind == "int4" else cols
             what = f"quantized linear {kind} [{rows} x {in_features}]" + (f" + {fused}" if fused else "")
             return what, _linear_source(model, rows, in_features)
-    modules = _MODULE.findall(origin)
+    entries = [o for o in origin.split("; ") if o]
+    # views and layout changes (a fused linear's output split into q, k, v) name no kernel
+    # (when there are other ops): the deepest module of the ops that compute names it
+    computing = [o for o in entries if _op_name(o) not in _VIEW_OPS]
+    modules = _MODULE.findall("; ".join(computing or entries))
     where = ""
     if modules:
         path, cls = max(modules, key=lambda m: m[0].count("."))

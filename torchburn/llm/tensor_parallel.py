@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..quant import QuantizedLinear
+from .fuse import fuse_projections, unfuse_projections
 from .model import Decoder
 
 Linear = Union[nn.Linear, QuantizedLinear]
@@ -116,6 +117,7 @@ def shard_decoder(model: Decoder, group: Any = None) -> Decoder:
     kv_heads = _check("num_key_value_heads", c.num_key_value_heads, world)
     inter = _check("intermediate_size", c.intermediate_size, world)
     d = c.head_dim
+    unfuse_projections(model)  # the loader fused q/k/v and gate/up: shard them one by one
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.q_proj = _rows(attn.q_proj, rank * heads * d, (rank + 1) * heads * d)
@@ -130,6 +132,7 @@ def shard_decoder(model: Decoder, group: Any = None) -> Decoder:
                                     _bias(mlp.down_proj), group)
     # the local shapes: the KV cache (`new_cache`) is allocated for this rank's heads only
     model.config = replace(c, num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter)
+    fuse_projections(model)
     return model
 
 

@@ -11,6 +11,12 @@ weights when asked.  Which tensors are quantized, by ``quant``:
 * ``"int4"``: every linear of every layer as asymmetric INT4 with groups of 32 (Q4_1's layout);
 * both: the token embedding and the output head as INT8 groups of 32 (a tied head shares the
   embedding's bytes).  The norms, biases and rope tables stay float32.
+
+When all is in, each layer's alike sibling projections become one linear (`fuse.py`: q/k/v as
+``qkv_proj``, gate/up as ``gate_up_proj``).  What the sink records for the weight cache is the
+model as finished, fused tensors under their fused names, and the sink takes those names back
+(`put_quantized`/`put_float` of ``layers.3.self_attn.qkv_proj.weight``), so a warm load maps
+the fused tensors without copying them.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from torch import nn
 
 from ..quant import Int4Weight, Int8Weight, QuantizedLinear
 from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
+from . import fuse
 from .config import DecoderConfig
 from .model import Decoder, QuantizedEmbedding
 from .rope import rope_parameters
@@ -55,9 +62,11 @@ class WeightSink:
         self.quant = quant
         self.expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
         self.done: set[str] = set()
-        #: Called with each tensor as it goes into the model (converted, quantized): what the
-        #: weight cache stores (`weight_cache.py`).
+        #: Called by `finish` with each tensor of the finished model (converted, quantized,
+        #: fused): what the weight cache stores (`weight_cache.py`).
         self.record = record
+        #: The tensors put so far, by name, in order (recorded by `finish`).
+        self._put: dict[str, Union[Int8Weight, Int4Weight, torch.Tensor]] = {}
 
     def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
         if name not in self.expected:
@@ -109,6 +118,8 @@ class WeightSink:
 
     def put_float(self, name: str, value: torch.Tensor) -> None:
         """A float32 tensor of the expected shape, kept as it is (no copy, no quantization)."""
+        if self._put_fused(name, value):
+            return
         if name not in self.expected:
             return
         self._check_shape(name, tuple(value.shape))
@@ -116,11 +127,12 @@ class WeightSink:
         module = self.model.get_submodule(module_name)
         setattr(module, attr, nn.Parameter(value, requires_grad=False))
         self.done.add(name)
-        if self.record is not None:
-            self.record(name, value)
+        self._put[name] = value
 
     def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight]) -> None:
         """An already quantized weight (from GGUF, or from `put`)."""
+        if self._put_fused(name, weight):
+            return
         module_name, attr = _split(name)
         self._check_shape(name, (weight.out_features, weight.in_features))
         if attr != "weight":
@@ -137,8 +149,49 @@ class WeightSink:
                 layer.bias = bias
             self._set_module(module_name, layer)
         self.done.add(name)
-        if self.record is not None:
-            self.record(name, weight)
+        self._put[name] = weight
+
+    def _put_fused(self, name: str, value: Union[Int8Weight, Int4Weight, torch.Tensor]) -> bool:
+        """A fused projection's tensor as `finish` recorded it (``layers.3.mlp.gate_up_proj.weight``
+        or ``.bias``): installed as the fused linear, its parts marked loaded. False for any
+        other name."""
+        module_name, attr = _split(name)
+        parent_name, fused_name = _split(module_name)
+        spec = next((f for f in fuse.FUSIONS if f[1] == fused_name and parent_name.endswith("." + f[0])), None)
+        if spec is None or attr not in ("weight", "bias"):
+            return False
+        parent = self.model.get_submodule(parent_name)
+        parts = [f"{parent_name}.{p}.{attr}" for p in spec[2]]
+        if any(p not in self.expected for p in parts):
+            raise WeightError(f"tensor {name!r}: the model has no {attr} for {', '.join(spec[2])}")
+        rows = sum(self.expected[p][0] for p in parts)
+        if attr == "bias":
+            linear = getattr(parent, fused_name, None)
+            if linear is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
+                raise WeightError(f"tensor {name!r} does not fit its fused linear")
+            if isinstance(linear, QuantizedLinear):
+                linear._parameters.pop("bias", None)
+                linear._buffers["bias"] = value
+            else:
+                linear.bias = nn.Parameter(value, requires_grad=False)
+        else:
+            cols = self.expected[parts[0].rpartition(".")[0] + ".weight"][1]
+            if isinstance(value, torch.Tensor):
+                if tuple(value.shape) != (rows, cols):
+                    raise WeightError(f"tensor {name!r} has shape {list(value.shape)}; expected {[rows, cols]}")
+                linear = nn.Linear(cols, rows, bias=False, device="meta")
+                linear.weight = nn.Parameter(value, requires_grad=False)
+            else:
+                if (value.out_features, value.in_features) != (rows, cols):
+                    raise WeightError(f"tensor {name!r} has shape {[value.out_features, value.in_features]}; "
+                                      f"expected {[rows, cols]}")
+                linear = QuantizedLinear.from_weight(value, None)
+            setattr(parent, fused_name, linear)  # its bias, if the parts have one, comes next
+            for p in spec[2]:
+                setattr(parent, p, None)
+        self.done.update(parts)
+        self._put[name] = value
+        return True
 
     def _set_module(self, name: str, module: nn.Module) -> None:
         parent_name, attr = _split(name)
@@ -146,7 +199,8 @@ class WeightSink:
         setattr(parent, attr, module)
 
     def finish(self) -> Decoder:
-        """Tie the head if the config says so, check completeness, build the rope tables."""
+        """Tie the head if the config says so, check completeness, fuse sibling projections,
+        record what the model holds, build the rope tables."""
         model = self.model
         if model.config.tie_word_embeddings:
             self._tie()
@@ -157,9 +211,30 @@ class WeightSink:
         for name, param in model.named_parameters():
             if param.is_meta:
                 raise WeightError(f"tensor {name!r} was never loaded")
+        for i, layer in enumerate(model.layers):
+            for fused in fuse.fuse_layer(layer):
+                self._record_fused(f"layers.{i}.{fused}")
+        if self.record is not None:
+            for name, value in self._put.items():
+                self.record(name, value)
         inv_freq, _ = rope_parameters(model.config)
         model.inv_freq = inv_freq
         return model.eval()
+
+    def _record_fused(self, module_name: str) -> None:
+        """Record the fused linear `module_name` in place of its parts."""
+        parent_name, fused_name = _split(module_name)
+        parts = next(f[2] for f in fuse.FUSIONS if f[1] == fused_name)
+        for p in parts:
+            for attr in ("weight", "bias"):
+                self._put.pop(f"{parent_name}.{p}.{attr}", None)
+        linear = self.model.get_submodule(module_name)
+        if isinstance(linear, QuantizedLinear):
+            self._put[module_name + ".weight"] = linear.quantized_weight()
+        else:
+            self._put[module_name + ".weight"] = linear.weight.detach()
+        if linear.bias is not None:
+            self._put[module_name + ".bias"] = linear.bias.detach()
 
     def _tie(self) -> None:
         if "embed_tokens.weight" not in self.done:

@@ -108,6 +108,7 @@ class LowerToLoopsGpu(LowerToLoops):
     simd_qlinear: ClassVar[bool] = False
     simd_conv: ClassVar[bool] = False
     slice_views: ClassVar[bool] = False
+    split_concats: ClassVar[bool] = False
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:

@@ -122,6 +122,9 @@ class LowerToLoops(Pass):
     #: Lower convolutions to the register-blocked kernels of `loopgen/conv.py`; GPUs keep the
     #: per-element nest.
     simd_conv: ClassVar[bool] = True
+    #: Loop over a concat one operand at a time (`KernelBuilder.concat_parts`); GPUs keep one
+    #: nest (each would be a dispatch).
+    split_concats: ClassVar[bool] = True
     #: Pass a constant slice of a buffer to kernels as a view at a byte offset
     #: (`KernelCall.offsets`) rather than as index arithmetic inside them: the layers of a
     #: stacked KV cache then read their slices through one kernel. The GPU and reference
@@ -259,6 +262,7 @@ class LowerToLoops(Pass):
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
         """One kernel for `op`; workspace it asks for (`KernelBuilder.scratch`) joins `temps`."""
         kb = KernelBuilder(name, buffers)
+        kb.split_concats = self.split_concats
         out = buffers[op.result]
         qop = fused_qlinear(op, set(buffers))
         attn = (op, []) if op.name == "attention" else fused_through_views(op, set(buffers), {"attention"})

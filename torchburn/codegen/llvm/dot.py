@@ -22,6 +22,17 @@ saturates). Three lowerings, all giving identical results (the tests force each)
   `a2` add up to less than 128 (15 + 15: each i16 lane then stays within 2 * 30 * 128).
 - Anywhere else: widen both to i32, multiply, and add the four products of each lane with
   shuffles.
+
+`dot4_i8i8_acc(acc, a, b)`, `a` signed too (an int8 weight by int8 activations):
+
+- where one operand is known above -128 (`known_bits.signed_min`: the kernels clamp the
+  quantized activations with `max(b, -127)`, a no-op on values that are in [-127, 127] by
+  construction): `|a| * sign(b, a)` lane by lane (`pabsb`, `psignb`: b negated where a < 0),
+  which is `a * b` with an unsigned first operand, then `vpdpbusd`, or `pmaddubsw` +
+  `pmaddwd` (pair sums at most 2 * 128 * 127 = 32512: no saturation) -- llama.cpp's Q8_0
+  dot on AVX2. 512-bit vectors have no `psignb`: a select of `-b` and `b`.
+- else with VNNI: `vpdpbusd(acc, a ^ 0x80, b) - vpdpbusd(0, 0x80, b)` (`a ^ 0x80 = a + 128`).
+- else the widening sequence.
 """
 from __future__ import annotations
 
@@ -30,7 +41,7 @@ import llvmlite.ir as ir
 from ..errors import CodegenError
 from ..target import Target
 from .context import ModuleContext
-from .known_bits import unsigned_max
+from .known_bits import signed_min, unsigned_max
 from .types import I32, lanes_of
 
 #: `vpdpbusd` intrinsics by i32 lane count (the features each needs: `ir.target.DOT4_FEATURES`).
@@ -74,16 +85,62 @@ def emit_dot4(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w
     if has_maddubs_dot4(ctx.target, lanes) and unsigned_max(a) < MADDUBS_A_LIMIT:
         return _maddubs(b, ctx, lanes, acc, a, w)
     wide = ir.VectorType(I32, 4 * lanes)
-    products = b.mul(b.zext(a, wide), b.sext(w, wide))
+    return _lane_sums(b, acc, b.mul(b.zext(a, wide), b.sext(w, wide)), lanes)
+
+
+def _lane_sums(b: ir.IRBuilder, acc: ir.Value, products: ir.Value, lanes: int) -> ir.Value:
+    """`acc[i] + products[4 i] + ... + products[4 i + 3]` (the portable sequence)."""
     total = acc
     for j in range(4):
         if lanes == 1:
             total = b.add(total, b.extract_element(products, ir.Constant(I32, j)))
             continue
         mask = ir.Constant(ir.VectorType(I32, lanes), [4 * i + j for i in range(lanes)])
-        part = b.shuffle_vector(products, ir.Constant(wide, ir.Undefined), mask)
+        part = b.shuffle_vector(products, ir.Constant(products.type, ir.Undefined), mask)
         total = b.add(total, part)
     return total
+
+
+#: `psignb` by i32 lane count (none for 512 bits).
+_PSIGNB: dict[int, str] = {4: "llvm.x86.ssse3.psign.b.128", 8: "llvm.x86.avx2.psign.b"}
+
+
+def emit_dot4_i8i8(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+    """`dot4_i8i8_acc`'s value (module docstring)."""
+    lanes = lanes_of(acc.type)
+    if lanes_of(a.type) != 4 * lanes or lanes_of(w.type) != 4 * lanes:
+        raise CodegenError(f"dot4_i8i8_acc needs 4 x {lanes} bytes per operand, got {a.type} and {w.type}")
+    native = has_native_dot4(ctx.target, lanes)
+    bytes_t = ir.VectorType(ir.IntType(8), 4 * lanes)
+    if native or has_maddubs_dot4(ctx.target, lanes):
+        if signed_min(a) > -128:
+            a, w = w, a  # the operand negated by sign() must not be -128
+        if signed_min(w) > -128:
+            magnitude = b.call(ctx.declare(f"llvm.abs.v{4 * lanes}i8", bytes_t, [bytes_t, ir.IntType(1)]),
+                               [a, ir.Constant(ir.IntType(1), 0)])
+            signed = _sign(b, ctx, lanes, w, a)
+            if native:
+                return emit_dot4(b, ctx, acc, magnitude, signed)
+            return _maddubs(b, ctx, lanes, acc, magnitude, signed)
+    if native:
+        flip = ir.Constant(bytes_t, [-128 & 0xFF] * (4 * lanes))
+        shifted = emit_dot4(b, ctx, acc, b.xor(a, flip), w)
+        zero = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+        return b.sub(shifted, emit_dot4(b, ctx, zero, flip, w))
+    wide = ir.VectorType(I32, 4 * lanes)
+    products = b.mul(b.sext(a, wide), b.sext(w, wide))
+    return _lane_sums(b, acc, products, lanes)
+
+
+def _sign(b: ir.IRBuilder, ctx: ModuleContext, lanes: int, value: ir.Value, sign_of: ir.Value) -> ir.Value:
+    """`value` negated where `sign_of < 0` (zero where it is 0 with `psignb`; the product with
+    `|sign_of| = 0` is 0 either way)."""
+    bytes_t = value.type
+    name = _PSIGNB.get(lanes)
+    if name is not None:
+        return b.call(ctx.declare(name, bytes_t, [bytes_t, bytes_t]), [value, sign_of])
+    zero = ir.Constant(bytes_t, [0] * (4 * lanes))
+    return b.select(b.icmp_signed("<", sign_of, zero), b.sub(zero, value), value)
 
 
 def emit_dot4_pair(b: ir.IRBuilder, ctx: ModuleContext, acc: ir.Value, first: tuple[ir.Value, ir.Value],

@@ -26,7 +26,7 @@ from ...ir.expr import ScalarType
 from ..errors import CodegenError
 from . import memory
 from .binary import emit_binary
-from .dot import emit_dot4, emit_dot4_pair
+from .dot import emit_dot4, emit_dot4_i8i8, emit_dot4_pair
 from .casts import emit_bitcast, emit_cast
 from .halfconv import select_bits
 from .function import FunctionState, Scope
@@ -172,6 +172,13 @@ class ExprEmitter:
         acc, a, b = (self.emit(arg) for arg in e.args)
         return emit_dot4(self.b, self.fs.ctx, acc, a, b)
 
+    def _dot4_i8i8(self, e: ex.Call) -> ir.Value:
+        """Signed bytes by signed bytes, see `dot.py`."""
+        if len(e.args) != 3:
+            raise CodegenError(f"{ex.DOT4_I8I8} takes 3 arguments, got {len(e.args)}")
+        acc, a, b = (self.emit(arg) for arg in e.args)
+        return emit_dot4_i8i8(self.b, self.fs.ctx, acc, a, b)
+
     def _cast(self, e: ex.Cast) -> ir.Value:
         return emit_cast(self.b, self.emit(e.value), e.value.type, e.type)
 
@@ -232,6 +239,7 @@ def _same(kept: object, operand: object) -> bool:
 #: Calls whose operands are not of one type: emitted from the node, not through `CALLS`.
 _CALL_NODES: dict[str, Callable[[ExprEmitter, ex.Call], ir.Value]] = {
     ex.DOT4_U8I8: ExprEmitter._dot4,
+    ex.DOT4_I8I8: ExprEmitter._dot4_i8i8,
 }
 #: Nodes whose handlers emit each operand as a value (so emitting operands first is exact).
 _ARITHMETIC = (ex.Binary, ex.Call, ex.Cast, ex.Bitcast, ex.Select, ex.Broadcast, ex.VectorReduce)

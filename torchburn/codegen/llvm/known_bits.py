@@ -1,4 +1,4 @@
-"""An upper bound on the unsigned value of an emitted integer, from the instructions that made it.
+"""Bounds on the value of an emitted integer, from the instructions that made it.
 
 Instruction selection sometimes has a faster sequence for small operands: `dot4_u8i8_acc`
 multiplies bytes pairwise into i16 lanes with `pmaddubsw` when every u8 operand is below 128
@@ -11,6 +11,8 @@ so it sees through `let` bindings and broadcasts without an analysis of the IR:
     %w  = load <16 x i8>, ptr %p                                   -> 255
 
 Anything not understood is bounded by its width (2^bits - 1), so the bound is always sound.
+`signed_min` is the same for a lower bound on the signed value: `dot4_i8i8_acc` takes
+`pabsb`/`psignb` + `pmaddubsw` when one operand is known above -128 (`llvm.smax(x, -127)`).
 """
 from __future__ import annotations
 
@@ -93,3 +95,43 @@ def unsigned_max(value: ir.Value, depth: int = 0) -> int:
     if op == "insertelement":
         return max(unsigned_max(args[0], depth + 1), unsigned_max(args[1], depth + 1))
     return full
+
+
+def _signed(lane: int, bits: int) -> int:
+    return lane - (1 << bits) if lane >> (bits - 1) else lane
+
+
+def signed_min(value: ir.Value, depth: int = 0) -> int:
+    """A lower bound on `value` read as signed (each lane of a vector)."""
+    bits = _width(value.type)
+    low = -(1 << (bits - 1))
+    if depth > MAX_DEPTH:
+        return low
+    if isinstance(value, ir.Constant):
+        lanes = _elements(value)
+        return low if lanes is None else min(_signed(v, bits) for v in lanes)
+    if not isinstance(value, ir.Instruction):
+        return low
+    op = value.opname
+    args = value.operands
+    if op == "call":
+        callee = getattr(value, "callee", None)
+        name = getattr(callee, "name", "")
+        call_args = getattr(value, "args", ())
+        if name.startswith("llvm.smax.") and len(call_args) == 2:
+            return max(signed_min(call_args[0], depth + 1), signed_min(call_args[1], depth + 1))
+        return low
+    if op in ("and", "lshr") and unsigned_max(value, depth) < 1 << (bits - 1):
+        return 0  # the sign bit is known clear
+    if op == "select":
+        return min(signed_min(args[1], depth + 1), signed_min(args[2], depth + 1))
+    if op == "sext":
+        return signed_min(args[0], depth + 1)
+    if op == "zext":
+        return 0
+    if op == "shufflevector":
+        return min(signed_min(args[0], depth + 1), signed_min(args[1], depth + 1))
+    if op == "insertelement":
+        return min(signed_min(args[0], depth + 1), signed_min(args[1], depth + 1))
+    lanes = lane_constants(value)
+    return low if lanes is None else min(_signed(v, bits) for v in lanes)

@@ -2,7 +2,7 @@
 
 The emitter's handlers are tables keyed by the IR's op names: `binary.TABLES` and
 `mathfuncs.UNARY_TABLES` per operand kind, `mathfuncs.FMA`, `mathfuncs.CALLS` (every call
-name), `expr._CALL_NODES` (`dot4_u8i8_acc`) and `casts._CASTS` (per pair of kinds); `Select`
+name), `expr._CALL_NODES` (`dot4_u8i8_acc`, `dot4_i8i8_acc`) and `casts._CASTS` (per pair of kinds); `Select`
 is one `select` instruction. `handles(op, dtype)` reads those tables, and registering it lets
 `tests/codegen/test_handler_coverage.py` check that every op the semantics define on a dtype
 has an LLVM handler. Adding an op: define it in `ir/semantics.py`, add its entry here.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...ir import dtypes as dt
 from ...ir import semantics as sem
 from ...ir.dtypes import DType
-from ...ir.opnames import BINARY_OPS, DOT4_U8I8, UNARY_FUNCS
+from ...ir.opnames import BINARY_OPS, DOT4_CALLS, UNARY_FUNCS
 from . import binary, casts, mathfuncs
 from .expr import _CALL_NODES
 
@@ -26,7 +26,7 @@ def handles(op: str, dtype: DType) -> bool:
         return op in mathfuncs.UNARY_TABLES[kind] and op in mathfuncs.CALLS
     if op == "fma":
         return kind in mathfuncs.FMA and op in mathfuncs.CALLS
-    if op == DOT4_U8I8:
+    if op in DOT4_CALLS:
         return dtype == dt.i32 and op in _CALL_NODES
     if op == "cast":
         return all(d == dtype or (casts._category(dtype), casts._category(d)) in casts._CASTS

@@ -135,6 +135,48 @@ def _nest(kb: KernelBuilder, shape: tuple[Expr, ...], prefix: str, body_fn: Call
     return kb.nest(tuple(vars_[d] for d in order), tuple(shape[d] for d in order), body, origin)
 
 
+def split_nest(kb: KernelBuilder, v: Value, prefix: str, body_fn: Callable[[Index], None]) -> lp.Stmt:
+    """A nest over `v`'s shape whose body `body_fn(index)` reads `v` at `index`; when `v` is a
+    concat computed in the kernel (`KernelBuilder.concat_parts`), one nest per operand, in
+    which `v[index]` is the operand's element (no select, no load of the other operands):
+
+        %out[j0 + 0, j1] = %a[j0, j1]   for j0 in 0..2      (concat(%a, %b) {dim = 0})
+        %out[j0 + 2, j1] = %b[j0, j1]   for j0 in 0..3"""
+    parts = kb.concat_parts(v)
+    if parts is None:
+        return _nest(kb, v.shape, prefix, body_fn)
+    nests = []
+    for operand, dim, off in parts:
+        def part(j: Index, operand: Value = operand, dim: int = dim, off: Expr = off) -> None:
+            idx = tuple(ex.add(i, off) if d == dim else i for d, i in enumerate(j))
+            kb.define(v, idx, kb.value_at(operand, j))
+            body_fn(idx)
+
+        nests.append(_nest(kb, operand.shape, prefix, part))
+    return lp.block(*nests)
+
+
+@root_rule("concat")
+def concat(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
+    """A stored concat: one copy nest per operand (`split_nest`), or the element nest where
+    the lowering keeps one nest (GPUs)."""
+    if not kb.split_concats:
+        return kb.element_root(op, out)
+    _origin(kb, op)
+    kb.used_buffers[out.name] = out
+    dim = op.attrs["dim"] % max(len(op.result.shape), 1)
+    nests = []
+    off: Expr = Const(0)
+    for operand in op.operands:
+        def part(j: Index, operand: Value = operand, off: Expr = off) -> None:
+            idx = tuple(ex.add(i, off) if d == dim else i for d, i in enumerate(j))
+            kb.emit(lp.Store(out.name, idx, kb.value_at(operand, j)))
+
+        nests.append(_nest(kb, operand.shape, "i", part))
+        off = ex.add(off, operand.shape[dim])
+    return lp.block(*nests)
+
+
 def copy_into(kb: KernelBuilder, src: Value, out: lp.Buffer) -> lp.Stmt:
     """`out[i] = src[i]` over the whole result (fused producers of `src` are computed here)."""
     kb.used_buffers[out.name] = out
@@ -200,7 +242,7 @@ def index_put(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
         kb.emit(lp.Store(out.name, tgt, v))
 
     kb.used_buffers[out.name] = out
-    return lp.block(copy, _nest(kb, values.shape, "j", update))
+    return lp.block(copy, split_nest(kb, values, "j", update))
 
 
 # ---- sorting and scans --------------------------------------------------------------------------

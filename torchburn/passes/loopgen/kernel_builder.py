@@ -108,6 +108,9 @@ class KernelBuilder:
         #: Workspace buffers the kernel asked for with `scratch` (the program adds them to its
         #: temporaries, so memory planning places them like any other).
         self.scratch_buffers: list[lp.Buffer] = []
+        #: Loop over a concat computed here one operand at a time (`concat_parts`); GPUs keep
+        #: one nest (each nest would be a dispatch of its own).
+        self.split_concats = True
 
     # ---- naming, scopes ------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -338,6 +341,23 @@ class KernelBuilder:
         if category == "reduction":
             return self._reduction(op, idx)
         raise LoweringError(f"lower-to-loops: no loop form for op {name!r} inlined in a kernel")
+
+    def concat_parts(self, v: Value) -> Optional[list[tuple[Value, int, Expr]]]:
+        """(operand, dim, offset) of each operand when `v` is a concat computed in this kernel
+        (not stored) and `split_concats` is on, else None. A nest over `v` is then better one
+        nest per operand (`indexing_rules.split_nest`): an element of the concat computed by
+        `_concat` is a chain of selects that loads every operand (60 loads per element for
+        a decode step's 60 new key/value rows stacked)."""
+        op = v.producer
+        if not self.split_concats or op is None or op.name != "concat" or v in self.buffers:
+            return None
+        dim = op.attrs["dim"] % max(len(v.shape), 1)
+        parts = []
+        off: Expr = Const(0)
+        for operand in op.operands:
+            parts.append((operand, dim, off))
+            off = ex.add(off, operand.shape[dim])
+        return parts
 
     def _concat(self, op: Op, idx: Index) -> Expr:
         """Select among the operands; each operand's index is clamped into its own bounds so

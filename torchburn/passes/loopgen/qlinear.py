@@ -36,9 +36,10 @@ of x; both are far below the weight's own quantization error. The nibble order o
 layout (byte `j` of a group holds elements `j` and `j + h`) is what makes the low and high
 nibbles of one vector load two *contiguous* vectors of elements: no shuffles.
 
-**Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 4 weight rows per
-step for INT4 (x's vectors and sums shared by four rows), NR = 1 for INT8 (one sequential
-stream of bytes, `NR_GEMV_INT8`); each accumulator grows by one chain of `p` per group,
+**Shapes.** At batch 1 (`M = 1`) the kernel is a GEMV: MR = 1 and NR = 1 weight row per
+step (`NR_GEMV`), so the weight's bytes are one sequential stream (NR rows read side by side
+are NR streams, which the prefetchers follow badly: with NR = 4, a 576 x 1536 INT4 weight
+streamed at half the speed of a 1536 x 576 one); each accumulator grows by one chain of `p` per group,
 and the groups' chains overlap, which hides the FMA latency. With more rows (MR = 4) each
 dequantized weight vector is used four times from registers, and the NR weight rows of one
 work item (a few KiB) stay in L1 while all row blocks of x pass over them, so each weight
@@ -80,12 +81,12 @@ F32 = ScalarType(dt.f32)
 I32 = ScalarType(dt.i32)
 #: Chunks per group up to this many are unrolled in the IR; longer ones stay a loop.
 MAX_UNROLLED_CHUNKS = 8
-#: Rows of x per step of the multi-row form, and weight rows per step of each form. The INT8
-#: GEMV takes one weight row per step: its bytes are then read as one sequential stream (four
-#: rows read side by side are four short streams when rows are short, K = 576: half the
-#: bandwidth); INT4 keeps four, which share the sums of x.
+#: Rows of x per step of the multi-row form, and weight rows per step of each form. The GEMV
+#: takes one weight row per step: its bytes are then read as one sequential stream (four
+#: rows read side by side are four streams, which the prefetchers follow badly: half the
+#: bandwidth or less).
 MR_ROWS = 4
-NR_GEMV, NR_GEMV_INT8, NR_INT8, NR_INT4 = 4, 1, 4, 2
+NR_GEMV, NR_INT8, NR_INT4 = 1, 4, 2
 
 
 #: A divisor of K in x's index (`k // c`, `k % c`) must be a multiple of this: every chunk of
@@ -239,7 +240,7 @@ def plan_qlinear(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
     lanes = math.gcd(span, w)
     mr = 1 if m is not None and m <= 1 else MR_ROWS if m is None else min(m, MR_ROWS)
     if mr == 1:
-        nr = NR_GEMV_INT8 if ql.kind == "int8" else NR_GEMV
+        nr = NR_GEMV
     else:
         nr = NR_INT4 if ql.kind == "int4" else NR_INT8
     k, n = static_int(ql.k) or 0, static_int(ql.n)

@@ -20,7 +20,7 @@ DivisionByZero = semantics.DivisionByZero
 
 #: Ops of `Binary` nodes, of `Call` nodes, and the conversions and selection.
 BINARY: frozenset[str] = frozenset(ex.BINARY_OPS)
-CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma", ex.DOT4_U8I8}
+CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma"} | ex.DOT4_CALLS
 OTHER: frozenset[str] = frozenset({"cast", "bitcast", "select"})
 
 
