@@ -185,6 +185,28 @@ def _transposed_tap(kb: KernelBuilder, i: Expr, k: Expr, stride: int, padding: i
     return clamp(o, out_size), valid
 
 
+def _covering_windows(kernel: int, stride: int, dilation: int) -> int:
+    """How many windows of a strided pooling can cover one input position: the window's span
+    over the stride, rounded up (2 for a 3-wide window of stride 2, where its taps are 3)."""
+    return -(-((kernel - 1) * dilation + 1) // stride)
+
+
+def _covering_window(kb: KernelBuilder, i: Expr, j: Expr, kernel: int, stride: int, padding: int,
+                     dilation: int, out_size: Expr) -> tuple[Expr, Expr]:
+    """The `j`-th window that may cover input position `i`, counting down from the last one
+    starting at or before it (`o = (i + padding) // stride - j`), clamped, and whether it
+    exists and covers `i` (its tap `t = i + padding - o * stride` is within the window and on
+    the dilation's grid). The windows a tap loop reaches, without its stride's divisibility
+    test: `_covering_windows` of them instead of `kernel`."""
+    shifted = ex.add(i, Const(padding))
+    o = kb.bind(ex.sub(ex.floordiv(shifted, Const(stride)), j), "t")
+    t = ex.sub(shifted, ex.mul(o, Const(stride)))
+    valid: Expr = ex.Binary("and", in_range(o, out_size), ex.binary("le", t, Const((kernel - 1) * dilation)), BOOL)
+    if dilation > 1:
+        valid = ex.Binary("and", valid, ex.binary("eq", ex.mod(t, Const(dilation)), Const(0)), BOOL)
+    return clamp(o, out_size), valid
+
+
 @element_rule("conv_grad_input")
 def conv_grad_input(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
     g, w = op.operands
@@ -390,16 +412,22 @@ def pool_grad(kb: KernelBuilder, op: Op, idx: Index) -> Expr:
     win = _Windows(op, in_size, out_size)
     vt = g.dtype
     total = Accumulator(kb, vt, zero(vt))
+    windows = [not win.adaptive and _covering_windows(win.kernel[s], win.stride[s], win.dilation[s]) < win.kernel[s]
+               for s in range(nsp)]
     if win.adaptive:
         # Windows covering i: o from floor(i * out / in), at most ceil(out / in) + 1 of them.
         extents = tuple(ex.add(ceil_div(out_size[s], in_size[s]), Const(1)) for s in range(nsp))
     else:
-        extents = tuple(Const(k) for k in win.kernel)
+        extents = tuple(Const(_covering_windows(win.kernel[s], win.stride[s], win.dilation[s]) if windows[s]
+                              else win.kernel[s]) for s in range(nsp))
     taps = accumulate_loops(kb, extents)
     outs: list[Expr] = []
     valid: Optional[Expr] = None
     for s, (i, k) in enumerate(zip(ins, taps)):
-        if win.adaptive:
+        if windows[s]:
+            o, ok = _covering_window(kb, i, k, win.kernel[s], win.stride[s], win.padding[s], win.dilation[s],
+                                     out_size[s])
+        elif win.adaptive:
             o = kb.bind(ex.add(ex.floordiv(ex.mul(i, out_size[s]), in_size[s]), k), "t")
             oc = clamp(o, out_size[s])
             ok: Expr = ex.Binary("and", ex.binary("lt", o, out_size[s]),
