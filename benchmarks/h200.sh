@@ -5,11 +5,11 @@
 # network, so the checkout carries them, ignored by git (`.gl/`: the Vulkan/GL loader .debs and
 # two folders for Python 3.12 / manylinux, installed with `pip install --target --python-version 3.12
 # --platform manylinux_2_28_x86_64 --only-binary=:all: --no-deps` and packed with `tar | xz -9`:
-# llvmlite.tar.xz, and site.tar.xz with wgpu, blake3, gguf, transformers, pytest, hypothesis and
-# their dependencies; xz packs Python sources about twice as tight as the wheels' zip). A run may
-# carry 64 MiB with the checkout's tracked files: the 2026-12-02 build (63.9 MB with numpy, without
-# hf_xet and pydantic, transformers' models cut to llama, qwen2, mistral, gpt2 and auto) leaves
-# about 1 MB, so a branch is carried as the files that differ from the checkout, copied over it
+# llvmlite.tar.xz, and site.tar.xz with wgpu, blake3, gguf, pyelftools, transformers, pytest,
+# hypothesis and their dependencies; xz packs Python sources about twice as tight as the wheels' zip). A run may
+# carry 64 MiB with the checkout's tracked files: the 2026-12-02 build (62.5 MB with numpy and
+# pyelftools, without hf_xet and pydantic, transformers' models cut to llama, qwen2, mistral, gpt2
+# and auto) and 3.9 MB of tracked files leave about 0.7 MB, so a branch is carried as the files that differ from the checkout, copied over it
 # first (`cp -r .overlay/. .`).
 # Usage there, from the repository root:
 #
