@@ -55,20 +55,8 @@ from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Const
 from .base import LoopPass, PassContext, PassError, register_pass
-from .loop_utils import substitute_stmt
+from .loop_utils import buffers_accessed, substitute_stmt
 from .simplify import simplify_kernel
-
-
-def _buffers(k: lp.Kernel) -> set[str]:
-    """Names of the buffers the kernel's statements load from or store to."""
-    names: set[str] = set()
-    for s in lp.walk_stmts(k.body):
-        target = getattr(s, "buffer", None)
-        if isinstance(target, str):
-            names.add(target)
-        for e in lp.stmt_exprs(s):
-            names.update(n.buffer for n in ex.walk(e) if isinstance(n, ex.Load))
-    return names
 
 
 def _chunk(k: lp.Kernel, loop: lp.For, start: int, stop: int, name: str) -> lp.Kernel:
@@ -77,7 +65,7 @@ def _chunk(k: lp.Kernel, loop: lp.For, start: int, stop: int, name: str) -> lp.K
     v = loop.var
     body = substitute_stmt(loop.body, {v.name: ex.add(v, Const(start))})
     sub = simplify_kernel(replace(k, name=name, body=replace(loop, extent=Const(stop - start), body=body)))
-    used = _buffers(sub)
+    used = buffers_accessed(sub)
     params = tuple(p for p in k.params if p.name in used)
     free: set[str] = set()
     for p in params:

@@ -79,7 +79,7 @@ from ..ir.expr import Const, Var
 from ..ir.transform import StmtMutator
 from .base import LoopPass, PassError, register_pass
 from .gpu_map import _gemm_depth, _perfect_nest
-from .loop_utils import substitute_stmt
+from .loop_utils import buffers_accessed, substitute_stmt
 
 F32 = ex.ScalarType(dt.f32)
 #: Output tile edge the auto rule counts tiles with (`gpu-map`'s smaller GEMM tile).
@@ -111,20 +111,9 @@ def _match(k: lp.Kernel) -> Optional[_Product]:
     return _Product(loops, alloc, init, kloop, tuple(epilogue))
 
 
-def _used(k: lp.Kernel) -> set[str]:
-    names: set[str] = set()
-    for s in lp.walk_stmts(k.body):
-        target = getattr(s, "buffer", None)
-        if isinstance(target, str):
-            names.add(target)
-        for e in lp.stmt_exprs(s):
-            names.update(n.buffer for n in ex.walk(e) if isinstance(n, ex.Load))
-    return names
-
-
 def _trimmed(k: lp.Kernel, extra: tuple[lp.Buffer, ...] = ()) -> lp.Kernel:
     """`k` with only the parameters its body reads or writes (plus `extra`, in order)."""
-    used = _used(k)
+    used = buffers_accessed(k)
     params = tuple(p for p in k.params if p.name in used) + extra
     return replace(k, params=params)
 

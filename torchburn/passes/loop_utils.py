@@ -271,6 +271,18 @@ def allocated(s: lp.Stmt) -> set[str]:
     return {x.buffer.name for x in lp.walk_stmts(s) if isinstance(x, lp.Alloc)}
 
 
+def buffers_accessed(k: lp.Kernel) -> set[str]:
+    """Names of the buffers the kernel's statements load from or store to."""
+    names: set[str] = set()
+    for s in lp.walk_stmts(k.body):
+        target = getattr(s, "buffer", None)
+        if isinstance(target, str):
+            names.add(target)
+        for e in lp.stmt_exprs(s):
+            names.update(n.buffer for n in ex.walk(e) if isinstance(n, ex.Load))
+    return names
+
+
 def buffers_of(kernel: lp.Kernel) -> dict[str, lp.Buffer]:
     """The kernel's parameter buffers and local allocations, by name."""
     table = {b.name: b for b in kernel.params}
