@@ -50,7 +50,7 @@ from ..ir.tensor import Op, Value
 from .base import register_pass
 from .loopgen.attention_gpu import build_attention_gpu
 from .loopgen.kernel_builder import KernelBuilder
-from .gpu_regroup import regroup_rows
+from .loopgen.views import regroup_rows
 from .loopgen.matmul import CpuInfo, epilogue_views, fused_matmul
 from .loopgen.store_views import fused_through_views
 from .lower_to_loops import LowerToLoops

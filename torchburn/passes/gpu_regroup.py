@@ -9,7 +9,7 @@ element:
 
     %out[i floordiv 128, i mod 128, j] = ...          (product rows 512 -> [4, 128])
 
-`regroup_rows` builds that index; `regrouped_loops` recognizes it, so that `gpu-map` sees the
+`loopgen.views.regroup_rows` builds that index; `regrouped_loops` recognizes it, so that `gpu-map` sees the
 store still writes one distinct element per iteration of the loops (the index is a mixed-radix
 split of the row's flat position, injective whatever the sizes).
 """
@@ -17,28 +17,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..ir import expr as ex
 from ..ir import loop as lp
-from ..ir.expr import Const, Expr, Var
-
-
-def regroup_rows(lead: Sequence[Expr], src: Sequence[Expr], dst: Sequence[Expr]) -> tuple[Expr, ...]:
-    """The index over the leading dims `dst` of the element at `lead` over the leading dims
-    `src` (row-major order kept): flatten, then split by `dst`. An index that needs no
-    regrouping (`src == dst`) is returned as it is."""
-    if tuple(src) == tuple(dst):
-        return tuple(lead)
-    flat: Expr = Const(0)
-    for i, d in zip(lead, src):
-        flat = ex.add(ex.mul(flat, d), i)
-    out: list[Expr] = []
-    for pos in range(len(dst)):
-        inner: Expr = Const(1)
-        for d in dst[pos + 1:]:
-            inner = ex.mul(inner, d)
-        x = ex.floordiv(flat, inner)
-        out.append(x if pos == 0 else ex.mod(x, dst[pos]))
-    return tuple(out)
+from ..ir.expr import Expr, Var
+from .loopgen.views import regroup_rows
 
 
 def regrouped_loops(index: tuple[Expr, ...], loops: Sequence[lp.For], shape: Sequence[Expr]) -> int:

@@ -105,6 +105,7 @@ from ...ir.tensor import Op, Value
 
 from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder, LoweringError
+from .views import regroup_rows
 
 Index = tuple[Expr, ...]
 
@@ -799,19 +800,7 @@ class GemmBuilder(NestHelpers):
         reshape regrouping the rows (`fuse`), the root's index of the same element."""
         if not self.views:
             return idx
-        shape = self.mm.result.shape
-        flat: Expr = Const(0)
-        for i, d in zip(idx[:-1], shape[:-1]):
-            flat = ex.add(ex.mul(flat, d), i)
-        lead = self.root.result.shape[:-1]
-        out: list[Expr] = []
-        for pos in range(len(lead)):
-            inner: Expr = Const(1)
-            for d in lead[pos + 1:]:
-                inner = ex.mul(inner, d)
-            x = ex.floordiv(flat, inner)
-            out.append(x if pos == 0 else ex.mod(x, lead[pos]))
-        return (*out, idx[-1])
+        return (*regroup_rows(idx[:-1], self.mm.result.shape[:-1], self.root.result.shape[:-1]), idx[-1])
 
     def tile_loops(self, bvars: Index, i0: Expr, jb: Expr, rows: Expr, cols: Expr) -> lp.Stmt:
         """`C[i0 + r, jb + c] = epilogue(%ct[r, c])` for r < rows, c < cols, the inner loop

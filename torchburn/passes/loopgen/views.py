@@ -97,6 +97,25 @@ def reshape_index(op: Op, idx: Index) -> Index:
     return regroup_index(idx, op.result.shape, op.operands[0].shape)
 
 
+def regroup_rows(lead: Sequence[Expr], src: Sequence[Expr], dst: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The index over the leading dims `dst` of the element at `lead` over the leading dims
+    `src` (row-major order kept): flatten, then split by `dst`. An index that needs no
+    regrouping (`src == dst`) is returned as it is."""
+    if tuple(src) == tuple(dst):
+        return tuple(lead)
+    flat: Expr = Const(0)
+    for i, d in zip(lead, src):
+        flat = ex.add(ex.mul(flat, d), i)
+    out: list[Expr] = []
+    for pos in range(len(dst)):
+        inner: Expr = Const(1)
+        for d in dst[pos + 1:]:
+            inner = ex.mul(inner, d)
+        x = ex.floordiv(flat, inner)
+        out.append(x if pos == 0 else ex.mod(x, dst[pos]))
+    return tuple(out)
+
+
 def regroup_index(idx: Index, shape: Sequence[Expr], to: Sequence[Expr]) -> Index:
     """The index over `to` of the element at `idx` over `shape` (the same elements in
     row-major order), dimension group by dimension group (`reshape_index`)."""
