@@ -55,14 +55,19 @@ def can_fuse(linears: Sequence[nn.Module]) -> bool:
     return not any(p.is_meta for m in linears for p in list(m.parameters()) + list(m.buffers()))
 
 
+def _quantized_like(src: QuantizedLinear, out_features: int) -> QuantizedLinear:
+    """An empty (meta) `QuantizedLinear` of `src`'s layout with `out_features` rows."""
+    return QuantizedLinear(src.in_features, out_features, bias=src.bias is not None, quant_type=src.quant_type,
+                           group_size=src.group_size, symmetric=src.symmetric, scale_dtype=src.scale_dtype,
+                           device="meta")
+
+
 def stack_linears(linears: Sequence[Linear]) -> Linear:
     """One linear whose output rows are those of `linears`, in order (new tensors)."""
     first = linears[0]
     out_features = sum(m.out_features for m in linears)
     if isinstance(first, QuantizedLinear):
-        fused = QuantizedLinear(first.in_features, out_features, bias=first.bias is not None,
-                                quant_type=first.quant_type, group_size=first.group_size,
-                                symmetric=first.symmetric, scale_dtype=first.scale_dtype, device="meta")
+        fused = _quantized_like(first, out_features)
         for name in _QUANT_BUFFERS:
             if first._buffers.get(name) is not None:
                 fused._buffers[name] = torch.cat([m._buffers[name] for m in linears])
@@ -84,9 +89,7 @@ def split_linear(fused: Linear, sizes: Sequence[int]) -> list[Linear]:
     for n in sizes:
         rows = slice(start, start + n)
         if isinstance(fused, QuantizedLinear):
-            part = QuantizedLinear(fused.in_features, n, bias=fused.bias is not None,
-                                   quant_type=fused.quant_type, group_size=fused.group_size,
-                                   symmetric=fused.symmetric, scale_dtype=fused.scale_dtype, device="meta")
+            part = _quantized_like(fused, n)
             for name in _QUANT_BUFFERS:
                 t = fused._buffers.get(name)
                 if t is not None:
