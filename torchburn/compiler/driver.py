@@ -14,10 +14,7 @@ code and assembly and never cached on disk; calling it raises `TargetError`.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -26,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .. import __version__
 from ..runtime.config import get_config
 from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, source_digest
+from ..runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
     from ..runtime import jit
@@ -37,34 +35,6 @@ if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilat
     from ..passes.pipeline import Pipeline
 
 log = logging.getLogger("torchburn")
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Any:
-    """Python's cyclic garbage collector off while a graph compiles (it is back on after the
-    last of concurrent compilations ends, if it was on before the first). Compiling allocates
-    hundreds of thousands of IR nodes, most freed by reference counting; each full collection
-    meanwhile walks every object of the process (torch, transformers: millions), which cost
-    about a fifth of the tiny Llama's compile time. Cycles made while compiling are collected
-    afterwards."""
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
-
 
 @dataclass
 class CompiledProgram:

@@ -1,6 +1,4 @@
 """``python -m torchburn.llm``: see `torchburn.llm.cli`."""
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

@@ -144,6 +144,7 @@ class LLM:
         ``quant``: None keeps the checkpoint's weights (GGUF Q4_0/Q4_1/Q8_0 stay quantized),
         "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
         """
+        from ..runtime.gc_pause import gc_paused
         from .device import select_device
         from .source import resolve
         from .weight_cache import cached_load
@@ -154,25 +155,27 @@ class LLM:
         chosen = select_device(device, threads)
         path = resolve(source)
         defaults = None
-        if path.is_file():
-            from .gguf_loader import GGUFError
-            from .tokenizer import tokenizer_from_gguf
+        # mapping the weight cache makes ~100k small objects: no full collections meanwhile
+        with gc_paused():
+            if path.is_file():
+                from .gguf_loader import GGUFError
+                from .tokenizer import tokenizer_from_gguf
 
-            if path.suffix != ".gguf":
-                raise GGUFError(f"{path} is a file but not a .gguf file")
-            model, meta = cached_load(path, quant, lambda record: _gguf_for_cache(path, quant, record))
-            tokenizer = tokenizer_from_gguf(meta)
-            del meta
-        else:
-            from .safetensors_loader import load_safetensors_model, read_json
-            from .tokenizer import tokenizer_from_folder
+                if path.suffix != ".gguf":
+                    raise GGUFError(f"{path} is a file but not a .gguf file")
+                model, meta = cached_load(path, quant, lambda record: _gguf_for_cache(path, quant, record))
+                tokenizer = tokenizer_from_gguf(meta)
+                del meta
+            else:
+                from .safetensors_loader import load_safetensors_model, read_json
+                from .tokenizer import tokenizer_from_folder
 
-            model, _ = cached_load(path, quant,
-                                   lambda record: (load_safetensors_model(path, quant, record), {}))
-            tokenizer = tokenizer_from_folder(path)
-            gen = path / "generation_config.json"
-            if gen.is_file():
-                defaults = GenerationDefaults.from_dict(read_json(gen))
+                model, _ = cached_load(path, quant,
+                                       lambda record: (load_safetensors_model(path, quant, record), {}))
+                tokenizer = tokenizer_from_folder(path)
+                gen = path / "generation_config.json"
+                if gen.is_file():
+                    defaults = GenerationDefaults.from_dict(read_json(gen))
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         return cls(model, tokenizer, max_context=max_context, defaults=defaults,

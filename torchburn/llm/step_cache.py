@@ -287,9 +287,11 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
         else:
             full = [g(args) for g in pick]
             if not fast:
+                from ..runtime.gc_pause import gc_paused
                 from .pinned_launch import pin
 
-                fast.append(pin(launch, fixed, full))
+                with gc_paused():  # parsing the launcher's source: ~100k AST nodes
+                    fast.append(pin(launch, fixed, full))
             out = launch(*full)
         for target, k in writes:
             t = target(args)

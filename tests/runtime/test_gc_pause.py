@@ -1,4 +1,4 @@
-"""`driver.gc_paused`: the cyclic collector is off while graphs compile, back as it was after."""
+"""`runtime.gc_pause.gc_paused`: the cyclic collector is off while graphs compile, back as it was after."""
 from __future__ import annotations
 
 import gc
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from torchburn.compiler.driver import gc_paused
+from torchburn.runtime.gc_pause import gc_paused
 
 
 @pytest.fixture
