@@ -175,3 +175,38 @@ def test_micro_kernel_mark_agrees_with_codegen() -> None:
     assert jit.part_opt_level(module.MICRO_KERNEL_MARK + "", 2) == jit.MICRO_KERNEL_OPT_LEVEL
     assert jit.part_opt_level("; ModuleID", 2) == 2
     assert jit.part_opt_level(module.MICRO_KERNEL_MARK, 0) == 0
+
+
+def test_llvm_worker_thread_has_its_own_stack() -> None:
+    """`ModuleParts` runs LLVM on a thread with `LLVM_THREAD_STACK` bytes of stack, whatever the
+    process default is (2 MiB under `ulimit -s unlimited`), and leaves the default as it was."""
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads the stack size with glibc's pthread_getattr_np")
+
+    before = threading.stack_size()
+    parts = jit.ModuleParts(TARGET)
+    seen: list[int] = []
+    try:
+        parts._optimize = lambda text: seen.append(_own_stack_bytes())  # type: ignore[method-assign]
+        parts.add("")
+        parts._futures[0].result()
+    finally:
+        parts.close()
+    assert threading.stack_size() == before
+    assert seen and seen[0] >= jit.LLVM_THREAD_STACK
+
+
+def _own_stack_bytes() -> int:
+    """This thread's stack size (glibc's pthread_getattr_np)."""
+    libc = ctypes.CDLL(None)
+    libc.pthread_self.restype = ctypes.c_ulong
+    libc.pthread_getattr_np.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+    attr = ctypes.create_string_buffer(128)
+    libc.pthread_getattr_np(libc.pthread_self(), attr)
+    addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+    libc.pthread_attr_getstack(attr, ctypes.byref(addr), ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value

@@ -248,6 +248,11 @@ def compile_llvm_ir(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL, sh
         return _emit(mod, target, _emit_level(llvm_ir.split(MODULE_SEPARATOR), opt_level), shared, phases)
 
 
+#: The stack of LLVM's worker thread (`ModuleParts`).
+LLVM_THREAD_STACK = 16 << 20
+_stack_size_lock = threading.Lock()
+
+
 class ModuleParts:
     """LLVM's work on a program emitted in parts, in a second thread while the caller emits
     the next part (`codegen.llvm.module.emit_program_parts`):
@@ -284,7 +289,18 @@ class ModuleParts:
     def add(self, llvm_ir: str) -> None:
         """Queue one module for parsing and optimization."""
         self.texts.append(llvm_ir)
-        self._futures.append(self._pool.submit(self._optimize, llvm_ir))
+        if self._futures:
+            self._futures.append(self._pool.submit(self._optimize, llvm_ir))
+            return
+        # The first submit starts the worker thread: with a stack of its own size, not the
+        # process default (2 MiB where `ulimit -s` is unlimited), as LLVM's recursive analyses
+        # on large functions want (clang runs its compiles on 8 MiB threads).
+        with _stack_size_lock:
+            previous = threading.stack_size(LLVM_THREAD_STACK)
+            try:
+                self._futures.append(self._pool.submit(self._optimize, llvm_ir))
+            finally:
+                threading.stack_size(previous)
 
     def _optimize(self, llvm_ir: str) -> llvm.ModuleRef:
         with _lock:
