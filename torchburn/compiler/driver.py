@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .. import __version__
 from ..runtime.config import get_config
 from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, source_digest
+from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
@@ -234,12 +235,12 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     timer = TimePasses()
     instruments: list[Any] = [timer] + ([dump] if dump is not None else [])
     t0 = time.perf_counter()
-    with gc_paused():
-        program = _run_pipeline(graph, pipeline, instruments, target, use_kernel_cache=dump is None)
+    with gc_paused():  # the passes and codegen recurse deeply: one frame-stack chunk for them
+        program = run_on_deep_stack(_run_pipeline, graph, pipeline, instruments, target, use_kernel_cache=dump is None)
         t1 = time.perf_counter()
         if dump is not None:
             dump.write("program.tbir", print_ir(program))
-        built = engine.build(program, target, dump, shared=disk is not None)  # a later process loads the library
+        built = run_on_deep_stack(engine.build, program, target, dump, shared=disk is not None)  # a later process loads the library
     timings = {"passes": t1 - t0, **built.timings}
     compiled = CompiledProgram(key, program, built.native, built.entry, timings, timer.times, built.llvm_ir,
                                kernels=built.kernels, target=target, object=built.object, engine=target.engine)
