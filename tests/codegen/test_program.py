@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -197,3 +198,33 @@ def test_a_part_llvm_rejects_is_reported_when_finishing() -> None:
             parts.finish()
     finally:
         parts.close()
+
+
+def test_parts_one_kernel_at_a_time_share_functions_where_aliasing_allows() -> None:
+    """`PartEmitter`: a kernel equal to one emitted before calls its function, unless its own
+    call passes one buffer to a written parameter and another (then it needs its own function,
+    without `noalias` there); the entry declares what each kernel calls."""
+    from torchburn.codegen.llvm.module import PartEmitter
+
+    x, y = buf("x", dt.f32, (16,)), buf("y", dt.f32, (16,))
+    i = Var("i")
+
+    def kernel(name: str) -> lp.Kernel:
+        return lp.Kernel(name, (x, y), (), loop(i, Const(16), store(y, (i,), ex.add(load(x, i), ex.const(1.0, dt.f32)))))
+
+    a, b, c = buf("a", dt.f32, (16,)), buf("b", dt.f32, (16,)), buf("c", dt.f32, (16,))
+    calls = (lp.KernelCall("k0", ("a", "b")), lp.KernelCall("k1", ("b", "b")), lp.KernelCall("k2", ("b", "c")))
+    prog = lp.Program("p", (a,), (c,), (b,), (), calls, (kernel("k0"), kernel("k1"), kernel("k2")),
+                      temp_offsets=(("b", Const(0)),), workspace_bytes=Const(64))
+    parts = PartEmitter(prog, TARGET)
+    first = parts.kernel(prog.kernels[0])
+    assert first is not None and 'ptr noalias readonly %"x"' in first
+    own = parts.kernel(prog.kernels[1])  # in place: %y and %x are the same buffer
+    assert own is not None
+    params = re.search(r'define hidden void @"p\.k1"\((.*)\)', own)
+    assert params is not None and "noalias" not in params.group(1)
+    assert parts.kernel(prog.kernels[2]) is None  # shares k0's function
+    assert not parts.covers(replace(prog, kernels=prog.kernels[:2]))
+    entry = parts.entry(prog)
+    assert len(entry) == 1
+    assert entry[0].count("declare hidden void") == 2

@@ -171,3 +171,78 @@ def test_a_pass_that_is_not_per_kernel_sees_the_whole_program(fresh: kc.KernelCa
         driver.compile_graph(parse_graph(layers(n)), pipeline=pipeline)
     assert SEEN == [3, 4]
     assert fresh.stats.hits == 0
+
+
+def mixed_layers() -> str:
+    """Three layers of two widths: three distinct kernels."""
+    return """graph @g(%x: f32[8, 16], %w0: f32[16, 16], %w1: f32[16, 24], %w2: f32[24, 24]) {
+  %m0 = matmul(%x, %w0) : f32[8, 16]
+  %h0 = tanh(%m0) : f32[8, 16]
+  %m1 = matmul(%h0, %w1) : f32[8, 24]
+  %h1 = tanh(%m1) : f32[8, 24]
+  %m2 = matmul(%h1, %w2) : f32[8, 24]
+  %h2 = tanh(%m2) : f32[8, 24]
+  return %h2
+}"""
+
+
+class _Events:
+    """Instrument and `on_kernel` at once: what ran, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, tuple[str, ...]]] = []
+
+    def before_pass(self, p: object, ir: lp.Program) -> None:
+        self.events.append((p.name, tuple(k.name for k in ir.kernels)))  # type: ignore[attr-defined]
+
+    def after_pass(self, p: object, ir: lp.Program, seconds: float) -> None:
+        pass
+
+    def kernel(self, k: lp.Kernel) -> None:
+        self.events.append(("on_kernel", (k.name,)))
+
+
+def _front(text: str) -> lp.Program:
+    from torchburn.passes.base import PassManager
+    from torchburn.passes.dedup_kernels import DedupKernels
+
+    pipeline = Pipeline.default()
+    return PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels()], target=driver.configured_target()).run(
+        parse_graph(text))  # type: ignore[return-value]
+
+
+def test_kernels_handed_over_as_their_passes_finish(fresh: kc.KernelCache) -> None:
+    """With `on_kernel`, every loop pass runs on one kernel before the next kernel starts,
+    each kernel is handed over right after its last pass, and the program is the same."""
+    from torchburn.ir.printer import print_ir
+
+    program = _front(mixed_layers())
+    names = [k.name for k in program.kernels]
+    assert len(names) == 3
+    passes = Pipeline.default().loop
+    target = driver.configured_target()
+    whole = kc.run_loop_phase(program, passes, [], target, use_cache=False)
+    seen = _Events()
+    streamed = kc.run_loop_phase(program, passes, [seen], target, True, seen.kernel)
+    assert print_ir(streamed) == print_ir(whole)
+    expected = [event for n in names for event in [*((p.name, (n,)) for p in passes), ("on_kernel", (n,))]]
+    assert seen.events == expected
+    # from the cache the second time: handed over at once, no pass runs
+    again = _Events()
+    kc.run_loop_phase(program, passes, [again], target, True, again.kernel)
+    assert again.events == [("on_kernel", (n,)) for n in names]
+
+
+def test_compile_streams_kernels_to_llvm(fresh: kc.KernelCache) -> None:
+    """`compile_graph` hands each kernel to LLVM's thread as its passes finish: the LLVM IR is
+    `emit_program_parts`' of the final program, the pass times one entry per pass."""
+    from torchburn.codegen.llvm.module import emit_program_parts
+    from torchburn.runtime import jit
+
+    compiled, _ = driver.compile_graph(parse_graph(mixed_layers()))
+    program = compiled.program
+    assert program is not None and len(program.kernels) == 3
+    assert compiled.llvm_ir == jit.join_modules(list(emit_program_parts(program, driver.configured_target())))
+    pipeline = Pipeline.default()
+    assert [name for name, _ in compiled.pass_times] == [p.spelling() for p in (*pipeline.tensor, pipeline.lowering)] + [
+        "dedup-kernels"] + [p.spelling() for p in (*pipeline.loop, *pipeline.final)]

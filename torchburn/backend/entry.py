@@ -28,6 +28,7 @@ from functorch.compile import make_boxed_func
 from . import fx_cache, inference_path
 from . import report as rep
 from ..runtime.config import get_config
+from ..runtime.frame_stack import run_on_deep_stack
 from .launcher import Launcher
 from .output_strides import report_forward_output_strides, restride_placeholders
 
@@ -460,9 +461,12 @@ def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
         compilations.backward += 1
         return compile_fx_graph(g, inputs, pipeline=pipeline, kind="backward")
 
-    wrapped = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decompositions,
-                           partition_fn=_partition_fn(pipeline.partitioner),
-                           keep_inference_input_mutations=True)(gm, example_inputs)
+    compile_with_aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decompositions,
+                                    partition_fn=_partition_fn(pipeline.partitioner),
+                                    keep_inference_input_mutations=True)
+    # AOTAutograd's tracing, our partition, import and compile recurse deeply below Dynamo's
+    # frames: run them on one large frame-stack chunk (runtime/frame_stack.py)
+    wrapped = run_on_deep_stack(compile_with_aot, gm, example_inputs)
     for callback in observers:
         callback(sources, example_inputs, compilations, modules)
     return inference_path.direct_callable(compilations, example_inputs, grad_enabled) or wrapped

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .. import __version__
 from ..runtime.config import get_config
 from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, source_digest
+from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
@@ -233,14 +234,27 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
         dump.write("01_tensor_ir.tbir", print_ir(graph))
     timer = TimePasses()
     instruments: list[Any] = [timer] + ([dump] if dump is not None else [])
+    shared = disk is not None  # a later process loads the library
+    # Each kernel goes to the engine as its loop passes finish (LLVM works on it meanwhile),
+    # unless every stage is dumped as a whole program.
+    stream = engine.stream(target, shared) if dump is None else None
     t0 = time.perf_counter()
-    with gc_paused():
-        program = _run_pipeline(graph, pipeline, instruments, target, use_kernel_cache=dump is None)
-        t1 = time.perf_counter()
-        if dump is not None:
-            dump.write("program.tbir", print_ir(program))
-        built = engine.build(program, target, dump, shared=disk is not None)  # a later process loads the library
-    timings = {"passes": t1 - t0, **built.timings}
+    try:
+        with gc_paused():  # the passes and codegen recurse deeply: one frame-stack chunk for them
+            program = run_on_deep_stack(_run_pipeline, graph, pipeline, instruments, target,
+                                        use_kernel_cache=dump is None, stream=stream)
+            t1 = time.perf_counter()
+            if dump is not None:
+                dump.write("program.tbir", print_ir(program))
+            if stream is not None:
+                built = run_on_deep_stack(engine.build_streamed, program, target, stream)  # type: ignore[attr-defined]
+            else:
+                built = run_on_deep_stack(engine.build, program, target, dump, shared=shared)
+    finally:
+        if stream is not None:
+            stream.close()
+    streamed = stream.codegen_seconds if stream is not None else 0.0  # codegen inside the loop phase
+    timings = {"passes": t1 - t0 - streamed, **built.timings}
     compiled = CompiledProgram(key, program, built.native, built.entry, timings, timer.times, built.llvm_ir,
                                kernels=built.kernels, target=target, object=built.object, engine=target.engine)
     STATS.compiled += 1
@@ -255,10 +269,11 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
 
 
 def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], target: "Target",
-                  use_kernel_cache: bool) -> "Program":
+                  use_kernel_cache: bool, stream: Any = None) -> "Program":
     """The pipeline's passes on `graph`: the tensor passes and the lowering on the whole graph,
     `dedup-kernels`, then the loop passes once per distinct kernel (`kernel_cache.py`: results
-    reused across graphs unless `use_kernel_cache` is off), then the final passes."""
+    reused across graphs unless `use_kernel_cache` is off), then the final passes. With an
+    engine's `stream` (`engines.KernelStream`), each kernel goes to it as its passes finish."""
     from ..ir.loop import Program
     from ..passes.base import PassError, PassManager
     from ..passes.dedup_kernels import DedupKernels
@@ -268,7 +283,8 @@ def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], 
     program = front.run(graph)
     if not isinstance(program, Program):
         raise PassError(f"the lowering pass gave {type(program).__name__}, not a loop Program")
-    program = run_loop_phase(program, pipeline.loop, instruments, target, use_kernel_cache)
+    on_kernel = stream.start(program) if stream is not None else None
+    program = run_loop_phase(program, pipeline.loop, instruments, target, use_kernel_cache, on_kernel)
     program = PassManager(pipeline.final, instruments, target=target).run(program)
     if not isinstance(program, Program):
         raise PassError(f"the pipeline ended with {type(program).__name__}, not a loop Program")

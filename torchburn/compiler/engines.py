@@ -6,7 +6,7 @@ caches, dumps, running the pipeline with the target in the pass context); an eng
 
 | engine | pipeline | key | build | disk cache |
 |---|---|---|---|---|
-| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, optimized at O2 in a second thread while the next is emitted) -> linked -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
+| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, emitted as soon as the kernel's loop passes finish (`KernelStream`) and optimized in a second thread while the passes run on the next) -> linked -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
 | `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
 
 | `reference` | `reference_pipeline` of it (`reference.py`: plain nests, no CPU loop passes) | nothing (the interpreter is torchburn's own source) | none: the NumPy interpreter runs the loop program | no |
@@ -53,6 +53,10 @@ class Engine(Protocol):
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
         """Native code for `program` (`shared`: also a shared library for the disk cache)."""
 
+    def stream(self, target: "Target", shared: bool) -> Optional["KernelStream"]:
+        """Where the driver hands each kernel as its loop passes finish, so the engine's work
+        on it starts then (`build_streamed` finishes it); None: the engine builds whole."""
+
 
 #: Appended to a kernel's origin when it quantizes x to int8 (numerics differ from eager).
 INT8_ACTIVATIONS_TAG = " [int8 activations]"
@@ -94,28 +98,50 @@ class LlvmEngine:
         checks = ("bounds",) if get_config().bounds_check else ()
         return (target.triple, target.cpu, target.features, llvm_version(), *checks)
 
+    def stream(self, target: "Target", shared: bool) -> "KernelStream":
+        from ..codegen.target import runs_here
+        from ..runtime.config import get_config
+
+        return KernelStream(target, get_config().bounds_check, shared and runs_here(target))
+
     def build(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], shared: bool) -> Build:
+        from ..codegen.target import runs_here
+        from ..runtime.config import get_config
+
+        t0 = time.perf_counter()
+        # In parts: LLVM optimizes each kernel in a second thread while the next is emitted.
+        llvm_ir, obj, t1 = compile_in_parts(program, target, get_config().bounds_check, shared and runs_here(target))
+        return self._finish(program, target, dump, llvm_ir, obj, t1 - t0, t1)
+
+    def build_streamed(self, program: "Program", target: "Target", stream: "KernelStream") -> Build:
+        """`build` for a program whose kernels went to `stream` as their passes finished
+        (or, where the final passes changed a kernel, built whole: `build`)."""
+        if not stream.covers(program):
+            stream.close()
+            return self.build(program, target, None, stream.shared)
+        t0 = time.perf_counter()
+        llvm_ir, obj, t1 = stream.finish(program)
+        return self._finish(program, target, None, llvm_ir, obj, stream.codegen_seconds + t1 - t0, t1)
+
+    def _finish(self, program: "Program", target: "Target", dump: Optional["DumpFolder"], llvm_ir: str, obj: Any,
+                codegen: float, t1: float) -> Build:
+        """Dump, load, and the entry (LLVM's object for `program` is `obj`; `t1`: when codegen ended)."""
         from ..codegen.llvm.module import entry_name
         from ..codegen.target import runs_here
         from ..runtime import jit
 
-        from ..runtime.config import get_config
-
-        t0 = time.perf_counter()
         runnable = runs_here(target)
-        # In parts: LLVM optimizes each kernel in a second thread while the next is emitted.
-        llvm_ir, obj, t1 = compile_in_parts(program, target, get_config().bounds_check, shared and runnable)
         t2 = time.perf_counter()
         if dump is not None:
             dump.write("module.ll", llvm_ir)
             dump.write("module.s", jit.assembly(llvm_ir, target))
         if not runnable:
-            return Build(None, _not_here(target), {"codegen": t1 - t0, "llvm": t2 - t1},
+            return Build(None, _not_here(target), {"codegen": codegen, "llvm": t2 - t1},
                          kernel_origins(program), llvm_ir, obj)
         native = jit.load_object(obj)
         entry = native.entry(entry_name(program))
         t3 = time.perf_counter()
-        return Build(native, entry, {"codegen": t1 - t0, "llvm": t2 - t1, "load": t3 - t2},
+        return Build(native, entry, {"codegen": codegen, "llvm": t2 - t1, "load": t3 - t2},
                      kernel_origins(program), llvm_ir, obj)
 
 
@@ -136,6 +162,62 @@ def compile_in_parts(program: "Program", target: "Target", bounds_check: bool, s
     finally:
         parts.close()
     return jit.join_modules(parts.texts), obj, emitted
+
+
+class KernelStream:
+    """LLVM's side of a compile that hands each kernel over as its loop passes finish (the
+    driver: `kernel_cache.run_loop_phase`'s `on_kernel`): the kernel's module is emitted
+    (`codegen.llvm.module.PartEmitter`) and queued for LLVM's thread (`jit.ModuleParts`) at
+    once, so LLVM optimizes the first kernels while the passes still run on the later ones.
+
+        stream = engine.stream(target, shared)
+        on_kernel = stream.start(program)        # the program after the loop-level lowering
+        ... on_kernel(kernel) per kernel ...
+        build = engine.build_streamed(final_program, target, stream)
+        stream.close()                           # always (a failed compile drops the queue)
+    """
+
+    def __init__(self, target: "Target", bounds_check: bool, shared: bool) -> None:
+        from ..runtime import jit
+
+        self.target, self.bounds_check, self.shared = target, bounds_check, shared
+        self.parts = jit.ModuleParts(target)
+        self.emitter: Any = None
+        #: Seconds spent emitting kernels' modules (in the loop phase's time: the driver moves them).
+        self.codegen_seconds = 0.0
+
+    def start(self, program: "Program") -> Callable[[Any], None]:
+        """Begin with the program the loop passes run on; returns the per-kernel callback."""
+        from ..codegen.llvm.module import PartEmitter
+
+        self.emitter = PartEmitter(program, self.target, self.bounds_check)
+        return self.kernel
+
+    def kernel(self, kernel: Any) -> None:
+        """One kernel after its loop passes: emitted and queued for LLVM."""
+        t0 = time.perf_counter()
+        text = self.emitter.kernel(kernel)
+        if text is not None:
+            self.parts.add(text)
+        self.codegen_seconds += time.perf_counter() - t0
+
+    def covers(self, program: "Program") -> bool:
+        """Whether every kernel of the final `program` went through `kernel` unchanged."""
+        return self.emitter is not None and self.emitter.covers(program)
+
+    def finish(self, program: "Program") -> tuple[str, Any, float]:
+        """The entry's module emitted, then LLVM IR, object and when codegen ended, as
+        `compile_in_parts` returns them."""
+        from ..runtime import jit
+
+        for text in self.emitter.entry(program):
+            self.parts.add(text)
+        emitted = time.perf_counter()
+        obj = self.parts.finish(shared=self.shared)
+        return jit.join_modules(self.parts.texts), obj, emitted
+
+    def close(self) -> None:
+        self.parts.close()
 
 
 def _not_here(target: "Target") -> Callable[..., None]:
@@ -161,6 +243,9 @@ class WgslEngine:
         from ..passes.gpu_pipeline import gpu_pipeline
 
         return gpu_pipeline(pipeline)
+
+    def stream(self, target: "Target", shared: bool) -> None:
+        return None
 
     def key_parts(self, target: "Target") -> tuple[str, ...]:
         from ..runtime.config import get_config
@@ -203,6 +288,9 @@ class ReferenceEngine:
         from .reference import reference_pipeline
 
         return reference_pipeline(pipeline)
+
+    def stream(self, target: "Target", shared: bool) -> None:
+        return None
 
     def key_parts(self, target: "Target") -> tuple[str, ...]:
         return ()

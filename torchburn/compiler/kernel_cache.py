@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     from ..ir import loop as lp
     from ..ir.target import Target
-    from ..passes.base import Instrument, Pass
+    from ..passes.base import Instrument, Pass, PassManager
 
 
 @dataclass
@@ -118,23 +118,35 @@ def _as_named(cached: "lp.Kernel", kernel: "lp.Kernel") -> "lp.Kernel":
 
 
 def run_loop_phase(program: "lp.Program", passes: Sequence["Pass"], instruments: Sequence["Instrument"],
-                   target: "Target", use_cache: bool = True) -> "lp.Program":
+                   target: "Target", use_cache: bool = True,
+                   on_kernel: Optional[Callable[["lp.Kernel"], None]] = None) -> "lp.Program":
     """Run the loop `passes` on `program`, each kernel's result from the kernel cache where it
     is there (see the module docstring). Without `use_cache` (dumping every stage), or with
-    a pass that is not per kernel, the passes run on the whole program."""
+    a pass that is not per kernel, the passes run on the whole program.
+
+    `on_kernel`, if given, gets each kernel of the result in program order as soon as it is
+    final: the passes then run kernel by kernel (all passes on one kernel, then the next), so
+    the caller's work on a kernel (codegen, LLVM in its thread) overlaps the passes on the
+    next; the result is the same."""
     from ..ir import loop as lp
-    from ..passes.base import PassError, PassManager
+    from ..passes.base import PassManager
 
     manager = PassManager(passes, instruments, target=target)
     cache = kernel_cache()
     if not passes:
+        for k in program.kernels if on_kernel is not None else ():
+            on_kernel(k)
         return program
     if not (use_cache and cacheable(passes)):
-        out = manager.run(program)
+        out: Any = manager.run(program)
         cache.stats.compiled += len(program.kernels)
-        return out  # type: ignore[return-value]
+        for k in out.kernels if on_kernel is not None else ():
+            on_kernel(k)
+        return out  # type: ignore[no-any-return]
     phase = loop_phase_key(passes, target)
     keys = [kernel_key(k, phase) for k in program.kernels]
+    if on_kernel is not None:
+        return _kernel_by_kernel(program, keys, manager, cache, on_kernel)
     done: dict[str, lp.Kernel] = {}
     missing: list[lp.Kernel] = []
     for k, key in zip(program.kernels, keys):
@@ -146,16 +158,45 @@ def run_loop_phase(program: "lp.Program", passes: Sequence["Pass"], instruments:
     cache.stats.hits += len(done)
     if missing:
         names = {k.name for k in missing}
-        part = replace(program, kernels=tuple(missing), calls=tuple(c for c in program.calls if c.kernel in names))
-        out: Any = manager.run(part)
-        if not isinstance(out, lp.Program) or len(out.kernels) != len(missing):
-            raise PassError("a per-kernel loop pass changed the number of kernels; mark it per_kernel = False")
         cache.stats.compiled += len(missing)
-        for before, after in zip(missing, out.kernels):
-            if after.name != before.name:
-                raise PassError(f"a per-kernel loop pass renamed kernel @{before.name}; mark it per_kernel = False")
-            done[before.name] = after
+        done.update(_run_on(program, missing, manager))
         for k, key in zip(program.kernels, keys):
             if k.name in names:
                 cache.put(key, done[k.name])
     return program.with_kernels(tuple(done[k.name] for k in program.kernels))
+
+
+def _run_on(program: "lp.Program", kernels: "list[lp.Kernel]", manager: "PassManager") -> "dict[str, lp.Kernel]":
+    """The passes of `manager` on `kernels` of `program` (with their calls): name -> result."""
+    from ..ir import loop as lp
+    from ..passes.base import PassError
+
+    names = {k.name for k in kernels}
+    part = replace(program, kernels=tuple(kernels), calls=tuple(c for c in program.calls if c.kernel in names))
+    out: Any = manager.run(part)
+    if not isinstance(out, lp.Program) or len(out.kernels) != len(kernels):
+        raise PassError("a per-kernel loop pass changed the number of kernels; mark it per_kernel = False")
+    done = {}
+    for before, after in zip(kernels, out.kernels):
+        if after.name != before.name:
+            raise PassError(f"a per-kernel loop pass renamed kernel @{before.name}; mark it per_kernel = False")
+        done[before.name] = after
+    return done
+
+
+def _kernel_by_kernel(program: "lp.Program", keys: "list[str]", manager: "PassManager", cache: KernelCache,
+                      on_kernel: Callable[["lp.Kernel"], None]) -> "lp.Program":
+    """`run_loop_phase` one kernel at a time, each handed to `on_kernel` when final."""
+    done: list[lp.Kernel] = []
+    for k, key in zip(program.kernels, keys):
+        hit = cache.get(key)
+        if hit is not None:
+            cache.stats.hits += 1
+            after = _as_named(hit, k)
+        else:
+            cache.stats.compiled += 1
+            after = _run_on(program, [k], manager)[k.name]
+            cache.put(key, after)
+        done.append(after)
+        on_kernel(after)
+    return program.with_kernels(tuple(done))

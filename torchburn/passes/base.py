@@ -298,13 +298,23 @@ class PrintAfterAll(Instrument):
 
 
 class TimePasses(Instrument):
-    """Collect the wall time of each pass (`--time-passes`, `explain()`)."""
+    """Collect the wall time of each pass (`--time-passes`, `explain()`). A pass object run
+    several times (the loop passes, run kernel by kernel) is one entry: its runs summed."""
 
     def __init__(self) -> None:
         self.times: list[tuple[str, float]] = []
+        self._entry: dict[int, int] = {}  # id(pass) -> index in `times`
+        self._passes: list[Pass] = []  # keeps each pass (and so its id) alive
 
     def after_pass(self, p: Pass, ir: IR, seconds: float) -> None:
-        self.times.append((p.spelling(), seconds))
+        at = self._entry.get(id(p))
+        if at is None:
+            self._entry[id(p)] = len(self.times)
+            self._passes.append(p)
+            self.times.append((p.spelling(), seconds))
+        else:
+            name, total = self.times[at]
+            self.times[at] = (name, total + seconds)
 
     def report(self) -> str:
         total = sum(t for _, t in self.times) or 1e-12

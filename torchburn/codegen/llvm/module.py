@@ -57,8 +57,9 @@ def entry_name(program: lp.Program) -> str:
     return f"torchburn_{symbol_name(program.name)}"
 
 
-def kernel_function_name(program: lp.Program, kernel: lp.Kernel) -> str:
-    return f"{symbol_name(program.name)}.{symbol_name(kernel.name)}"
+def kernel_function_name(program_name: str, kernel_name: str) -> str:
+    """The symbol of a kernel's function in the program's module."""
+    return f"{symbol_name(program_name)}.{symbol_name(kernel_name)}"
 
 
 def emit_program(program: lp.Program, target: Target, bounds_check: bool = False) -> str:
@@ -101,35 +102,89 @@ def emit_program_parts(program: lp.Program, target: Target, bounds_check: bool =
     `emit_program` builds, less what LLVM's interprocedural passes could do across kernels
     (kernels are `noinline` and the entry passes them run-time values)."""
     unsafe = _aliased_params(program)
-    declared: dict[str, tuple[str, ir.FunctionType]] = {}
-    loader_globals: set[str] = set()
-    needs_bf16 = False
+    parts = PartEmitter(program, target, bounds_check)
     for names in _identical_kernels(program):
-        ctx = ModuleContext(f"{program.name}.{names[0]}", target, bounds_check)
         shared_unsafe = set().union(*(unsafe[n] for n in names))
-        kernel = program.kernel(names[0])
-        fn = _emit_kernel(ctx, program, kernel, shared_unsafe, linkage="hidden")
-        for n in names:
-            declared[n] = (fn.name, fn.function_type)
-        loader_globals |= _declare_loader_globals(ctx.module)
+        text = parts.kernel(program.kernel(names[0]), shared_unsafe)
+        for n in names[1:]:
+            parts.kernel(program.kernel(n), shared_unsafe)
+        if text is not None:
+            yield text
+    yield from parts.entry(program)
+
+
+class PartEmitter:
+    """The modules of `emit_program_parts`, a kernel at a time as its loop passes finish (the
+    driver hands each kernel over as soon as it has one, so LLVM's thread starts on the first
+    kernel while the passes run on the next):
+
+        parts = PartEmitter(program, target)   # the program after the loop-level lowering
+        for kernel in kernels_after_their_loop_passes:
+            text = parts.kernel(kernel)        # None: a kernel equal to one emitted before
+        texts = parts.entry(final_program)     # the entry's module (and the bf16 helper)
+
+    A kernel equal to one emitted before (structural hash) calls that function where its own
+    calls' aliasing allows the other's `noalias` parameters; `emit_program_parts`, which knows
+    every kernel beforehand, gives each group the union of its members' aliased parameters."""
+
+    def __init__(self, program: lp.Program, target: Target, bounds_check: bool = False) -> None:
+        self.name, self.target, self.bounds_check = program.name, target, bounds_check
+        self._calls: dict[str, list[lp.KernelCall]] = defaultdict(list)
+        for call in program.calls:
+            self._calls[call.kernel].append(call)
+        #: structural hash -> (aliased parameter positions, the function's name and type)
+        self._functions: dict[str, list[tuple[set[int], tuple[str, ir.FunctionType]]]] = {}
+        #: kernel name -> (the kernel as emitted, its function's name and type)
+        self.declared: dict[str, tuple[lp.Kernel, tuple[str, ir.FunctionType]]] = {}
+        self._loader_globals: set[str] = set()
+        self._needs_bf16 = False
+
+    def kernel(self, kernel: lp.Kernel, unsafe: "set[int] | None" = None) -> "str | None":
+        """The module of `kernel`'s function, or None where an equal kernel's serves it.
+        `unsafe`: the parameter positions that must not be `noalias` (default: those its own
+        calls alias)."""
+        from ...ir.hashing import structural_hash
+
+        if unsafe is None:
+            unsafe = _aliased_positions(kernel, self._calls[kernel.name])
+        key = structural_hash(kernel)
+        for positions, function in self._functions.get(key, ()):
+            if unsafe <= positions:
+                self.declared[kernel.name] = (kernel, function)
+                return None
+        ctx = ModuleContext(f"{self.name}.{kernel.name}", self.target, self.bounds_check)
+        fn = _emit_kernel(ctx, self.name, kernel, unsafe, linkage="hidden")
+        function = (fn.name, fn.function_type)
+        self._functions.setdefault(key, []).append((set(unsafe), function))
+        self.declared[kernel.name] = (kernel, function)
+        self._loader_globals |= _declare_loader_globals(ctx.module)
         text = str(ctx.module)
-        needs_bf16 = needs_bf16 or "bfloat" in text
-        yield MICRO_KERNEL_MARK + text if has_micro_kernel(kernel) else text
-    ctx = ModuleContext(program.name, target, bounds_check)
-    functions: dict[str, ir.Function] = {}
-    for n, (name, fn_type) in declared.items():
-        existing = ctx.module.globals.get(name)
-        if not isinstance(existing, ir.Function):
-            existing = ir.Function(ctx.module, fn_type, name)
-            existing.linkage = "hidden"
-        functions[n] = existing
-    for name in sorted(loader_globals):
-        _LOADER_GLOBALS[name](ctx.module)
-    _emit_entry(ctx, program, functions)
-    text = str(ctx.module)
-    yield text
-    if needs_bf16 or "bfloat" in text:
-        yield _BF16_RUNTIME
+        self._needs_bf16 = self._needs_bf16 or "bfloat" in text
+        return MICRO_KERNEL_MARK + text if has_micro_kernel(kernel) else text
+
+    def covers(self, program: lp.Program) -> bool:
+        """Whether every kernel of `program` was handed over, unchanged since (the same object)."""
+        return (len(self.declared) == len(program.kernels)
+                and all(self.declared.get(k.name, (None,))[0] is k for k in program.kernels))
+
+    def entry(self, program: lp.Program) -> list[str]:
+        """The entry's module for the final `program` (memory planned), and the bf16 helper
+        where a module has `bfloat` values; every kernel must have been handed over."""
+        if not self.covers(program):
+            raise CodegenError(f"program @{program.name}: entry emitted before all its kernels")
+        ctx = ModuleContext(program.name, self.target, self.bounds_check)
+        functions: dict[str, ir.Function] = {}
+        for n, (_, (name, fn_type)) in self.declared.items():
+            existing = ctx.module.globals.get(name)
+            if not isinstance(existing, ir.Function):
+                existing = ir.Function(ctx.module, fn_type, name)
+                existing.linkage = "hidden"
+            functions[n] = existing
+        for name in sorted(self._loader_globals):
+            _LOADER_GLOBALS[name](ctx.module)
+        _emit_entry(ctx, program, functions)
+        text = str(ctx.module)
+        return [text, _BF16_RUNTIME] if self._needs_bf16 or "bfloat" in text else [text]
 
 
 #: The first line of a part whose kernel is a register-blocked product (`runtime/jit.py`
@@ -166,7 +221,7 @@ def build_module(program: lp.Program, target: Target, bounds_check: bool = False
     for names in groups:
         first = program.kernel(names[0])
         shared_unsafe = set().union(*(unsafe[n] for n in names))  # every call's aliasing holds
-        fn = _emit_kernel(ctx, program, first, shared_unsafe)
+        fn = _emit_kernel(ctx, program.name, first, shared_unsafe)
         for n in names:
             functions[n] = fn
     _emit_entry(ctx, program, functions)
@@ -192,23 +247,37 @@ def written_buffers(body: lp.Stmt) -> set[str]:
 def _aliased_params(program: lp.Program) -> dict[str, set[int]]:
     """Per kernel, the parameter positions that may share memory with a parameter being written
     (the same program buffer passed twice to one call) and so must not be `noalias`."""
-    unsafe: dict[str, set[int]] = defaultdict(set)
+    calls: dict[str, list[lp.KernelCall]] = defaultdict(list)
     for call in program.calls:
-        kernel = program.kernel(call.kernel)
-        written = written_buffers(kernel.body)
+        calls[call.kernel].append(call)
+    unsafe: dict[str, set[int]] = defaultdict(set)
+    for name, its_calls in calls.items():
+        positions = _aliased_positions(program.kernel(name), its_calls)
+        if positions:
+            unsafe[name] = positions
+    return unsafe
+
+
+def _aliased_positions(kernel: lp.Kernel, calls: "list[lp.KernelCall]") -> set[int]:
+    """`_aliased_params` of one kernel, given its calls."""
+    if not calls:
+        return set()
+    written = written_buffers(kernel.body)
+    unsafe: set[int] = set()
+    for call in calls:
         positions: dict[str, list[int]] = defaultdict(list)
         for pos, arg in enumerate(call.args):
             positions[arg].append(pos)
         for same in positions.values():
             if len(same) > 1 and any(kernel.params[p].name in written for p in same if p < len(kernel.params)):
-                unsafe[kernel.name].update(same)
+                unsafe.update(same)
     return unsafe
 
 
-def _emit_kernel(ctx: ModuleContext, program: lp.Program, kernel: lp.Kernel, unsafe: set[int],
+def _emit_kernel(ctx: ModuleContext, program_name: str, kernel: lp.Kernel, unsafe: set[int],
                  linkage: str = "internal") -> ir.Function:
     arg_types = [PTR] * len(kernel.params) + [reg_type(v.type) for v in kernel.symbols]
-    fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), kernel_function_name(program, kernel))
+    fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), kernel_function_name(program_name, kernel.name))
     # ("hidden" is a visibility, not a linkage; llvmlite writes it where the linkage goes,
     # `define hidden void @...`, which is what LLVM reads)
     fn.linkage = linkage
