@@ -20,8 +20,8 @@ with `--clock cpu` the CPU time of the whole process (all threads), which a load
 disturbs less (one thread: the time the step ran; more threads: OpenMP's spinning counts). Compile time:
 `cold` is the first call after `torch._dynamo.reset()` with torchburn's caches empty
 (memory; the disk cache is off unless `--disk-cache`) and Inductor's cache folder fresh
-(`TORCHINDUCTOR_CACHE_DIR` is a new temporary folder for the process, and Inductor's
-in-memory caches are cleared between models); `ours` is torchburn's own share of it (every
+(`TORCHINDUCTOR_CACHE_DIR` is a new temporary folder for each cold compile, and Inductor's
+in-memory caches are cleared; so is TorchBurn's kernel cache); `ours` is torchburn's own share of it (every
 graph's `import_seconds`, see `benchmarks/bench_compile.py`), split into passes, codegen (LLVM
 IR), LLVM (optimization, object code) and the rest of ours (partition, import, loading);
 `dynamo+aot` is the cold first call less ours (Dynamo's tracing, AOTAutograd's, and the first
@@ -50,12 +50,19 @@ CONV_MODELS = ("resnet18", "mobilenetv3", "audio1d", "vit")
 
 
 def _clear_compile_caches() -> None:
+    """Fresh caches for a cold compile, for both compilers: Dynamo's, TorchBurn's program and
+    kernel caches, and Inductor's in-memory code cache and its cache folder (a new one per
+    cold compile: its FX-graph cache on disk would otherwise hand a later model the kernels
+    of an earlier one with the same graphs, as Mistral's repeat the Llama's)."""
     import torch
 
     from torchburn.compiler.driver import memory_cache
+    from torchburn.compiler.kernel_cache import kernel_cache
 
     torch._dynamo.reset()
     memory_cache().clear()
+    kernel_cache().clear()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-models-")
     try:
         from torch._inductor.codecache import PyCodeCache
 
