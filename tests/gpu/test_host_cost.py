@@ -100,3 +100,24 @@ def test_a_warm_decode_step_creates_no_wgpu_object(gpu, tmp_path) -> None:  # ty
     assert calls["dispatch_workgroups"] <= n * len(decode.program.calls)
     assert calls["map_sync"] == n and calls["submit"] <= 2 * n
     assert calls["write_buffer"] <= 6 * n  # the token, position, slot, start and the symbols
+
+
+def test_a_pool_full_of_other_sizes_does_not_stop_reuse(gpu) -> None:  # type: ignore[no-untyped-def]
+    """Freed small buffers are pooled most recent first: after another workload filled the pool
+    with buffers of its own size, a growing length still reuses its own buffers (the oldest
+    pooled ones make room) instead of making new ones every call."""
+    from torchburn.backend import gpu_resident
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return x + 1.0
+
+    torch._dynamo.reset()
+    other = torch.compile(g, backend="torchburn", dynamic=True)
+    with torch.no_grad():
+        alive = [torch.randn(9000 + n) for n in range(2 * gpu_resident._FREE_KEPT)]
+        for t in alive:
+            other(t)
+        del alive
+        other(torch.randn(9000))  # a new entry: the expired ones go to the pool
+    assert sum(len(p) for p in gpu_resident._free.values()) >= gpu_resident._FREE_KEPT - 1  # one taken again
+    test_growth_past_the_largest_length_reallocates_log2_times(gpu)

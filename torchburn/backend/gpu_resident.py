@@ -67,7 +67,8 @@ _owned: dict[int, StorageWeakRef] = {}
 #: them per buffer object). Small entries get buffers of a power-of-two size, so one fits the
 #: next tensor of a similar size.
 _free: dict[int, list[Any]] = {}
-#: Entries up to this size have such buffers, recycled; at most `_FREE_KEPT` kept per device.
+#: Entries up to this size have such buffers, recycled; at most `_FREE_KEPT` kept per device,
+#: the most recently freed.
 _FREE_MAX_BYTES = 1 << 16
 _FREE_KEPT = 32
 
@@ -92,8 +93,12 @@ def _expired(e: Resident) -> None:
     e.dropped = True
     if e.nbytes <= _FREE_MAX_BYTES and e.dev is not None:
         pool = _free.setdefault(id(e.dev), [])
-        if len(pool) < _FREE_KEPT:
-            pool.append(e.buffer)
+        pool.append(e.buffer)
+        if len(pool) > _FREE_KEPT:
+            # the oldest goes: a pool kept full of an earlier workload's sizes would turn away
+            # every buffer of the current one, and each step would make new buffers (and bind
+            # groups) again
+            del pool[0]
 
 
 def _new_buffer(dev: Any, nbytes: int, prefer: Any = None) -> Any:
