@@ -29,7 +29,7 @@ from ..runtime.gc_pause import gc_paused
 if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
     from ..runtime import jit
     from .dump import DumpFolder
-    from .engines import Engine
+    from .engines import Build, Engine
     from ..ir.loop import Program
     from ..ir.target import Target
     from ..ir.tensor import Graph
@@ -239,17 +239,19 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     # unless every stage is dumped as a whole program.
     stream = engine.stream(target, shared) if dump is None else None
     t0 = time.perf_counter()
+
+    def passes_and_build() -> tuple["Program", float, "Build"]:
+        program = _run_pipeline(graph, pipeline, instruments, target, use_kernel_cache=dump is None, stream=stream)
+        t1 = time.perf_counter()
+        if dump is not None:
+            dump.write("program.tbir", print_ir(program))
+        if stream is not None:
+            return program, t1, engine.build_streamed(program, target, stream)  # type: ignore[attr-defined]
+        return program, t1, engine.build(program, target, dump, shared=shared)
+
     try:
         with gc_paused():  # the passes and codegen recurse deeply: one frame-stack chunk for them
-            program = run_on_deep_stack(_run_pipeline, graph, pipeline, instruments, target,
-                                        use_kernel_cache=dump is None, stream=stream)
-            t1 = time.perf_counter()
-            if dump is not None:
-                dump.write("program.tbir", print_ir(program))
-            if stream is not None:
-                built = run_on_deep_stack(engine.build_streamed, program, target, stream)  # type: ignore[attr-defined]
-            else:
-                built = run_on_deep_stack(engine.build, program, target, dump, shared=shared)
+            program, t1, built = run_on_deep_stack(passes_and_build)
     finally:
         if stream is not None:
             stream.close()
