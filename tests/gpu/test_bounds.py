@@ -54,7 +54,7 @@ def compiled(fn: Any, *args: torch.Tensor, passes: tuple[str, ...] = ()) -> tupl
 
 
 @pytest.mark.parametrize("k", [37, 36])  # scalar operand loads; vec4 loads along k (k4: rows of 40)
-@pytest.mark.parametrize("tile", ["64x64x16/4x4/s2", "32x32x16/4x4", "32x32x16/4x4/s2/ar/g2"])
+@pytest.mark.parametrize("tile", ["64x64x16/4x4/s2", "32x32x16/4x4", "32x32x16/4x4/s2/ar/g2", "64x32x8/4x4/s2/sw/w"])
 def test_gemm_edges_read_nothing_outside(trusted, tile: str, k: int) -> None:  # type: ignore[no-untyped-def]
     a, b = poisoned(67, k), poisoned(45, k)
     out, kernels = compiled(lambda x, y: torch.relu(x @ y.t()), a, b, passes=(f"gpu-map{{gemm_tile={tile}}}",))

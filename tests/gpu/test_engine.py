@@ -148,7 +148,8 @@ def test_linear_epilogues_through_a_reshape_of_the_rows(gpu) -> None:  # type: i
 
 
 @pytest.mark.parametrize("tile", ["128x128x16/8x8", "128x128x8/8x16/s2", "128x64x16/8x4", "64x64x16/4x4/s2",
-                                  "128x128x8/8x8/ar/g4", "64x64x16/4x4/s2/ar"])
+                                  "128x128x8/8x8/ar/g4", "64x64x16/4x4/s2/ar", "128x128x16/8x8/sw/w",
+                                  "128x128x8/8x8/s2/sw", "64x64x32/4x4/ar/sw/w"])
 def test_gemm_tiles(gpu, tile: str) -> None:  # type: ignore[no-untyped-def]
     """Every tile the benchmark uses is right, also on edges (sizes not multiples of the tile)."""
     a, b = torch.randn(200, 132), torch.randn(132, 260)
@@ -180,6 +181,32 @@ def test_gemm_a_rows_from_every_load_form(gpu, k: int, m: int, mode: str) -> Non
     torch.testing.assert_close(out, a.t() @ b, rtol=1e-4, atol=1e-4)
     kernels = [x for r in records for s in r.subgraphs for x in s.kernels]
     assert any(f"gemm {tile} A:{mode}" in x for x in kernels), kernels
+
+
+@pytest.mark.parametrize("case", ["k4,r4", "r4,k4", "scalar,scalar"])
+@pytest.mark.parametrize("tile", ["64x64x16/4x4/sw/w", "64x32x8/4x4/s2/sw", "32x64x64/4x8/sw"])
+def test_gemm_swizzled_tiles_from_every_load_form(gpu, case: str, tile: str) -> None:  # type: ignore[no-untyped-def]
+    """`/sw` (k-major tiles XOR-swizzled) and `/w` (8 x 4 invocation blocks) with each operand
+    loaded as vec4s along k, along its rows, or as scalars, at sizes that are not multiples of
+    the tile (the swizzle's span is 2, 4 and 8 slots for BK 8, 16 and 64)."""
+    a_mode, b_mode = case.split(",")
+    m, n, k = (200, 132, 260) if a_mode != "scalar" else (201, 133, 259)
+    a = torch.randn(m, k) if a_mode != "r4" else torch.randn(k, m)
+    b = torch.randn(k, n) if b_mode != "k4" else torch.randn(n, k)
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x.t() if a_mode == "r4" else x) @ (y.t() if b_mode == "k4" else y)
+
+    opts = {"passes": {"before-codegen": [f"gpu-map{{gemm_tile={tile}}}"]}}
+    torch._dynamo.reset()
+    records = rep.start_recording()
+    try:
+        out = torch.compile(fn, backend=torchburn_backend, options=opts)(a, b)
+    finally:
+        rep.stop_recording()
+    torch.testing.assert_close(out, fn(a, b), rtol=1e-4, atol=1e-4)
+    kernels = [x for r in records for s in r.subgraphs for x in s.kernels]
+    assert any(f"gemm {tile} A:{a_mode} B:{b_mode}" in x for x in kernels), kernels
 
 
 def test_attention(gpu) -> None:  # type: ignore[no-untyped-def]

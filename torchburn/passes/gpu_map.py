@@ -82,10 +82,10 @@ COMBINERS = ("add", "mul", "min", "max", "and", "or")
 #: 32x32 only for products smaller than 64 in a dimension).
 GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
 #: The spelling of a GEMM tile (`BMxBNxBK/TMxTN`, optionally `/s2`: two workgroup-memory
-#: stages, `/ar`: the A tile kept as rows of k, `/gG`: output tiles launched in groups of G tile
-#: rows; `codegen/wgsl/gemm.py`'s `Tile`) and of a flash-attention tile (`BQxBK/TMxTN`, optionally `/s2`: the next keys and values
+#: stages, `/ar`: the A tile kept as rows of k, `/sw`: k-major tiles XOR-swizzled, `/w`: invocations in
+#: 8 x 4 blocks, `/gG`: output tiles launched in groups of G tile rows; `codegen/wgsl/gemm.py`'s `Tile`) and of a flash-attention tile (`BQxBK/TMxTN`, optionally `/s2`: the next keys and values
 #: loaded into registers during the current tile; or "rows").
-_GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?(/ar)?(/g[1-9]\d*)?"
+_GEMM_TILE = r"\d+x\d+x\d+/\d+x\d+(/s[12])?(/ar)?(/sw)?(/w)?(/g[1-9]\d*)?"
 _ATTENTION_TILE = r"\d+x\d+/\d+x\d+(/s[12])?|rows"
 #: Workgroups a GEMM grid should have to keep a large GPU busy (about two per multiprocessor of
 #: a 132-SM H200: 128x128 tiles only for large products; there the GPT block's 512x3072x768

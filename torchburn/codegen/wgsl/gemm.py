@@ -53,7 +53,13 @@ class Tile:
     was loaded, and read back as four k steps of one row) instead of k-major (`tb_As[k][m]`:
     four scalar stores per vec4 loaded along k, one vec4 read per k step and four rows); G > 1
     launches the output tiles in groups of G tile rows, column by column within a group, so
-    that the workgroups running together share A and B tiles in L2 (Triton's grouped order)."""
+    that the workgroups running together share A and B tiles in L2 (Triton's grouped order).
+    `sw` XOR-swizzles the k-major tiles in 16-byte units: element (k, m) lives in vec4 slot
+    `(m / 4) ^ s(k)` of row k, with s(k) < 8 chosen so that the scalar stores of A loaded as
+    vec4s along k (four k rows at once, one bank apart otherwise) land in different banks.
+    `w` arranges each 32 consecutive invocations as an 8 x 4 block of the (TX x TY) grid
+    instead of two rows of TX, so that a warp's vec4 reads of the B tile span 128 bytes
+    instead of 256 (one pass through the banks instead of two)."""
 
     bm: int
     bn: int
@@ -62,6 +68,8 @@ class Tile:
     tn: int
     stages: int = 1
     a_rows: bool = False
+    swizzle: bool = False
+    warp: bool = False
     group: int = 1
 
     @staticmethod
@@ -70,10 +78,11 @@ class Tile:
             block, thread, *rest = text.split("/")
             bm, bn, bk = (int(x) for x in block.split("x"))
             tm, tn = (int(x) for x in thread.split("x"))
-            stages, a_rows, group = 1, False, 1
-            order = ["s", "ar", "g"]  # each option at most once, in this order
+            stages, group = 1, 1
+            flags: set[str] = set()
+            order = ["s", "ar", "sw", "w", "g"]  # each option at most once, in this order
             for opt in rest:
-                kind = "ar" if opt == "ar" else opt[:1]
+                kind = opt if opt in ("ar", "sw", "w") else opt[:1]
                 if kind not in order:
                     raise ValueError
                 order = order[order.index(kind) + 1:]
@@ -81,16 +90,16 @@ class Tile:
                     if opt not in ("s1", "s2"):
                         raise ValueError
                     stages = int(opt[1:])
-                elif kind == "ar":
-                    a_rows = True
-                else:
+                elif kind == "g":
                     group = int(opt[1:])
                     if group < 1:
                         raise ValueError
+                else:
+                    flags.add(kind)
         except ValueError:
-            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN[/s2][/ar][/gG], "
+            raise WgslUnsupported(f"gpu_tile {text!r}: expected BMxBNxBK/TMxTN[/s2][/ar][/sw][/w][/gG], "
                                   "e.g. 128x128x16/8x8") from None
-        return Tile(bm, bn, bk, tm, tn, stages, a_rows, group)
+        return Tile(bm, bn, bk, tm, tn, stages, "ar" in flags, "sw" in flags, "w" in flags, group)
 
     @property
     def threads(self) -> int:
@@ -102,11 +111,31 @@ class Tile:
 
     def __str__(self) -> str:
         return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}" + ("/s2" if self.stages == 2 else "")
-                + ("/ar" if self.a_rows else "") + (f"/g{self.group}" if self.group > 1 else ""))
+                + ("/ar" if self.a_rows else "") + ("/sw" if self.swizzle else "") + ("/w" if self.warp else "")
+                + (f"/g{self.group}" if self.group > 1 else ""))
 
     def check(self) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk % 4:
             raise WgslUnsupported(f"tile {self}: TM, TN, BK must be multiples of 4 dividing BM, BN")
+        if self.swizzle and (self.bm % 32 or self.bn % 32):
+            raise WgslUnsupported(f"tile {self}: /sw needs BM and BN multiples of 32 (8 vec4 slots a row)")
+        if self.warp and ((self.bn // self.tn) % 8 or (self.bm // self.tm) % 4):
+            raise WgslUnsupported(f"tile {self}: /w needs BN/TN a multiple of 8 and BM/TM a multiple of 4")
+
+    def swizzle_of(self, k: int) -> int:
+        """s(k): the XOR applied to the vec4 slots of row k of a k-major tile (0 without `sw`).
+        The stores of one vec4 loaded along k write rows 4q..4q+3 for the BK/4 values of q a
+        warp holds, which would otherwise all map to the same banks; s spreads each q over its
+        own group of slots: s = (q mod span) * (8 / span) with span = min(BK/4, 8)."""
+        if not self.swizzle:
+            return 0
+        span = min(self.bk // 4, 8)
+        return ((k // 4) % span) * (8 // span)
+
+    def swizzle_expr(self, k: str) -> str:
+        """`swizzle_of` of the u32 WGSL expression `k`."""
+        span = min(self.bk // 4, 8)
+        return f"((({k}) / 4u) % {span}u) * {8 // span}u"
 
 
 SMALL_TILE = Tile(64, 64, 16, 4, 4)
@@ -315,8 +344,15 @@ class GemmEmitter:
         def line(s: str, ind: int = 1) -> None:
             L.append("  " * ind + s)
 
-        line(f"let tb_tx = lid % {tx_n}u;")
-        line(f"let tb_ty = lid / {tx_n}u;")
+        if t.warp:
+            # each 32 consecutive invocations: an 8 (tx) x 4 (ty) block of the grid
+            line("let tb_lane = lid % 32u;")
+            line("let tb_warp = lid / 32u;")
+            line(f"let tb_tx = (tb_warp % {tx_n // 8}u) * 8u + tb_lane % 8u;")
+            line(f"let tb_ty = (tb_warp / {tx_n // 8}u) * 4u + tb_lane / 8u;")
+        else:
+            line(f"let tb_tx = lid % {tx_n}u;")
+            line(f"let tb_ty = lid / {tx_n}u;")
         line(f"let tb_M = {r.scalar(nest.i.extent)};")
         line(f"let tb_N = {r.scalar(nest.j.extent)};")
         line(f"let tb_K = {r.scalar(nest.k.extent)};")
@@ -354,15 +390,24 @@ class GemmEmitter:
             for l in range(b_plan[0]):
                 self._load_lines(line, "b", b_mode, l, k0, bargs, ind)
 
+        def slot(first: int, own: str, kk: int) -> str:
+            """The vec4 slot `first + own` of row kk of a k-major tile, swizzled (`/sw`)."""
+            sw = t.swizzle_of(kk)
+            if not sw:
+                return f"{first}u + {own}" if first else own
+            if first % 8 == 0:  # the XOR touches only the low three bits, all of `own`'s
+                return f"{first}u + ({own} ^ {sw}u)" if first else f"({own} ^ {sw}u)"
+            return f"(({first}u + {own}) ^ {sw}u)"
+
         def compute(base_a: str, base_b: str) -> None:
             if t.a_rows:
                 return compute_a_rows(base_a, base_b)
             for kk in range(t.bk):
                 line("{", 2)
                 for g in range(rg):
-                    line(f"let a{g} = tb_As[{base_a}{kk * t.bm // 4 + g * (t.bm // t.tm)}u + tb_ty];", 3)
+                    line(f"let a{g} = tb_As[{base_a}{kk * t.bm // 4}u + {slot(g * (t.bm // t.tm), 'tb_ty', kk)}];", 3)
                 for c in range(cg):
-                    line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4 + c * (t.bn // t.tn)}u + tb_tx];", 3)
+                    line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4}u + {slot(c * (t.bn // t.tn), 'tb_tx', kk)}];", 3)
                 for g in range(rg):
                     for q in range(4):
                         for c in range(cg):
@@ -382,7 +427,7 @@ class GemmEmitter:
                     kk = 4 * k4 + e
                     line("{", 3)
                     for c in range(cg):
-                        line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4 + c * (t.bn // t.tn)}u + tb_tx];", 4)
+                        line(f"let b{c} = tb_Bs[{base_b}{kk * t.bn // 4}u + {slot(c * (t.bn // t.tn), 'tb_tx', kk)}];", 4)
                     for g in range(rg):
                         for q in range(4):
                             for c in range(cg):
@@ -485,16 +530,35 @@ class GemmEmitter:
             else:  # row c % BM, k c / BM
                 flat = f"(({c} % {rows}u) * {t.bk}u + {c} / {rows}u)"
                 line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}; }}", ind)
-        elif mode == "k4":
-            row = f"({c} / {t.bk // 4}u)"
-            kq = f"({c} % {t.bk // 4}u)"
-            for q in range(4):
-                flat = f"(({kq} * 4u + {q}u) * {rows}u + {row})"
-                line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}.{XYZW[q]}; }}", ind)
-        elif mode == "r4":
-            line(f"{guard}{{ {arr}[{base}{c}] = {reg}; }}", ind)
+        elif not t.swizzle:
+            if mode == "k4":
+                row = f"({c} / {t.bk // 4}u)"
+                kq = f"({c} % {t.bk // 4}u)"
+                for q in range(4):
+                    flat = f"(({kq} * 4u + {q}u) * {rows}u + {row})"
+                    line(f"{guard}{{ {arr}[{base}{flat} / 4u][{flat} % 4u] = {reg}.{XYZW[q]}; }}", ind)
+            elif mode == "r4":
+                line(f"{guard}{{ {arr}[{base}{c}] = {reg}; }}", ind)
+            else:
+                line(f"{guard}{{ {arr}[{base}{c} / 4u][{c} % 4u] = {reg}; }}", ind)
         else:
-            line(f"{guard}{{ {arr}[{base}{c} / 4u][{c} % 4u] = {reg}; }}", ind)
+            # k-major, swizzled: element (k, m) in slot k * rows/4 + ((m / 4) ^ s(k)), lane m % 4
+            r4 = rows // 4
+            if mode == "k4":  # rows c / (BK/4), k 4 (c % (BK/4)) + q
+                row = f"({c} / {t.bk // 4}u)"
+                k0 = f"(({c} % {t.bk // 4}u) * 4u)"
+                sw = t.swizzle_expr(k0)
+                for q in range(4):
+                    at = f"({k0} + {q}u) * {r4}u + (({row} / 4u) ^ {sw})"
+                    line(f"{guard}{{ {arr}[{base}{at}][{row} % 4u] = {reg}.{XYZW[q]}; }}", ind)
+            elif mode == "r4":  # k c / (rows/4), slot c % (rows/4)
+                kv = f"({c} / {r4}u)"
+                line(f"{guard}{{ {arr}[{base}{kv} * {r4}u + (({c} % {r4}u) ^ {t.swizzle_expr(kv)})] = {reg}; }}", ind)
+            else:  # k c / rows, m c % rows
+                kv = f"({c} / {rows}u)"
+                m = f"({c} % {rows}u)"
+                at = f"{kv} * {r4}u + (({m} / 4u) ^ {t.swizzle_expr(kv)})"
+                line(f"{guard}{{ {arr}[{base}{at}][{m} % 4u] = {reg}; }}", ind)
 
     def _store_lines(self, line, rg: int, cg: int) -> None:
         k, t, nest = self.k, self.tile, self.nest
