@@ -163,7 +163,7 @@ class GpuLauncher:
             return self(*args)
 
         #: A plain function, as the backend installs it in the graph (`output_strides.py` knows
-        #: it by `gpu_launcher`: it cannot run on fake tensors).
+        #: it by `gpu_launcher` and lays its results out from `result_kinds` on fake tensors).
         self.launch = launch
         launch.gpu_launcher = self  # type: ignore[attr-defined]
         _recent.append(weakref.ref(self))
@@ -323,6 +323,23 @@ class GpuLauncher:
             t = t.reshape(shape)
             outs.append(t if stored is final else t.to(final))
         return self._results(args, outs)
+
+    @property
+    def result_kinds(self) -> tuple[str, ...]:
+        """Where each result comes from, as `LauncherSpec.results` says it: `"new"` (a new
+        contiguous tensor), `"input i"` (argument i, written in place) or `"copy i"` (a clone
+        of argument i); `output_strides.py` lays the results out from this on fake tensors."""
+        inputs = {inp.buffer.name: inp.position for inp in self.inputs}
+        computed = {b.name for b, _, _ in self.outputs}
+        kinds = []
+        for k, name in enumerate(self.program.result_names()):
+            if name in computed:
+                kinds.append("new")
+            elif k in self.inplace_results:
+                kinds.append(f"input {self.inplace_results[k]}")
+            else:
+                kinds.append(f"copy {inputs[name]}")
+        return tuple(kinds)
 
     def _results(self, args: tuple[Any, ...], outs: list[torch.Tensor]) -> tuple[Any, ...]:
         # as the program says, not `self.graph.outputs` (see `Program.results`)

@@ -67,7 +67,7 @@ def restride_placeholders(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
 def output_strides(module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[list[Any]]:
     """The strides of each output of `module` (None for a non-tensor output), or None when the
     module cannot run on fake tensors (no fake inputs, a launcher whose results are not
-    described: the GPU engine's)."""
+    described)."""
     fake_mode = detect_fake_mode(list(example_inputs))
     if fake_mode is None:
         return None
@@ -82,7 +82,7 @@ def output_strides(module: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
 
 
 class _Unknown(Exception):
-    """A launcher whose results the spec does not describe."""
+    """A launcher whose results are not described (a spec loaded from an older cache entry)."""
 
 
 class _FakeRun(torch.fx.Interpreter):
@@ -99,19 +99,22 @@ class _FakeRun(torch.fx.Interpreter):
         return value
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if getattr(target, "gpu_launcher", None) is not None:  # its results are not described
-            raise _Unknown(target.gpu_launcher.program.name)
+        gpu = getattr(target, "gpu_launcher", None)
+        if gpu is not None:
+            return _launcher_results(gpu.program.name, gpu.result_kinds, gpu.eager, args)
         launcher = getattr(target, "launcher", None)
         if launcher is None:
             return super().call_function(target, args, kwargs)
-        return _launcher_results(launcher, args)
+        kinds = getattr(getattr(launcher, "spec", None), "results", ())
+        return _launcher_results(launcher.name, kinds, launcher.eager, args)
 
 
-def _launcher_results(launcher: Any, args: Sequence[Any]) -> tuple[Any, ...]:
-    kinds = getattr(getattr(launcher, "spec", None), "results", ())
-    sub = getattr(launcher.eager, "__self__", None)
+def _launcher_results(name: str, kinds: Sequence[str], eager: Any, args: Sequence[Any]) -> tuple[Any, ...]:
+    """Fake results of a launcher call: a new contiguous tensor of the subgraph's traced shape
+    per computed result, the argument itself or a clone of it per result that is an input."""
+    sub = getattr(eager, "__self__", None)
     if not kinds or not isinstance(sub, torch.fx.GraphModule):
-        raise _Unknown(launcher.name)
+        raise _Unknown(name)
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     returned = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     results = []
@@ -119,7 +122,7 @@ def _launcher_results(launcher: Any, args: Sequence[Any]) -> tuple[Any, ...]:
         if kind == "new":
             meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
             if not isinstance(meta, torch.Tensor):
-                raise _Unknown(launcher.name)
+                raise _Unknown(name)
             results.append(torch.empty(meta.shape, dtype=meta.dtype))
         else:
             how, i = kind.split()

@@ -1,0 +1,48 @@
+"""A training step whose forward runs on the GPU engine: the gradients match eager, and the
+forward tells AOTAutograd its outputs' strides (`backend/output_strides.py` lays out the GPU
+launcher's results on fake tensors as it does the CPU launcher's)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchburn.backend import output_strides as os_mod
+from torchburn.backend import report as rep
+from tests.gpu.conftest import engines
+
+
+def _block(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    h = F.gelu(x @ w + b)
+    return (h * h.sum(-1, keepdim=True)).transpose(0, 1)  # a transposed view among the outputs
+
+
+def test_gpu_forward_reports_its_output_strides_and_gradients_match(gpu, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    seen: list[Any] = []
+    real = os_mod.output_strides
+
+    def spy(module: Any, example_inputs: Any) -> Any:
+        out = real(module, example_inputs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(os_mod, "output_strides", spy)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(12, 20, requires_grad=True), torch.randn(20, 16, requires_grad=True),
+               torch.randn(16, requires_grad=True))
+    records = rep.start_recording()
+    try:
+        fn = torch.compile(_block, backend="torchburn")
+        fn(x, w, b).square().sum().backward()
+    finally:
+        rep.stop_recording()
+    grads = [t.grad.clone() for t in (x, w, b)]
+    refs = [t.detach().requires_grad_() for t in (x, w, b)]
+    _block(*refs).square().sum().backward()
+    for got, ref in zip(grads, refs):
+        torch.testing.assert_close(got, ref.grad, rtol=1e-4, atol=1e-4)
+    assert "wgpu" in [engine for engine, _ in engines(records)], engines(records)
+    assert seen and all(s is not None for s in seen), seen  # the forward's strides were known
