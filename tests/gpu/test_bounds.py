@@ -5,7 +5,8 @@ Shader modules are created without wgpu's runtime checks (`runtime/gpu.py`,
 tile or a buffer reads whatever lies there. Each input here is a view at offset 0 into a larger
 storage filled with NaN around it (`poisoned`): the engine binds the whole storage, so a load
 past the view's last column or row reads NaN, which reaches the output and fails the comparison
-with eager. Shapes are not multiples of any tile, vec4 width or workgroup size."""
+with eager. Shapes are not multiples of any tile, vec4 width or workgroup size, except where a
+test says so (the unchecked loads of whole tiles)."""
 from __future__ import annotations
 
 from typing import Any
@@ -51,6 +52,15 @@ def compiled(fn: Any, *args: torch.Tensor, passes: tuple[str, ...] = ()) -> tupl
     subgraphs = [s for r in records for s in r.subgraphs if s.compiled]
     assert subgraphs and all(s.engine == "wgpu" for s in subgraphs), [(s.engine, s.engine_note) for s in subgraphs]
     return out, [k for s in subgraphs for k in s.kernels]
+
+
+@pytest.mark.parametrize("tile", ["64x64x16/4x4", "64x32x8/4x4/s2/sw/w"])
+def test_gemm_of_whole_tiles_reads_nothing_outside(trusted, tile: str) -> None:  # type: ignore[no-untyped-def]
+    """Extents the tile divides are loaded and stored without checks: still nothing outside."""
+    a, b = poisoned(128, 64), poisoned(128, 64)
+    out, kernels = compiled(lambda x, y: x @ y.t(), a, b, passes=(f"gpu-map{{gemm_tile={tile}}}",))
+    assert any(f"gemm {tile} A:k4 B:k4" in s for s in kernels), kernels
+    torch.testing.assert_close(out, a @ b.t(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("k", [37, 36])  # scalar operand loads; vec4 loads along k (k4: rows of 40)

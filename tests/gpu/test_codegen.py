@@ -63,6 +63,41 @@ def test_reduction_shader_has_a_tree_in_workgroup_memory() -> None:
     assert "tb_inf()" in shader.source  # -inf is a runtime value, not a constant
 
 
+def _matmul(m: int, n: int, k: int) -> str:
+    return f"""
+    kernel @k0(%a: f32[{m}, {k}] strides [{k}, 1], %b: f32[{k}, {n}] strides [{n}, 1], %out: f32[{m}, {n}] strides [{n}, 1]) {{
+      for i0 in 0..{m} {{
+        for i1 in 0..{n} {{
+          alloc %acc3: f32[1] strides [1] local
+          %acc3[0] = 0.0:f32
+          for k2 in 0..{k} {{
+            let x4 = %a[i0, k2]
+            let x5 = %b[k2, i1]
+            let t6 = x4 * x5
+            %acc3[0] = %acc3[0] + t6
+          }}
+          let x7 = %acc3[0]
+          %out[i0, i1] = x7
+        }}
+      }}
+    }}
+"""
+
+
+@pytest.mark.parametrize("m,n,k,checked", [(256, 128, 64, ""), (250, 128, 64, "a"), (256, 132, 64, "b"),
+                                           (256, 128, 60, "k")])
+def test_gemm_checks_only_the_extents_the_tile_does_not_divide(m: int, n: int, k: int, checked: str) -> None:
+    """A static extent that the tile divides needs no bounds check on its side: the loads and
+    stores of that side are unconditional (the edges are tested on the device elsewhere)."""
+    km = run_pass(GpuMap(gemm_tile="128x64x16/8x8/w"), kernel(_matmul(m, n, k)))
+    shader = emit_kernel(km, km.symbols, Caps(max_workgroup_storage=32768))
+    src = shader.source
+    assert shader.summary.startswith("gemm 128x64x16/8x8/w"), shader.summary
+    assert ("< tb_M" in src) == (checked == "a")
+    assert ("< tb_N" in src) == (checked == "b")
+    assert ("< tb_K" in src) == (checked == "k")
+
+
 @pytest.mark.parametrize("dtype,why", [("f64", "64-bit floats")])  # i64 is stored as i32
 def test_64_bit_buffers_are_rejected(dtype: str, why: str) -> None:
     k = kernel(f"""

@@ -24,8 +24,9 @@ double-buffered: step kt reads one while step kt+1's values are stored into the 
 barrier per step instead of two. Global loads are `vec4` when an operand is a plain load
 whose four consecutive k (or m, n) values are four aligned consecutive elements (`vec4.py`:
 `k`, `k mod c`, plus multiples of 4); otherwise scalar. Out-of-range elements load as zero and
-stores are bounds-checked, so any M, N, K works. The epilogue runs per element on the
-accumulators before the only store, at the product's index or, through a reshape regrouping
+stores are bounds-checked, so any M, N, K works; a check is left out where the extent is static
+and a multiple of the tile's (every row, column or k the workgroup touches is then in range).
+The epilogue runs per element on the accumulators before the only store, at the product's index or, through a reshape regrouping
 the rows, at the reshaped result's (`%out[i floordiv 16, i mod 16, j]`).
 """
 from __future__ import annotations
@@ -255,6 +256,11 @@ class GemmEmitter:
             tile = SMALL_TILE
         self.tile = tile
         self.nest = nest
+        #: Per operand side ("a": M, "b": N, "k": K), whether the extent is static and a
+        #: multiple of the tile's: every row (column, k) a workgroup touches is then in range.
+        self.whole = {side: isinstance(e, Const) and int(e.value) % size == 0
+                      for side, e, size in (("a", nest.i.extent, tile.bm), ("b", nest.j.extent, tile.bn),
+                                            ("k", nest.k.extent, tile.bk))}
         a_mode = self._vec_mode(nest.a_lets, nest.a, nest.i, nest.k)
         b_mode = self._vec_mode(nest.b_lets, nest.b, nest.j, nest.k)
         funcs = [self._operand_fn("tb_a", nest.a_lets, nest.a, (*nest.batch, nest.i, nest.k), a_mode),
@@ -494,22 +500,27 @@ class GemmEmitter:
             f = fn + ("4" if vec else "")
             return f"{f}({bargs}{rowv}, {kv})" if which == "a" else f"{f}({bargs}{kv}, {rowv})"
 
-        guard_items = "" if n_items % t.threads == 0 else f"{c} < {n_items}u && "
         if mode == "k4":
             row = f"{origin} + i32({c} / {t.bk // 4}u)"
             kv = f"{k0} + i32({c} % {t.bk // 4}u) * 4"
-            line(f"{reg} = vec4<f32>(0.0);", ind)
-            line(f"if ({guard_items}{row} < {limit} && {kv} < tb_K) {{ {reg} = {call(row, kv, True)}; }}", ind)
         elif mode == "r4":
             row = f"{origin} + i32({c} % {rows // 4}u) * 4"
             kv = f"{k0} + i32({c} / {rows // 4}u)"
-            line(f"{reg} = vec4<f32>(0.0);", ind)
-            line(f"if ({guard_items}{row} < {limit} && {kv} < tb_K) {{ {reg} = {call(row, kv, True)}; }}", ind)
         else:
             row = f"{origin} + i32({c} % {rows}u)"
             kv = f"{k0} + i32({c} / {rows}u)"
-            line(f"{reg} = 0.0;", ind)
-            line(f"if ({guard_items}{row} < {limit} && {kv} < tb_K) {{ {reg} = {call(row, kv, False)}; }}", ind)
+        # the checks a static extent that the tile divides makes always true are left out
+        conds = [] if n_items % t.threads == 0 else [f"{c} < {n_items}u"]
+        if not self.whole[which]:
+            conds.append(f"{row} < {limit}")
+        if not self.whole["k"]:
+            conds.append(f"{kv} < tb_K")
+        value = call(row, kv, mode != "scalar")
+        if not conds:
+            line(f"{reg} = {value};", ind)
+            return
+        line(f"{reg} = {'0.0' if mode == 'scalar' else 'vec4<f32>(0.0)'};", ind)
+        line(f"if ({' && '.join(conds)}) {{ {reg} = {value}; }}", ind)
 
     def _stash_lines(self, line, which: str, mode: str, l: int, base: str = "", ind: int = 2) -> None:
         t = self.tile
@@ -582,7 +593,7 @@ class GemmEmitter:
             for q in range(4):
                 row = Var(f"tb_row{g}_{q}")
                 line(f"let v_{row.name} = tb_m0 + {g * t.bm // rg + q}i + i32(tb_ty) * 4;")
-                line(f"if (v_{row.name} < tb_M) {{")
+                line("{" if self.whole["a"] else f"if (v_{row.name} < tb_M) {{")
                 for c in range(cg):
                     col = Var(f"tb_col{c}")
                     acc = f"tb_c{g}_{q}_{c}"
@@ -596,11 +607,13 @@ class GemmEmitter:
                     if vec_ok:
                         off = k.offset(out, at(row, col))
                         value = f"vec4<f32>({', '.join(epi(e) for e in range(4))})"
-                        line(f"if (v_{col.name} < tb_N) {{ st4_{nest.out}({off}, {value}); }}", 3)
+                        st = f"st4_{nest.out}({off}, {value});"
+                        line(st if self.whole["b"] else f"if (v_{col.name} < tb_N) {{ {st} }}", 3)
                     else:
                         for e in range(4):
                             off = k.offset(out, at(row, ex.add(col, Const(e))))
-                            line(f"if (v_{col.name} + {e} < tb_N) {{ st_{nest.out}({off}, {epi(e)}); }}", 3)
+                            st = f"st_{nest.out}({off}, {epi(e)});"
+                            line(st if self.whole["b"] else f"if (v_{col.name} + {e} < tb_N) {{ {st} }}", 3)
                     line("}", 2)
                 line("}")
 
