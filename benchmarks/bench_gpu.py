@@ -40,7 +40,7 @@ import torchburn  # noqa: E402
 from torchburn.backend import gpu_launcher  # noqa: E402
 from torchburn.backend.entry import torchburn_backend  # noqa: E402
 
-TILES = ("128x128x16/8x8", "128x128x8/8x8", "128x64x16/8x4", "64x64x16/4x4")
+TILES = ("128x128x16/8x8/sw/w", "128x128x16/8x8", "64x64x16/4x4/s2/sw/w", "64x64x16/4x4")
 #: Print each kernel's time alone for the workloads compared with PyTorch (`--per-kernel`).
 PER_KERNEL = False
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 import torchburn  # noqa: E402
 from torchburn.runtime.config import reload_config  # noqa: E402
 
-GEMM_TILES = ("128x128x16/8x8", "128x128x16/8x8/s2", "128x128x8/8x8/s2", "128x128x8/8x16",
+GEMM_TILES = ("128x128x16/8x8/sw/w", "128x128x16/8x8/w", "64x64x16/4x4/s2/sw/w", "128x128x16/8x8", "128x128x16/8x8/s2", "128x128x8/8x8/s2", "128x128x8/8x16",
               "128x128x8/8x16/s2", "128x128x16/8x16", "128x128x8/16x8/s2", "128x64x16/8x8/s2",
               "64x128x16/8x8/s2", "64x64x16/8x8/s2", "64x64x16/4x4", "64x64x16/4x4/s2", "64x32x16/4x4",
               "32x64x16/4x4")

@@ -82,6 +82,24 @@ def test_flash_attention_edges_read_nothing_outside(trusted, d: int) -> None:  #
     torch.testing.assert_close(out, fn(q, k, v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tile", ["32x32/4x4/s2", "32x32/4x4"])
+def test_flash_attention_of_whole_tiles_reads_nothing_outside(trusted, causal: bool, tile: str, tmp_path: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows and keys the tile divides are loaded and stored without checks (the shader has
+    none), and still nothing outside is read."""
+    monkeypatch.setenv("TORCHBURN_DUMP", str(tmp_path))
+    reload_config()
+    q, k, v = poisoned(1, 2, 96, 16), poisoned(1, 2, 96, 16), poisoned(1, 2, 96, 16)
+    fn = lambda x, y, z: F.scaled_dot_product_attention(x, y, z, is_causal=causal)  # noqa: E731
+    out, kernels = compiled(fn, q, k, v, passes=(f"gpu-map{{attention_tile={tile}}}",))
+    assert any(f"attention/flash {tile}" in s for s in kernels), kernels
+    torch.testing.assert_close(out, fn(q, k, v), rtol=1e-5, atol=1e-5)
+    sources = [p.read_text() for p in tmp_path.rglob("*.wgsl")]
+    flash = [src for src in sources if "fa_Qs" in src]
+    assert flash and not any("jj < fa_E" in src or "row < fa_tq" in src for src in flash)
+
+
 def test_rows_and_elementwise_edges_read_nothing_outside(trusted) -> None:  # type: ignore[no-untyped-def]
     x, y = poisoned(13, 1027), poisoned(13, 1027)
     fn = lambda a, b: (torch.softmax(a, -1) * 2 + b, F.layer_norm(a + b, (1027,)))  # noqa: E731

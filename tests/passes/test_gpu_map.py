@@ -124,7 +124,9 @@ GEMM = """
 
 def test_matrix_product_gets_a_gemm_tile_that_fills_the_device() -> None:
     big = run_pass(GpuMap(), kernel(GEMM.format(m=4096, n=4096)))
-    assert big.body.annotations == (("gpu", "gemm"), ("gpu_tile", "128x128x16/8x8"))
+    assert big.body.annotations == (("gpu", "gemm"), ("gpu_tile", "128x128x16/8x8/sw/w"))
+    middle = run_pass(GpuMap(), kernel(GEMM.format(m=512, n=768)))
+    assert middle.body.annotation("gpu_tile") == "64x64x16/4x4/s2/sw/w"
     small = run_pass(GpuMap(), kernel(GEMM.format(m=32, n=256)))
     assert small.body.annotation("gpu_tile") == "32x32x16/4x4"
     forced = run_pass(GpuMap(gemm_tile="64x64x16/4x4"), kernel(GEMM.format(m=4096, n=4096)))

@@ -79,8 +79,10 @@ from .loopgen.attention import TASKS
 #: Reduction combiners a workgroup can tree-reduce.
 COMBINERS = ("add", "mul", "min", "max", "and", "or")
 #: GEMM tiles from largest to smallest (`gemm_tile=auto` takes the first that fills the device;
-#: 32x32 only for products smaller than 64 in a dimension).
-GEMM_TILES = ("128x128x16/8x8", "64x64x16/4x4", "32x32x16/4x4")
+#: 32x32 only for products smaller than 64 in a dimension). On the H200 (docs/benchmarks.md,
+#: sixth round): `/sw/w` 44.3 TFLOP/s at 4096^3 against 41.7 without; the GPT block's
+#: 512x2304x768 product 102.6 us with `/s2/sw/w` on 64x64 against 134.4 us plain.
+GEMM_TILES = ("128x128x16/8x8/sw/w", "64x64x16/4x4/s2/sw/w", "32x32x16/4x4")
 #: The spelling of a GEMM tile (`BMxBNxBK/TMxTN`, optionally `/s2`: two workgroup-memory
 #: stages, `/ar`: the A tile kept as rows of k, `/sw`: k-major tiles XOR-swizzled, `/w`: invocations in
 #: 8 x 4 blocks, `/gG`: output tiles launched in groups of G tile rows; `codegen/wgsl/gemm.py`'s `Tile`) and of a flash-attention tile (`BQxBK/TMxTN`, optionally `/s2`: the next keys and values

@@ -29,7 +29,10 @@ would not fit (a barrier between the score and the probability phase). Under a c
 last query blocks see the most keys: workgroups take them first, and from `PAIR_BLOCKS` blocks
 on a workgroup takes two blocks, the i-th from each end, so that all walk the same number of
 key tiles. With `/s2` tiles the next tile's keys and values are loaded into registers while the
-current tile is used (stored to workgroup memory at the top of the next step).
+current tile is used (stored to workgroup memory at the top of the next step). Where the
+query rows and the keys are static and the tile divides them (and, under a causal mask, the
+last key of every block is a tile boundary), the loads of q, k and v and the stores of the
+output are unconditional: every row and key a workgroup touches is in range.
 """
 from __future__ import annotations
 
@@ -202,6 +205,13 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
                                  ex.minimum(Const(1), ex.floordiv(nqb, Const(PAIR_BLOCKS)))))
     groups = ex.mul(heads, nqb)
     scale = f"f32({nest.scale * LOG2E!r})"
+    # static extents the tile divides: the checks they make always true are left out
+    tq_static = tq.value if isinstance(tq, Const) else None
+    rows_whole = tq_static is not None and tq_static > 0 and tq_static % bq == 0
+    keys_whole = [isinstance(keys.extent, Const) and 0 < int(keys.extent.value) and int(keys.extent.value) % bk == 0
+                  and (not nest.causal or (tq_static is not None and tq_static > 0 and tq_static % bk == 0
+                                           and bq % bk == 0))
+                  for keys in nest.keys]
     L: list[str] = []
     a = L.append
     a("  let fa_g = wid.y * nwg.x + wid.x;")
@@ -240,7 +250,8 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
     a(f"  for (var t: u32 = lid; t < {bq * d4}u; t = t + {wg}u) {{")
     a(f"    let row = fa_q0 + i32(t / {d4}u);")
     a("    var x = vec4<f32>(0.0);")
-    a(f"    if (row < fa_tq) {{ x = {em._vec('fa_q', em._args('row'), f'i32(t % {d4}u) * 4')} * {scale}; }}")
+    q = f"{em._vec('fa_q', em._args('row'), f'i32(t % {d4}u) * 4')} * {scale}"
+    a(f"    x = {q};" if rows_whole else f"    if (row < fa_tq) {{ x = {q}; }}")
     a("    fa_Qs[t] = x;")
     a("  }")
     for rr in range(tm):
@@ -253,8 +264,8 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
         a(f"  let fa_T = {r.scalar(keys.extent)};")
         a(f"  let fa_E = {f'min(fa_T, min(fa_tq, fa_q0 + {bq}))' if nest.causal else 'fa_T'};")
         if t.stages == 2:
-            _fetch(L, em, s, "k", d4, bk, wg, "0")
-            _fetch(L, em, s, "v", v4, bk, wg, "0")
+            _fetch(L, em, s, "k", d4, bk, wg, "0", keys_whole[s])
+            _fetch(L, em, s, "v", v4, bk, wg, "0", keys_whole[s])
         a(f"  for (var fa_j0: i32 = 0; fa_j0 < fa_E; fa_j0 = fa_j0 + {bk}) {{")
         a("    workgroupBarrier();")
         if t.stages == 2:
@@ -262,12 +273,12 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
             _stash(L, "v", v4, bk, wg, 1)
             a("    workgroupBarrier();")
             a(f"    if (fa_j0 + {bk} < fa_E) {{")
-            _fetch(L, em, s, "k", d4, bk, wg, f"fa_j0 + {bk}")
-            _fetch(L, em, s, "v", v4, bk, wg, f"fa_j0 + {bk}")
+            _fetch(L, em, s, "k", d4, bk, wg, f"fa_j0 + {bk}", keys_whole[s])
+            _fetch(L, em, s, "v", v4, bk, wg, f"fa_j0 + {bk}", keys_whole[s])
             a("    }")
         else:
-            _stage(L, em, s, "k", d4, bk, wg, pk)
-            _stage(L, em, s, "v", v4, bk, wg, 1)
+            _stage(L, em, s, "k", d4, bk, wg, pk, keys_whole[s])
+            _stage(L, em, s, "v", v4, bk, wg, 1, keys_whole[s])
             a("    workgroupBarrier();")
         _scores(L, d4, tm, tn, tx_n, pk)
         _mask(L, em, s, tm, tn, tx_n, nest.m[s] is not None, nest.causal)
@@ -302,7 +313,7 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
         a(f"  var fa_x{rr} = fa_l{rr};")
     _row_reduce(L, "+", tm, tx_n, sub, lay, ind="  ")
     for rr in range(tm):
-        a(f"  if (fa_r{rr} < fa_tq) {{")
+        a("  {" if rows_whole else f"  if (fa_r{rr} < fa_tq) {{")
         a(f"    let fa_inv = 1.0 / fa_x{rr};")
         for ci in range(cv):
             a(f"    {{ let c4 = fa_tx + {tx_n * ci}u;")
@@ -330,9 +341,11 @@ def _fold(op: str, terms: list[str]) -> str:
     return terms[0]
 
 
-def _stage(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk: int, wg: int, pk: int) -> None:
+def _stage(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk: int, wg: int, pk: int,
+           whole: bool) -> None:
     """Keys (`which` = "k", XOR-swizzled rows) or values of the tile into workgroup memory;
-    zero past the last key (`fa_E`); consecutive invocations read consecutive vec4s of a row."""
+    zero past the last key (`fa_E`; unchecked when `whole`: every tile ends at or before it);
+    consecutive invocations read consecutive vec4s of a row."""
     arr = "fa_Ks" if which == "k" else "fa_Vs"
     fn = f"fa_{which}{s}"
     slot = f"j * {w}u + (c ^ (j & {pk - 1}u))" if pk > 1 else "t"
@@ -341,22 +354,26 @@ def _stage(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk:
     L.append(f"      let c = t % {w}u;")
     L.append("      let jj = fa_j0 + i32(j);")
     L.append("      var x = vec4<f32>(0.0);")
-    L.append(f"      if (jj < fa_E) {{ x = {em._vec(fn, em._args('fa_any', 'jj'), 'i32(c) * 4')}; }}")
+    load = em._vec(fn, em._args('fa_any', 'jj'), 'i32(c) * 4')
+    L.append(f"      x = {load};" if whole else f"      if (jj < fa_E) {{ x = {load}; }}")
     L.append(f"      {arr}[{slot}] = x;")
     L.append("    }")
 
 
-def _fetch(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk: int, wg: int, j0: str) -> None:
+def _fetch(L: list[str], em: "AttentionEmitter", s: int, which: str, w: int, bk: int, wg: int, j0: str,
+           whole: bool) -> None:
     """The invocation's share of the tile from key `j0` into registers `fa_r<which><n>` (zero
-    past the last key): the loads are in flight while the current tile is used."""
+    past the last key; unchecked when `whole`): the loads are in flight while the current tile
+    is used."""
     fn = f"fa_{which}{s}"
     for n in range(-(-bk * w // wg)):
         reg = f"fa_r{which}{n}"
         L.append(f"    {{ let t = lid + {n * wg}u;")
         L.append(f"      let jj = {j0} + i32(t / {w}u);")
         L.append(f"      {reg} = vec4<f32>(0.0);")
-        guard = "" if bk * w % wg == 0 else f"t < {bk * w}u && "
-        L.append(f"      if ({guard}jj < fa_E) {{ {reg} = {em._vec(fn, em._args('fa_any', 'jj'), f'i32(t % {w}u) * 4')}; }}")
+        conds = ([] if bk * w % wg == 0 else [f"t < {bk * w}u"]) + ([] if whole else ["jj < fa_E"])
+        load = em._vec(fn, em._args('fa_any', 'jj'), f'i32(t % {w}u) * 4')
+        L.append(f"      if ({' && '.join(conds)}) {{ {reg} = {load}; }}" if conds else f"      {reg} = {load};")
         L.append("    }")
 
 
