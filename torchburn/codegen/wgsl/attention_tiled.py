@@ -281,7 +281,7 @@ def emit_tiled(em: "AttentionEmitter", lay: Layout) -> tuple[list[str], int, Exp
             _stage(L, em, s, "v", v4, bk, wg, 1, keys_whole[s])
             a("    workgroupBarrier();")
         _scores(L, d4, tm, tn, tx_n, pk)
-        _mask(L, em, s, tm, tn, tx_n, nest.m[s] is not None, nest.causal)
+        _mask(L, em, s, tm, tn, tx_n, bk, nest.m[s] is not None, nest.causal)
         # the tile's row maxima, over the invocation's keys then the row's lanes
         for rr in range(tm):
             terms = [f"fa_s{rr}_{i}" for i in range(tn)]
@@ -415,13 +415,21 @@ def _scores(L: list[str], d4: int, tm: int, tn: int, tx_n: int, pk: int) -> None
         a("    }")
 
 
-def _mask(L: list[str], em: "AttentionEmitter", s: int, tm: int, tn: int, tx_n: int, masked: bool,
+def _mask(L: list[str], em: "AttentionEmitter", s: int, tm: int, tn: int, tx_n: int, bk: int, masked: bool,
           causal: bool) -> None:
     """Add the mask (times log2(e)) to the scores of real rows and keys; -inf past the last key
-    and, under a causal mask, above the diagonal."""
+    and, under a causal mask, above the diagonal. Without a mask tensor only a tile that ends
+    past the last key or crosses the diagonal has scores to set to -inf (under a causal mask,
+    the diagonal tile of each block: the others are skipped by a branch the whole workgroup
+    takes alike)."""
     a = L.append
     for i in range(tn):
         a(f"    let fa_key{i} = fa_j0 + i32(fa_tx) + {tx_n * i};")
+    ind = "    "
+    if not masked:
+        edge = f"fa_j0 + {bk} > fa_E" + (f" || fa_j0 + {bk - 1} > fa_q0" if causal else "")
+        a(f"    if ({edge}) {{")
+        ind = "      "
     for rr in range(tm):
         for i in range(tn):
             ok = f"fa_key{i} < fa_E" + (f" && fa_key{i} <= fa_r{rr}" if causal else "")
@@ -429,7 +437,9 @@ def _mask(L: list[str], em: "AttentionEmitter", s: int, tm: int, tn: int, tx_n: 
             if masked:
                 a(f"    if ({ok} && fa_r{rr} < fa_tq) {{ {sc} = {sc} + f32({LOG2E!r}) * "
                   f"fa_m{s}({em._args(f'fa_r{rr}', f'fa_key{i}')}, 0); }}")
-            a(f"    {sc} = select(-tb_inf(), {sc}, {ok});")
+            a(f"{ind}{sc} = select(-tb_inf(), {sc}, {ok});")
+    if not masked:
+        a("    }")
 
 
 def _row_reduce(L: list[str], op: str, tm: int, tx_n: int, sub: bool, lay: Layout, ind: str = "    ") -> None:
