@@ -21,6 +21,11 @@
 # bench_gpu_host on the checkpoint `llm` wrote: the wgpu calls and host microseconds of one
 # decode step. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
 #
+# The `llm` part needs transformers there: carry `.gl/llm.tar.xz` too (transformers cut to the
+# llama, qwen2, mistral and gpt2 models, tokenizers, safetensors, huggingface_hub and their
+# pure-Python dependencies, without numpy, hf_xet and pydantic: 7.8 MB in session 25) and unpack
+# it first: `mkdir -p /tmp/site && tar -xJf .gl/llm.tar.xz -C /tmp/site && bash benchmarks/h200.sh llm`.
+#
 # Results go to $OUT (or ./h200-out): pytest's summary, bench_gpu's JSON and Markdown tables,
 # the LLM benchmark's JSON.
 set -u
