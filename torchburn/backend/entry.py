@@ -193,7 +193,6 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     from ..compiler.driver import compile_graph
     from ..frontend.importer import import_graph
     from ..frontend.partition import partition
-    from .gpu_launcher import compile_subgraph, gpu_requested
     from .launcher_gen import launcher_spec
 
     capability = capability_misses()
@@ -203,7 +202,11 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     report.fallbacks = result.fallbacks
     manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks))
     module = result.module
-    use_gpu = gpu_requested()
+    use_gpu = False
+    if get_config().wants_gpu:  # the GPU engine's modules load only when it may be used
+        from .gpu_launcher import compile_subgraph, gpu_requested
+
+        use_gpu = gpu_requested()
     target = named_target(target_name) if target_name is not None else None
     for name in result.subgraphs:
         sub: torch.fx.GraphModule = getattr(module, name)
@@ -348,8 +351,8 @@ def _guard_gpu_state(module: torch.fx.GraphModule, fn: Callable[..., Any]) -> Ca
     graph all on the GPU needs neither."""
     gpu = module.meta.get("torchburn_gpu_launchers", []) if hasattr(module, "meta") else []
     cfg = get_config()
-    if not gpu and (cfg.engine == "reference" or not (cfg.device in ("gpu", "auto") or cfg.engine == "wgpu")):
-        return fn  # the CPU engine only (as `runtime.gpu.wants_gpu`, without importing it)
+    if not gpu and not cfg.wants_gpu:
+        return fn  # the CPU engine only
     launches = {id(g.launch) for g in gpu}
     mixed = not gpu or any(n.op == "call_function" and n.target is not operator.getitem
                            and id(n.target) not in launches for n in module.graph.nodes)
