@@ -30,6 +30,11 @@ from .expr import Expr, Var
 
 #: Loop kinds. `vectorized` and `unrolled` are requests that passes carry out.
 LOOP_KINDS: tuple[str, ...] = ("serial", "parallel", "vectorized", "unrolled")
+#: The annotation (`{loop = "keep-rolled"}`) of a serial loop its author wants kept as one
+#: scalar loop: `vectorize` does not choose it and `unroll` does not unroll it on its own
+#: initiative (loops inside it are still theirs to take). A GEMM's transposing pack is one:
+#: vectorized it would gather, and unrolled it would be 64 copies for every later stage.
+KEEP_ROLLED: tuple[str, str] = ("loop", "keep-rolled")
 #: Where a buffer lives: kernel parameter / program buffer (`global`) or in a kernel's frame.
 SCOPES: tuple[str, ...] = ("global", "local")
 
