@@ -122,10 +122,9 @@ workspace temporaries; one kernel of it:
 One exported entry per program, `void entry(ptr buffers, ptr symbols, ptr workspace)`;
 kernels are functions taking `noalias` buffer pointers, each in a module of its own (`hidden`,
 so a shared library does not export them), the entry in the last one. LLVM optimizes each
-module and emits it to an object of its own in a second thread while Python emits the next
-(`codegen/llvm/module.py: emit_program_parts`, `runtime/jit.py: ModuleParts`; register-blocked
-products at O3, the rest at O2); the objects are loaded one by one (calls between them bound
-by name) and linked into one shared library for the disk cache. `module.ll` of a `TORCHBURN_DUMP` holds the
+module in a second thread while Python emits the next (`codegen/llvm/module.py:
+emit_program_parts`, `runtime/jit.py: ModuleParts`; register-blocked products at O3, the
+rest at O2), then links them into one object. `module.ll` of a `TORCHBURN_DUMP` holds the
 modules one after the other, each starting after a `; ---- torchburn: next module ----` line
 (`emit_program` writes them as one module).
 
