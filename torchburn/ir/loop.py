@@ -111,8 +111,9 @@ class Block(Stmt):
 class For(Stmt):
     """`for var in start..start+extent` with a kind (serial, parallel, vectorized, unrolled).
 
-    `annotations` carry provenance and hints, for example `{origin = "aten.add.Tensor"}`.
-    Text: `parallel for i0 in 0..s0 {origin = "aten.mm"} { ... }`.
+    `annotations` carry provenance and hints, for example `{origin = "aten.add.Tensor"}`;
+    `{loop = "keep-rolled"}` (`KEEP_ROLLED`) keeps a serial loop from `vectorize` and from
+    `unroll`'s own choices. Text: `parallel for i0 in 0..s0 {origin = "aten.mm"} { ... }`.
     """
 
     var: Var
