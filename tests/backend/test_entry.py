@@ -228,3 +228,40 @@ def test_strict_variable_is_parsed() -> None:
     assert Config.from_env({"TORCHBURN_STRICT": "1"}).strict
     assert not Config.from_env({"TORCHBURN_STRICT": "0"}).strict
     assert not Config.from_env({}).strict
+
+
+def test_collector_is_paused_over_the_whole_graph_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compile_fx_graph` pauses the cyclic collector over partition, import, compile and
+    launchers (their objects must not set off full collections of the whole process), and
+    turns it back on before returning."""
+    import gc
+
+    from torchburn.frontend import importer, partition
+
+    seen: list[bool] = []
+    part, imp = partition.partition, importer.import_graph
+
+    def watched_partition(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return part(*args, **kwargs)
+
+    def watched_import(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return imp(*args, **kwargs)
+
+    monkeypatch.setattr(partition, "partition", watched_partition)
+    monkeypatch.setattr(importer, "import_graph", watched_import)
+    monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        torch._dynamo.reset()
+        memory_cache().clear()
+        x = torch.randn(4, 8)
+        out = torch.compile(lambda a: torch.tanh(a) * 3 + 1, backend="torchburn")(x)
+        torch.testing.assert_close(out, torch.tanh(x) * 3 + 1)
+        assert gc.isenabled()
+    finally:
+        if not was:
+            gc.disable()
+    assert seen and not any(seen)

@@ -77,6 +77,10 @@ def run_child(cache_dir: Path) -> tuple[dict[str, Any], str]:
 def test_warm_process_skips_the_compiler_and_corrupt_manifests_are_rebuilt(tmp_path: Path) -> None:
     cold, _ = run_child(tmp_path)
     assert cold["compiled"] >= 3 and not any(cold["graph_hits"])
+    # a CPU compile (TORCHBURN_DEVICE=cpu, the default) compiles none of the GPU engine's source
+    for name in ("codegen.wgsl", "runtime.gpu", "backend.gpu_launcher", "passes.gpu_map", "passes.gpu_lower"):
+        assert name not in cold["loaded"], f"torchburn.{name} was imported by a CPU compile"
+    assert "passes.lower_to_loops" in cold["loaded"]  # (the names are listed as these are)
     graphs = [p for p in DiskCache(tmp_path).graph_files() if p.name.startswith("fx")]
     assert len(graphs) == len(cold["graph_hits"])
 
@@ -86,7 +90,7 @@ def test_warm_process_skips_the_compiler_and_corrupt_manifests_are_rebuilt(tmp_p
     assert warm["compiled_subgraphs"] == cold["compiled_subgraphs"]
     # the warm path needs no IR, pass, lowering, partitioner or code generator
     heavy = ["ir", "passes", "frontend.lowerings", "frontend.partition", "frontend.importer",
-             "codegen.llvm", "codegen.wgsl", "gpu_launcher", "launcher_gen"]
+             "codegen.llvm", "codegen.wgsl", "backend.gpu_launcher", "backend.launcher_gen"]
     if shutil.which("ld"):  # programs come as shared libraries: not even LLVM is loaded
         heavy.append("runtime.jit")
     for name in heavy:

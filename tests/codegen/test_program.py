@@ -148,11 +148,11 @@ def test_program_in_parts_links_kernels_and_loader_globals() -> None:
         assert '@"torchburn_fault" = external global ptr' in kernel_text
     assert re.search(r'@"torchburn_fault" = global ptr', texts[2])
     assert re.search(r'declare hidden void @"parts\.a"', texts[2])
-    parts = jit.ModuleParts(TARGET)
+    parts = jit.ModuleParts(TARGET, shared=True)
     try:
         for text in texts:
             parts.add(text)
-        native = jit.load_object(parts.finish(shared=True))
+        native = jit.load_object(parts.finish())
     finally:
         parts.close()
     n = 1000

@@ -672,3 +672,21 @@ def test_half_precision_product_accumulates_in_f32() -> None:
     c({"a": a, "w": w, "bias": bias, "out0": out})
     expected = -(0.5 * 1.0 + 2047 * 0.125)
     np.testing.assert_allclose(out.astype(np.float64), np.full((3, 40), expected), rtol=1e-3)
+
+
+@pytest.mark.parametrize("k", [64, 37])
+def test_transposing_pack_is_a_rolled_k_loop(k: int) -> None:
+    """A Linear's weight (unit stride along k) is packed by a short k loop kept rolled
+    (`lp.KEEP_ROLLED`) around one store per column of a group: after every loop pass the pack
+    is PACK_GROUP scalar stores, not PACK_BLOCK x PACK_GROUP copies; results are exact either way."""
+    from torchburn.ir import loop as lp
+    from torchburn.passes.loopgen.matmul import PACK_BLOCK, PACK_GROUP
+
+    compiled = run_case(64, 64, k, b_transposed=True, swap=False)
+    (kernel,) = [kn for kn in compiled.program.kernels if dict(kn.attrs).get("gemm")]
+    rolled = [s for s in lp.walk_stmts(kernel.body) if isinstance(s, lp.For) and lp.KEEP_ROLLED in s.annotations]
+    assert len(rolled) == 1 and rolled[0].kind == "serial"
+    in_loop = [s for s in lp.walk_stmts(rolled[0].body) if isinstance(s, lp.Store)]
+    assert len(in_loop) == PACK_GROUP and all(s.buffer.startswith("pb") and s.value.lanes == 1 for s in in_loop)
+    packs = [s for s in lp.walk_stmts(kernel.body) if isinstance(s, lp.Store) and s.buffer.startswith("pb")]
+    assert len(packs) < PACK_BLOCK * PACK_GROUP

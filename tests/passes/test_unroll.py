@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import PassError
 from torchburn.passes.simplify import Simplify
 from torchburn.passes.unroll import Unroll
@@ -120,3 +121,30 @@ def test_auto_unroll_respects_the_size_budget() -> None:
         }}
     """)
     assert run_pass(Unroll(), k) == k  # 8 copies of 11 statements is over the budget
+
+
+def test_loop_annotated_keep_rolled_stays_a_loop_and_its_inner_loops_unroll() -> None:
+    """`{loop = "keep-rolled"}` (`lp.KEEP_ROLLED`): `unroll` leaves that loop rolled even when it
+    fits the budget, and still unrolls the loops inside it."""
+    k = kernel("""
+        kernel @k(%out: i64[4, 2] strides [2, 1]) {
+          for a in 0..4 attrs {loop = "keep-rolled"} {
+            for b in 0..2 {
+              %out[a, b] = a * 10 + b
+            }
+          }
+        }
+    """)
+    out = run_pass(Simplify(), run_pass(Unroll(), k))
+    assert_ir(out, """
+        kernel @k(%out: i64[4, 2] strides [2, 1]) {
+          for a in 0..4 attrs {loop = "keep-rolled"} {
+            %out[a, 0] = a * 10
+            %out[a, 1] = a * 10 + 1
+          }
+        }
+    """)
+    r = execute(out, {"out": np.zeros((4, 2), np.int64)}, {})
+    np.testing.assert_array_equal(r["out"], np.arange(4)[:, None] * 10 + np.arange(2))
+    plain = kernel(print_kernel(k).replace(' attrs {loop = "keep-rolled"}', ""))
+    assert "for" not in print_kernel(run_pass(Unroll(), plain))  # without it: unrolled whole

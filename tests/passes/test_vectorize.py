@@ -430,3 +430,21 @@ def test_reduction_whose_element_moves_inside_the_loop_stays_scalar() -> None:
         }
     """)
     assert run_pass(Vectorize(width=8), k) == k
+
+
+def test_loop_annotated_keep_rolled_is_not_chosen() -> None:
+    """A unit-stride store loop the pass would vectorize stays scalar when annotated
+    `{loop = "keep-rolled"}` (a transposing copy: vectorized, every load would gather)."""
+    text = """
+        kernel @k(%x: f32[64, 64] strides [64, 1], %out: f32[64, 64] strides [64, 1]) {
+          for k in 0..64 {
+            for j in 0..64 ATTRS{
+              %out[k, j] = %x[j, k]
+            }
+          }
+        }
+    """
+    plain = kernel(text.replace("ATTRS", ""))
+    assert "ramp" in print_kernel(run_pass(Vectorize(width=8), plain))
+    rolled = kernel(text.replace("ATTRS", 'attrs {loop = "keep-rolled"} '))
+    assert run_pass(Vectorize(width=8), rolled) == rolled

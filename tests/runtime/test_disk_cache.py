@@ -30,6 +30,24 @@ def test_encode_decode_round_trip() -> None:
     assert decode(encode(e, SECRET), KEY, SECRET) == e
 
 
+def test_object_parts_round_trip_and_must_match_the_object() -> None:
+    """A program emitted in parts keeps its objects apart (`ObjectCode.part_sizes`, each loaded
+    on its own); sizes that do not add up to the object are refused, never split wrongly."""
+    from dataclasses import replace
+
+    from torchburn.runtime.disk_cache import _digest
+
+    e = entry()
+    parts = replace(e, object=replace(e.object, data=b"\x7fELF one\x7fELF two", part_sizes=(8, 8)))
+    back = decode(encode(parts, SECRET), KEY, SECRET)
+    assert back == parts and back.object.objects == (b"\x7fELF one", b"\x7fELF two")
+    data = encode(parts, SECRET)
+    body = data[:-32].replace(b'"object_parts": [8, 8]', b'"object_parts": [8, 9]')  # same length
+    assert body != data[:-32]
+    with pytest.raises(CorruptEntry, match="sizes"):
+        decode(body + _digest(body, SECRET), KEY, SECRET)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "other-key"])
 def test_damaged_files_are_refused(damage: str) -> None:
     data = encode(entry(), SECRET)

@@ -51,7 +51,7 @@ def test_unresolved_symbol_fails_at_load() -> None:
 
     mod = llvm.parse_assembly(text)
     mod.triple = TARGET.triple
-    library = jit._link_shared(bytes(pic.emit_object(mod)))
+    library = jit._link_shared([bytes(pic.emit_object(mod))])
     assert library[:4] == b"\x7fELF"
     obj = dataclasses.replace(jit.ObjectCode(b"", TARGET.triple, TARGET.cpu, TARGET.features), shared=library)
     with pytest.raises(OSError):

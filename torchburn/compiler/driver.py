@@ -25,6 +25,7 @@ from ..runtime.config import get_config
 from ..runtime.disk_cache import CacheEntry, DiskCache, disk_cache, source_digest
 from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
+from ..runtime.switch_interval import short_switch_interval
 
 if TYPE_CHECKING:  # the IR, the passes, codegen and LLVM load on first compilation, not on cache hits
     from ..runtime import jit
@@ -250,7 +251,9 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
         return program, t1, engine.build(program, target, dump, shared=shared)
 
     try:
-        with gc_paused():  # the passes and codegen recurse deeply: one frame-stack chunk for them
+        # the passes and codegen recurse deeply: one frame-stack chunk for them; LLVM's thread
+        # gets the GIL back promptly after each call into LLVM (`switch_interval.py`)
+        with gc_paused(), short_switch_interval():
             program, t1, built = run_on_deep_stack(passes_and_build)
     finally:
         if stream is not None:

@@ -6,7 +6,7 @@ caches, dumps, running the pipeline with the target in the pass context); an eng
 
 | engine | pipeline | key | build | disk cache |
 |---|---|---|---|---|
-| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, emitted as soon as the kernel's loop passes finish (`KernelStream`) and optimized in a second thread while the passes run on the next) -> linked -> object -> loaded (or, for a CPU that is not this one, object and assembly only) | yes |
+| `llvm` | the pipeline as given | triple, CPU, features, llvmlite and LLVM | LLVM IR (a module per kernel, emitted as soon as the kernel's loop passes finish (`KernelStream`), optimized and emitted to an object in a second thread while the passes run on the next) -> the objects loaded one by one (and linked into a shared library for the disk cache; for a CPU that is not this one, objects and assembly only) | yes |
 | `wgpu` | `gpu_pipeline` of it | the device (adapter, backend, limits) | WGSL shaders -> compute pipelines | no |
 
 | `reference` | `reference_pipeline` of it (`reference.py`: plain nests, no CPU loop passes) | nothing (the interpreter is torchburn's own source) | none: the NumPy interpreter runs the loop program | no |
@@ -147,18 +147,18 @@ class LlvmEngine:
 
 def compile_in_parts(program: "Program", target: "Target", bounds_check: bool, shared: bool,
                      phases: Optional[dict[str, float]] = None) -> tuple[str, Any, float]:
-    """The program's LLVM IR (its modules joined, `jit.join_modules`), its object code, and
-    when (`time.perf_counter`) the last module was emitted: each module is handed to LLVM's
-    thread as soon as it is emitted (`jit.ModuleParts`)."""
+    """The program's LLVM IR (its modules joined, `jit.join_modules`), its object code (an
+    object per module), and when (`time.perf_counter`) the last module was emitted: each module
+    is handed to LLVM's thread as soon as it is emitted (`jit.ModuleParts`)."""
     from ..codegen.llvm.module import emit_program_parts
     from ..runtime import jit
 
-    parts = jit.ModuleParts(target, phases=phases)
+    parts = jit.ModuleParts(target, phases=phases, shared=shared)
     try:
         for text in emit_program_parts(program, target, bounds_check):
             parts.add(text)
         emitted = time.perf_counter()
-        obj = parts.finish(shared=shared)
+        obj = parts.finish()
     finally:
         parts.close()
     return jit.join_modules(parts.texts), obj, emitted
@@ -181,7 +181,7 @@ class KernelStream:
         from ..runtime import jit
 
         self.target, self.bounds_check, self.shared = target, bounds_check, shared
-        self.parts = jit.ModuleParts(target)
+        self.parts = jit.ModuleParts(target, shared=shared)
         self.emitter: Any = None
         #: Seconds spent emitting kernels' modules (in the loop phase's time: the driver moves them).
         self.codegen_seconds = 0.0
@@ -213,7 +213,7 @@ class KernelStream:
         for text in self.emitter.entry(program):
             self.parts.add(text)
         emitted = time.perf_counter()
-        obj = self.parts.finish(shared=self.shared)
+        obj = self.parts.finish()
         return jit.join_modules(self.parts.texts), obj, emitted
 
     def close(self) -> None:

@@ -30,6 +30,11 @@ from .expr import Expr, Var
 
 #: Loop kinds. `vectorized` and `unrolled` are requests that passes carry out.
 LOOP_KINDS: tuple[str, ...] = ("serial", "parallel", "vectorized", "unrolled")
+#: The annotation (`{loop = "keep-rolled"}`) of a serial loop its author wants kept as one
+#: scalar loop: `vectorize` does not choose it and `unroll` does not unroll it on its own
+#: initiative (loops inside it are still theirs to take). A GEMM's transposing pack is one:
+#: vectorized it would gather, and unrolled it would be 64 copies for every later stage.
+KEEP_ROLLED: tuple[str, str] = ("loop", "keep-rolled")
 #: Where a buffer lives: kernel parameter / program buffer (`global`) or in a kernel's frame.
 SCOPES: tuple[str, ...] = ("global", "local")
 
@@ -106,8 +111,9 @@ class Block(Stmt):
 class For(Stmt):
     """`for var in start..start+extent` with a kind (serial, parallel, vectorized, unrolled).
 
-    `annotations` carry provenance and hints, for example `{origin = "aten.add.Tensor"}`.
-    Text: `parallel for i0 in 0..s0 {origin = "aten.mm"} { ... }`.
+    `annotations` carry provenance and hints, for example `{origin = "aten.add.Tensor"}`;
+    `{loop = "keep-rolled"}` (`KEEP_ROLLED`) keeps a serial loop from `vectorize` and from
+    `unroll`'s own choices. Text: `parallel for i0 in 0..s0 {origin = "aten.mm"} { ... }`.
     """
 
     var: Var

@@ -75,11 +75,7 @@ from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.attention import build_attention
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
-from .loopgen.conv import conv_root, fused_conv
-from .loopgen.conv_grad_weight import grad_weight_root
-from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, gemm_root
-from .loopgen.qlinear import build_qlinear_plain, fused_qlinear
-from .loopgen.qlinear_forms import build_qlinear
+from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, fused_product, gemm_root
 from .loopgen.root_key import ProductReach, RootKey, root_key
 from .loopgen.store_views import fused_through_views
 
@@ -256,7 +252,7 @@ class LowerToLoops(Pass):
         if not (self.simd_conv and self.conv_kernels):
             return False
         return op.name == "conv" or (get_op(op.name).category == "elementwise"
-                                     and fused_conv(op, set(buffers)) is not None)
+                                     and fused_product(op, set(buffers), "conv") is not None)
 
     def _lower_root(self, name: str, op: Op, buffers: dict[Value, lp.Buffer], symbols: tuple[Var, ...],
                     temps: list[lp.Buffer], cpu: CpuInfo) -> lp.Kernel:
@@ -264,19 +260,22 @@ class LowerToLoops(Pass):
         kb = KernelBuilder(name, buffers)
         kb.split_concats = self.split_concats
         out = buffers[op.result]
-        qop = fused_qlinear(op, set(buffers))
+        qop = fused_product(op, set(buffers), "qlinear")
         attn = (op, []) if op.name == "attention" else fused_through_views(op, set(buffers), {"attention"})
         if attn is not None:
             body = build_attention(kb, attn[0], out, self.attention_block_q, self.attention_block_k,
                                    self.attention_rows, attn[1])
-        elif qop is not None:
+        elif qop is not None:  # (the convolution and quantized-product builders load when a graph has one)
+            from .loopgen.qlinear import build_qlinear_plain
+            from .loopgen.qlinear_forms import build_qlinear
+
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else build_qlinear_plain(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
-        elif self._conv_kernel(op, buffers) and (conv := conv_root(kb, op, out, cpu)) is not None:
+        elif self._conv_kernel(op, buffers) and (conv := _conv_root(kb, op, out, cpu)) is not None:
             body = conv
         elif (op.name == "conv_grad_weight" and self.simd_conv and self.conv_kernels
-              and (gw := grad_weight_root(kb, op, out, cpu)) is not None):
+              and (gw := _grad_weight_root(kb, op, out, cpu)) is not None):
             body = gw
         elif op.name in ROOT_RULES:
             body = ROOT_RULES[op.name](kb, op, out)
@@ -399,3 +398,17 @@ def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[V
         for e in lp.stmt_exprs(s):
             used |= ex.free_vars(e)
     return tuple(v for v in symbols if v.name in used)
+
+
+def _conv_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
+    """`loopgen.conv.conv_root` (its module loads with the first convolution)."""
+    from .loopgen.conv import conv_root
+
+    return conv_root(kb, op, out, cpu)
+
+
+def _grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
+    """`loopgen.conv_grad_weight.grad_weight_root` (loads with the first weight gradient)."""
+    from .loopgen.conv_grad_weight import grad_weight_root
+
+    return grad_weight_root(kb, op, out, cpu)

@@ -4,7 +4,8 @@ Loops marked `unrolled` are always unrolled fully (their extent must be a consta
 `MAX_UNROLL`); innermost serial loops (no loop inside, after their own inner loops were
 unrolled) with a constant extent of at most `max_extent` are unrolled too, when the copies
 add up to at most `AUTO_UNROLL_BUDGET` lets and stores (`max_extent=0` unrolls only marked
-loops). Each copy gets the loop variable replaced by its value, and its
+loops), unless the loop is annotated `lp.KEEP_ROLLED` (`{loop = "keep-rolled"}`: its author
+knows the copies buy nothing, and every later stage would pay for them). Each copy gets the loop variable replaced by its value, and its
 lets, local buffers and inner loop variables fresh names, so the copies can share one block.
 Run `simplify` afterwards to fold the index arithmetic.
 
@@ -85,7 +86,7 @@ class _Unroller:
             return unroll_loop(s, self.names)
         n = const_int(s.extent)
         if (s.kind == "serial" and n is not None and n <= self.max_extent and not contains_loop(s.body)
-                and n * statement_count(s.body) <= AUTO_UNROLL_BUDGET):
+                and n * statement_count(s.body) <= AUTO_UNROLL_BUDGET and lp.KEEP_ROLLED not in s.annotations):
             return unroll_loop(s, self.names)
         return s
 
@@ -100,7 +101,7 @@ def unroll_kernel(kernel: lp.Kernel, max_extent: int = 8) -> lp.Kernel:
 @dataclass(frozen=True)
 class Unroll(LoopPass):
     """Fully unroll loops marked `unrolled`, and innermost serial loops of at most
-    `max_extent` iterations.
+    `max_extent` iterations (unless annotated `{loop = "keep-rolled"}`).
 
     Before (`unroll{max_extent=4}`):
 

@@ -42,7 +42,8 @@ from the root: a serial or parallel loop is eligible when
 - each other buffer it stores to is read in the loop only at the very index it is written at
   (so iterations are independent);
 - inner loops and `if` conditions do not depend on `v`, and nothing inside is already vector;
-- a constant extent is at least 4.
+- a constant extent is at least 4;
+- it is not annotated `{loop = "keep-rolled"}` (`lp.KEEP_ROLLED`).
 
 Among the eligible loops of a nest, the one with the fewest gathers (loads whose address
 moves by a stride other than 0 or 1 per iteration) wins, the innermost on ties. So a row sum
@@ -520,7 +521,7 @@ class _Vectorizer:
             return plan.cost, [plan]
         inner_cost, inner = self.choose(s.body)
         marked_inside = any(p.loop.kind == "vectorized" for p in inner)
-        if s.kind in ("serial", "parallel") and not marked_inside:
+        if s.kind in ("serial", "parallel") and not marked_inside and lp.KEEP_ROLLED not in s.annotations:
             try:
                 plan = plan_loop(s, self.width, self.buffers, explicit=False)
             except NotVectorizable:

@@ -126,6 +126,15 @@ class Config:
     #: the subgraph to PyTorch. Capability misses (no lowering for an op) still fall back.
     strict: bool = False
 
+    @property
+    def wants_gpu(self) -> bool:
+        """Whether the GPU engine may run graphs (`TORCHBURN_DEVICE=gpu|auto` or
+        `TORCHBURN_ENGINE=wgpu`, unless the reference engine is asked for). When not, nothing
+        of the GPU engine (WGSL code generator, GPU passes, wgpu) needs importing."""
+        if self.engine == "reference":
+            return False
+        return self.device in ("gpu", "auto") or self.engine == "wgpu"
+
     @staticmethod
     def from_env(env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env

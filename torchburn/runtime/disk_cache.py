@@ -5,7 +5,8 @@ One file per compiled program, `<TORCHBURN_CACHE_DIR>/v1/<key[:2]>/<key>.tbc`, w
 pipeline with every user pass's `uuid()`, the target CPU and features, the torchburn version and
 a digest of its source, and the llvmlite and LLVM versions. A file holds:
 
-    b"TBCACHE1" | u32 header length | header (JSON) | program text | object code
+    b"TBCACHE1" | u32 header length | header (JSON) | program text | object code (one
+                object file, or several end to end: their sizes in the header's `object_parts`)
                 | shared library (may be empty, see `shared_lib.py`) | BLAKE3 digest
 
 Next to them, one small file per FX graph (`<key>.tbfx`, see `fx_cache.py`): the partition of
@@ -124,7 +125,7 @@ def encode(entry: CacheEntry, secret: bytes) -> bytes:
         "key": entry.key, "triple": entry.object.triple, "cpu": entry.object.cpu,
         "features": entry.object.features, "program_bytes": len(program),
         "object_bytes": len(entry.object.data), "shared_bytes": len(entry.object.shared),
-        "entry": entry.entry_name,
+        "object_parts": list(entry.object.part_sizes), "entry": entry.entry_name,
         "kernels": [list(k) for k in entry.kernels],
     }, sort_keys=True).encode("utf-8")
     body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, program, entry.object.data,
@@ -149,18 +150,19 @@ def decode(data: bytes, key: str, secret: bytes) -> CacheEntry:
         pos += header_len
         n_prog, n_obj = int(header["program_bytes"]), int(header["object_bytes"])
         n_shared = int(header.get("shared_bytes", 0))
+        part_sizes = tuple(int(n) for n in header.get("object_parts", ()))
         entry_name = str(header["entry"])
         kernels = tuple((str(name), str(origin)) for name, origin in header.get("kernels", ()))
     except (ValueError, KeyError, TypeError) as err:
         raise CorruptEntry(f"bad header: {err}") from None
     if header.get("key") != key:
         raise CorruptEntry(f"written for key {str(header.get('key'))[:16]}...")
-    if pos + n_prog + n_obj + n_shared != len(body):
+    if pos + n_prog + n_obj + n_shared != len(body) or (part_sizes and sum(part_sizes) != n_obj):
         raise CorruptEntry("sizes in the header do not match the file")
     program = body[pos:pos + n_prog].decode("utf-8")
     start = pos + n_prog
     obj = ObjectCode(bytes(body[start:start + n_obj]), header["triple"], header["cpu"], header["features"],
-                     bytes(body[start + n_obj:]))
+                     bytes(body[start + n_obj:]), part_sizes)
     return CacheEntry(key, program, obj, entry_name, kernels)
 
 

@@ -141,10 +141,7 @@ def gpu_info() -> Optional[dict[str, Any]]:
 
 
 def wants_gpu() -> bool:
-    cfg = get_config()
-    if cfg.engine == "reference":
-        return False
-    return cfg.device in ("gpu", "auto") or cfg.engine == "wgpu"
+    return get_config().wants_gpu
 
 
 #: The seed README's name of each engine (`active_engine(alias=True)`).

@@ -20,17 +20,18 @@ import ctypes.util
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 import llvmlite.binding as llvm
 
 from . import faults, threads
-from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, find_libgomp, undefined_symbols  # noqa: F401  (re-exported)
+from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, elf_symbols, find_libgomp, undefined_symbols  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
     from ..codegen.target import Target
@@ -165,6 +166,25 @@ def part_opt_level(llvm_ir: str, opt_level: int) -> int:
     return opt_level
 
 
+# Each call into LLVM from LLVM's thread (`ModuleParts`) returns into Python by taking the GIL
+# back from the caller's thread, busy with the passes and codegen: a wait of up to the switch
+# interval (5 ms) per call. What does not change between modules is made once.
+@functools.lru_cache(maxsize=8)
+def _data_layout(target: Target, opt_level: int) -> str:
+    return str(_cached_target_machine(target, opt_level).target_data)
+
+
+@functools.lru_cache(maxsize=4)
+def _tuning_options(opt_level: int) -> Any:
+    """The new pass manager's options at `opt_level` (the pass builder copies them)."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+    # Our `vectorize` pass already wrote the SIMD code: LLVM's loop and SLP vectorizers
+    # found nothing to add on the CPU benchmark table and cost a fifth of LLVM's time.
+    pto.loop_vectorization = False
+    pto.slp_vectorization = False
+    return pto
+
+
 def _optimize_one(llvm_ir: str, target: Target, opt_level: int, phases: Optional[dict[str, float]]) -> llvm.ModuleRef:
     """One module parsed, verified and optimized (the caller holds `_lock`)."""
     opt_level = part_opt_level(llvm_ir, opt_level)
@@ -177,14 +197,9 @@ def _optimize_one(llvm_ir: str, target: Target, opt_level: int, phases: Optional
         raise JITError(f"LLVM rejected the generated IR: {e}") from e
     t1 = time.thread_time()
     mod.triple = target.triple
-    mod.data_layout = str(tm.target_data)
+    mod.data_layout = _data_layout(target, opt_level)
     if opt_level > 0:
-        pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
-        # Our `vectorize` pass already wrote the SIMD code: LLVM's loop and SLP vectorizers
-        # found nothing to add on the CPU benchmark table and cost a fifth of LLVM's time.
-        pto.loop_vectorization = False
-        pto.slp_vectorization = False
-        pb = llvm.create_pass_builder(tm, pto)
+        pb = llvm.create_pass_builder(tm, _tuning_options(opt_level))
         pb.getModulePassManager().run(mod, pb)
     if phases is not None:
         phases["llvm_parse"] = phases.get("llvm_parse", 0.0) + t1 - t0
@@ -225,7 +240,7 @@ def _emit(mod: llvm.ModuleRef, target: Target, opt_level: int, shared: bool,
     tm = _pic_target_machine(target, opt_level) if pic else _cached_target_machine(target, opt_level)
     data = bytes(tm.emit_object(mod))
     t1, w1 = time.thread_time(), time.perf_counter()
-    shared_lib = _link_shared(data) if pic else b""
+    shared_lib = _link_shared([data]) if pic else b""
     if phases is not None:
         phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + t1 - t0
         phases["llvm_link"] = phases.get("llvm_link", 0.0) + time.perf_counter() - w1
@@ -257,38 +272,52 @@ class ModuleParts:
     """LLVM's work on a program emitted in parts, in a second thread while the caller emits
     the next part (`codegen.llvm.module.emit_program_parts`):
 
-        parts = ModuleParts(target)
+        parts = ModuleParts(target, shared=True)
         try:
             for text in emit_program_parts(program, target):
                 parts.add(text)            # parsed and optimized in the background
-            obj = parts.finish(shared=True)  # linked, emitted, as `compile_llvm_ir`
+            obj = parts.finish()           # the parts' object code (and its shared library)
         finally:
             parts.close()
 
     Code generation is Python (holding the GIL); llvmlite's calls into LLVM release it, so on
-    two cores LLVM optimizes kernel k while Python emits kernel k + 1. `llvmlite.ir` calls no
-    LLVM, so the caller's thread and the worker never use LLVM at once; the worker holds
-    `_lock` for each part as every other compile does. The object is the one
-    `compile_llvm_ir(join_modules(texts))` makes. `phases` gets the worker's CPU seconds
-    for parsing and optimizing, and the caller's for emitting.
+    two cores LLVM optimizes kernel k while Python emits kernel k + 1. llvmlite serializes
+    every call into LLVM, and `llvmlite.ir` calls none, so the caller's thread and the worker
+    never use LLVM at once; the worker holds `_lock` for each part as every other compile does.
 
-    The parts are linked as modules and emitted once, not emitted one by one and joined with
-    `ld -r`: that costs the same CPU (tiny Llama: 4.79 vs 4.86 s, 2026-12-02), saves no wall
-    time while LLVM's thread is the longer one, and MCJIT binds local symbols by name, so
-    the parts' constant-pool labels (`.LCPI0_0` in every part) would all point at one part's
-    constants."""
+    **Object code as the worker finds time.** After optimizing a part, the worker emits its
+    object file right away when no other part is waiting (it would otherwise sit idle until
+    the caller's passes and codegen hand it the next); parts that found other parts queued
+    behind them are linked together by `finish` and emitted as one object, as before. So
+    where the caller's Python is the longer side (a training step's backward graph), object
+    code is made while it runs, and where LLVM is (the tiny Llama's GEMMs at O3), LLVM's
+    queue is not lengthened by emissions, which each have a set-up of their own: emitting
+    every part in the worker was 0.1 s slower on the tiny Llama (2026-12-02). The objects are
+    kept apart (`ObjectCode.part_sizes`) and loaded one by one (`load_object`): joined into
+    one relocatable object (`ld -r`), their local labels (`.LCPI0_0` starts again in each)
+    would be bound by name to one object's constants. With `shared` (and a linker) they are
+    all position independent and `finish` links them into one shared library for the disk
+    cache. `phases` gets the worker's CPU seconds for parsing and optimizing, and emission's
+    wherever it runs."""
 
-    def __init__(self, target: Target, opt_level: int = OPT_LEVEL, phases: Optional[dict[str, float]] = None) -> None:
+    def __init__(self, target: Target, opt_level: int = OPT_LEVEL, phases: Optional[dict[str, float]] = None,
+                 shared: bool = False) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.target, self.opt_level, self.phases = target, opt_level, phases
+        #: Position-independent objects, linked into a shared library by `finish`.
+        self.pic = shared and _linker() is not None
         self.texts: list[str] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchburn-llvm")
         self._futures: list[Any] = []
+        self._waiting = 0  # parts queued and not yet started (the worker's view of its queue)
+        self._count_lock = threading.Lock()
 
     def add(self, llvm_ir: str) -> None:
         """Queue one module for parsing and optimization."""
         self.texts.append(llvm_ir)
+        with self._count_lock:
+            self._waiting += 1
         if self._futures:
             self._futures.append(self._pool.submit(self._optimize, llvm_ir))
             return
@@ -302,23 +331,88 @@ class ModuleParts:
             finally:
                 threading.stack_size(previous)
 
-    def _optimize(self, llvm_ir: str) -> llvm.ModuleRef:
+    def _optimize(self, llvm_ir: str) -> "_PartObject":
+        """One part parsed and optimized, and emitted when nothing waits behind it (in the worker)."""
+        with self._count_lock:
+            self._waiting -= 1
         with _lock:
-            return _optimize_one(llvm_ir, self.target, self.opt_level, self.phases)
+            mod = _optimize_one(llvm_ir, self.target, self.opt_level, self.phases)
+            with self._count_lock:
+                idle = self._waiting == 0
+            level = part_opt_level(llvm_ir, self.opt_level)
+            return _emit_part(mod, self.target, level, self.pic, self.phases) if idle else _PartObject(mod, level)
 
-    def finish(self, shared: bool = False) -> ObjectCode:
-        """Wait for every part, link them and emit the object (a part's error is raised here)."""
+    def finish(self) -> ObjectCode:
+        """Wait for every part; the rest linked and emitted; the objects checked (a part's error
+        is raised here)."""
         if not self._futures:
             raise JITError("no module to compile")
-        modules = [f.result() for f in self._futures]
+        parts: list[_PartObject] = [f.result() for f in self._futures]
+        pending = [p for p in parts if p.data is None]
         with _lock:
-            return _emit(_linked(modules), self.target, _emit_level(self.texts, self.opt_level), shared, self.phases)
+            if pending:
+                t0 = time.thread_time()
+                rest = _linked([p.module for p in pending])
+                parts = [p for p in parts if p.data is not None]
+                parts.append(_emit_part(rest, self.target, max(p.level for p in pending), self.pic, self.phases))
+                if self.phases is not None:  # (the caller's thread: `llvm_emit` less this is the worker's)
+                    self.phases["llvm_emit_caller"] = self.phases.get("llvm_emit_caller", 0.0) + time.thread_time() - t0
+            _check_calls(_undefined_calls(self.texts))
+        objects = [p.data for p in parts if p.data is not None]
+        w0 = time.perf_counter()
+        shared_lib = _link_shared(objects) if self.pic else b""
+        if self.phases is not None:
+            self.phases["llvm_link"] = self.phases.get("llvm_link", 0.0) + time.perf_counter() - w0
+        sizes = tuple(len(o) for o in objects) if len(objects) > 1 else ()
+        return ObjectCode(b"".join(objects), self.target.triple, self.target.cpu, self.target.features,
+                          shared_lib, sizes)
 
     def close(self) -> None:
         """Drop queued parts and stop the worker (after `finish`, or when emitting failed)."""
         for f in self._futures:
             f.cancel()
         self._pool.shutdown(wait=True)
+
+
+class _PartObject:
+    """One optimized part: its object file once emitted, else its module (to be linked with the
+    other parts not emitted yet) and its optimization level."""
+
+    __slots__ = ("module", "level", "data")
+
+    def __init__(self, module: Optional[llvm.ModuleRef], level: int, data: Optional[bytes] = None) -> None:
+        self.module, self.level, self.data = module, level, data
+
+
+def _emit_part(mod: llvm.ModuleRef, target: Target, opt_level: int, pic: bool,
+               phases: Optional[dict[str, float]]) -> _PartObject:
+    """The object file of an optimized module (the caller holds `_lock`)."""
+    t0 = time.thread_time()
+    tm = _pic_target_machine(target, opt_level) if pic else _cached_target_machine(target, opt_level)
+    data = bytes(tm.emit_object(mod))
+    if phases is not None:
+        phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + time.thread_time() - t0
+    return _PartObject(None, opt_level, data)
+
+
+#: A function an LLVM IR text defines or declares (its name group 2, quoted or not).
+_FUNCTION_LINE = re.compile(r'^(define|declare)\b[^@\n]*@(?:"((?:[^"\\]|\\.)*)"|([-\w.$]+))\(', re.M)
+
+
+def _undefined_calls(texts: "list[str]") -> list[str]:
+    """Functions the modules `texts` declare and none of them defines (LLVM's intrinsics aside),
+    read from the text by the caller's thread: a walk of the modules' functions in LLVM's
+    thread would call into LLVM (and wait for the GIL) a few times per function."""
+    defined: set[str] = set()
+    declared: list[str] = []
+    for text in texts:
+        for m in _FUNCTION_LINE.finditer(text):
+            name = m.group(2) if m.group(2) is not None else m.group(3)
+            if m.group(1) == "define":
+                defined.add(name)
+            elif not name.startswith("llvm."):
+                declared.append(name)
+    return [n for n in declared if n not in defined]
 
 
 @functools.lru_cache(maxsize=1)
@@ -333,18 +427,20 @@ def _pic_target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
         cpu=target.cpu, features=target.features, opt=opt_level, reloc="pic", codemodel="small")
 
 
-def _link_shared(pic_object: bytes) -> bytes:
-    """The object linked into a shared library (undefined symbols such as `GOMP_parallel` or
+def _link_shared(pic_objects: "list[bytes]") -> bytes:
+    """The objects linked into one shared library (undefined symbols such as `GOMP_parallel` or
     `expf` are resolved when it is loaded); empty when it cannot be linked."""
     linker = _linker()
-    if not pic_object or linker is None:
+    if not pic_objects or not all(pic_objects) or linker is None:
         return b""
     with tempfile.TemporaryDirectory(prefix="torchburn-link-") as folder:
-        obj, lib = os.path.join(folder, "kernels.o"), os.path.join(folder, "kernels.so")
-        with open(obj, "wb") as f:
-            f.write(pic_object)
+        lib = os.path.join(folder, "kernels.so")
+        objs = [os.path.join(folder, f"part{i}.o") for i in range(len(pic_objects))]
+        for path, data in zip(objs, pic_objects):
+            with open(path, "wb") as f:
+                f.write(data)
         try:
-            done = subprocess.run([linker, "-shared", "-o", lib, obj], capture_output=True, text=True, timeout=60)
+            done = subprocess.run([linker, "-shared", "-o", lib, *objs], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as err:
             log.debug("torchburn: linking a shared library failed: %s", err)
             return b""
@@ -358,8 +454,13 @@ def _link_shared(pic_object: bytes) -> bytes:
 def _check_external_symbols(mod: llvm.ModuleRef) -> None:
     """Fail now, with names, if the code calls functions this process cannot provide: MCJIT
     would otherwise bind them to address 0 and the first call would crash."""
+    _check_calls(f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm."))
+
+
+def _check_calls(names: "Iterable[str]") -> None:
+    """`_check_external_symbols` for the functions `names` (declared, defined nowhere in the code)."""
     _init_llvm()
-    external = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
+    external = list(dict.fromkeys(names))
     if any(n.startswith(("GOMP_", "omp_")) for n in external):
         _openmp(required=True)
     missing = [n for n in external if not llvm.address_of_symbol(n)]
@@ -375,12 +476,19 @@ def _check_object_symbols(obj: ObjectCode) -> None:
     """Refuse an object that calls a function this process lacks, naming it. The object's own
     symbol table is read, not the IR's declarations: the code generator adds calls of its own
     (compiler-rt helpers for operations the CPU has no instruction for), and MCJIT binds a
-    symbol it cannot find to address 0, a crash at the first call. Objects that are not ELF
-    (Mach-O, COFF) are not read; `_check_external_symbols` checked their IR when compiled."""
-    names = undefined_symbols(obj.data)
-    if not names:
-        return
-    missing = sorted({n for n in names if n not in _LINKER_DEFINED and not llvm.address_of_symbol(n)})
+    symbol it cannot find to address 0, a crash at the first call. A symbol one part of the
+    program needs and another defines is bound between them. Objects that are not ELF (Mach-O,
+    COFF) are not read; `_check_external_symbols` checked their IR when compiled."""
+    undefined: set[str] = set()
+    defined: set[str] = set()
+    for data in obj.objects:
+        symbols = elf_symbols(data)
+        if symbols is None:
+            return
+        undefined.update(symbols[0])
+        defined.update(symbols[1])
+    missing = sorted({n for n in undefined - defined
+                      if n not in _LINKER_DEFINED and not llvm.address_of_symbol(n)})
     if missing:
         raise JITError(f"the native code calls functions this process does not provide: {missing} "
                        "(a compiler runtime function the code generator used where the CPU lacks an "
@@ -444,7 +552,8 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
         holder = llvm.parse_assembly("")
         holder.triple = obj.triple
         engine = llvm.create_mcjit_compiler(holder, _target_machine(target, 3))
-        engine.add_object_file(llvm.ObjectFileRef.from_data(obj.data))
+        for data in obj.objects:  # each part on its own: its local labels stay its own
+            engine.add_object_file(llvm.ObjectFileRef.from_data(data))
         engine.finalize_object()
         threads.attach(lambda name: engine.get_global_value_address(name) or None)
         faults.attach(lambda name: engine.get_global_value_address(name) or None)

@@ -1,6 +1,6 @@
 """Object code and its loading without LLVM: what a warm process needs to call cached kernels.
 
-A compiled program is kept as a relocatable object (`ObjectCode.data`), which MCJIT links into
+A compiled program is kept as relocatable objects (`ObjectCode.data`), which MCJIT links into
 the process (`jit.load_object`, needing llvmlite and its ~20 ms import). When a system linker
 (`ld`) is at hand, `jit.compile_llvm_ir(..., shared=True)` also emits a position-independent
 object and links it into a shared library (`ObjectCode.shared`); `load_shared` then loads that
@@ -38,15 +38,37 @@ ENTRY_FUNCTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes
 
 @dataclass(frozen=True)
 class ObjectCode:
-    """A relocatable object file for one target, ready for `jit.load_object` or the disk cache;
+    """Relocatable object code for one target, ready for `jit.load_object` or the disk cache;
     `shared` is the same code linked into a shared library for `load_shared` (empty when no
-    linker was available)."""
+    linker was available).
+
+    `data` is one object file, or several laid end to end (`part_sizes`: their sizes, in
+    order) when a program was emitted a module at a time (`jit.ModuleParts`): each is loaded as
+    an object of its own, so every part keeps its own local labels (`.LCPI0_0` starts again in
+    each), and calls between parts are bound by their global names."""
 
     data: bytes
     triple: str
     cpu: str
     features: str
     shared: bytes = b""
+    #: The sizes of the object files `data` holds, in order; empty: `data` is one object.
+    part_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.part_sizes and sum(self.part_sizes) != len(self.data):
+            raise ValueError(f"object parts of {sum(self.part_sizes)} bytes in all, data of {len(self.data)}")
+
+    @property
+    def objects(self) -> tuple[bytes, ...]:
+        """The object files, each to be loaded on its own."""
+        if not self.part_sizes:
+            return (self.data,)
+        out, pos = [], 0
+        for n in self.part_sizes:
+            out.append(self.data[pos:pos + n])
+            pos += n
+        return tuple(out)
 
     @property
     def uses_openmp(self) -> bool:
@@ -60,19 +82,32 @@ def undefined_symbols(data: bytes) -> Optional[list[str]]:
     COFF, truncated). Read with pyelftools because the backend adds calls LLVM IR never
     declared (compiler-rt's `__truncsfbf2` for a bf16 operation the CPU lacks), and a call the
     loader cannot bind must fail the load, not jump to address 0."""
+    symbols = elf_symbols(data)
+    return None if symbols is None else symbols[0]
+
+
+def elf_symbols(data: bytes) -> Optional[tuple[list[str], list[str]]]:
+    """`(undefined, defined)` global and weak symbol names of an ELF relocatable object (see
+    `undefined_symbols`), or None when `data` is not a readable ELF object."""
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import SymbolTableSection
 
     if not data.startswith(b"\x7fELF"):
         return None
+    undefined: list[str] = []
+    defined: list[str] = []
     try:
         elf = ELFFile(io.BytesIO(data))
-        names = [sym.name for section in elf.iter_sections() if isinstance(section, SymbolTableSection)
-                 for sym in section.iter_symbols()
-                 if sym.name and sym["st_shndx"] == "SHN_UNDEF" and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")]
+        for section in elf.iter_sections():
+            if not isinstance(section, SymbolTableSection):
+                continue
+            for sym in section.iter_symbols():
+                if not sym.name or sym["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK"):
+                    continue
+                (undefined if sym["st_shndx"] == "SHN_UNDEF" else defined).append(sym.name)
     except Exception:  # noqa: BLE001 - pyelftools raises assorted errors on malformed input
         return None
-    return names
+    return undefined, defined
 
 
 def find_libgomp() -> Optional[str]:

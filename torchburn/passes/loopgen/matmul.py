@@ -663,18 +663,22 @@ class GemmBuilder(NestHelpers):
             # Blocks of PACK_BLOCK k x PACK_GROUP columns, one short loop along k (the rows of
             # B') per column, the columns of a group written out. No loop here stores with unit
             # stride, so a vectorizer leaves them scalar (gathers are slower on this copy).
-            kb16, jg = self.var("kb"), self.var("jg")
+            # The short k loop is kept rolled (`lp.KEEP_ROLLED`) around the columns of a group,
+            # a loop marked `unrolled`: PACK_GROUP stores in the IR, not PACK_BLOCK x PACK_GROUP
+            # in every GEMM kernel for every later stage. Each column's address arithmetic (a
+            # division where B' is a view) stays outside the k loop; LLVM unrolls that loop.
+            kb16, jg, c = self.var("kb"), self.var("jg"), self.var("jc")
             kb.push()
             k_first = ex.mul(kb16, Const(PACK_BLOCK))
             kn = self.let(ex.minimum(Const(PACK_BLOCK), ex.sub(kc, k_first)), "kn")
             kb.push()
-            for c in range(PACK_GROUP):
-                kk = self.var("kk")
-                k = ex.add(k_first, kk)
-                jj = ex.add(ex.mul(jg, Const(PACK_GROUP)), Const(c))
-                idx = tuple(ex.substitute(i, {kv.name: k, jv.name: ex.add(jb, jj)}) for i in load.index)
-                store = lp.Store(pb, (jp, k, jj), ex.cast(ex.Load(load.buffer, idx, ScalarType(self.mm_t)), self.acc_t))
-                kb.emit(self.loop(kk, kn, store))
+            kk = self.var("kk")
+            k = ex.add(k_first, kk)
+            jj = ex.add(ex.mul(jg, Const(PACK_GROUP)), c)
+            idx = tuple(ex.substitute(i, {kv.name: k, jv.name: ex.add(jb, jj)}) for i in load.index)
+            store = lp.Store(pb, (jp, k, jj), ex.cast(ex.Load(load.buffer, idx, ScalarType(self.mm_t)), self.acc_t))
+            columns = self.loop(c, Const(PACK_GROUP), store, kind="unrolled")
+            kb.emit(self.loop(kk, kn, columns, annotations=(lp.KEEP_ROLLED,)))
             kb.emit(self.loop(jg, Const(plan.nr // PACK_GROUP), kb.pop()))
             full = self.loop(kb16, _cdiv_expr(kc, PACK_BLOCK), kb.pop())
         else:
