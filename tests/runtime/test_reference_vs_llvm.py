@@ -120,3 +120,30 @@ def test_random_expressions_agree_with_llvm(case: tuple[ex.Expr, object], seed: 
                                    equal_nan=True, err_msg=str(e))
     else:
         np.testing.assert_array_equal(native, golden, err_msg=str(e))
+
+
+@pytest.mark.parametrize("op,lanes", [("add", 4), ("mul", 4), ("add", 8), ("add", 16), ("mul", 16)])
+def test_vector_reduce_order_is_the_same_tree_in_both_engines(op: str, lanes: int) -> None:
+    """Float `vreduce_add`/`vreduce_mul` combine lanes as a halving tree in both engines (the
+    sequential order rounds otherwise: 305^4 as ((305*305)*305)*305 is 8653649920 in f32, as
+    (305*305)*(305*305) 8653650944; 1e8 + 1 - 1e8 + 1 is 1 lane by lane, 2 as a tree)."""
+    t = ex.ScalarType(dt.f32, lanes)
+    e = ex.VectorReduce(op, ex.Var("v", t), ex.ScalarType(dt.f32))
+    program = _program(e, {"v": t})
+    if op == "mul":
+        x = np.full(lanes, 305.0, np.float32)
+        x[lanes // 2:] = np.linspace(1.5, 2.5, lanes - lanes // 2)
+        x[: min(4, lanes)] = 305.0
+    else:
+        x = np.ones(lanes, np.float32)
+        x[0], x[lanes // 2] = 1e8, -1e8
+    golden, native = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    syms = (ctypes.c_int64 * 2)(0, 0)
+    ReferenceEntry(program)((ctypes.c_void_p * 2)(x.ctypes.data, golden.ctypes.data), syms, None)
+    Compiled(program).entry(ctypes.addressof((ctypes.c_void_p * 2)(x.ctypes.data, native.ctypes.data)),
+                            ctypes.addressof(syms), None)
+    sequential = np.float32(x[0])
+    for value in x[1:]:
+        sequential = np.float32(sequential + value if op == "add" else sequential * value)
+    assert native[0] == golden[0], (native, golden)
+    assert golden[0] != sequential, "the example does not tell the orders apart"

@@ -268,6 +268,12 @@ class Broadcast(Expr):
 class VectorReduce(Expr):
     """Combine the lanes of a vector into a scalar (`add`, `mul`, `min`, `max`, `and`, `or`).
 
+    Float `add` and `mul` combine the lanes as a halving tree when their count is a power of
+    two (lane i with lane i + n/2, then the same on the first half, down to one lane), the
+    order LLVM's reassociable `llvm.vector.reduce` takes on every SIMD target: a vectorized
+    reduction has already reassociated the sum, and the tree is what the hardware does fast.
+    Other lane counts, and the other ops, fold from the first lane to the last.
+
     Text: `vreduce_add(v)`.
     """
 

@@ -66,11 +66,21 @@ REDUCE_OPS: dict[str, str] = {op: op for op in ("add", "mul", "min", "max", "and
 
 
 def vector_reduce(op: str, dtype: DType, value: Any) -> Any:
-    """Fold the lanes (last axis) of `value` from the first lane to the last; f16 and bf16
-    lanes are combined in f32 and rounded once at the end (as `codegen/llvm/reduce.py`)."""
+    """Combine the lanes (last axis) of `value` in `VectorReduce`'s order: float `add`/`mul`
+    of a power-of-two lane count as a halving tree (lane i with lane i + n/2, as
+    `codegen/llvm/reduce.py`'s reassociable reduction), anything else from the first lane to
+    the last; f16 and bf16 lanes are combined in f32 and rounded once at the end."""
     wide = dt.compute_dtype(dtype)
     v = np.asarray(value if wide == dtype else cast(value, dtype, wide))
-    acc = v[..., 0]
-    for k in range(1, v.shape[-1]):
-        acc = semantics.evaluate(REDUCE_OPS[op], wide, acc, v[..., k])
+    fn = REDUCE_OPS[op]
+    n = v.shape[-1]
+    if wide.kind == "f" and op in ("add", "mul") and n & (n - 1) == 0:
+        while v.shape[-1] > 1:
+            h = v.shape[-1] // 2
+            v = np.asarray(semantics.evaluate(fn, wide, v[..., :h], v[..., h:]))
+        acc = v[..., 0]
+    else:
+        acc = v[..., 0]
+        for k in range(1, n):
+            acc = semantics.evaluate(fn, wide, acc, v[..., k])
     return acc if wide == dtype else cast(acc, wide, dtype)
