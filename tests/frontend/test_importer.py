@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import torchburn  # noqa: F401  (registers the backend)
-from tests.helpers import run_compiled
+from tests.helpers import assert_fully_compiled, run_compiled
 
 
 def test_a_python_int_made_dynamic_is_an_argument_of_its_own() -> None:
@@ -27,3 +27,23 @@ def test_a_derived_size_argument_still_needs_no_input() -> None:
         x = torch.randn(n, 4)
         out, _ = run_compiled(f, x, dynamic=True)
         torch.testing.assert_close(out, f(x))
+
+
+def test_sizes_a_lowering_writes_otherwise_than_torch_meet_in_a_matmul() -> None:
+    """`repeat` of 4 heads by a dynamic count `s0` has size `s0 * 4` as its lowering writes it
+    and `4*s0` in torch's metadata (which the view of `a` takes); the batched matmul of the two
+    needs equal batch dims (DeBERTa-v2's relative attention under dynamic=True raised
+    'matmul: batch dimensions differ')."""
+    def f(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        heads = w.repeat(a.shape[0], 1, 1)                  # [s0 * 4, 5, 6]
+        return torch.bmm(a.reshape(-1, 3, 5), heads)        # [4*s0, 3, 5] x [s0 * 4, 5, 6]
+
+    w = torch.randn(4, 5, 6)
+    records = []
+    for batch in (2, 3):
+        a = torch.randn(batch, 4, 3, 5)
+        out, new = run_compiled(f, a, w, dynamic=True, reset=batch == 2)
+        torch.testing.assert_close(out, f(a, w))
+        records += new
+    assert len(records) == 1  # one compilation for both batches
+    assert_fully_compiled(records)

@@ -1,7 +1,7 @@
 """Symbolic sizes: turn torch's SymInts (sympy expressions) into IR index expressions."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import sympy
 import torch
@@ -55,6 +55,34 @@ def sympy_to_expr(e: Any) -> Expr:
             acc = ex.mul(acc, base)
         return acc
     raise UnsupportedSymbolic(f"symbolic size {e} ({name}) cannot be expressed in index arithmetic")
+
+
+def expr_to_sympy(e: Expr) -> Optional[sympy.Expr]:
+    """An IR index expression of sums, differences and products of sizes as sympy, or None for
+    anything else (divisions, minima)."""
+    if isinstance(e, ex.Const) and isinstance(e.value, int):
+        return sympy.Integer(e.value)
+    if isinstance(e, ex.Var):
+        return sympy.Symbol(e.name, integer=True, positive=True)
+    if isinstance(e, ex.Binary) and e.op in ("add", "sub", "mul"):
+        a, b = expr_to_sympy(e.a), expr_to_sympy(e.b)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b if e.op == "sub" else a * b
+    return None
+
+
+def same_size(e: Expr, s: Union[int, torch.SymInt]) -> bool:
+    """Whether the IR expression `e` provably equals the size `s` (a polynomial identity in the
+    size symbols): `s0 * 4` is `4*s0`, as torch writes it."""
+    if e == size_to_expr(s):
+        return True
+    mine = expr_to_sympy(e)
+    if mine is None:
+        return False
+    theirs = s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
+    names = {str(v): sympy.Symbol(str(v), integer=True, positive=True) for v in theirs.free_symbols}
+    return sympy.expand(mine - theirs.subs(names)) == 0
 
 
 def size_to_expr(s: Union[int, torch.SymInt]) -> Expr:
