@@ -47,3 +47,22 @@ def test_sizes_a_lowering_writes_otherwise_than_torch_meet_in_a_matmul() -> None
         records += new
     assert len(records) == 1  # one compilation for both batches
     assert_fully_compiled(records)
+
+
+def test_a_clamped_slice_length_torch_knows_to_be_a_size_meets_it() -> None:
+    """A slice's length is written with the clamps of its bounds (`min(s1, 16) - 0`...), which
+    torch's shape environment resolves to `s1` (it guarded on the length fitting); adding the
+    slice to a tensor of length `s1` needs the sizes equal (Whisper's encoder positions under
+    dynamic=True raised 'expand: cannot expand dim of size s1')."""
+    def f(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return x + table[1: x.shape[1] + 1]
+
+    table = torch.randn(16, 8)
+    records = []
+    for length in (5, 9):
+        x = torch.randn(2, length, 8)
+        out, new = run_compiled(f, x, table, dynamic=True, reset=length == 5)
+        torch.testing.assert_close(out, f(x, table))
+        records += new
+    assert len(records) == 1
+    assert_fully_compiled(records)
