@@ -397,3 +397,27 @@ def test_weight_norm_backward(dim: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(a, b, **tol)
     assert {r.kind for r in records} >= {"forward", "backward"}
     assert_fully_compiled(records)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_backward(p: float) -> None:
+    """Both inputs' gradients of `torch.cdist` compile (`_cdist_backward` was left to PyTorch)
+    and equal eager's, a zero distance (a row of `x1` repeated in `x2`) and a zero difference
+    in one coordinate included."""
+    x1 = torch.randn(2, 5, 3)
+    x2 = torch.randn(2, 4, 3)
+    x2[:, 1] = x1[:, 2]
+    x2[:, 3, 0] = x1[:, 0, 0]
+    x1.requires_grad_()
+    x2.requires_grad_()
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, p=p)
+
+    expected, _ = _grads(fn, x1, x2)
+    torch._dynamo.reset()
+    got, records = _grads(torch.compile(fn, backend="torchburn", fullgraph=True), x1, x2)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert {r.kind for r in records} >= {"forward", "backward"}
+    assert_fully_compiled(records)
