@@ -1,10 +1,12 @@
-"""The FX importer: symbolic integer arguments become symbols the launcher binds."""
+"""The FX importer: symbolic integer arguments become symbols the launcher binds; symbolic sizes
+written in different forms meet."""
 from __future__ import annotations
 
 import torch
 
 import torchburn  # noqa: F401  (registers the backend)
 from tests.helpers import assert_fully_compiled, run_compiled
+from torchburn.ir.expr import Const, Var
 
 
 def test_a_python_int_made_dynamic_is_an_argument_of_its_own() -> None:
@@ -66,3 +68,23 @@ def test_a_clamped_slice_length_torch_knows_to_be_a_size_meets_it() -> None:
         records += new
     assert len(records) == 1
     assert_fully_compiled(records)
+
+
+def test_broadcast_of_one_size_written_two_ways() -> None:
+    """torch's metadata does not always simplify a size (`((s0 // 4) ** 2) // (s0 // 4)` for
+    ConvNeXt's `s0 // 4` under dynamic=True); the broadcast of an elementwise op takes such
+    sizes as equal (the graph's guards), and the operand of the other form is reshaped to the
+    common one instead of failing in `expand` ('cannot expand dim of size ...')."""
+    from torchburn.frontend.builder import Builder
+    from torchburn.ir import dtypes as dt
+    from torchburn.ir import expr as ex
+    from torchburn.ir.tensor import Graph, TensorType, Value
+
+    s = ex.floordiv(Var("s0"), 4)
+    other = ex.floordiv(ex.mul(s, s), s)
+    a = Value("a", TensorType(dt.f32, (Var("b"), s)))
+    c = Value("c", TensorType(dt.f32, (Const(1), other)))
+    g = Graph("g", [a, c, Var("b"), Var("s0")])
+    out = Builder(g).elementwise("add", a, c)
+    assert out.shape == (Var("b"), s)
+    assert [op.name for op in g.ops] == ["reshape", "expand", "add"]
