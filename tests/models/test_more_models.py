@@ -9,9 +9,10 @@ sets it apart, against eager with nothing in PyTorch outside `NOT_COMPILED`:
 - a GRU/LSTM stack under no_grad (its zero initial state times the weights is a GEMM with a
   constant operand, once an internal error), wav2vec2 (weight-normalized convolution, whose
   backward was left to PyTorch) and embedding bags (likewise) through a training step;
-- Phi with dynamic shapes (Python floats become 0-d tensors: `aten.true_divide`).
+- Phi with dynamic shapes (Python floats become 0-d tensors: `aten.true_divide`), ConvNeXt with
+  dynamic image sizes.
 
-Tolerances as in `test_model_suite.py`. About 90 CPU-seconds in all.
+Tolerances as in `test_model_suite.py`. About 100 CPU-seconds in all.
 """
 from __future__ import annotations
 
@@ -89,4 +90,23 @@ def test_dynamic_shapes_phi() -> None:
     for got, expected in pairs:
         torch.testing.assert_close(got, expected, **OUT_TOL)
     assert len([r for r in records if r.kind == "forward"]) == 1
+    assert_compiled_whole(records)
+
+
+def test_dynamic_image_size_convnext() -> None:
+    """ConvNeXt with dynamic image sizes: sizes `s // 4` read from convolution outputs (once
+    five subgraphs), a view of a permuted convolution output (once wrong results), sizes
+    torch leaves unsimplified (`((s // 4) ** 2) // (s // 4)`, once an internal error)."""
+    model, _ = _inputs("convnext")
+    pick = zoo_more.CASES["convnext"].pick
+    f = compiled(model, dynamic=True)
+    with torch.no_grad():
+        def run_all() -> list[tuple[torch.Tensor, torch.Tensor]]:
+            images = [torch.randn(2, 3, s, s, generator=torch.Generator().manual_seed(s)) for s in (32, 48)]
+            return [(pick(f(pixel_values=x)), pick(model(pixel_values=x))) for x in images]
+
+        pairs, records = recording(run_all)
+    for got, expected in pairs:
+        torch.testing.assert_close(got, expected, **OUT_TOL)
+    assert [len(r.subgraphs) for r in records] == [1]
     assert_compiled_whole(records)
