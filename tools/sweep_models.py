@@ -37,7 +37,7 @@ SLOW = 3.0
 def _classify(records: list[Any]) -> str:
     from torchburn.frontend.partition import is_deliberate
 
-    if not any(s.compiled for r in records for s in r.subgraphs):
+    if not records:
         return "nothing compiled (Dynamo handed the backend no graph)"
     stray = sorted({f"{op} ({why})" for r in records for op, why in r.fallbacks if not is_deliberate(op, why)})
     stray += sorted({f"subgraph {s.name} ({s.reason})" for r in records for s in r.subgraphs if not s.compiled})
