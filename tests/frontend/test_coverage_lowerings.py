@@ -2,10 +2,12 @@
 samples may not reach (offsets, negative dims, empty results, dtypes)."""
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import pytest
 import torch
 
-from tests.helpers import check
+from tests.helpers import assert_fully_compiled, check
 
 
 @pytest.mark.parametrize("offset, dims", [(0, (0, 1)), (2, (0, 1)), (-1, (0, 1)), (1, (2, 0)), (-3, (1, 2)),
@@ -324,3 +326,98 @@ def test_embedding_bag_all_bags_empty_and_ties() -> None:
     for mode in (0, 1, 2):
         check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, False, -1),
               weight, torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0, 0]))
+
+
+def _grads(fn: Any, *args: torch.Tensor) -> tuple[list[torch.Tensor], list[Any]]:
+    """Gradients of `(fn(*args) * r).sum()` for a fixed random `r` (eager when `fn` is
+    uncompiled), w.r.t. the float arguments that require grad."""
+    from torchburn.backend import report as rep
+
+    wrt = [a for a in args if a.requires_grad]
+    records = rep.start_recording()
+    try:
+        out = fn(*args)
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
+        grads = list(torch.autograd.grad((out * cot).sum(), wrt))
+    finally:
+        rep.stop_recording()
+    return grads, list(records)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 4])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_backward(mode: str, padding_idx: Optional[int], include_last_offset: bool) -> None:
+    """The weight's gradient (and the per-sample weights', in sum mode) compiles in the backward
+    graph (`_embedding_bag_backward` was left to PyTorch) and equals eager's: empty bags, a
+    repeated index, padding rows. With `scale_grad_by_freq` the backward stays with PyTorch
+    (its kernel's scaling is not the documented one, see the decomposition) and still equals
+    eager's (max mode refuses it)."""
+    indices, offsets = _bags(include_last_offset)
+    for freq in (False,) if mode == "max" else (False, True):
+        def fn(w: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding_bag(indices, w, offsets, mode=mode, scale_grad_by_freq=freq,
+                                                     include_last_offset=include_last_offset,
+                                                     padding_idx=padding_idx,
+                                                     per_sample_weights=p if mode == "sum" else None)
+
+        weight = torch.randn(10, 3, requires_grad=True)
+        psw = torch.randn(indices.shape[0], requires_grad=mode == "sum")
+        args = (weight, psw) if mode == "sum" else (weight, psw.detach())
+        expected, _ = _grads(fn, *args)
+        torch._dynamo.reset()
+        got, records = _grads(torch.compile(fn, backend="torchburn", fullgraph=True), *args)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+        assert {r.kind for r in records} >= {"forward", "backward"}
+        if freq:
+            assert [op for r in records for op in r.fallback_ops] == ["aten._embedding_bag_backward.default"]
+        else:
+            assert_fully_compiled(records)
+
+
+@pytest.mark.parametrize("dim", [0, 2, -1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_norm_backward(dim: int, dtype: torch.dtype) -> None:
+    """`w = g * v / ||v||` (`torch._weight_norm`, which `nn.utils.weight_norm` and its
+    parametrization call): the gradients of `v` and `g` compile (`_weight_norm_interface_backward`
+    was left to PyTorch) and equal eager's; dims 0 and last take the fused interface, -1 (the
+    norm of the whole tensor) torch's own decomposition."""
+    v = torch.randn(6, 4, 5, dtype=dtype, requires_grad=True)
+    g = torch.randn([6, 1, 1] if dim == 0 else [1, 1, 5] if dim == 2 else [], dtype=dtype).requires_grad_()
+
+    def fn(v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch._weight_norm(v, g, dim) * 2
+
+    expected, _ = _grads(fn, v, g)
+    torch._dynamo.reset()
+    got, records = _grads(torch.compile(fn, backend="torchburn", fullgraph=True), v, g)
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **tol)
+    assert {r.kind for r in records} >= {"forward", "backward"}
+    assert_fully_compiled(records)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_backward(p: float) -> None:
+    """Both inputs' gradients of `torch.cdist` compile (`_cdist_backward` was left to PyTorch)
+    and equal eager's, a zero distance (a row of `x1` repeated in `x2`) and a zero difference
+    in one coordinate included."""
+    x1 = torch.randn(2, 5, 3)
+    x2 = torch.randn(2, 4, 3)
+    x2[:, 1] = x1[:, 2]
+    x2[:, 3, 0] = x1[:, 0, 0]
+    x1.requires_grad_()
+    x2.requires_grad_()
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, p=p)
+
+    expected, _ = _grads(fn, x1, x2)
+    torch._dynamo.reset()
+    got, records = _grads(torch.compile(fn, backend="torchburn", fullgraph=True), x1, x2)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert {r.kind for r in records} >= {"forward", "backward"}
+    assert_fully_compiled(records)

@@ -413,3 +413,19 @@ def test_new_ops_parse_print_and_lower() -> None:
     # The scatter kernel copies its input, then updates through the index in a second nest.
     assert isinstance(scatter.body, lp.Block) and len(scatter.body.stmts) == 2
     assert all(isinstance(n, lp.For) for n in scatter.body.stmts)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "lstm_bidirectional_batch_first", "lstm_no_bias_given_state", "gru"])
+def test_recurrent_layers_without_grad(kind: str) -> None:
+    """Without grad, torch's `lstm` decomposition runs each layer as oneDNN's fused
+    `mkldnn_rnn_layer` (decomposed here into the recurrence, once left to PyTorch); its zero
+    initial state times W_hh is a GEMM with a constant operand (once an internal error)."""
+    torch.manual_seed(0)
+    bidirectional = kind == "lstm_bidirectional_batch_first"
+    cls = torch.nn.GRU if kind == "gru" else torch.nn.LSTM
+    rnn = cls(6, 5, num_layers=2, bias=kind != "lstm_no_bias_given_state", batch_first=bidirectional,
+              bidirectional=bidirectional).eval()
+    x = torch.randn((3, 4, 6) if bidirectional else (4, 3, 6))
+    state = (torch.randn(2, 3, 5), torch.randn(2, 3, 5)) if kind == "lstm_no_bias_given_state" else None
+    with torch.no_grad(), torch._dynamo.config.patch(allow_rnn=True):
+        check(lambda x: rnn(x, state), x, **TOL)

@@ -158,3 +158,33 @@ def test_a_lone_slice_keeps_its_index_arithmetic() -> None:
     program = lower(stacked(1))  # nothing to share: the kernel's code stays as it was
     assert all(not c.offsets for c in program.calls)
     assert any(b.name == "c" for b in program.kernels[0].params)
+
+
+def test_reshape_index_with_sizes_that_are_not_products() -> None:
+    """A reshape between shapes whose sizes are not products of symbols (`s1 // 4`, a
+    convolution's output under dynamic shapes) maps every element where row-major order puts
+    it. Two such sizes were once taken for equal products whatever they were: `[s0, h * h, 8]`
+    read `[s0, h, h, 8]` at `[i0, i1, i2 // 8, i2 % 8]` (wrong results after a convolution,
+    permute and view in ConvNeXt-like code under dynamic=True)."""
+    import itertools
+
+    from torchburn.ir.expr import Const, Var
+    from torchburn.passes.loopgen.views import regroup_index
+
+    h = ex.floordiv(Var("s1"), 4)
+    h_other = ex.add(ex.floordiv(ex.sub(Var("s1"), 4), 4), 1)  # the same size, written otherwise
+    cases = [((Var("s0"), ex.mul(h, h), Const(8)), (Var("s0"), h, h, Const(8))),
+             ((Var("s0"), h, h, Const(8)), (Var("s0"), ex.mul(h, h), Const(8))),
+             ((Var("s0"), Const(8), h, h), (Var("s0"), Const(8), h_other, h_other)),
+             ((ex.mul(Var("s0"), h), Const(2)), (Var("s0"), h, Const(2)))]
+    env = {"s0": 2, "s1": 13}
+    for shape, to in cases:
+        sizes = [ex.evaluate_index(d, env) for d in shape]
+        target = [ex.evaluate_index(d, env) for d in to]
+        flat = np.arange(int(np.prod(sizes)))
+        src, dst = flat.reshape(target), flat.reshape(sizes)
+        names = [Var(f"i{k}") for k in range(len(shape))]
+        index = regroup_index(tuple(names), shape, to)
+        for point in itertools.product(*(range(n) for n in sizes)):
+            at = {**env, **{v.name: p for v, p in zip(names, point)}}
+            assert src[tuple(ex.evaluate_index(e, at) for e in index)] == dst[point], (shape, to, point)

@@ -375,6 +375,39 @@ def test_empty_dims() -> None:
     np.testing.assert_allclose(out, np.exp(np.broadcast_to(bias, (6, 5))), rtol=1e-6)
 
 
+@pytest.mark.parametrize("swap", [None, False, True])
+@pytest.mark.parametrize("constant", ["a", "b"])
+def test_constant_operand(constant: str, swap: Optional[bool]) -> None:
+    """One operand a `full` fused into the GEMM (an RNN's zero initial state times its weight):
+    probing that operand emits no statement, and the scope it closes must still be closed (the
+    kernel builder once left its statement list open, and the pack loop's lets landed outside
+    their loop: 'variable j4 is not bound')."""
+    m, n, k = 6, 40, 9
+    const = f"f32[{m}, {k}]" if constant == "a" else f"f32[{k}, {n}]"
+    other = f"%x: f32[{k}, {n}]" if constant == "a" else f"%x: f32[{m}, {k}]"
+    operands = "%2, %x" if constant == "a" else "%x, %2"
+    text = textwrap.dedent(f"""\
+        graph @g({other}, %bias: f32[{n}]) {{
+          %0 = full() {{shape = [], value = 1.5, dtype = f32}} : f32[]
+          %1 = reshape(%0) {{shape = [1, 1]}} : f32[1, 1]
+          %2 = expand(%1) {{shape = [{const[4:-1]}]}} : {const}
+          %3 = matmul({operands}) : f32[{m}, {n}]
+          %4 = expand(%bias) {{shape = [{m}, {n}]}} : f32[{m}, {n}]
+          %5 = add(%3, %4) : f32[{m}, {n}]
+          %6 = tanh(%5) : f32[{m}, {n}]
+          return %6
+        }}""")
+    c = Compiled(text, swap=swap)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((k, n) if constant == "a" else (m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    c({"x": x, "bias": bias, "out0": out})
+    full = np.full((m, k) if constant == "a" else (k, n), 1.5)
+    product = full @ x if constant == "a" else x @ full
+    np.testing.assert_allclose(out, np.tanh(product + bias), rtol=1e-5, atol=1e-5)
+
+
 def test_symbolic_sizes() -> None:
     """Symbolic M, N and K: run-time blocking, both plans behind a test of M."""
     c = Compiled(matmul_graph("s0", 70, 40, b_transposed=True, epilogue="tanh"))

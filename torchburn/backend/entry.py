@@ -161,6 +161,7 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
     """`compile_fx_graph`'s work (its report filled in, but for the time)."""
     from ..frontend.inplace_writes import mark_slot_writes
     from ..frontend.item_fold import fold_item_round_trips
+    from ..frontend.size_nodes import sizes_from_inputs
     from ..frontend.view_outputs import views_to_pytorch
 
     lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
@@ -168,6 +169,7 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
     if kind == "backward":  # saved activations as the compiled forward lays them out
         restride_placeholders(gm, example_inputs)
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
+    sizes_from_inputs(gm)  # likewise; sizes no longer cut the graph
     views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
     mark_slot_writes(gm)  # a mutated input's few written elements are stored in place
     config = get_config()

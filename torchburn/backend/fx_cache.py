@@ -268,10 +268,10 @@ def replay(gm: torch.fx.GraphModule, key: str, disk: DiskCache, report: rep.Grap
         if compiled is None:
             return None
         loaded.append((compiled, time.perf_counter() - t0))
-    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+    from ..frontend.fuse_parts import fuse_parts
 
     parts = [{nodes[name]: order for name, order in part} for part in manifest.plan]
-    module = fuse_by_partitions(gm, parts, prefix="fused_") if parts else gm
+    module = fuse_parts(gm, parts)
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
     if len(names) != len(manifest.subgraphs):
         raise RuntimeError(f"FX graph cache entry {key[:16]}: the plan gave {len(names)} subgraphs, "

@@ -174,8 +174,19 @@ class Builder:
         return self.op("expand", v, shape=shape)
 
     def broadcast(self, *vals: Value) -> list[Value]:
+        """`vals` expanded to their common shape. A symbolic size written otherwise than the
+        common one (`(s0 * s0) // s0` against `s0`: torch's metadata does not always simplify)
+        is the same size at run time by the graph's guards (see `broadcast_shapes`): that
+        operand is first reshaped to the common form, a view, so that `expand` only grows
+        dims of size 1."""
         shape = self.broadcast_shapes(*(v.shape for v in vals))
-        return [self.expand(v, shape) for v in vals]
+        out = []
+        for v in vals:
+            lead = len(shape) - v.type.rank
+            aligned = tuple(d if d == Const(1) or d == shape[lead + j] else shape[lead + j]
+                            for j, d in enumerate(v.shape))
+            out.append(self.expand(self.reshape(v, aligned), shape))
+        return out
 
     def reshape(self, v: Value, shape: Sequence[Expr]) -> Value:
         shape = tuple(ex.as_expr(d) for d in shape)

@@ -13,6 +13,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from .embedding_bag_decompositions import embedding_bag_decompositions
+from .grad_decompositions import grad_decompositions
 from .nn_decompositions import nn_decompositions
 from .sampling_decompositions import sampling_decompositions
 from .scatter_decompositions import scatter_decompositions
@@ -90,6 +91,7 @@ def _build(core: Mapping[Any, Callable[..., Any]]) -> dict[Any, Callable[..., An
     table.update(get_decompositions(list(EXTRA)))
     table.update(nn_decompositions())
     table.update(embedding_bag_decompositions())
+    table.update(grad_decompositions())
     table.update(sampling_decompositions())
     table.update(scatter_decompositions())
     for op in _overloads(KEEP):

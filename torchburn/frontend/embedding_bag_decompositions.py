@@ -29,6 +29,21 @@ Sums and means of half-precision weights accumulate in float32, as the kernel's 
 Indices are clamped into the table before the gather: eager rejects out-of-range ones, and the
 compiled code must not read outside `weight` whatever it is given.
 
+The gradient: the decomposition runs below autograd, so AOTAutograd differentiates
+`_embedding_bag` itself and its backward graph holds ATen's fused `_embedding_bag_backward`
+(and `_embedding_bag_per_sample_weights_backward` for the per-sample weights), decomposed
+here as the CPU kernels compute them. The bags are found again from `offsets` (the forward's
+`offset2bag` is empty on the sum fast path), the number of bags is the gradient's row count:
+
+    sum, mean:  grad_weight[indices[i]] += grad[bag[i]] * psw[i] / bag_size[bag[i]] (mean)
+    max:        grad_weight[max_indices[b, d], d] += grad[b, d]      (non-empty bags)
+    psw:        grad_psw[i] = dot(grad[bag[i]], weight[indices[i]])  (sum mode)
+
+padding indices take no gradient in any of them. `scale_grad_by_freq` stays with PyTorch: its
+kernel divides the gradient of the i-th distinct index by the count of the i-th *sorted*
+index (of `[1, 1, 4, 7]`, index 4's by the count of 1), which is not the count its
+documentation describes, and a compiled gradient is to equal eager's.
+
 `max_norm` makes `F.embedding_bag` (and `F.embedding`) first renormalize, in place, the rows
 its indices name: `aten.embedding_renorm` after functionalization. Each named row whose
 `norm_type`-norm exceeds `max_norm` is scaled by `max_norm / (norm + 1e-7)`, as the kernel does;
@@ -148,10 +163,64 @@ def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: floa
     return (wide * scale.unsqueeze(1)).to(weight.dtype)
 
 
+def _bags_of(offsets: torch.Tensor, n: int, bags: int) -> torch.Tensor:
+    """Each of `n` indices' bag, from the first `bags` offsets (module docstring)."""
+    pos = torch.arange(n, dtype=torch.int64, device=offsets.device)
+    bag = torch.searchsorted(offsets[:bags].to(torch.int64), pos, right=True) - 1
+    return bag.clamp(0, max(bags - 1, 0))
+
+
+def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                           offset2bag: torch.Tensor, bag_size: torch.Tensor, maximum_indices: torch.Tensor,
+                           num_weights: int, scale_grad_by_freq: bool, mode: int, sparse: bool,
+                           per_sample_weights: Optional[torch.Tensor], padding_idx: int = -1) -> Any:
+    """`aten._embedding_bag_backward`, dense (module docstring): the weight's gradient."""
+    if sparse or scale_grad_by_freq or indices.dim() != 1 or offsets.dim() != 1 or grad.dim() != 2 \
+            or mode not in (MODE_SUM, MODE_MEAN, MODE_MAX):
+        return NotImplemented
+    n, bags, dim = indices.shape[0], grad.shape[0], grad.shape[1]
+    acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    out = torch.zeros((num_weights, dim), dtype=acc, device=grad.device)
+    if mode == MODE_MAX:
+        rows = maximum_indices.to(torch.int64).clamp(0, max(num_weights - 1, 0))
+        live = (bag_size[:bags] > 0).unsqueeze(1)  # (a padding index is never a bag's maximum)
+        vals = torch.where(live, grad.to(acc), torch.zeros((), dtype=acc, device=grad.device))
+        cols = torch.arange(dim, device=grad.device).unsqueeze(0).expand(bags, dim)
+        return aten.index_put(out, [rows, cols], vals, accumulate=True).to(grad.dtype)
+    idx = indices.to(torch.int64)
+    safe = idx.clamp(0, max(num_weights - 1, 0))
+    bag = _bags_of(offsets, n, bags)
+    scale = torch.where(idx != padding_idx, 1.0, 0.0).to(acc)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.to(acc)
+    if mode == MODE_MEAN:
+        scale = scale / bag_size.index_select(0, bag).clamp(min=1).to(acc)
+    rows = grad.to(acc).index_select(0, bag) * scale.unsqueeze(1)
+    return aten.index_put(out, [safe], rows, accumulate=True).to(grad.dtype)
+
+
+def embedding_bag_per_sample_weights_backward(grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor,
+                                              offsets: torch.Tensor, offset2bag: torch.Tensor, mode: int,
+                                              padding_idx: int = -1) -> Any:
+    """`aten._embedding_bag_per_sample_weights_backward` (module docstring)."""
+    if mode != MODE_SUM or indices.dim() != 1 or offsets.dim() != 1 or grad.dim() != 2:
+        return NotImplemented
+    n, vocab = indices.shape[0], weight.shape[0]
+    acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    idx = indices.to(torch.int64)
+    bag = _bags_of(offsets, n, grad.shape[0])
+    rows = weight.index_select(0, idx.clamp(0, max(vocab - 1, 0))).to(acc)
+    dots = (grad.to(acc).index_select(0, bag) * rows).sum(1)
+    return torch.where(idx != padding_idx, dots, torch.zeros((), dtype=acc, device=grad.device)).to(grad.dtype)
+
+
 def embedding_bag_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions to add to TorchBurn's table."""
     return {
         aten._embedding_bag.default: embedding_bag,
         aten._embedding_bag_forward_only.default: embedding_bag_forward_only,
         aten.embedding_renorm.default: embedding_renorm,
+        aten._embedding_bag_backward.default: embedding_bag_backward,
+        aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
     }
+

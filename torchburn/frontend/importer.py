@@ -4,6 +4,12 @@ Placeholders become graph inputs: tensors with their (possibly symbolic) shapes 
 contiguous, their strides; SymInt placeholders become symbol inputs. Each call node goes
 through its registered lowering. Shapes come from the nodes' fake-tensor metadata, so the IR
 sees exactly what Dynamo guarded on.
+
+A lowering may write a symbolic size in another form than torch does (`repeat` of `[s0, ...]`
+by 4 gives `s0 * 4`, torch's metadata says `4*s0`), and ops that need equal sizes (a batched
+matmul's batch dims, broadcasting) compare sizes as written. So a node's result whose shape
+provably equals its metadata's in another form is reshaped to the metadata's (a view, free):
+every value between nodes carries torch's canonical sizes.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from .builder import Builder
 from .dtypes import to_ir
 from .inplace_writes import is_marked
 from .registry import Unsupported, get_lowering
-from .symbols import shape_to_exprs, size_to_expr
+from .symbols import same_size, shape_to_exprs, size_to_expr
 
 
 def _input_strides(meta: torch.Tensor, shape: tuple[Expr, ...]) -> Optional[tuple[Expr, ...]]:
@@ -77,7 +83,7 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
             _check_result(node, result)
             if is_marked(node):
                 _mark_inplace(result, env.get(node.args[0]))
-            env[node] = result
+            env[node] = _canonical_shape(builder, node, result)
         elif node.op == "output":
             outs = node.args[0]
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
@@ -135,6 +141,18 @@ def _rename_symbols(graph: Graph) -> None:
     temp = {name: Var(f"__tmp_{i}") for i, name in enumerate(order)}
     graph.substitute_symbols(temp)
     graph.substitute_symbols({f"__tmp_{i}": mapping[name] for i, name in enumerate(order)})
+
+
+def _canonical_shape(builder: Builder, node: torch.fx.Node, result: Any) -> Any:
+    """`result` with its metadata's shape where that is its own written otherwise (module
+    docstring); unchanged when the forms differ and equality cannot be shown."""
+    meta = node.meta.get("val")
+    if not isinstance(meta, torch.Tensor) or not isinstance(result, Value):
+        return result
+    want = shape_to_exprs(meta.shape)
+    if result.shape == want or not all(same_size(e, s) for e, s in zip(result.shape, meta.shape)):
+        return result
+    return builder.reshape(result, want)
 
 
 def _check_result(node: torch.fx.Node, result: Any) -> None:

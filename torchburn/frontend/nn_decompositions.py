@@ -1,5 +1,7 @@
 """Decompositions TorchBurn adds for neural-network ops PyTorch has none for: CPU attention
-(forward and backward), and `nn.TransformerEncoderLayer`'s fused inference path.
+(forward and backward), `nn.TransformerEncoderLayer`'s fused inference path, and the oneDNN
+LSTM layer (`mkldnn_rnn_layer`) that torch's own `lstm` decomposition calls on CPU when no
+gradient is needed.
 
 `F.scaled_dot_product_attention` on CPU reaches AOTAutograd as
 `_scaled_dot_product_flash_attention_for_cpu`. Its forward becomes our `torchburn::attention`
@@ -133,10 +135,44 @@ def transformer_encoder_layer_fwd(src: torch.Tensor, embed_dim: int, num_heads: 
     return norm(x + ffn(x), norm_weight_2, norm_bias_2)
 
 
+def mkldnn_rnn_layer(input: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                     hx: Optional[torch.Tensor], cx: Optional[torch.Tensor], reverse: bool, batch_sizes: list[int],
+                     mode: int, hidden_size: int, num_layers: int, has_biases: bool, bidirectional: bool,
+                     batch_first: bool, train: bool) -> Any:
+    """One LSTM layer (`mode` 2, oneDNN's `rnn_kind::LSTM`) over a padded sequence, as the
+    oneDNN kernel computes it: the input projection of every step at once, then per step
+
+        gates = x_t W_ih^T + b_ih + h W_hh^T + b_hh;   i, f, g, o = chunks of 4
+        c = sigmoid(f) c + sigmoid(i) tanh(g);         h = sigmoid(o) tanh(c)
+
+    (`w0`, `w1` are W_ih, W_hh; `w2`, `w3` the biases). Results: every step's `h`, the last `h`
+    and `c` shaped like `hx` and `cx`, and the kernel's workspace, empty in inference."""
+    if mode != 2 or batch_sizes or num_layers != 1 or bidirectional or hx is None or cx is None \
+            or hx.dim() != 3 or hx.shape[0] != 1:
+        return NotImplemented
+    x = input.transpose(0, 1) if batch_first else input
+    ih = torch.nn.functional.linear(x, w0, w2 if has_biases else None)
+    h, c = hx[0], cx[0]
+    steps = []
+    for t in range(x.shape[0]):
+        step = x.shape[0] - 1 - t if reverse else t
+        gates = ih[step] + torch.nn.functional.linear(h, w1, w3 if has_biases else None)
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        steps.append(h)
+    if reverse:
+        steps.reverse()
+    out = torch.stack(steps, 1 if batch_first else 0)
+    workspace = torch.empty(0, dtype=torch.uint8, device=input.device)
+    return out, h.unsqueeze(0), c.unsqueeze(0), workspace
+
+
 def nn_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions to add to TorchBurn's table."""
     return {
         aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default: sdpa_flash_cpu_backward,
         aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+        aten.mkldnn_rnn_layer.default: mkldnn_rnn_layer,
     }

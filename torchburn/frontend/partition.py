@@ -14,11 +14,11 @@ import torch
 import torch.fx
 from torch.fx.node import _get_qualified_name
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
-from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.fx.passes.operator_support import OperatorSupport
 
 from . import lowerings  # noqa: F401  (registers lowerings)
 from .dtypes import is_supported
+from .fuse_parts import fuse_parts
 from .registry import get_lowering
 from .view_outputs import MARK as OUTPUT_VIEW
 
@@ -199,7 +199,7 @@ def partition(gm: torch.fx.GraphModule) -> PartitionResult:
     fallbacks = [(str(n.target), r) for n, r in reasons.items()
                  if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)]
     plan = [[(n.name, order) for n, order in p.nodes.items()] for p in parts]
-    module = fuse_by_partitions(gm, [p.nodes for p in parts], prefix="fused_") if parts else gm
+    module = fuse_parts(gm, [p.nodes for p in parts])
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
     return PartitionResult(module, names, fallbacks, plan)
 

@@ -39,3 +39,13 @@ def test_pow_other_exponents_and_integers_keep_pow() -> None:
     check(lambda x: x ** 3, torch.arange(-5, 6, dtype=torch.int64), rtol=0, atol=0)
     gm = make_fx(lambda x: x ** 2.5, tracing_mode="fake")(torch.randn(4, 8))
     assert "pow" in [op.name for op in import_graph(gm).ops]
+
+
+def test_python_float_arithmetic_under_dynamic_shapes() -> None:
+    """With `dynamic=True` Dynamo keeps Python floats as 0-d float64 tensors, so `s / math.pi`
+    (GELU's `sqrt(2 / pi)` in transformers' Phi and GPT-J) reaches the backend as
+    `aten.true_divide.Tensor`, which is `div` without a rounding mode."""
+    import math
+
+    check(lambda x, s: x * math.sqrt(s / math.pi), torch.randn(5, 3), 2.0, dynamic=True)
+    check(lambda x, y: torch.true_divide(x, y), torch.arange(1, 7), torch.arange(2, 8), dynamic=True)

@@ -117,7 +117,7 @@ def sub(b: Builder, x: Operand, y: Operand, alpha: Any = None) -> Value:
     return b.elementwise("sub", x, _scaled(b, y, alpha))
 
 
-@lowering(aten.div)
+@lowering(aten.div, aten.true_divide)
 def div(b: Builder, x: Operand, y: Operand, rounding_mode: Optional[str] = None) -> Value:
     if rounding_mode is None:
         return b.elementwise("div", x, y, kind=PROMOTE.INT_TO_FLOAT)

@@ -152,9 +152,13 @@ class KernelBuilder:
         self._bound.append(None if binds is None else frozenset(v.name for v in binds))
 
     def pop(self) -> lp.Stmt:
+        """Close the innermost scope and return its statements. The three stacks shrink
+        together even when the scope emitted nothing (a probe of a constant operand): a
+        statement list left behind would make later scopes emit into the wrong loop."""
         self._scopes.pop()
         self._bound.pop()
-        return lp.block(*self._stmts.pop()) if self._stmts[-1] else lp.Block(())
+        stmts = self._stmts.pop()
+        return lp.block(*stmts) if stmts else lp.Block(())
 
     def _home(self, idx: Index) -> int:
         """The outermost scope where an element at `idx` can be computed: below it, no scope

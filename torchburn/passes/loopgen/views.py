@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 from ...ir import expr as ex
 from ...ir.expr import Const, Expr
+from ...ir.printer import print_expr
 from ...ir.tensor import Op
 
 Index = tuple[Expr, ...]
@@ -38,17 +39,17 @@ def slice_index(op: Op, idx: Index) -> Index:
 
 
 def _factors(e: Expr) -> Optional[tuple[int, tuple[str, ...]]]:
-    """A product of constants and symbols as (constant, sorted symbol names), else None."""
+    """A size as (constant, sorted factors): a product of constants and factors, each factor a
+    symbol or any other expression taken whole (`s1 // 4`, by its text), so that two sizes with
+    the same constant and factors are equal. None for a non-integer constant."""
     if isinstance(e, Const):
-        return int(e.value), ()
-    if isinstance(e, ex.Var):
-        return 1, (e.name,)
+        return (int(e.value), ()) if isinstance(e.value, int) else None
     if isinstance(e, ex.Binary) and e.op == "mul":
         a, b = _factors(e.a), _factors(e.b)
         if a is None or b is None:
             return None
         return a[0] * b[0], tuple(sorted(a[1] + b[1]))
-    return None
+    return 1, (e.name if isinstance(e, ex.Var) else print_expr(e),)
 
 
 def _product(dims: Sequence[Expr]) -> Optional[tuple[int, tuple[str, ...]]]:
@@ -136,7 +137,7 @@ def regroup_index(idx: Index, shape: Sequence[Expr], to: Sequence[Expr]) -> Inde
         gi, gj = [src[i]], [dst[j]]
         pi, pj = _product(gi), _product(gj)
         ok = True
-        while pi != pj:
+        while pi != pj or pi is None:  # (two unknown products are not equal ones)
             if pi is None or pj is None:
                 ok = False
                 break
