@@ -2,7 +2,7 @@
 torch's `CapabilityBasedPartitioner` proposes, and defers to it otherwise."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -52,13 +52,26 @@ def test_an_unsupported_node_between_defers_to_torch() -> None:
     assert result.subgraphs
 
 
+
+def _images_of_two_sizes(f: Any) -> list[Any]:
+    """`f` compiled with dynamic=True on 32x32 and 48x48 images, each result equal to eager:
+    the reports of both calls."""
+    from tests.helpers import run_compiled
+
+    records: list[Any] = []
+    with torch.no_grad():
+        for size in (32, 48):
+            x = torch.randn(2, 3, size, size)
+            out, new = run_compiled(f, x, dynamic=True, reset=size == 32)
+            torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-5)
+            records += new
+    return records
+
 def test_a_subgraph_gets_the_size_symbols_its_metadata_names() -> None:
     """After a stride-4 convolution and an op left to PyTorch, the second subgraph's inputs
     have sizes `s0 // 4` only, while its stride-2 convolution's result is `s0 // 8` in torch's
     metadata: the subgraph is handed `s0` itself (its launcher once failed: 'symbol s0 cannot
     be bound from the inputs'; wav2vec2 and HuBERT under dynamic=True)."""
-    from tests.helpers import assert_fully_compiled, run_compiled
-
     conv4 = torch.nn.Conv2d(3, 4, 4, stride=4)
     conv2 = torch.nn.Conv2d(4, 4, 2, stride=2)
 
@@ -66,13 +79,7 @@ def test_a_subgraph_gets_the_size_symbols_its_metadata_names() -> None:
         y = torch.special.zeta(conv4(x).abs() + 2, 3.0)  # NOT_COMPILED: splits the graph
         return conv2(y) * 2
 
-    records = []
-    with torch.no_grad():
-        for size in (32, 48):
-            x = torch.randn(2, 3, size, size)
-            out, new = run_compiled(f, x, dynamic=True, reset=size == 32)
-            torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-5)
-            records += new
+    records = _images_of_two_sizes(f)
     subgraphs = [s for r in records for s in r.subgraphs]
     assert len(subgraphs) == 2 and all(s.compiled for s in subgraphs), [(s.name, s.reason) for s in subgraphs]
 
@@ -83,7 +90,7 @@ def test_sizes_of_computed_tensors_do_not_cut_the_graph() -> None:
     (`size_nodes.py`), they no longer force a subgraph boundary, so the whole function is one
     subgraph (ConvNeXt was cut into five, and a channels-last intermediate crossing a cut made
     PyTorch's `view` fail at run time)."""
-    from tests.helpers import assert_fully_compiled, run_compiled
+    from tests.helpers import assert_fully_compiled
 
     conv = torch.nn.Conv2d(3, 8, 4, stride=4)
     lin = torch.nn.Linear(8, 5)
@@ -92,12 +99,6 @@ def test_sizes_of_computed_tensors_do_not_cut_the_graph() -> None:
         y = conv(x.to(memory_format=torch.channels_last))
         return lin(y.permute(0, 2, 3, 1).reshape(y.shape[0], -1, 8)).flatten(1)
 
-    records = []
-    with torch.no_grad():
-        for size in (32, 48):
-            x = torch.randn(2, 3, size, size)
-            out, new = run_compiled(f, x, dynamic=True, reset=size == 32)
-            torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-5)
-            records += new
+    records = _images_of_two_sizes(f)
     assert [len(r.subgraphs) for r in records] == [1]
     assert_fully_compiled(records)

@@ -7,7 +7,7 @@ import pytest
 
 from torchburn.codegen.wgsl import Caps, WgslUnsupported, emit_kernel, emit_program
 from torchburn.passes.gpu_map import GpuMap
-from tests.passes.util import as_program, kernel, run_pass
+from tests.passes.util import as_program, kernel, matmul_kernel_text, run_pass
 
 ELEMENTWISE = """
     kernel @k0(%x: f32[64, 256] strides [256, 1], %b: f32[256] strides [1], %out: f32[64, 256] strides [256, 1]) {
@@ -63,33 +63,12 @@ def test_reduction_shader_has_a_tree_in_workgroup_memory() -> None:
     assert "tb_inf()" in shader.source  # -inf is a runtime value, not a constant
 
 
-def _matmul(m: int, n: int, k: int) -> str:
-    return f"""
-    kernel @k0(%a: f32[{m}, {k}] strides [{k}, 1], %b: f32[{k}, {n}] strides [{n}, 1], %out: f32[{m}, {n}] strides [{n}, 1]) {{
-      for i0 in 0..{m} {{
-        for i1 in 0..{n} {{
-          alloc %acc3: f32[1] strides [1] local
-          %acc3[0] = 0.0:f32
-          for k2 in 0..{k} {{
-            let x4 = %a[i0, k2]
-            let x5 = %b[k2, i1]
-            let t6 = x4 * x5
-            %acc3[0] = %acc3[0] + t6
-          }}
-          let x7 = %acc3[0]
-          %out[i0, i1] = x7
-        }}
-      }}
-    }}
-"""
-
-
 @pytest.mark.parametrize("m,n,k,checked", [(256, 128, 64, ""), (250, 128, 64, "a"), (256, 132, 64, "b"),
                                            (256, 128, 60, "k")])
 def test_gemm_checks_only_the_extents_the_tile_does_not_divide(m: int, n: int, k: int, checked: str) -> None:
     """A static extent that the tile divides needs no bounds check on its side: the loads and
     stores of that side are unconditional (the edges are tested on the device elsewhere)."""
-    km = run_pass(GpuMap(gemm_tile="128x64x16/8x8/w"), kernel(_matmul(m, n, k)))
+    km = run_pass(GpuMap(gemm_tile="128x64x16/8x8/w"), kernel(matmul_kernel_text(m, n, k)))
     shader = emit_kernel(km, km.symbols, Caps(max_workgroup_storage=32768))
     src = shader.source
     assert shader.summary.startswith("gemm 128x64x16/8x8/w"), shader.summary

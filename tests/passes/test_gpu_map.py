@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torchburn.passes.base import parse_pipeline
 from torchburn.passes.gpu_map import GpuMap
-from tests.passes.util import assert_ir, kernel, run_pass
+from tests.passes.util import assert_ir, kernel, matmul_kernel_text, run_pass
 
 
 def test_elementwise_gets_a_vectorized_grid() -> None:
@@ -102,34 +102,14 @@ def test_row_reduction_gets_the_rows_mapping() -> None:
     assert dict(short.body.annotations)["gpu_row_wg"] == "32" and dict(short.body.annotations)["gpu_wg"] == "64"
 
 
-GEMM = """
-    kernel @k0(%a: f32[{m}, 64] strides [64, 1], %b: f32[64, {n}] strides [{n}, 1], %out: f32[{m}, {n}] strides [{n}, 1]) {{
-      for i0 in 0..{m} {{
-        for i1 in 0..{n} {{
-          alloc %acc2: f32[1] strides [1] local
-          %acc2[0] = 0.0:f32
-          for k3 in 0..64 {{
-            let x4 = %a[i0, k3]
-            let x5 = %b[k3, i1]
-            let t6 = x4 * x5
-            %acc2[0] = %acc2[0] + t6
-          }}
-          let x7 = %acc2[0]
-          %out[i0, i1] = x7
-        }}
-      }}
-    }}
-"""
-
-
 def test_matrix_product_gets_a_gemm_tile_that_fills_the_device() -> None:
-    big = run_pass(GpuMap(), kernel(GEMM.format(m=4096, n=4096)))
+    big = run_pass(GpuMap(), kernel(matmul_kernel_text(4096, 4096)))
     assert big.body.annotations == (("gpu", "gemm"), ("gpu_tile", "128x128x16/8x8/sw/w"))
-    middle = run_pass(GpuMap(), kernel(GEMM.format(m=512, n=768)))
+    middle = run_pass(GpuMap(), kernel(matmul_kernel_text(512, 768)))
     assert middle.body.annotation("gpu_tile") == "64x64x16/4x4/s2/sw/w"
-    small = run_pass(GpuMap(), kernel(GEMM.format(m=32, n=256)))
+    small = run_pass(GpuMap(), kernel(matmul_kernel_text(32, 256)))
     assert small.body.annotation("gpu_tile") == "32x32x16/4x4"
-    forced = run_pass(GpuMap(gemm_tile="64x64x16/4x4"), kernel(GEMM.format(m=4096, n=4096)))
+    forced = run_pass(GpuMap(gemm_tile="64x64x16/4x4"), kernel(matmul_kernel_text(4096, 4096)))
     assert forced.body.annotation("gpu_tile") == "64x64x16/4x4"
 
 
@@ -149,11 +129,11 @@ def test_a_sequential_loop_is_not_parallelized() -> None:
 def test_a_matrix_vector_product_gets_a_workgroup_per_output_not_a_gemm_tile() -> None:
     """A decode step's product (one output row) would fill 1 of a tile's 32 rows: it is mapped
     as a reduction instead; from `gemv_rows + 1` rows on it is a GEMM again."""
-    one = run_pass(GpuMap(), kernel(GEMM.format(m=1, n=256)))
+    one = run_pass(GpuMap(), kernel(matmul_kernel_text(1, 256)))
     assert one.body.annotation("gpu") != "gemm"
     gpu = {f.annotation("gpu") for f in _loops(one.body)}
     assert gpu & {"rows", "block"} and gpu & {"lanes", "threads"}, gpu
-    five = run_pass(GpuMap(), kernel(GEMM.format(m=5, n=256)))
+    five = run_pass(GpuMap(), kernel(matmul_kernel_text(5, 256)))
     assert five.body.annotation("gpu") == "gemm"
 
 
@@ -191,14 +171,14 @@ def test_a_product_whose_factors_share_a_let_is_not_claimed_as_a_gemm() -> None:
     """WGSL's GEMM codegen tiles A and B from disjoint lets; a let both factors read would be
     refused there, sending the whole graph to the CPU engine. gpu-map maps it as a reduction
     (a workgroup per output element) instead, so only this kernel gives up the GEMM tiles."""
-    shared = GEMM.format(m=64, n=256).replace(
+    shared = matmul_kernel_text(64, 256).replace(
         "let x4 = %a[i0, k3]", "let t3 = k3 + 0\n            let x4 = %a[i0, t3]").replace(
         "let x5 = %b[k3, i1]", "let x5 = %b[t3, i1]")
     out = run_pass(GpuMap(), kernel(shared))
     assert out.body.annotation("gpu") != "gemm"
     assert {f.annotation("gpu") for f in _loops(out.body)} & {"block", "rows", "threads", "lanes"}
     # the same product with its own index per factor is a GEMM
-    assert run_pass(GpuMap(), kernel(GEMM.format(m=64, n=256))).body.annotation("gpu") == "gemm"
+    assert run_pass(GpuMap(), kernel(matmul_kernel_text(64, 256))).body.annotation("gpu") == "gemm"
 
 
 def test_an_fma_accumulation_is_a_shared_reduction() -> None:

@@ -71,3 +71,25 @@ def execute(k: lp.Kernel, arrays: Mapping[str, np.ndarray], symbols: Mapping[str
     bufs = {n: np.ascontiguousarray(a).copy() for n, a in arrays.items()}
     compile_kernel(k, outputs)(bufs, symbols)
     return bufs
+
+
+def matmul_kernel_text(m: int, n: int, k: int = 64) -> str:
+    """The loop IR `lower-to-loops-gpu` gives `a @ b` for static `m x k` and `k x n` operands."""
+    return f"""
+    kernel @k0(%a: f32[{m}, {k}] strides [{k}, 1], %b: f32[{k}, {n}] strides [{n}, 1], %out: f32[{m}, {n}] strides [{n}, 1]) {{
+      for i0 in 0..{m} {{
+        for i1 in 0..{n} {{
+          alloc %acc2: f32[1] strides [1] local
+          %acc2[0] = 0.0:f32
+          for k3 in 0..{k} {{
+            let x4 = %a[i0, k3]
+            let x5 = %b[k3, i1]
+            let t6 = x4 * x5
+            %acc2[0] = %acc2[0] + t6
+          }}
+          let x7 = %acc2[0]
+          %out[i0, i1] = x7
+        }}
+      }}
+    }}
+"""
