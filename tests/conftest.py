@@ -3,6 +3,9 @@
 - Tests never read or write the user's on-disk compile cache: tests that exercise the disk
   cache pass their own TORCHBURN_CACHE_DIR to the processes they start; everything else
   compiles fresh, so what a test inspects is what it compiled.
+- The tuner is off (`TORCHBURN_TUNE=off`): every kernel is ours, so the suite tests our
+  generated kernels (a library call chosen by a measurement would hide them) and no test's
+  result depends on the machine's load. The tuner's own tests turn it on locally.
 - Strict mode (`TORCHBURN_STRICT=1`): an internal compiler error raises instead of silently
   falling back to PyTorch, so no test passes on the strength of eager PyTorch. A test that
   checks the fallback on purpose turns it off locally (`strict_off` fixture).
@@ -25,6 +28,7 @@ import pytest
 
 os.environ["TORCHBURN_CACHE_DIR"] = "off"
 os.environ["TORCHBURN_STRICT"] = "1"
+os.environ["TORCHBURN_TUNE"] = "off"
 
 
 @pytest.fixture

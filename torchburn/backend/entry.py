@@ -36,14 +36,17 @@ from .output_strides import report_forward_output_strides, restride_placeholders
 
 if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_cache.py)
     from .gpu_launcher import GpuLauncher
+    from ..runtime.tuner import Tuner
     from ..passes.pipeline import Pipeline
 
 log = logging.getLogger("torchburn")
 
 #: `options={"passes": {...}}` (user passes by insertion point, see `passes/pipeline.py`) and
 #: `options={"target": "avx2"}` (the CPU to compile for, as `TORCHBURN_TARGET` names it) and
-#: `options={"partitioner": "save-all"}` (how a training graph is split, see `_partition_fn`).
-KNOWN_OPTIONS = ("passes", "target", "partitioner")
+#: `options={"partitioner": "save-all"}` (how a training graph is split, see `_partition_fn`),
+#: `options={"tune": "off"|"cached"|"search", "tune_budget_s": 60}` (the tuner, `TORCHBURN_TUNE`
+#: and `TORCHBURN_TUNE_BUDGET` by default; docs/tuning.md).
+KNOWN_OPTIONS = ("passes", "target", "partitioner", "tune", "tune_budget_s")
 #: `min-cut`: the backward recomputes cheap forward values instead of the forward storing them
 #: (AOTAutograd's min-cut rematerialization, as Inductor does); `save-all`: the forward stores
 #: every value the backward reads (AOTAutograd's default partition).
@@ -81,6 +84,15 @@ def _check_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"torchburn: unknown option(s) {sorted(unknown)}; known: {list(KNOWN_OPTIONS)}")
     if options.get("partitioner", "min-cut") not in PARTITIONERS:
         raise ValueError(f"torchburn: option partitioner={options['partitioner']!r}; expected one of {list(PARTITIONERS)}")
+    if "tune" in options:
+        from ..runtime.config import TUNE_MODES
+
+        if options["tune"] not in TUNE_MODES:
+            raise ValueError(f"torchburn: option tune={options['tune']!r}; expected one of {list(TUNE_MODES)}")
+    if "tune_budget_s" in options:
+        budget = options["tune_budget_s"]
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget < float("inf"):
+            raise ValueError(f"torchburn: option tune_budget_s={budget!r}; expected a number of seconds >= 0")
     if "target" in options:
         from ..codegen.target_names import check_target_name
 
@@ -112,6 +124,9 @@ class _LazyPipeline:
         self.target: Optional[str] = checked.get("target")
         #: The `partitioner` option (see `PARTITIONERS`).
         self.partitioner: str = checked.get("partitioner", "min-cut")
+        #: The `tune` and `tune_budget_s` options (None: the configuration's).
+        self.tune: Optional[str] = checked.get("tune")
+        self.tune_budget_s: Optional[float] = checked.get("tune_budget_s")
         self._pipeline: Optional["Pipeline"] = None
         self._key: Optional[str] = None
         if self.user_passes:  # user passes: build now, so a bad spec fails at torch.compile
@@ -127,6 +142,8 @@ class _LazyPipeline:
     def key(self) -> str:
         if self._key is None:
             self._key = fx_cache.pipeline_key(self.user_passes) + (f"|target={self.target}" if self.target else "")
+            if self.tune is not None or self.tune_budget_s is not None:
+                self._key += f"|tune={self.tune}:{self.tune_budget_s}"
         return self._key
 
 
@@ -192,7 +209,9 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
     if module is None:
         concrete = lazy.get() if lazy is not None else pipeline
         assert not isinstance(concrete, _LazyPipeline)
-        module, manifest = _compile_partitioned(gm, concrete, report, lazy.target if lazy is not None else None)
+        target_name = lazy.target if lazy is not None else None
+        tuner = _make_tuner(lazy, target_name)
+        module, manifest = _compile_partitioned(gm, concrete, report, target_name, tuner=tuner)
         if key is not None and disk is not None and manifest is not None:
             fx_cache.store(disk, key, manifest)
     if modules is not None:
@@ -205,12 +224,49 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
     return fn
 
 
+def _make_tuner(lazy: Optional[_LazyPipeline], target_name: Optional[str]) -> Optional["Tuner"]:
+    """The tuner for one graph, or None where nothing may be tuned: mode off, the reference or
+    GPU engine, or a target that does not run here (nothing can be measured)."""
+    from ..runtime.tuner import TuneOptions, Tuner
+
+    config = get_config()
+    mode = (lazy.tune if lazy is not None and lazy.tune is not None else config.tune)
+    budget = lazy.tune_budget_s if lazy is not None and lazy.tune_budget_s is not None else config.tune_budget_s
+    if mode == "off" or config.engine != "llvm" or config.wants_gpu:
+        return None
+    from ..codegen.target import named_target, runs_here
+    from ..runtime.disk_cache import disk_cache, source_digest
+    from ..runtime.threads import num_threads
+
+    target = named_target(target_name or config.target)
+    if not runs_here(target):
+        return None
+    context = {"target": fx_cache.host_fingerprint() if target.name == "host" else repr(target),
+               "threads": f"{num_threads()}/{torch.get_num_threads()}", "torch": torch.__version__, "torchburn": source_digest()}
+    return Tuner(TuneOptions(mode=mode, budget_s=float(budget)), context, disk_cache(config.cache_dir))
+
+
+def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: Optional[str]) -> Callable[..., Any]:
+    """`gm` compiled whole by our pipeline, untuned, as a plain function (a tuner's candidate);
+    raises when any of it would run in PyTorch."""
+    sub_report = rep.GraphReport("tuning")
+    module, _ = _compile_partitioned(gm, pipeline, sub_report, target_name, tuner=None)
+    if not sub_report.subgraphs or sub_report.fallbacks or not all(s.compiled for s in sub_report.subgraphs):
+        reason = sub_report.subgraphs[0].reason if sub_report.subgraphs else "nothing compiled"
+        raise RuntimeError(f"not compiled: {reason}")
+    fn = _fast_callable(module)
+    if getattr(fn, "_boxed_call", False):  # a boxed launcher takes (and empties) a list
+        return lambda *args: fn(list(args))
+    return fn
+
+
 def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report: rep.GraphReport,
-                         target_name: Optional[str] = None) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
-    """The full path: partition, then compile each subgraph (program cache first) for the CPU
-    `target_name` names (None: `TORCHBURN_TARGET`). Returns the module and what the FX-graph
-    cache should keep (None when a subgraph hit an internal error, which must not be
-    remembered)."""
+                         target_name: Optional[str] = None,
+                         tuner: Optional["Tuner"] = None) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
+    """The full path: the tuner's library calls (when a `tuner` is given), partition, then
+    compile each subgraph (program cache first) for the CPU `target_name` names (None:
+    `TORCHBURN_TARGET`). Returns the module and what the FX-graph cache should keep (None when
+    a subgraph hit an internal error, which must not be remembered)."""
     from ..codegen.target import named_target
     from ..compiler.driver import compile_graph
     from ..frontend.importer import import_graph
@@ -218,11 +274,24 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     from .launcher_gen import launcher_spec
 
     capability = capability_misses()
+    library: dict[torch.fx.Node, str] = {}
+    if tuner is not None:
+        from .library_calls import choose_library_calls
+
+        t_tune = time.perf_counter()
+        chosen = choose_library_calls(gm, tuner, functools.partial(_compile_alone, pipeline=pipeline,
+                                                                    target_name=target_name))
+        library = {node: choice.line() for node, choice in chosen.items()}
+        report.tuning = [c.line() for c in tuner.choices]
+        report.tuning_seconds = time.perf_counter() - t_tune
+        report.stages["tuning"] = report.tuning_seconds
     t0 = time.perf_counter()
-    result = partition(gm)
+    result = partition(gm, library)
     report.stages["partition"] = time.perf_counter() - t0
     report.fallbacks = result.fallbacks
-    manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks))
+    report.library_calls = list(result.library_calls)
+    manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks),
+                                                             library_calls=list(result.library_calls))
     module = result.module
     use_gpu = False
     if get_config().wants_gpu:  # the GPU engine's modules load only when it may be used

@@ -149,6 +149,12 @@ def _graph_lines(g: rep.GraphReport) -> list[str]:
             lines.append(f"  {s.name}: {len(s.ops)} ops run in PyTorch: {s.reason}")
     for op, why in g.fallbacks:
         lines.append(f"  fallback {op}: {why}")
+    for op, why in g.library_calls:
+        lines.append(f"  library call {op} (chosen by the tuner): {why}")
+    if g.tuning:
+        spent = f", {g.tuning_seconds:.2f} s" if g.tuning_seconds >= 0.005 else ""
+        lines.append(f"  tuner ({len(g.tuning)} choice(s){spent}):")
+        lines.extend(f"    {t}" for t in g.tuning)
     return lines
 
 

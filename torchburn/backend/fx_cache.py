@@ -211,10 +211,13 @@ class Manifest:
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     #: Per subgraph, in order: name, ops, and either program key + launcher + kernels, or reason.
     subgraphs: list[dict[str, Any]] = field(default_factory=list)
+    #: Nodes the tuner left as library calls: (op, the tuner's line).
+    library_calls: list[tuple[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": [[list(p) for p in part] for part in self.plan],
-                "fallbacks": [list(f) for f in self.fallbacks], "subgraphs": self.subgraphs}
+                "fallbacks": [list(f) for f in self.fallbacks], "subgraphs": self.subgraphs,
+                "library_calls": [list(c) for c in self.library_calls]}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Manifest":
@@ -229,7 +232,8 @@ class Manifest:
                 raise ValueError("a subgraph is either compiled or left to PyTorch")
         if len(plan) != len(subgraphs):
             raise ValueError("the plan and the subgraphs differ in number")
-        return Manifest(plan, fallbacks, subgraphs)
+        calls = [(str(op), str(why)) for op, why in d.get("library_calls", [])]
+        return Manifest(plan, fallbacks, subgraphs, calls)
 
 
 def store(disk: DiskCache, key: str, manifest: Manifest) -> None:
@@ -277,6 +281,7 @@ def replay(gm: torch.fx.GraphModule, key: str, disk: DiskCache, report: rep.Grap
         raise RuntimeError(f"FX graph cache entry {key[:16]}: the plan gave {len(names)} subgraphs, "
                            f"the manifest lists {len(manifest.subgraphs)}")
     report.fallbacks = list(manifest.fallbacks)
+    report.library_calls = list(manifest.library_calls)
     for name, record, item in zip(names, manifest.subgraphs, loaded):
         sub: torch.fx.GraphModule = getattr(module, name)
         sub_report = rep.SubgraphReport(name, list(record["ops"]))

@@ -65,6 +65,13 @@ class GraphReport:
     stages: dict[str, float] = field(default_factory=dict)
     #: Whether the whole graph came from the FX-graph cache.
     graph_cache_hit: bool = False
+    #: Nodes run as library calls (ATen) because the tuner measured them faster than ours:
+    #: (op name, the tuner's line). Not fallbacks.
+    library_calls: list[tuple[str, str]] = field(default_factory=list)
+    #: Every choice the tuner made for this graph, as `explain()` prints it.
+    tuning: list[str] = field(default_factory=list)
+    #: Seconds the tuner spent measuring (part of `import_seconds`).
+    tuning_seconds: float = 0.0
 
     @property
     def internal_errors(self) -> list[SubgraphReport]:

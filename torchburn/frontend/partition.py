@@ -154,12 +154,15 @@ def _is_tensor_tuple(val: Any) -> bool:
 
 
 class _Support(OperatorSupport):
-    def __init__(self, reasons: dict[torch.fx.Node, str]) -> None:
+    def __init__(self, reasons: dict[torch.fx.Node, str], library: Optional[dict[torch.fx.Node, str]] = None) -> None:
         super().__init__()
         self.reasons = reasons
+        self.library = library or {}
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
         if node.meta.get(OUTPUT_VIEW):  # a free view in PyTorch by design (view_outputs.py)
+            return False
+        if node in self.library:  # the tuner chose a library call (backend/library_calls.py)
             return False
         reason = unsupported_reason(node)
         if reason is not None:
@@ -178,6 +181,9 @@ class PartitionResult:
     #: The partitions as fused, each as (node name, node order) pairs: replaying them on the
     #: same graph (`fx_cache.py`) gives the same submodules without asking the lowerings again.
     plan: list[list[tuple[str, Optional[int]]]] = field(default_factory=list)
+    #: Nodes kept as library calls by the tuner's choice: (op name, why). Not fallbacks: each
+    #: could be compiled, and was measured slower than the library.
+    library_calls: list[tuple[str, str]] = field(default_factory=list)
 
 
 VIEW_ONLY = {"aten.view", "aten._unsafe_view", "aten.permute", "aten.t", "aten.expand",
@@ -185,11 +191,15 @@ VIEW_ONLY = {"aten.view", "aten._unsafe_view", "aten.permute", "aten.t", "aten.e
              "aten.transpose", "aten.reshape", "aten.detach"}
 
 
-def partition(gm: torch.fx.GraphModule) -> PartitionResult:
-    """Group compilable nodes into submodules `fused_N` of `gm` (modified in place)."""
+def partition(gm: torch.fx.GraphModule, library: Optional[dict[torch.fx.Node, str]] = None) -> PartitionResult:
+    """Group compilable nodes into submodules `fused_N` of `gm` (modified in place). The nodes
+    of `library` (node -> why) stay library calls between the subgraphs."""
     reasons: dict[torch.fx.Node, str] = {}
-    support = _Support(reasons)
+    library = library or {}
+    support = _Support(reasons, library)
     parts = convex_partition(gm, support)
+    if parts is None and library:  # library calls cut the graph: one subgraph per layer between them
+        parts = layered_partition(gm, support)
     if parts is None:  # torch's partitioner (quadratic in the graph: seconds for 30 layers)
         reasons.clear()
         parts = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True).propose_partitions()
@@ -201,7 +211,8 @@ def partition(gm: torch.fx.GraphModule) -> PartitionResult:
     plan = [[(n.name, order) for n, order in p.nodes.items()] for p in parts]
     module = fuse_parts(gm, [p.nodes for p in parts])
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]
-    return PartitionResult(module, names, fallbacks, plan)
+    calls = [(str(n.target), why) for n, why in library.items()]
+    return PartitionResult(module, names, fallbacks, plan, calls)
 
 
 def convex_partition(gm: torch.fx.GraphModule, support: OperatorSupport) -> Optional[list[Partition]]:
@@ -231,6 +242,38 @@ def convex_partition(gm: torch.fx.GraphModule, support: OperatorSupport) -> Opti
         return []
     position = {n: i for i, n in enumerate(reversed(nodes))}
     return [Partition(id=0, nodes=chosen, node_orders=[position[n] for n in chosen])]
+
+
+def layered_partition(gm: torch.fx.GraphModule, support: OperatorSupport) -> Optional[list[Partition]]:
+    """A partition in linear time for graphs cut by nodes that stay in PyTorch (library calls
+    between convolutions): each node's layer is the most nodes left to PyTorch on any path
+    from the graph's inputs to it, and the supported nodes of one layer form one subgraph.
+
+    Layers never decrease along an edge and grow past a node left to PyTorch, so a path
+    between two nodes of one layer passes only supported nodes of that layer: each subgraph
+    is convex, and the subgraphs, ordered by layer, form no cycle. None when a node's getitem
+    users differ from it in support (the caller asks torch's partitioner).
+
+        x -> conv(aten) -> bn -> relu -> conv(aten) -> add(x)
+        layers: bn, relu: 1; add: 2 (x's own layer 0 holds nothing to compile)
+    """
+    nodes = list(gm.graph.nodes)
+    submodules = dict(gm.named_modules())
+    supported = {n: support.is_node_supported(submodules, n) for n in reversed(nodes)}
+    layer: dict[torch.fx.Node, int] = {}
+    for n in nodes:
+        layer[n] = max((layer[i] + (0 if supported[i] or i.op in ("placeholder", "get_attr") else 1) for i in n.all_input_nodes),
+                       default=0)
+        if n.users and all(u.op == "call_function" and _get_qualified_name(u.target) == "_operator.getitem"
+                           for u in n.users) and any(supported[u] != supported[n] for u in n.users):
+            return None
+    position = {n: i for i, n in enumerate(reversed(nodes))}
+    groups: dict[int, list[torch.fx.Node]] = {}
+    for n in nodes:
+        if supported[n]:
+            groups.setdefault(layer[n], []).append(n)
+    return [Partition(id=i, nodes=members, node_orders=[position[n] for n in members])
+            for i, (_, members) in enumerate(sorted(groups.items()))]
 
 
 def _is_input_writeback(node: torch.fx.Node) -> bool:

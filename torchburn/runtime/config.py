@@ -12,6 +12,8 @@
 | TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
+| TORCHBURN_TUNE | off (every kernel is ours, nothing measured), cached (measured choices from the disk cache, else ours) or search (measure the candidates of a kernel on its real shapes, within the budget; docs/tuning.md) | search |
+| TORCHBURN_TUNE_BUDGET | seconds the tuner may spend measuring per compiled graph (search mode) | 30 |
 | TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products, and for int4 weights on x86-64 with SSSE3 or later: pmaddubsw) | auto |
 """
 from __future__ import annotations
@@ -67,6 +69,23 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise ConfigError(f"{name}={value}: must be >= {minimum}")
     return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: expected a finite number of seconds >= 0")
+    return value
+
+
+#: `TORCHBURN_TUNE`'s values (`runtime/tuner.py`).
+TUNE_MODES: tuple[str, ...] = ("off", "cached", "search")
 
 
 def _target_name(env: Mapping[str, str]) -> str:
@@ -125,6 +144,11 @@ class Config:
     #: An internal compiler error raises (`backend.InternalCompilerError`) instead of leaving
     #: the subgraph to PyTorch. Capability misses (no lowering for an op) still fall back.
     strict: bool = False
+    #: `TORCHBURN_TUNE`: whether the tuner may measure candidates ("search"), only apply
+    #: measurements found in the disk cache ("cached"), or stay out ("off": every kernel ours).
+    tune: str = "search"
+    #: `TORCHBURN_TUNE_BUDGET`: seconds of measuring per compiled graph in "search" mode.
+    tune_budget_s: float = 30.0
 
     @property
     def wants_gpu(self) -> bool:
@@ -160,6 +184,8 @@ class Config:
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
             target=_target_name(env),
             strict=_flag(env, "TORCHBURN_STRICT"),
+            tune=_choice(env, "TORCHBURN_TUNE", "search", TUNE_MODES),
+            tune_budget_s=_seconds(env, "TORCHBURN_TUNE_BUDGET", 30.0),
         )
 
 

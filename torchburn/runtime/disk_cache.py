@@ -72,6 +72,9 @@ GRAPH_SUFFIX = ".tbfx"
 #: A loaded model's tensors (`llm/weight_cache.py` writes and reads them); pruned and
 #: cleared with the rest.
 WEIGHT_SUFFIX = ".tbw"
+#: A tuning record (`runtime/tuner.py`): which candidate won for a workload on this target,
+#: and the times measured; the same keyed-JSON form as an FX-graph manifest.
+RECORD_SUFFIX = ".tbtune"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -221,6 +224,9 @@ class DiskCache:
     def graph_path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}{GRAPH_SUFFIX}"
 
+    def record_path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}{RECORD_SUFFIX}"
+
     # ---- load and store -------------------------------------------------------------------------
     def load(self, key: str) -> Optional[CacheEntry]:
         """The entry for `key`, or None (missing, or corrupt: then it is deleted and logged)."""
@@ -252,6 +258,16 @@ class DiskCache:
         """Write an FX-graph manifest atomically (see `store`)."""
         secret = self.secret()
         return None if secret is None else self._store(self.graph_path(key), key, encode_graph(key, manifest, secret))
+
+    def load_record(self, key: str) -> Optional[dict[str, Any]]:
+        """The tuning record for `key`, or None (missing, or corrupt: deleted and logged)."""
+        secret = self.secret()
+        return None if secret is None else self._load(self.record_path(key), lambda data: decode_graph(data, key, secret))
+
+    def store_record(self, key: str, record: dict[str, Any]) -> Optional[Path]:
+        """Write a tuning record atomically (see `store`)."""
+        secret = self.secret()
+        return None if secret is None else self._store(self.record_path(key), key, encode_graph(key, record, secret))
 
     def _load(self, path: Path, decoder: Callable[[bytes], T]) -> Optional[T]:
         try:
@@ -306,6 +322,12 @@ class DiskCache:
             return []
         return sorted(self.folder.glob(f"*/*{GRAPH_SUFFIX}"))
 
+    def record_files(self) -> list[Path]:
+        """The tuning records."""
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob(f"*/*{RECORD_SUFFIX}"))
+
     def weight_files(self) -> list[Path]:
         """The weight caches of loaded models."""
         if not self.folder.is_dir():
@@ -314,9 +336,10 @@ class DiskCache:
 
     def info(self) -> dict[str, object]:
         files, graphs, weights = self.files(), self.graph_files(), self.weight_files()
-        sizes = [_size(p) for p in files + graphs + weights]
+        tuning = self.record_files()
+        sizes = [_size(p) for p in files + graphs + weights + tuning]
         return {"location": str(self.folder), "entries": len(files), "graphs": len(graphs),
-                "weights": len(weights), "bytes": sum(sizes), "max_bytes": self.max_bytes}
+                "weights": len(weights), "tuning_records": len(tuning), "bytes": sum(sizes), "max_bytes": self.max_bytes}
 
     def prune(self, max_bytes: int) -> int:
         """Delete least recently used entries (and stale temporaries) until the folder holds
@@ -329,7 +352,7 @@ class DiskCache:
             except OSError:
                 pass
         entries = []
-        for p in self.files() + self.graph_files() + self.weight_files():
+        for p in self.files() + self.graph_files() + self.weight_files() + self.record_files():
             try:
                 st = p.stat()
             except OSError:
@@ -351,7 +374,7 @@ class DiskCache:
         """Delete every entry (programs and graphs) and temporary file; returns how many
         program entries were deleted."""
         files = self.files()
-        for p in files + self.graph_files() + self.weight_files():
+        for p in files + self.graph_files() + self.weight_files() + self.record_files():
             self._unlink(p)
         if self.folder.is_dir():
             for tmp in self.folder.glob("*/.*.tmp"):

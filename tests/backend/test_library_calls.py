@@ -1,0 +1,200 @@
+"""Convolutions the tuner gives to ATen (`torchburn/backend/library_calls.py`), and the graph cut
+around them (`frontend/partition.layered_partition`).
+
+Which candidate wins is forced by slowing the other one down inside its runner (a real
+measurement, on a known margin), so the tests do not depend on the machine's load; torch runs
+one thread meanwhile (on a loaded machine a 2-thread OpenMP region of ATen's can wait tens of
+milliseconds for its second thread, more than the margin)."""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchburn
+from torchburn.backend import library_calls
+from torchburn.backend import report as rep
+from torchburn.runtime.config import reload_config
+from torchburn.runtime.tuner import records
+
+
+class ResidualConvs(nn.Module):
+    """conv -> BN -> ReLU -> conv (+ x) -> ReLU: a library call on each convolution cuts the
+    graph into layers, and the residual reaches across both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.c2(torch.relu(self.bn(self.c1(x)))) + x)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tuning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The tuner in search mode, fresh records, and no minimum size for a measured convolution."""
+    monkeypatch.setenv("TORCHBURN_TUNE", "search")
+    monkeypatch.setattr(library_calls, "MIN_MACS", 0)
+    records().clear()
+    reload_config()
+    torch._dynamo.reset()
+    yield
+    records().clear()
+    monkeypatch.undo()
+    reload_config()
+    torch._dynamo.reset()
+
+
+def slow_down(monkeypatch: pytest.MonkeyPatch, loser: str, seconds: float = 0.02) -> list[str]:
+    """Every runner of candidate `loser` sleeps `seconds` more; returns the names prepared."""
+    prepared: list[str] = []
+    original = library_calls.candidates
+
+    def candidates(*args: Any, **kwargs: Any) -> list[Any]:
+        out = []
+        for c in original(*args, **kwargs):
+            def prepare(c: Any = c) -> Any:
+                prepared.append(c.name)
+                run = c.prepare()
+                if c.name != loser:
+                    return run
+
+                def slow() -> Any:
+                    time.sleep(seconds)
+                    return run()
+                return slow
+            out.append(type(c)(c.name, c.kind, prepare, c.default, c.safe))
+        return out
+    monkeypatch.setattr(library_calls, "candidates", candidates)
+    return prepared
+
+
+def _train_step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    out = model(x)
+    out.square().sum().backward()
+    return out, [p.grad for p in model.parameters()]
+
+
+def test_library_calls_chosen_run_between_our_subgraphs(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = slow_down(monkeypatch, loser="ours")
+    eager = ResidualConvs().train()
+    model = copy.deepcopy(eager)
+    x = torch.randn(2, 16, 12, 12)
+    reports = rep.start_recording()
+    try:
+        got, got_grads = _train_step(torch.compile(model, backend="torchburn"), x)
+    finally:
+        rep.stop_recording()
+    want, want_grads = _train_step(eager, x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
+    forward, backward = reports
+    assert [op for op, _ in forward.library_calls] == ["aten.convolution.default"] * 2
+    assert [op for op, _ in backward.library_calls] == ["aten.convolution_backward.default"] * 2
+    assert all("aten (measured" in why for _, why in forward.library_calls + backward.library_calls)
+    # the graph runs as our subgraphs between the library calls (BN and the ReLUs compiled)
+    assert len(forward.subgraphs) >= 2 and all(s.compiled for s in forward.subgraphs)
+    assert not forward.fallbacks and not backward.fallbacks
+    assert {"ours", "aten"} <= set(prepared)
+
+
+def test_our_kernels_stay_when_they_win(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_down(monkeypatch, loser="aten")
+    model = ResidualConvs().eval()
+    x = torch.randn(2, 16, 12, 12)
+    report = torchburn.explain(model, x)
+    (graph,) = report.graphs
+    assert not graph.library_calls and len(graph.subgraphs) == 1
+    assert len(graph.tuning) == 2 and all(": ours (measured: ours" in t for t in graph.tuning)
+    text = str(report)
+    assert "tuner (2 choice(s)" in text and "x the next" in text
+
+
+def test_explain_names_the_library_calls(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_down(monkeypatch, loser="ours")
+    text = str(torchburn.explain(ResidualConvs().eval(), torch.randn(2, 16, 12, 12)))
+    assert "library call aten.convolution.default (chosen by the tuner): convolution f32[2,16,12,12] * " \
+           "f32[16,16,3,3] stride [1, 1] pad [1, 1]: aten (measured" in text
+    assert "fallback" not in text
+
+
+def test_off_mode_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(library_calls, "MIN_MACS", 0)
+    prepared = slow_down(monkeypatch, loser="ours")
+    report = torchburn.explain(ResidualConvs().eval(), torch.randn(2, 16, 12, 12))
+    (graph,) = report.graphs
+    assert prepared == [] and not graph.tuning and not graph.library_calls
+
+
+def test_cached_mode_applies_a_search_made_earlier(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = ResidualConvs().eval()
+    x = torch.randn(2, 16, 12, 12)
+    torchburn.explain(model, x)
+    prepared.clear()
+    with torch.no_grad():
+        fast = torch.compile(model, backend="torchburn", options={"tune": "cached"})
+        reports = rep.start_recording()
+        try:
+            got = fast(x)
+        finally:
+            rep.stop_recording()
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    assert prepared == []
+    assert [why.rsplit("(", 1)[1][:6] for _, why in reports[0].library_calls] == ["record"] * 2
+
+
+def test_small_convolutions_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBURN_TUNE", "search")
+    reload_config()
+    try:
+        prepared = slow_down(monkeypatch, loser="ours")
+        (graph,) = torchburn.explain(ResidualConvs().eval(), torch.randn(1, 16, 4, 4)).graphs
+        assert prepared == [] and not graph.tuning
+    finally:
+        monkeypatch.undo()
+        reload_config()
+
+
+def test_the_graph_cache_replays_library_calls(tuning: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from torchburn.compiler.driver import memory_cache
+
+    monkeypatch.setenv("TORCHBURN_CACHE_DIR", str(tmp_path))
+    reload_config()
+    memory_cache().clear()  # programs compiled by earlier tests would not be written to disk
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = ResidualConvs().eval()
+    x = torch.randn(2, 16, 12, 12)
+    first = torchburn.explain(model, x).graphs[0]
+    assert len(first.library_calls) == 2 and not first.graph_cache_hit
+    prepared.clear()
+    again = torchburn.explain(model, x).graphs[0]
+    assert again.graph_cache_hit and again.library_calls == first.library_calls and prepared == []
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="torchburn")(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, message", [({"tune": "fast"}, "option tune='fast'"),
+                                              ({"tune_budget_s": -1}, "tune_budget_s=-1"),
+                                              ({"tune_budget_s": "10"}, "tune_budget_s='10'")])
+def test_bad_tune_options_are_refused(options: dict[str, Any], message: str) -> None:
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    with pytest.raises(BackendCompilerFailed, match=message):  # Dynamo wraps the backend's ValueError
+        torch.compile(nn.Linear(2, 2), backend="torchburn", options=options)(torch.randn(1, 2))

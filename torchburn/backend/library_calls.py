@@ -1,0 +1,188 @@
+"""Library calls the tuner may choose over our kernels: ATen's convolutions.
+
+For each convolution node of a graph (`aten.convolution`, and `aten.convolution_backward` in
+training), two candidates go to the tuner (`runtime/tuner.py`):
+
+- ``ours``: the node alone, compiled by our whole pipeline (partition, import, passes, LLVM)
+  and run through its launcher;
+- ``aten``: the ATen operator itself (oneDNN's convolution on CPU), as Inductor's extern
+  kernels call it.
+
+Both run on random tensors of the node's real shapes, strides and dtypes. Where ``aten`` wins,
+the node is marked to stay a library call: the partitioner leaves it out of the compiled
+subgraphs, so it runs between our native segments (the exception to one native call per graph
+that DESIGN.md allows), and `explain()` lists it with the times measured. Convolutions too
+small to be worth a measurement (`MIN_MACS`), with symbolic sizes, or outside what our lowering
+takes are left to our kernels without asking the tuner.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..runtime.tuner import Candidate, Choice, Tuner
+
+log = logging.getLogger("torchburn")
+
+aten = torch.ops.aten
+#: The nodes with a library candidate, by target.
+TUNABLE = {aten.convolution.default: "convolution", aten.convolution_backward.default: "convolution_backward"}
+#: Below this many multiply-adds a convolution is ours without measuring: the launch of a
+#: separate library call and the cut in the fused graph would cost more than either kernel.
+MIN_MACS = 1 << 21
+
+
+def _concrete_shape(val: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        shape = tuple(int(s) for s in val.shape)
+        stride = tuple(int(s) for s in val.stride())
+    except (TypeError, ValueError):
+        return None
+    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        return None
+    return shape, stride, val.dtype
+
+
+def _macs(node: torch.fx.Node) -> int:
+    """Multiply-adds of the forward convolution the node is (or differentiates)."""
+    if node.target is aten.convolution.default:
+        out = node.meta["val"]
+        w = node.args[1].meta["val"]
+    else:
+        out = node.args[0].meta["val"]  # grad_output has the forward output's shape
+        w = node.args[2].meta["val"]
+    return int(math.prod(out.shape)) * int(math.prod(w.shape[1:]))
+
+
+def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
+    """The node as a tuning workload (op, each tensor's shape/stride/dtype, the other
+    arguments), or None when it has a symbolic size."""
+    tensors = []
+    for arg in node.all_input_nodes:
+        desc = _concrete_shape(arg.meta.get("val"))
+        if desc is None:
+            return None
+        shape, stride, dtype = desc
+        tensors.append([list(shape), list(stride), str(dtype).replace("torch.", "")])
+    others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
+    return {"op": TUNABLE[node.target], "tensors": tensors, "args": repr(others)}
+
+
+_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+
+
+def describe(node: torch.fx.Node) -> str:
+    """'f32[8,64,56,56] * f32[64,64,3,3] stride 1 pad 1' style, for explain()."""
+    def t(v: Any) -> str:
+        return f"{_SHORT.get(v.dtype, str(v.dtype))}[{','.join(str(int(s)) for s in v.shape)}]"
+
+    if node.target is aten.convolution.default:
+        x, w = node.args[0], node.args[1]
+        stride, padding, groups = node.args[3], node.args[4], node.args[8]
+    else:
+        x, w = node.args[1], node.args[2]
+        stride, padding, groups = node.args[4], node.args[5], node.args[9]
+    text = f"{t(x.meta['val'])} * {t(w.meta['val'])} stride {list(stride)} pad {list(padding)}"
+    return text + (f" groups {groups}" if groups != 1 else "")
+
+
+def _random_like(val: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    shape = tuple(int(s) for s in val.shape)
+    stride = tuple(int(s) for s in val.stride())
+    out = torch.empty_strided(shape, stride, dtype=val.dtype)
+    if out.is_floating_point():
+        out.copy_(torch.randn(shape, generator=gen).to(val.dtype))
+    else:
+        out.zero_()
+    return out
+
+
+def _single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
+    """A graph of `node` alone: its tensor inputs as placeholders, its results as outputs."""
+    g = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, arg in enumerate(node.all_input_nodes):
+        p = g.placeholder(f"arg{i}")
+        p.meta["val"] = arg.meta["val"]
+        env[arg] = p
+    new = g.node_copy(node, lambda n: env[n])
+    val = node.meta["val"]
+    if isinstance(val, (tuple, list)):
+        outs = []
+        for i, v in enumerate(val):
+            if v is None:
+                continue
+            item = g.call_function(operator.getitem, (new, i))
+            item.meta["val"] = v
+            outs.append(item)
+        g.output(tuple(outs))
+    else:
+        g.output(new)
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+class _Inputs:
+    """The node's inputs as random tensors, made once, on the first candidate's `prepare`."""
+
+    def __init__(self, node: torch.fx.Node, gen: torch.Generator) -> None:
+        self.node, self.gen = node, gen
+        self._tensors: Optional[list[torch.Tensor]] = None
+
+    def get(self) -> list[torch.Tensor]:
+        if self._tensors is None:
+            self._tensors = [_random_like(a.meta["val"], self.gen) for a in self.node.all_input_nodes]
+        return self._tensors
+
+
+#: Compiles a graph by our whole pipeline and returns it as a function (`entry.compile_alone`):
+#: handed in, so that this module does not import the entry point that imports it.
+CompileAlone = Callable[[torch.fx.GraphModule], Callable[..., Any]]
+
+
+def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone) -> list[Candidate]:
+    """`ours` (the default: what the compiler does without a tuner) and `aten` (the safe one)."""
+    inputs = _Inputs(node, gen)
+
+    def ours() -> Callable[[], Any]:
+        fn = compile_alone(_single_node_graph(node))
+        args = inputs.get()
+        return lambda: fn(*args)
+
+    def library() -> Callable[[], Any]:
+        env = dict(zip(node.all_input_nodes, inputs.get()))
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        op = node.target
+        return lambda: op(*args, **kwargs)
+
+    return [Candidate("ours", "generated", ours, default=True), Candidate("aten", "library", library, safe=True)]
+
+
+def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,
+                         compile_alone: CompileAlone) -> dict[torch.fx.Node, Choice]:
+    """The convolution nodes of `gm` the tuner gave to ATen, with the choice that decided it.
+    Every tunable node the tuner was asked about is in `tuner.choices`."""
+    from ..frontend.partition import unsupported_reason
+
+    chosen: dict[torch.fx.Node, Choice] = {}
+    gen = torch.Generator().manual_seed(0)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in TUNABLE:
+            continue
+        work = workload(node)
+        if work is None or unsupported_reason(node) is not None or _macs(node) < MIN_MACS:
+            continue
+        with unset_fake_temporarily():  # AOTAutograd compiles under a fake mode: measure real tensors
+            choice = tuner.choose(TUNABLE[node.target], work, describe(node),
+                                  candidates(node, gen, compile_alone))
+        if choice.chosen == "aten":
+            chosen[node] = choice
+    return chosen

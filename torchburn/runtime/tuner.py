@@ -1,0 +1,249 @@
+"""One tuner for the whole compiler: measure a kernel's candidate implementations, keep the fastest.
+
+Where a kernel has several implementations (a generated kernel and a library call such as
+ATen's convolution; later tiles, layouts, vector widths and thread splits of generated kernels),
+the code that knows the kernel proposes them as `Candidate`s and asks `Tuner.choose`. The tuner
+never knows what a candidate is: it prepares each (a compile, an allocation), runs them
+interleaved on the real shapes, and keeps the fastest median. The result is a `Choice`, stored
+as a tuning record under a key of the workload, the target and the tuning context (thread
+count, torchburn's source, torch's version), in memory and in the disk cache's private, keyed
+folder, so a second process applies it without measuring again (as TVM MetaSchedule's
+database does: compilation queries records; only a search writes them).
+
+Modes (`TORCHBURN_TUNE`, or the `tune` option of `torch.compile`):
+
+- ``off``: nothing is looked up or measured; the candidate marked `default` is used (every
+  kernel ours: the test suite runs so, which keeps our generated kernels under test);
+- ``cached``: a record found in memory or on disk is applied; else the default;
+- ``search``: a record is applied; else the candidates are measured while the graph's budget
+  (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the `safe` candidate is used
+  (the one least likely to be slow: for a convolution, the library call).
+
+A search is bounded twice: by the budget, checked before each workload (a workload started
+finishes: its candidates are measured together), and per candidate by `max_rounds` and a
+per-workload time cap. The tuner imports no torch: candidates bring their own runners.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from blake3 import blake3
+
+if TYPE_CHECKING:
+    from .disk_cache import DiskCache
+
+log = logging.getLogger("torchburn")
+
+#: Bumped when the record's layout or the way candidates are measured changes.
+RECORD_FORMAT = "tune-1"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a kernel. `prepare()` does the one-time work (compiling, allocating
+    inputs) and returns a runner that executes the kernel once on the real shapes; a candidate
+    that cannot be prepared raises, and is then left out with its error in the choice."""
+
+    #: Unique within a workload, e.g. "ours" or "aten".
+    name: str
+    #: "generated" (a kernel of ours) or "library" (a call into ATen/oneDNN); shown by explain.
+    kind: str
+    prepare: Callable[[], Callable[[], Any]]
+    #: What `off` and `cached` modes use when nothing is known.
+    default: bool = False
+    #: What a `search` uses once its budget is spent.
+    safe: bool = False
+
+
+@dataclass
+class Choice:
+    """What the tuner decided for one workload, and why."""
+
+    #: The family and a readable description of the workload ("convolution f32[8,64,56,56] ...").
+    family: str
+    workload: str
+    chosen: str
+    #: "measured" (this process), "record" (memory or disk), "default" (off/cached without a
+    #: record), "budget" (search mode, budget spent: the safe candidate).
+    source: str
+    #: Median seconds per candidate measured (empty unless measured or read from a record).
+    times: dict[str, float] = field(default_factory=dict)
+    #: Candidates that could not be prepared or run, with the error.
+    failed: dict[str, str] = field(default_factory=dict)
+    #: Seconds this choice cost the compile (measuring), 0 for records.
+    cost_s: float = 0.0
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """How many times faster the chosen candidate ran than the next best, when measured."""
+        if self.chosen not in self.times or len(self.times) < 2:
+            return None
+        others = [t for n, t in self.times.items() if n != self.chosen]
+        return min(others) / self.times[self.chosen] if self.times[self.chosen] > 0 else None
+
+    def line(self) -> str:
+        """One line for `explain()`."""
+        if self.times:
+            ranked = sorted(self.times.items(), key=lambda kv: kv[1])
+            timing = ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in ranked)
+            gain = f"; {self.speedup:.2f}x the next" if self.speedup is not None else ""
+            failed = "".join(f"; {n} failed: {e}" for n, e in self.failed.items())
+            return f"{self.family} {self.workload}: {self.chosen} ({self.source}: {timing}{gain}{failed})"
+        failed = "".join(f": {n} failed: {e}" for n, e in self.failed.items())
+        return f"{self.family} {self.workload}: {self.chosen} ({self.source}{failed})"
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How much the tuner may do (see the module docstring)."""
+
+    mode: str = "search"
+    #: Seconds of measuring per `Tuner` (one compiled graph).
+    budget_s: float = 30.0
+    #: Rounds per candidate: at least `min_rounds`, then more until a round-robin pass exceeds
+    #: `workload_cap_s` or `max_rounds` is reached.
+    min_rounds: int = 3
+    max_rounds: int = 15
+    workload_cap_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "cached", "search"):
+            raise ValueError(f"tune mode {self.mode!r}: expected off, cached or search")
+        if not self.budget_s >= 0:
+            raise ValueError(f"tune budget {self.budget_s!r}: expected seconds >= 0")
+
+
+class RecordStore:
+    """Tuning records: an in-process dict in front of the disk cache (when one is on)."""
+
+    def __init__(self) -> None:
+        self._memory: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, disk: Optional["DiskCache"]) -> Optional[dict[str, Any]]:
+        with self._lock:
+            hit = self._memory.get(key)
+        if hit is None and disk is not None:
+            hit = disk.load_record(key)
+            if hit is not None:
+                with self._lock:
+                    self._memory[key] = hit
+        return hit
+
+    def put(self, key: str, record: dict[str, Any], disk: Optional["DiskCache"]) -> None:
+        with self._lock:
+            self._memory[key] = record
+        if disk is not None:
+            disk.store_record(key, record)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memory.clear()
+
+
+_records = RecordStore()
+
+
+def records() -> RecordStore:
+    """The process's tuning records (tests clear them)."""
+    return _records
+
+
+def record_key(family: str, workload: dict[str, Any], context: dict[str, Any]) -> str:
+    """The key of a tuning record: BLAKE3 of the family, the workload and the context (target,
+    threads, versions) as canonical JSON."""
+    doc = json.dumps({"format": RECORD_FORMAT, "family": family, "workload": workload, "context": context},
+                     sort_keys=True, default=str)
+    return "tune" + blake3(doc.encode("utf-8")).hexdigest()
+
+
+Clock = Callable[[], float]
+
+
+class Tuner:
+    """The tuner of one compiled graph: its options, its budget, and the choices it made."""
+
+    def __init__(self, options: TuneOptions, context: dict[str, Any], disk: Optional["DiskCache"] = None,
+                 clock: Clock = time.perf_counter) -> None:
+        self.options = options
+        self.context = dict(context)
+        self.disk = disk
+        self.clock = clock
+        self.spent_s = 0.0
+        self.choices: list[Choice] = []
+
+    @property
+    def budget_left_s(self) -> float:
+        return max(0.0, self.options.budget_s - self.spent_s)
+
+    def choose(self, family: str, workload: dict[str, Any], description: str,
+               candidates: Sequence[Candidate]) -> Choice:
+        """The candidate to use for `workload` (a JSON-able description of the kernel's shapes
+        and attributes), by the rules of the mode; recorded in `self.choices`."""
+        names = [c.name for c in candidates]
+        if len(set(names)) != len(names) or not candidates:
+            raise ValueError(f"tuner: candidates need distinct names, got {names}")
+        default = next((c for c in candidates if c.default), candidates[0])
+        safe = next((c for c in candidates if c.safe), default)
+        mode = self.options.mode
+        choice: Optional[Choice] = None
+        if mode != "off":
+            key = record_key(family, workload, self.context)
+            record = _records.get(key, self.disk)
+            if record is not None and record.get("chosen") in names:
+                choice = Choice(family, description, record["chosen"], "record",
+                                {str(k): float(v) for k, v in record.get("times", {}).items()})
+            elif mode == "search" and self.budget_left_s > 0:
+                choice = self._measure(family, description, candidates, default)
+                if choice.times:  # a measurement, even a partial one, is worth keeping
+                    _records.put(key, {"chosen": choice.chosen, "times": choice.times,
+                                       "workload": description}, self.disk)
+            elif mode == "search":
+                choice = Choice(family, description, safe.name, "budget")
+        if choice is None:
+            choice = Choice(family, description, default.name, "default")
+        self.choices.append(choice)
+        log.debug("torchburn tuner: %s", choice.line())
+        return choice
+
+    def _measure(self, family: str, description: str, candidates: Sequence[Candidate],
+                 default: Candidate) -> Choice:
+        start = self.clock()
+        runners: dict[str, Callable[[], Any]] = {}
+        failed: dict[str, str] = {}
+        for c in candidates:
+            try:
+                run = c.prepare()
+                run()  # warm-up: first-touch of memory, lazy loading, caches
+                runners[c.name] = run
+            except Exception as err:  # noqa: BLE001 - a candidate that fails is not chosen
+                failed[c.name] = f"{type(err).__name__}: {err}"
+                log.info("torchburn tuner: candidate %s of %s failed: %s", c.name, description, err)
+        samples: dict[str, list[float]] = {n: [] for n in runners}
+        rounds = 0
+        measuring_started = self.clock()
+        while runners and rounds < self.options.max_rounds:
+            for name, run in list(runners.items()):  # interleaved: drift hits every candidate alike
+                t0 = self.clock()
+                try:
+                    run()
+                except Exception as err:  # noqa: BLE001
+                    failed[name] = f"{type(err).__name__}: {err}"
+                    del runners[name]
+                    samples.pop(name, None)
+                    continue
+                samples[name].append(self.clock() - t0)
+            rounds += 1
+            if rounds >= self.options.min_rounds and self.clock() - measuring_started > self.options.workload_cap_s:
+                break
+        times = {n: statistics.median(s) for n, s in samples.items() if s}
+        chosen = min(times, key=lambda n: times[n]) if times else default.name
+        cost = self.clock() - start
+        self.spent_s += cost
+        return Choice(family, description, chosen, "measured" if times else "default", times, failed, cost)
