@@ -123,7 +123,54 @@ def test_strided_input_gradient_is_one_convolution_per_phase() -> None:
     for op in convs:
         assert op.operands[0] is graph.inputs[0]  # the gradient itself
         assert tuple(op.attrs["stride"]) == (1, 1)
-    assert not [op for op in graph.ops if op.name == "pad"]
+    # the only padding is the weight gradient's im2col of the input
+    assert all(op.operands[0] is graph.inputs[1] for op in graph.ops if op.name == "pad")
+
+
+@pytest.mark.parametrize("shape, weight, stride, padding, dilation", [
+    ((2, 4, 9, 8), (6, 4, 3, 3), 1, 1, 1),
+    ((2, 4, 19, 18), (6, 4, 3, 2), 2, (1, 0), 1),
+    ((3, 5, 12, 12), (4, 5, 3, 3), 1, 2, 2),
+    ((2, 6, 100), (3, 6, 5), 3, 2, 1),
+    ((1, 3, 5, 6, 7), (2, 3, 2, 3, 2), (1, 2, 1), 1, 1),
+])
+def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: tuple[int, ...], stride: Any,
+                                               padding: Any, dilation: Any) -> None:
+    """Ungrouped weight gradients are an im2col of the padded input and one matmul
+    (`_grad_weight_gemm`): 1-D, 2-D and 3-D, strided, dilated, asymmetric kernels."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
+    x, w = t(*shape, grad=False), t(*weight)
+    check_grad(lambda a, b: conv(a, b, stride=stride, padding=padding, dilation=dilation), x, w, rtol=1e-4, atol=1e-4)
+    out = conv(x, w.detach(), stride=stride, padding=padding, dilation=dilation)
+    nsp = len(shape) - 2
+
+    def spatial(v: Any) -> list[int]:
+        return list(v) if isinstance(v, tuple) else [v] * nsp
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [w.shape[0]], spatial(stride), spatial(padding),
+                                                   spatial(dilation), False, [0] * nsp, 1, [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(out.shape), x, w.detach()))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
+
+
+def test_grouped_weight_gradient_keeps_its_kernel() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 2,
+                                                   [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
+                                                           torch.randn(4, 2, 3, 3)))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 
 def test_convolution_bf16_forward() -> None:

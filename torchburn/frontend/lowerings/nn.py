@@ -189,6 +189,66 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
     return b.cast(res, out)
 
 
+#: Weight gradients with at least this many multiply-adds per output element (the reduction
+#: over batch and output positions) take the GEMM form (`_grad_weight_gemm`).
+GEMM_GRAD_WEIGHT_MIN_REDUCTION = 64
+
+
+def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
+                      attrs: dict[str, Any]) -> Optional[Value]:
+    """The weight gradient of an ungrouped convolution as one matrix product, or None where
+    the sizes are symbolic, the convolution is grouped, or the reduction is short.
+
+    `gw[co, (ci, k)] = sum_{n, o} g[n, co, o] * cols[(ci, k), (n, o)]`, where `cols` holds, for
+    each tap `k`, the input positions `o*s - p + k*d` (an im2col of the padded input by strided
+    slices). Both operands are contiguous along the reduction, so the product is our GEMM
+    kernel's (register-blocked, packed panels) instead of a dot product per weight element:
+
+        g: [N, Cout, *O] -> permute, reshape -> [Cout, N*P]
+        cols: pad(x) -> slice per tap -> concat -> [N, C*T, P] -> permute, reshape -> [C*T, N*P]
+        gw = matmul([Cout, N*P], permute(cols)) -> [Cout, C*T] -> reshape [Cout, C, *k]
+    """
+    stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
+    nsp = len(stride)
+    sizes = [_static(e) for e in (*x.shape, *g.shape, *window)]
+    if groups != 1 or any(v is None for v in sizes):
+        return None
+    n, c, *in_sp = (int(v) for v in sizes[:nsp + 2])  # type: ignore[arg-type]
+    cout, out_sp = int(sizes[nsp + 3]), [int(v) for v in sizes[nsp + 4:2 * nsp + 4]]  # type: ignore[arg-type]
+    ks = [int(v) for v in sizes[2 * nsp + 4:]]  # type: ignore[arg-type]
+    positions = 1
+    for o in out_sp:
+        positions *= o
+    taps = 1
+    for k in ks:
+        taps *= k
+    if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION:
+        return None
+    xp = x
+    if any(padding):
+        xp = b.op("pad", x, low=[0, 0, *padding], high=[0, 0, *padding], value=0.0)
+    columns = []
+    for tap in _taps(ks):
+        v = xp
+        for d, (k, o) in enumerate(zip(tap, out_sp)):
+            start = k * dilation[d]
+            v = b.op("slice", v, dim=2 + d, start=start, end=start + stride[d] * (o - 1) + 1, step=stride[d])
+        columns.append(b.reshape(v, (Const(n), Const(c), Const(1), Const(positions))))
+    cols = columns[0] if len(columns) == 1 else b.op("concat", *columns, dim=2)  # [N, C, T, P]
+    cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))
+    g2 = b.reshape(b.op("permute", g, dims=[1, 0, *range(2, nsp + 2)]), (Const(cout), Const(n * positions)))
+    gw = b.op("matmul", g2, b.op("permute", cols, dims=[1, 0]))
+    return b.reshape(gw, (Const(cout), Const(c), *(Const(k) for k in ks)))
+
+
+def _taps(ks: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every tap of a window, the last dim fastest (the weight's own order)."""
+    out: list[tuple[int, ...]] = [()]
+    for k in ks:
+        out = [t + (i,) for t in out for i in range(k)]
+    return out
+
+
 @lowering(aten.convolution_backward.default)
 def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes: Any, stride: Any,
                          padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
@@ -209,7 +269,9 @@ def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes
         if transposed:
             gw = b.op("conv_grad_weight", xc, gc, window=w.shape[2:], **attrs)
         else:
-            gw = b.op("conv_grad_weight", gc, xc, window=w.shape[2:], **attrs)
+            gw = _grad_weight_gemm(b, gc, xc, w.shape[2:], attrs)
+            if gw is None:
+                gw = b.op("conv_grad_weight", gc, xc, window=w.shape[2:], **attrs)
         gw = b.cast(gw, w.dtype)
     if output_mask[2]:
         dims = (0, *range(2, grad.type.rank))
