@@ -135,10 +135,14 @@ def test_strided_input_gradient_is_one_convolution_per_phase() -> None:
     ((1, 3, 5, 6, 7), (2, 3, 2, 3, 2), (1, 2, 1), 1, 1),
 ])
 def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: tuple[int, ...], stride: Any,
-                                               padding: Any, dilation: Any) -> None:
+                                               padding: Any, dilation: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ungrouped weight gradients are an im2col of the padded input and one matmul
     (`_grad_weight_gemm`): 1-D, 2-D and 3-D, strided, dilated, asymmetric kernels."""
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.lowerings import nn as nn_lowerings
+
+    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)  # small sizes, the large layers' form
 
     from torchburn.frontend.importer import import_graph
 
@@ -159,8 +163,12 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
 
 
-def test_grouped_weight_gradient_keeps_its_kernel() -> None:
+def test_grouped_weight_gradient_keeps_its_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.lowerings import nn as nn_lowerings
+
+    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)
 
     from torchburn.frontend.importer import import_graph
 
@@ -170,6 +178,20 @@ def test_grouped_weight_gradient_keeps_its_kernel() -> None:
 
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
                                                            torch.randn(4, 2, 3, 3)))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
+
+
+def test_small_weight_gradients_keep_their_kernel() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
+                                                           torch.randn(4, 4, 3, 3)))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 

@@ -190,14 +190,18 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
 
 
 #: Weight gradients with at least this many multiply-adds per output element (the reduction
-#: over batch and output positions) take the GEMM form (`_grad_weight_gemm`).
+#: over batch and output positions) take the GEMM form (`_grad_weight_gemm`)...
 GEMM_GRAD_WEIGHT_MIN_REDUCTION = 64
+#: ...and at least this many in all: below it the dot-product kernel is about as fast, and a
+#: GEMM kernel per layer costs more compile time than it saves (the 32x32 model suite).
+GEMM_GRAD_WEIGHT_MIN_MACS = 1 << 21
 
 
 def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
                       attrs: dict[str, Any]) -> Optional[Value]:
     """The weight gradient of an ungrouped convolution as one matrix product, or None where
-    the sizes are symbolic, the convolution is grouped, or the reduction is short.
+    the sizes are symbolic, the convolution is grouped, or the reduction or the whole product is
+    small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`).
 
     `gw[co, (ci, k)] = sum_{n, o} g[n, co, o] * cols[(ci, k), (n, o)]`, where `cols` holds, for
     each tap `k`, the input positions `o*s - p + k*d` (an im2col of the padded input by strided
@@ -222,7 +226,7 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     taps = 1
     for k in ks:
         taps *= k
-    if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION:
+    if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
         return None
     xp = x
     if any(padding):
