@@ -61,7 +61,9 @@ def tuning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def slow_down(monkeypatch: pytest.MonkeyPatch, loser: str, seconds: float = 0.02) -> list[str]:
-    """Every runner of candidate `loser` sleeps `seconds` more; returns the names prepared."""
+    """Every runner of candidate `loser` (names separated by commas) sleeps `seconds` more;
+    returns the names prepared."""
+    losers = loser.split(",")
     prepared: list[str] = []
     original = library_calls.candidates
 
@@ -71,7 +73,7 @@ def slow_down(monkeypatch: pytest.MonkeyPatch, loser: str, seconds: float = 0.02
             def prepare(c: Any = c) -> Any:
                 prepared.append(c.name)
                 run = c.prepare()
-                if c.name != loser:
+                if c.name not in losers:
                     return run
 
                 def slow() -> Any:
@@ -188,6 +190,42 @@ def test_the_graph_cache_replays_library_calls(tuning: None, monkeypatch: pytest
     assert again.graph_cache_hit and again.library_calls == first.library_calls and prepared == []
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="torchburn")(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class SmallImageConvs(nn.Module):
+    """A 1x1 strided convolution and a dilated 3x3 one on a 6x6 image: the GEMM form's cases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(8, 16, 1, stride=2)
+        self.c2 = nn.Conv2d(16, 12, 3, padding=2, dilation=2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.c2(torch.relu(self.c1(x))))
+
+
+def test_the_gemm_form_when_it_wins(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = slow_down(monkeypatch, loser="ours,aten")
+    model = SmallImageConvs().eval()
+    x = torch.randn(3, 8, 12, 12)
+    with torch.no_grad():
+        reports = rep.start_recording()
+        try:
+            got = torch.compile(model, backend="torchburn")(x)
+        finally:
+            rep.stop_recording()
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    (graph,) = reports
+    assert [t.split(": ")[1].split(" (")[0] for t in graph.tuning] == ["ours-gemm", "ours-gemm"]
+    assert not graph.library_calls and "ours-gemm" in prepared
+    # both convolutions became matrix products (no direct convolution kernel is left)
+    assert len(graph.subgraphs) == 1
+
+
+def test_the_gemm_form_is_not_proposed_for_large_images(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = slow_down(monkeypatch, loser="ours")
+    torchburn.explain(ResidualConvs().eval(), torch.randn(2, 16, 12, 12))
+    assert "ours-gemm" not in prepared and "ours" in prepared
 
 
 @pytest.mark.parametrize("options, message", [({"tune": "fast"}, "option tune='fast'"),

@@ -498,3 +498,41 @@ def test_recurrent_layers_without_grad(kind: str) -> None:
     state = (torch.randn(2, 3, 5), torch.randn(2, 3, 5)) if kind == "lstm_no_bias_given_state" else None
     with torch.no_grad(), torch._dynamo.config.patch(allow_rnn=True):
         check(lambda x: rnn(x, state), x, **TOL)
+
+
+@pytest.mark.parametrize("shape, weight, stride, padding, dilation", [
+    ((2, 8, 12, 12), (16, 8, 1, 1), 2, 0, 1),
+    ((2, 6, 7, 7), (5, 6, 3, 3), 1, 2, 2),
+    ((2, 4, 9), (3, 4, 3), 2, 1, 1),
+])
+def test_convolution_in_gemm_form(shape: tuple[int, ...], weight: tuple[int, ...], stride: int, padding: int,
+                                  dilation: int) -> None:
+    """`node.meta[CONV_FORM] = "gemm"` (the tuner's choice) lowers a convolution as im2col and
+    one batched matmul, with the bias added after; results equal eager's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+    from torchburn.frontend.lowerings.nn import CONV_FORM
+
+    x, w, bias = t(*shape, grad=False), t(*weight, grad=False), t(weight[0], grad=False)
+    nsp = len(shape) - 2
+
+    def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution(x, w, bias, [stride] * nsp, [padding] * nsp, [dilation] * nsp, False,
+                                          [0] * nsp, 1)
+
+    gm = make_fx(conv, tracing_mode="fake")(x, w, bias)
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.aten.convolution.default:
+            node.meta[CONV_FORM] = "gemm"
+    graph = import_graph(gm)
+    names = [op.name for op in graph.ops]
+    assert "matmul" in names and "conv" not in names
+    from torchburn.backend.launcher import Launcher
+    from torchburn.backend.launcher_gen import launcher_spec
+    from torchburn.compiler.driver import compile_graph
+
+    compiled, _ = compile_graph(graph)
+    launcher = Launcher(launcher_spec(graph, compiled.signature()), compiled.entry, gm.forward, keepalive=compiled)
+    (got,) = launcher(x, w, bias)
+    torch.testing.assert_close(got, conv(x, w, bias), rtol=1e-4, atol=1e-4)

@@ -1,10 +1,12 @@
 """Library calls the tuner may choose over our kernels: ATen's convolutions.
 
 For each convolution node of a graph (`aten.convolution`, and `aten.convolution_backward` in
-training), two candidates go to the tuner (`runtime/tuner.py`):
+training), these candidates go to the tuner (`runtime/tuner.py`):
 
 - ``ours``: the node alone, compiled by our whole pipeline (partition, import, passes, LLVM)
   and run through its launcher;
+- ``ours-gemm`` (ungrouped forward convolutions): the same, lowered as im2col and our GEMM
+  instead of the direct kernel (chosen: `node.meta[CONV_FORM] = "gemm"` for the lowering);
 - ``aten``: the ATen operator itself (oneDNN's convolution on CPU), as Inductor's extern
   kernels call it.
 
@@ -26,6 +28,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..frontend.lowerings.nn import CONV_FORM
 from ..runtime.tuner import Candidate, Choice, Tuner
 
 log = logging.getLogger("torchburn")
@@ -105,8 +108,9 @@ def _random_like(val: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def _single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
-    """A graph of `node` alone: its tensor inputs as placeholders, its results as outputs."""
+def _single_node_graph(node: torch.fx.Node, meta: Optional[dict[str, Any]] = None) -> torch.fx.GraphModule:
+    """A graph of `node` alone (with `meta` added to its metadata): its tensor inputs as
+    placeholders, its results as outputs."""
     g = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for i, arg in enumerate(node.all_input_nodes):
@@ -114,6 +118,7 @@ def _single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
         p.meta["val"] = arg.meta["val"]
         env[arg] = p
     new = g.node_copy(node, lambda n: env[n])
+    new.meta = {**node.meta, **(meta or {})}
     val = node.meta["val"]
     if isinstance(val, (tuple, list)):
         outs = []
@@ -148,13 +153,17 @@ CompileAlone = Callable[[torch.fx.GraphModule], Callable[..., Any]]
 
 
 def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone) -> list[Candidate]:
-    """`ours` (the default: what the compiler does without a tuner) and `aten` (the safe one)."""
+    """`ours` (the direct kernel: the default, what the compiler does without a tuner), for an
+    ungrouped forward convolution `ours-gemm` (im2col and our GEMM, `nn._conv_gemm`), and
+    `aten` (the safe one)."""
     inputs = _Inputs(node, gen)
 
-    def ours() -> Callable[[], Any]:
-        fn = compile_alone(_single_node_graph(node))
-        args = inputs.get()
-        return lambda: fn(*args)
+    def ours(meta: Optional[dict[str, Any]] = None) -> Callable[[], Callable[[], Any]]:
+        def prepare() -> Callable[[], Any]:
+            fn = compile_alone(_single_node_graph(node, meta))
+            args = inputs.get()
+            return lambda: fn(*args)
+        return prepare
 
     def library() -> Callable[[], Any]:
         env = dict(zip(node.all_input_nodes, inputs.get()))
@@ -163,12 +172,32 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
         op = node.target
         return lambda: op(*args, **kwargs)
 
-    return [Candidate("ours", "generated", ours, default=True), Candidate("aten", "library", library, safe=True)]
+    out = [Candidate("ours", "generated", ours(), default=True)]
+    if _gemm_form_plausible(node):
+        out.append(Candidate("ours-gemm", "generated", ours({CONV_FORM: "gemm"})))
+    out.append(Candidate("aten", "library", library, safe=True))
+    return out
+
+
+#: The GEMM form is proposed for 1x1 kernels and for outputs of at most this many positions
+#: per image (deep layers of small images); elsewhere its im2col costs more than the direct
+#: kernel's short tiles (measured on ResNet-18's layers: it lost every 3x3 layer above 7x7).
+GEMM_FORM_MAX_POSITIONS = 64
+
+
+def _gemm_form_plausible(node: torch.fx.Node) -> bool:
+    """Whether `ours-gemm` is worth measuring for `node` (a prune, as Triton's
+    `prune_configs_by`: a candidate that cannot win costs a compile and its rounds)."""
+    if node.target is not aten.convolution.default or node.args[8] != 1 or node.args[6]:
+        return False
+    w, out = node.args[1].meta["val"], node.meta["val"]
+    return math.prod(int(k) for k in w.shape[2:]) == 1 or math.prod(int(o) for o in out.shape[2:]) <= GEMM_FORM_MAX_POSITIONS
 
 
 def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,
                          compile_alone: CompileAlone) -> dict[torch.fx.Node, Choice]:
     """The convolution nodes of `gm` the tuner gave to ATen, with the choice that decided it.
+    A node whose GEMM form won is marked for the lowering (`node.meta[CONV_FORM] = "gemm"`).
     Every tunable node the tuner was asked about is in `tuner.choices`."""
     from ..frontend.partition import unsupported_reason
 
@@ -185,4 +214,6 @@ def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,
                                   candidates(node, gen, compile_alone))
         if choice.chosen == "aten":
             chosen[node] = choice
+        elif choice.chosen == "ours-gemm":
+            node.meta[CONV_FORM] = "gemm"
     return chosen

@@ -168,6 +168,11 @@ def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], 
     return full
 
 
+#: `node.meta[CONV_FORM]`: the form the tuner chose for a convolution (`backend/library_calls.py`):
+#: "direct" (the blocked direct kernel, the default) or "gemm" (`_conv_gemm`).
+CONV_FORM = "torchburn_conv_form"
+
+
 @lowering(aten.convolution.default)
 def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: Any, padding: Any,
                 dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Value:
@@ -177,7 +182,15 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
     out = b.out_dtype
     xc, wc = _float_compute(b, x, w)
     attrs = _conv_attrs(stride, padding, dilation, nsp, groups)
-    if transposed:
+    gemm = None
+    if not transposed and b.node is not None and b.node.meta.get(CONV_FORM) == "gemm":
+        gemm = _conv_gemm(b, xc, wc, _out_spatial(b, nsp), attrs)
+    if gemm is not None:
+        res = gemm
+        if bias is not None:
+            bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
+            res = b.op("add", res, b.expand(bc, res.shape))
+    elif transposed:
         res = _grad_input(b, xc, wc, _out_spatial(b, nsp), attrs)
         if bias is not None:
             bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
@@ -187,6 +200,57 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
     else:
         res = b.op("conv", xc, wc, **attrs)
     return b.cast(res, out)
+
+
+def _columns(b: Builder, x: Value, window: Sequence[int], out_sp: Sequence[int],
+             attrs: dict[str, Any]) -> Value:
+    """im2col of `x: [N, C, *in]` as `[N, C, T, P]`: for each tap `k` of the window (the
+    weight's order), the input at positions `o*s - p + k*d` of every output position `o`
+    (zero in the padding), by one pad and strided slices."""
+    stride, padding, dilation = attrs["stride"], attrs["padding"], attrs["dilation"]
+    n, c = x.shape[0], x.shape[1]
+    positions = 1
+    for o in out_sp:
+        positions *= o
+    xp = x
+    if any(padding):
+        xp = b.op("pad", x, low=[0, 0, *padding], high=[0, 0, *padding], value=0.0)
+    columns = []
+    for tap in _taps(window):
+        v = xp
+        for d, (k, o) in enumerate(zip(tap, out_sp)):
+            start = k * dilation[d]
+            v = b.op("slice", v, dim=2 + d, start=start, end=start + stride[d] * (o - 1) + 1, step=stride[d])
+        columns.append(b.reshape(v, (n, c, Const(1), Const(positions))))
+    return columns[0] if len(columns) == 1 else b.op("concat", *columns, dim=2)
+
+
+def _conv_gemm(b: Builder, x: Value, w: Value, out_size: Sequence[Expr], attrs: dict[str, Any]) -> Optional[Value]:
+    """An ungrouped convolution as one batched matrix product of the weight and the input's
+    columns (im2col), or None where sizes are symbolic or the convolution is grouped; a
+    candidate the tuner measures against the direct kernel (deep layers with small images,
+    where the direct kernel's tiles along the width are short):
+
+        cols = im2col(x) : [N, C*T, P];  out = matmul(expand(w : [Cout, C*T]), cols) : [N, Cout, P]
+    """
+    nsp = len(attrs["stride"])
+    sizes = [_static(e) for e in (*x.shape, *w.shape, *out_size)]
+    if attrs["groups"] != 1 or any(v is None for v in sizes):
+        return None
+    n, c = int(sizes[0]), int(sizes[1])  # type: ignore[arg-type]
+    cout = int(sizes[nsp + 2])  # type: ignore[arg-type]
+    ks = [int(v) for v in sizes[nsp + 4:2 * nsp + 4]]  # type: ignore[arg-type]
+    out_sp = [int(v) for v in sizes[2 * nsp + 4:]]  # type: ignore[arg-type]
+    taps = 1
+    for k in ks:
+        taps *= k
+    positions = 1
+    for o in out_sp:
+        positions *= o
+    cols = b.reshape(_columns(b, x, ks, out_sp, attrs), (Const(n), Const(c * taps), Const(positions)))
+    w2 = b.expand(b.reshape(w, (Const(1), Const(cout), Const(c * taps))), (Const(n), Const(cout), Const(c * taps)))
+    res = b.op("matmul", w2, cols)
+    return b.reshape(res, (Const(n), Const(cout), *(Const(o) for o in out_sp)))
 
 
 #: Weight gradients with at least this many multiply-adds per output element (the reduction
@@ -228,17 +292,7 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
         taps *= k
     if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
         return None
-    xp = x
-    if any(padding):
-        xp = b.op("pad", x, low=[0, 0, *padding], high=[0, 0, *padding], value=0.0)
-    columns = []
-    for tap in _taps(ks):
-        v = xp
-        for d, (k, o) in enumerate(zip(tap, out_sp)):
-            start = k * dilation[d]
-            v = b.op("slice", v, dim=2 + d, start=start, end=start + stride[d] * (o - 1) + 1, step=stride[d])
-        columns.append(b.reshape(v, (Const(n), Const(c), Const(1), Const(positions))))
-    cols = columns[0] if len(columns) == 1 else b.op("concat", *columns, dim=2)  # [N, C, T, P]
+    cols = _columns(b, x, ks, out_sp, attrs)  # [N, C, T, P]
     cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))
     g2 = b.reshape(b.op("permute", g, dims=[1, 0, *range(2, nsp + 2)]), (Const(cout), Const(n * positions)))
     gw = b.op("matmul", g2, b.op("permute", cols, dims=[1, 0]))
