@@ -445,9 +445,9 @@ def _case(name: str, what: str, full: Callable[[], nn.Module], tiny: Callable[[]
     return ConvCase(name, what, full, tiny, {"full": full_sample, "tiny": tiny_sample}, arg)
 
 
-_TINY_MNV3_SMALL = [MNV3_SMALL[i] for i in (1, 2, 3)]
-_TINY_MNV3_LARGE = [MNV3_LARGE[i] for i in (1, 3, 6)]
-_TINY_EFFNET = [(1, 3, 1, 32, 16, 1), (6, 5, 2, 16, 24, 2)]
+_TINY_MNV3_SMALL = [MNV3_SMALL[i] for i in (2, 3)]
+_TINY_MNV3_LARGE = [MNV3_LARGE[i] for i in (4, 6)]
+_TINY_EFFNET = [(1, 3, 1, 16, 16, 1), (6, 5, 2, 16, 24, 1)]
 _TINY_MNV3ISH = [(16, 3, 16, 24, True, False, 2), (24, 5, 48, 24, False, True, 1)]
 _TINY_WAV2VEC2 = [(32, 10, 5), (32, 3, 2), (32, 2, 2)]
 
