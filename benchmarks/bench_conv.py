@@ -1,0 +1,293 @@
+"""The convolution suite (`tests/models/conv_zoo.py`, issue 35): eager vs Inductor vs TorchBurn.
+
+    python benchmarks/bench_conv.py                                   # every model, batch 1 and 8, both modes
+    python benchmarks/bench_conv.py --models resnet18,unet --batches 1 --rounds 3
+    python benchmarks/bench_conv.py --modes inference --threads 2 --clock cpu --json out.json
+    python benchmarks/bench_conv.py --tb-option tune=search --tb-option partitioner=save-all
+    python benchmarks/bench_conv.py --size tiny --rounds 3             # the CI sizes: a smoke run
+
+Per model, batch and mode:
+- `inference`: `eval()` under `torch.no_grad()`;
+- `training`: `train()`, forward, `(out * w).sum().backward()` with gradients reset to None
+  before each step (no optimizer step, as `bench_models.py`: every call does the same work).
+
+Contenders: `eager`; `inductor` (`torch.compile` defaults); `inductor-freezing` (inference only:
+`torch._inductor.config.freezing = True` at compile time, weights folded and prepacked, the
+stronger Inductor); `torchburn` (`backend="torchburn"`, `--tb-option KEY=VALUE` passed as
+`options={...}`; a value is read as JSON where it parses, else as a string).
+
+Each compiled contender is checked against eager on its first call: the output (to 1e-3 of its
+largest entry, relative 1e-3) and, in training, every parameter's gradient (to 5e-3 of the
+model's largest gradient entry, relative 5e-3); deep nets in float32 with batch norm sum in
+other orders, so these are looser than the 2-layer model suite's. A row that fails the check
+is marked `WRONG` (the JSON has the error) and left out of the geomeans.
+
+Times are medians of interleaved rounds (`benchmarks/common.py`) with the interquartile range;
+wall time, or with `--clock cpu` the process's CPU time (all threads). `cold s` is each
+compiled contender's first call after fresh caches (`bench_models._clear_compile_caches`);
+`ours` is TorchBurn's share of its cold call (passes/codegen/llvm/other, `compile_split`);
+`fb` counts the ops TorchBurn left to PyTorch. Each row is printed as soon as it is measured;
+the geomeans of compiled/eager per mode, and of TorchBurn over each Inductor, close the run.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONTENDERS = ("eager", "inductor", "inductor-freezing", "torchburn")
+MODES = ("inference", "training")
+#: Contenders that only make sense in inference (freezing folds the weights as constants).
+INFERENCE_ONLY = frozenset({"inductor-freezing"})
+#: Output check: absolute, as a fraction of the largest expected entry, and relative.
+OUT_TOL = 1e-3
+#: Gradient check: absolute, as a fraction of the model's largest gradient entry, and relative.
+GRAD_TOL = 5e-3
+
+
+def parse_tb_options(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings to TorchBurn's `options` (VALUE as JSON where it parses: numbers,
+    booleans, lists; otherwise the string itself)."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--tb-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    if options:
+        from torchburn.backend.entry import _check_options
+
+        try:
+            _check_options(options)
+        except ValueError as err:
+            raise SystemExit(f"--tb-option: {err}") from None
+    return options
+
+
+def _compiled(model: Any, who: str, tb_options: dict[str, Any]) -> Any:
+    import torch
+
+    if who == "torchburn":
+        return torch.compile(model, backend="torchburn", options=tb_options or None)
+    return torch.compile(model)
+
+
+def _freezing(who: str) -> Any:
+    """Inductor's freezing while `who` compiles (it is read at compile time)."""
+    import contextlib
+
+    import torch._inductor.config
+
+    return torch._inductor.config.patch(freezing=True) if who == "inductor-freezing" else contextlib.nullcontext()
+
+
+def check(got: Any, expected: Any, model: Any, eager: Any, mode: str) -> Optional[str]:
+    """None if the compiled contender's output (and, in training, gradients) match eager's;
+    else what differs."""
+    import torch
+
+    try:
+        scale = float(expected.detach().abs().max()) or 1.0
+        torch.testing.assert_close(got, expected, rtol=OUT_TOL, atol=OUT_TOL * scale, msg=lambda m: f"output: {m}")
+        if mode == "training":
+            pairs = [(n, p, q) for (n, p), q in zip(model.named_parameters(), eager.parameters())]
+            gscale = max(float(q.grad.abs().max()) for _, _, q in pairs if q.grad is not None) or 1.0
+            for name, p, q in pairs:
+                if q.grad is None:
+                    continue
+                if p.grad is None:
+                    return f"{name}: no gradient"
+                torch.testing.assert_close(p.grad, q.grad, rtol=GRAD_TOL, atol=GRAD_TOL * gscale,
+                                           msg=lambda m, name=name: f"gradient of {name}: {m}")
+    except AssertionError as err:
+        return " ".join(str(err).split())[:400]
+    return None
+
+
+def run_row(name: str, size: str, batch: int, mode: str, which: list[str], rounds: int, clock: str,
+            tb_options: dict[str, Any]) -> dict[str, Any]:
+    """Measure one model at one batch size in one mode; returns the row (timings, compile
+    times, checks, errors)."""
+    import torch
+
+    from benchmarks.bench_models import CLOCKS, _clear_compile_caches, _step, compile_split
+    from benchmarks.common import compare
+    from tests.models import conv_zoo
+    from torchburn.backend import report as rep
+
+    case = conv_zoo.CASES[name]
+    eager = conv_zoo.build(name, size).train(mode == "training")
+    kw = conv_zoo.inputs(name, size, batch)
+    step_mode = "forward" if mode == "inference" else "training"
+    reference = copy.deepcopy(eager)
+    expected = _step(reference, case, kw, step_mode)()
+    fns: dict[str, Callable[[], Any]] = {}
+    compile_s: dict[str, dict[str, Any]] = {}
+    checks: dict[str, Optional[str]] = {}
+    errors: dict[str, str] = {}
+    for who in which:
+        if mode == "training" and who in INFERENCE_ONLY:
+            continue
+        model = copy.deepcopy(eager)
+        if who == "eager":
+            fns[who] = _step(model, case, kw, step_mode)
+            continue
+        _clear_compile_caches()
+        fn = _step(_compiled(model, who, tb_options), case, kw, step_mode)
+        records = rep.start_recording()
+        try:
+            with _freezing(who):
+                t0, c0 = time.perf_counter(), time.process_time()
+                got = fn()
+                cold, cold_cpu = time.perf_counter() - t0, time.process_time() - c0
+        except Exception as err:  # noqa: BLE001 - a contender that fails is reported, the run goes on
+            errors[who] = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+            continue
+        finally:
+            rep.stop_recording()
+        compile_s[who] = {"cold_s": cold, "cold_cpu_s": cold_cpu}
+        if who == "torchburn":
+            compile_s[who]["ours_cold_s"] = sum(r.import_seconds for r in records)
+            compile_s[who].update(compile_split(records))
+            compile_s[who]["fallback_ops"] = sorted({op for r in records for op in r.fallback_ops})
+            compile_s[who]["internal_errors"] = [s.name for r in records for s in r.internal_errors]
+        checks[who] = check(got, expected, model, reference, mode)
+        fns[who] = fn
+    timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds, clock=CLOCKS[clock])
+    return {"model": name, "size": size, "batch": batch, "mode": mode, "timings": timings, "compile": compile_s,
+            "checks": checks, "errors": errors}
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.2f}"
+
+
+HEADERS = ["model", "batch", "mode"] + [f"{w} ms (iqr)" for w in CONTENDERS] + \
+          [f"{w}/eager" for w in CONTENDERS[1:]] + ["ours/ind", "ours/ind-frz"] + \
+          [f"{w} cold s" for w in CONTENDERS[1:]] + ["ours s (passes/codegen/llvm/other)", "fb", "check"]
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    """One result as table cells ('-' where a contender did not run)."""
+    t, c = r["timings"], r["compile"]
+
+    def ratio(a: str, b: str) -> str:
+        return f"{t[a].median_s / t[b].median_s:.2f}" if a in t and b in t else "-"
+
+    cells = [r["model"], str(r["batch"]), r["mode"]]
+    cells += [f"{_ms(t[w].median_s)} ({_ms(t[w].iqr_s)})" if w in t else "-" for w in CONTENDERS]
+    cells += [ratio(w, "eager") for w in CONTENDERS[1:]]
+    cells += [ratio("torchburn", "inductor"), ratio("torchburn", "inductor-freezing")]
+    cells += [f"{c[w]['cold_s']:.1f}" if w in c else "-" for w in CONTENDERS[1:]]
+    tb = c.get("torchburn")
+    cells += [f"{tb['ours_cold_s']:.1f} ({tb['passes_s']:.1f}/{tb['codegen_s']:.1f}/{tb['llvm_s']:.1f}/"
+              f"{tb['other_ours_s']:.1f})" if tb else "-", str(len(tb["fallback_ops"])) if tb else "-"]
+    bad = [w for w, e in r["checks"].items() if e] + [f"{w} failed" for w in r["errors"]]
+    if tb and tb["internal_errors"]:
+        bad.append(f"torchburn internal errors: {len(tb['internal_errors'])}")
+    cells.append("WRONG: " + ", ".join(bad) if bad else "ok")
+    return cells
+
+
+def _valid(r: dict[str, Any], who: str) -> bool:
+    return who in r["timings"] and not r["checks"].get(who) and not r["errors"].get(who)
+
+
+def geomeans(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per mode: each compiled contender's geomean of time / eager's, and TorchBurn's over
+    each Inductor's, over the rows where both sides ran and passed the check."""
+    def gm(rows: list[dict[str, Any]], a: str, b: str) -> Optional[float]:
+        ratios = [r["timings"][a].median_s / r["timings"][b].median_s for r in rows if _valid(r, a) and _valid(r, b)]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        rows = [r for r in results if r["mode"] == mode]
+        means = {f"{w}/eager": gm(rows, w, "eager") for w in CONTENDERS[1:]}
+        means["torchburn/inductor"] = gm(rows, "torchburn", "inductor")
+        means["torchburn/inductor-freezing"] = gm(rows, "torchburn", "inductor-freezing")
+        kept = {k: v for k, v in means.items() if v is not None}
+        if kept:
+            out[mode] = kept
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="", help="comma-separated models (default: all of conv_zoo)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--modes", default=",".join(MODES), help="inference, training or both")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--size", choices=("full", "tiny"), default="full", help="conv_zoo's size of the models")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per row")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or the process's CPU time (all threads): steadier on a loaded machine")
+    parser.add_argument("--tb-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a TorchBurn compile option (torch.compile(..., options={KEY: VALUE})); repeatable")
+    parser.add_argument("--json", default="", help="write the results to this file")
+    parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
+    args = parser.parse_args(argv)
+    if not args.disk_cache:
+        os.environ["TORCHBURN_CACHE_DIR"] = "off"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-conv-")
+    import torch
+
+    from benchmarks.common import format_table, machine_info, write_json
+    from tests.models import conv_zoo
+
+    names = [m for m in args.models.split(",") if m] or list(conv_zoo.CASES)
+    unknown = [n for n in names if n not in conv_zoo.CASES]
+    modes = [m for m in args.modes.split(",") if m]
+    which = [c for c in args.contenders.split(",") if c]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; known: {', '.join(conv_zoo.CASES)}")
+    if set(modes) - set(MODES) or set(which) - set(CONTENDERS):
+        raise SystemExit(f"--modes among {MODES}, --contenders among {CONTENDERS}")
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b]
+    except ValueError:
+        raise SystemExit(f"--batches {args.batches!r}: expected comma-separated integers") from None
+    tb_options = parse_tb_options(args.tb_option)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    print("  ".join(HEADERS), flush=True)
+    results = []
+    for name in names:
+        for batch in batches:
+            for mode in modes:
+                results.append(run_row(name, args.size, batch, mode, which, args.rounds, args.clock, tb_options))
+                print("  ".join(row_cells(results[-1])), flush=True)
+                for who, err in {**results[-1]["errors"], **results[-1]["checks"]}.items():
+                    if err:
+                        print(f"  {who}: {err}", flush=True)
+    info = machine_info()
+    info["loadavg_1m_before"] = load_before
+    print(f"\n# {info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, load {load_before:.2f} before "
+          f"/ {info['loadavg_1m']:.2f} after; median of {args.rounds} interleaved rounds, {args.clock} time; "
+          f"size {args.size}; torchburn options {tb_options or '{}'}")
+    print(format_table(HEADERS, [row_cells(r) for r in results]))
+    means = geomeans(results)
+    for mode, m in means.items():
+        print(f"geomean {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.items()))
+    write_json(args.json, {"machine": info, "rounds": args.rounds, "clock": args.clock, "size": args.size,
+                           "torchburn_options": tb_options, "results": results, "geomeans": means})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Where a convolution model's step spends its time: eager's ATen ops against TorchBurn's kernels.
+
+    python tools/profile_conv.py --model unet --mode training --batch 1 --steps 5
+    python tools/profile_conv.py --model resnet18 --mode inference --size tiny --top 20
+
+Eager is profiled with `torch.profiler` (self CPU time per ATen op). The TorchBurn step is
+compiled, then each compiled graph's native call is swapped for its kernels called one by one
+and timed (`torchburn.llm.profile.StepProfiler`: the same code on the same memory, ~2 us of
+ctypes added per kernel); `torch.profiler` over the compiled step shows what ran outside our
+kernels (ops left to PyTorch, autograd's own work). Kernels are named by the ATen ops fused
+into them; the totals by op group say which family (convolution forward, its input and
+weight gradients, normalization, ...) dominates.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _eager_profile(step: Callable[[], Any], steps: int, top: int) -> str:
+    import torch.profiler as tp
+
+    step()
+    with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def _group(what: str) -> str:
+    """A kernel's family, from the ATen ops fused into it (the first that computes)."""
+    ops = [o.strip() for o in what.split(",")]
+    for key in ("convolution_backward", "convolution", "native_group_norm_backward", "native_group_norm",
+                "native_batch_norm_backward", "_native_batch_norm_legit", "max_pool2d_with_indices_backward",
+                "max_pool2d_with_indices", "upsample_nearest2d_backward", "upsample_nearest2d", "mm", "addmm",
+                "cat"):
+        for o in ops:
+            if o.split(".")[0] == key:
+                return key
+    return ops[0] if ops and ops[0] else "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="unet")
+    parser.add_argument("--mode", choices=("inference", "training"), default="training")
+    parser.add_argument("--size", choices=("full", "tiny"), default="full")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5, help="steps profiled")
+    parser.add_argument("--top", type=int, default=25, help="rows per table")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
+    import torch
+    import torch.profiler as tp
+
+    from benchmarks.bench_models import _step
+    from tests.models import conv_zoo
+    from torchburn.llm.profile import StepProfiler, capture_launchers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    case = conv_zoo.CASES[args.model]
+    eager = conv_zoo.build(args.model, args.size).train(args.mode == "training")
+    kw = conv_zoo.inputs(args.model, args.size, args.batch)
+    mode = "forward" if args.mode == "inference" else "training"
+    eager_step = _step(eager, case, kw, mode)
+    model = copy.deepcopy(eager)
+    ours_step = _step(torch.compile(model, backend="torchburn"), case, kw, mode)
+    t0 = time.perf_counter()
+    with capture_launchers() as launchers:
+        ours_step()
+    print(f"# {args.model} {args.size} batch {args.batch} {args.mode}: compiled in {time.perf_counter() - t0:.1f} s, "
+          f"{len(launchers)} launcher(s); {torch.get_num_threads()} threads")
+
+    def timed(step: Callable[[], Any]) -> float:
+        step()
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        return (time.perf_counter() - t) / args.steps
+
+    print(f"step: eager {timed(eager_step) * 1e3:.1f} ms, torchburn {timed(ours_step) * 1e3:.1f} ms "
+          f"(mean of {args.steps})\n")
+    print("## eager: ATen ops by self CPU time\n")
+    print(_eager_profile(eager_step, args.steps, args.top))
+    print("\n## torchburn: the compiled step under torch.profiler (our native calls and what ran outside)\n")
+    print(_eager_profile(ours_step, args.steps, args.top))
+
+    profilers = [StepProfiler(launcher, model) for launcher in launchers]
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        for p in profilers:
+            stack.enter_context(p.active())
+        for _ in range(args.steps):
+            ours_step()
+    by_group: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    total = 0.0
+    for index, (launcher, p) in enumerate(zip(launchers, profilers)):
+        n = max(p.calls, 1)
+        seconds = sum(k.seconds for k in p.kernels) / n
+        total += seconds
+        print(f"\n## torchburn graph {index} ({launcher.name}): {seconds * 1e3:.1f} ms in {len(p.kernels)} kernel calls "
+              f"(mean of {n} calls)\n")
+        print("| kernel | ms/step | share | what (ATen ops fused) | module |\n|---|---:|---:|---|---|")
+        for k in sorted(p.kernels, key=lambda k: -k.seconds)[:args.top]:
+            print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / seconds:.1f}% | {k.what[:90]} | "
+                  f"{k.where.split(' (')[0]} |")
+        for k in p.kernels:
+            g = by_group[_group(k.what)]
+            g[0] += k.seconds / n
+            g[1] += 1
+    print(f"\n## torchburn kernels by op family (all graphs: {total * 1e3:.1f} ms per step)\n")
+    print("| family | ms/step | share | kernels |\n|---|---:|---:|---:|")
+    for name, (s, count) in sorted(by_group.items(), key=lambda x: -x[1][0]):
+        print(f"| {name} | {s * 1e3:.2f} | {100 * s / total:.1f}% | {count} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
