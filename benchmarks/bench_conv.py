@@ -14,7 +14,8 @@ Per model, batch and mode:
 Contenders: `eager`; `inductor` (`torch.compile` defaults); `inductor-freezing` (inference only:
 `torch._inductor.config.freezing = True` at compile time, weights folded and prepacked, the
 stronger Inductor); `torchburn` (`backend="torchburn"`, `--tb-option KEY=VALUE` passed as
-`options={...}`; a value is read as JSON where it parses, else as a string).
+`options={...}`; a value is read as JSON where it parses, else as a string); `torchburn-notune`
+(the same with `tune="off"`: every kernel ours, nothing measured; docs/tuning.md).
 
 Each compiled contender is checked against eager on its first call: the output (to 1e-3 of its
 largest entry, relative 1e-3) and, in training, every parameter's gradient (to 5e-3 of the
@@ -45,7 +46,7 @@ from typing import Any, Callable, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONTENDERS = ("eager", "inductor", "inductor-freezing", "torchburn")
+CONTENDERS = ("eager", "inductor", "inductor-freezing", "torchburn", "torchburn-notune")
 MODES = ("inference", "training")
 #: Contenders that only make sense in inference (freezing folds the weights as constants).
 INFERENCE_ONLY = frozenset({"inductor-freezing"})
@@ -82,6 +83,8 @@ def _compiled(model: Any, who: str, tb_options: dict[str, Any]) -> Any:
 
     if who == "torchburn":
         return torch.compile(model, backend="torchburn", options=tb_options or None)
+    if who == "torchburn-notune":  # every kernel ours (the tuner off): what the tuner adds
+        return torch.compile(model, backend="torchburn", options={**tb_options, "tune": "off"})
     return torch.compile(model)
 
 
@@ -159,7 +162,7 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
         finally:
             rep.stop_recording()
         compile_s[who] = {"cold_s": cold, "cold_cpu_s": cold_cpu}
-        if who == "torchburn":
+        if who.startswith("torchburn"):
             compile_s[who]["ours_cold_s"] = sum(r.import_seconds for r in records)
             compile_s[who].update(compile_split(records))
             compile_s[who]["fallback_ops"] = sorted({op for r in records for op in r.fallback_ops})

@@ -21,7 +21,7 @@ disturbs less (one thread: the time the step ran; more threads: OpenMP's spinnin
 `cold` is the first call after `torch._dynamo.reset()` with torchburn's caches empty
 (memory; the disk cache is off unless `--disk-cache`) and Inductor's cache folder fresh
 (`TORCHINDUCTOR_CACHE_DIR` is a new temporary folder for each cold compile, and Inductor's
-in-memory caches are cleared; so is TorchBurn's kernel cache); `ours` is torchburn's own share of it (every
+in-memory caches are cleared; so are TorchBurn's kernel cache and tuning records); `ours` is torchburn's own share of it (every
 graph's `import_seconds`, see `benchmarks/bench_compile.py`), split into passes, codegen (LLVM
 IR), LLVM (optimization, object code) and the rest of ours (partition, import, loading);
 `dynamo+aot` is the cold first call less ours (Dynamo's tracing, AOTAutograd's, and the first
@@ -58,10 +58,12 @@ def _clear_compile_caches() -> None:
 
     from torchburn.compiler.driver import memory_cache
     from torchburn.compiler.kernel_cache import kernel_cache
+    from torchburn.runtime.tuner import records
 
     torch._dynamo.reset()
     memory_cache().clear()
     kernel_cache().clear()
+    records().clear()  # a cold compile measures its tuning choices again
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-models-")
     try:
         from torch._inductor.codecache import PyCodeCache
