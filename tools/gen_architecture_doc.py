@@ -29,6 +29,9 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> Dynamo FX graph
   -> AOTAutograd: functional ATen graph (forward; backward when training),
      decomposed with torchburn/frontend/decompositions.py
+  -> tuner: where a kernel has candidates (a convolution: our direct      runtime/tuner.py,
+     kernel, im2col + GEMM, ATen's library call), they are measured on    backend/library_calls.py
+     the real shapes and the fastest kept (records on disk; docs/tuning.md)
   -> partition: nodes with a lowering form compiled subgraphs, the rest   frontend/partition.py
      stays PyTorch (reported by torchburn.explain)
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
@@ -66,10 +69,10 @@ with the target in the pass context, so passes never probe the host.
 | `frontend/` | ATen -> tensor IR: lowerings, decompositions, partitioning | ir |
 | `passes/` | pass API, pipelines (CPU and GPU), pattern rewrites, every built-in pass; passes read the target from their context | ir |
 | `codegen/` | loop IR -> LLVM IR, loop IR -> WGSL; target descriptions built (host probe, named CPUs) | ir |
-| `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, GPU device, the reference interpreter (`reference/`) | ir, codegen |
+| `runtime/` | configuration (`config.py`), JIT loading, shared libraries, disk cache, the tuner (`tuner.py`), GPU device, the reference interpreter (`reference/`) | ir, codegen |
 | `compiler/` | the staged driver and its engines: pipeline, codegen, caches, dumps, versions (no torch) | ir, passes, codegen, runtime |
 | `quant/` | INT8/INT4 layouts, `QuantizedLinear`, custom ops and their lowerings | ir, frontend, runtime |
-| `backend/` | `torch.compile` entry, FX-graph and decomposition caches, inference path, launchers, report, `explain` | all of the above |
+| `backend/` | `torch.compile` entry, FX-graph and decomposition caches, the tuner's library-call candidates, inference path, launchers, report, `explain` | all of the above |
 | `cli/` | `torchburn-opt`, `python -m torchburn` | all of the above |
 
 `tests/test_layering.py` walks the AST of every module (function-local imports included) and
