@@ -20,7 +20,7 @@ from .chat_template import Message, render_chat
 from .kv_cache import KVCache
 from .model import Decoder
 from .sampling import SamplingParams, next_tokens
-from .step_runner import StepCache, _LazyCompile, step_cache_enabled
+from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
 from .tokenizer import StreamDecoder, Tokenizer
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
@@ -120,6 +120,8 @@ class LLM:
                                             *sorted(self.eos_ids), 0) if x is not None))
         self._caches: dict[int, KVCache] = {}
         self.compiled = compile
+        #: Step shapes run through `torch.compile` so far (without the step cache).
+        self._compiled_shapes: set[tuple[Any, ...]] = set()
         self._step: Callable[..., Any] = self._eager_step
         self.steps = StepCache(self) if compile and step_cache_enabled() else None
         if compile:  # Dynamo loads on the first call that needs it (a warm step cache needs none)
@@ -209,6 +211,12 @@ class LLM:
         positions = (slots[None, :] - starts[:, None]).clamp(min=0)
         if self.steps is not None:
             return self.steps.run(cache, ids, positions, slots, starts, logit_index)
+        shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
+        if self.compiled and shape not in self._compiled_shapes:
+            self._compiled_shapes.add(shape)
+            with compiling(ids, self.config.num_hidden_layers):
+                return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                                  dynamic=self.compiled)
         return cache.step(self._step, ids, positions, slots, starts, logit_index,
                           dynamic=self.compiled)
 
