@@ -116,3 +116,9 @@ def test_the_models_folder_follows_the_cache_variable(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TORCHBURN_CACHE_DIR", "off")  # the compile cache off; models still kept
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert dm.models_folder() == tmp_path / "xdg" / "torchburn" / "models"
+
+
+def test_a_folder_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(dm.DefaultModelError, match="cannot write to the model folder"):
+        dm.fetch_gguf(tmp_path / "file" / "models")  # a file where a folder should be

@@ -66,7 +66,7 @@ def test_the_command_shows_compiling_unless_quiet(tiny_checkpoint, capsys, monke
         assert err == ""
         return
     assert re.search(r"^torchburn: compiling the prefill step \(\d+ tokens; 2 layers\) \.\.\.$", err, re.M)
-    done = re.search(r"^torchburn: compiling the decode step \(2 layers\): done \(1 graph, (\d+) kernels, "
+    done = re.search(r"^torchburn: compiling the decode step \(2 layers\): done \(1 graph, (\d+) distinct kernels, "
                      r"\d+\.\d s\)$", err, re.M)
     assert done and int(done.group(1)) > 0, err
     assert "disk cache" not in err  # off in the tests: nothing is read from it

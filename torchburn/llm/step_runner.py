@@ -52,7 +52,7 @@ def compiling(ids: torch.Tensor, layers: int) -> Iterator[Step]:
         reports = rep.since(point)
         kernels = sum(len(s.kernels) for r in reports for s in r.subgraphs if s.compiled)
         eager = sum(len(r.fallback_ops) for r in reports)
-        step.note = (f"{len(reports)} graph{'s' * (len(reports) != 1)}, {kernels} kernels"
+        step.note = (f"{len(reports)} graph{'s' * (len(reports) != 1)}, {kernels} distinct kernels"
                      + (f", {eager} ops left to PyTorch" if eager else ""))
 
 
