@@ -67,7 +67,7 @@ summary { cursor: pointer; }
 {% endfor %}
 </table>
 {% for s in g.subgraphs %}
-<details><summary>{{ s.name }}: {{ s.ops|length }} ops, {{ s.kernels|length }} kernel(s)</summary>
+<details{% if open_details %} open{% endif %}><summary>{{ s.name }}: {{ s.ops|length }} ops, {{ s.kernels|length }} kernel(s)</summary>
 <p>ATen ops: <code>{{ s.ops|join(", ") }}</code></p>
 {% if s.note %}<p>{{ s.note }}</p>{% endif %}
 {% if s.kernels %}<table><tr><th>kernel: fused ops @ where they came from</th><th>time in the call</th><th></th></tr>
@@ -82,9 +82,17 @@ summary { cursor: pointer; }
 {% endfor %}
 <h2>Kernel times</h2>
 <p>{{ timing_note }}</p>
+{% if slowest %}<table><tr><th>kernel</th><th>subgraph</th><th>time in the call</th><th></th></tr>
+{% for k in slowest %}<tr><td><code>{{ k.text }}</code></td><td>{{ k.subgraph }}</td><td class="num">{{ k.time }}</td>
+<td><span class="bar" style="width: {{ k.width }}px"></span></td></tr>{% endfor %}</table>{% endif %}
 </body>
 </html>
 """
+
+
+#: The slowest kernels listed together at the end; subgraphs shown unfolded up to this many.
+SLOWEST = 20
+OPEN_UP_TO = 4
 
 
 @dataclass
@@ -114,12 +122,13 @@ def _subgraph_view(s: Any, times: Optional[dict[str, float]]) -> dict[str, Any]:
     for text in s.kernels:
         name = text.split(":", 1)[0]
         t = times.get(name) if times else None
-        kernels.append({"text": text, "time": _ms(t) if t is not None else "",
+        kernels.append({"text": text, "time": _ms(t) if t is not None else "", "seconds": t,
+                        "subgraph": s.name,
                         "width": int(200 * t / longest) if t is not None and longest > 0 else 0})
     notes = [n for n in (s.engine_note, s.transfers.line() if s.transfers is not None else None) if n]
     return {"name": s.name, "ops": s.ops, "status": f"{status} on {s.engine}" if s.compiled else status,
             "css": css, "kernels": kernels, "note": "; ".join(notes),
-            "timings": ", ".join(f"{k} {_ms(v)}" for k, v in s.timings.items()),
+            "timings": "from the cache" if s.cache_hit else ", ".join(f"{k} {_ms(v)}" for k, v in s.timings.items()),
             "pass_times": ", ".join(f"{k} {_ms(v)}" for k, v in s.pass_times)}
 
 
@@ -140,17 +149,21 @@ def render(report: "ExplainReport", times: Optional[KernelTimes] = None) -> str:
                 for s in g.subgraphs]
         stages = ", ".join(f"{k} {_ms(v)}" for k, v in g.stages.items())
         graphs.append({"title": title, "subgraphs": subs, "fallbacks": g.fallbacks, "stages": stages})
+    timed = [k for g in graphs for s in g["subgraphs"] for k in s["kernels"] if k["seconds"] is not None]
+    slowest = sorted(timed, key=lambda k: -k["seconds"])[:SLOWEST]
+    top = slowest[0]["seconds"] if slowest else 0.0
+    slowest = [dict(k, width=int(200 * k["seconds"] / top) if top > 0 else 0) for k in slowest]
     if times is None:
         timing_note = "Not measured."
     else:
-        timed = sum(len(v) for v in times.by_subgraph.values())
-        timing_note = (f"{timed} kernel(s) timed one by one in the explained call (the first, cold: "
+        timing_note = (f"{len(timed)} kernel(s) timed one by one in the explained call (the first, cold: "
                        f"first touch of memory included; each time includes ~2 us of its ctypes call)."
                        + (" " + " ".join(times.notes) if times.notes else ""))
     return env.from_string(TEMPLATE).render(
         header=report._header(), errors=report.internal_errors, breaks=report.graph_breaks,
         eager_ops=None if report.eager_ops is None else sorted(report.eager_ops.items()),
-        fx_graphs=report.fx_graphs, graphs=graphs, timing_note=timing_note)
+        fx_graphs=report.fx_graphs, graphs=graphs, timing_note=timing_note, slowest=slowest,
+        open_details=sum(len(g["subgraphs"]) for g in graphs) <= OPEN_UP_TO)
 
 
 def write(report: "ExplainReport", path: Union[str, "os.PathLike[str]"],
