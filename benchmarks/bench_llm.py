@@ -59,8 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import Panel, add_plot_argument, machine_info, plot_panels, plot_path  # noqa: E402
 
-LLAMA_CPP_HINT = ("llama-cpp-python is not installed: pip install llama-cpp-python (see the "
-                  "docstring of benchmarks/bench_llm.py for the CMAKE_ARGS of a portable build)")
+LLAMA_CPP_HINT = ("llama-cpp-python is not installed: pip install -e '.[bench]' (it builds llama.cpp "
+                  "from source; see the docstring of benchmarks/bench_llm.py for the CMAKE_ARGS of a "
+                  "portable build)")
 
 
 class Contender:
@@ -272,7 +273,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
     plotted = plot_panels(plot_path(args.json, args.plot),
                           f"bench_llm.py: {payload['machine']['cpu']}, {args.threads} threads, "
-                          f"{args.layers or 'all'} layers, mean of {args.rounds} rounds",
+                          f"{args.layers or 'all'} layers, mean of {args.rounds} rounds, load "
+                          f"{os.getloadavg()[0]:.1f}",
                           [tokens_panel(title, payload[key]) for key, title in
                            (("gguf_results", f"the same GGUF ({gguf.name})"),
                             ("float_results", "random float checkpoint")) if key in payload])

@@ -65,3 +65,31 @@ def test_bench_cpu_writes_json_and_plot(tmp_path: Path, capsys) -> None:  # type
     assert set(payload["results"][0]["timings"]) == {"eager", "torchburn"}
     assert (tmp_path / "cpu.png").read_bytes().startswith(PNG)
     assert f"plot: {tmp_path / 'cpu.png'}" in capsys.readouterr().out
+
+
+def test_bench_llm_plots_tokens_per_second_per_test() -> None:
+    from benchmarks.bench_llm import tokens_panel
+
+    results = {"torchburn": {"pp64": {"mean": 95.0}, "tg16": {"mean": 40.0}},
+               "llama.cpp": {"pp64": {"mean": 120.0}, "tg16": {"mean": 45.0}}}
+    panel = tokens_panel("GGUF", results)
+    assert panel.groups == ["pp64", "tg16"]
+    assert panel.series == {"torchburn": [95.0, 40.0], "llama.cpp": [120.0, 45.0]}
+
+
+def test_bench_models_plots_speedup_and_cold_compile(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import argparse
+
+    from benchmarks.bench_models import plot
+
+    def timing(s: float) -> common.Timing:
+        return common.Timing("x", s, s, s, 1, 1)
+
+    results = [{"model": "gpt2", "mode": "forward",
+                "timings": {"eager": timing(2.0), "inductor": timing(1.0), "torchburn": timing(0.5)},
+                "compile": {"inductor": {"cold_s": 30.0}, "torchburn": {"cold_s": 3.0}}}]
+    args = argparse.Namespace(clock="wall", rounds=3)
+    out = plot(str(tmp_path / "m.png"), results, ["eager", "inductor", "torchburn"],
+               {"cpu": "cpu", "torch_threads": 2}, args)
+    assert out and Path(out).read_bytes().startswith(PNG)
