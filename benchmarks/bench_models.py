@@ -263,8 +263,9 @@ def plot(path: Optional[str], results: list[dict[str, Any]], which: list[str], i
     cold = Panel("cold compile (first call)", [name for name, _ in rows],
                  {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in compiled},
                  "seconds (lower is better; log scale)", log=True)
+    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
     return plot_panels(path, f"bench_models.py: {info['cpu']}, {info['torch_threads']} threads, "
-                             f"{args.clock} time, median of {args.rounds} rounds",
+                             f"{args.clock} time, median of {args.rounds} rounds{load}",
                        [speedup_panel("steady-state step", rows, which), cold])
 
 

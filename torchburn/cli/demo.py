@@ -190,6 +190,8 @@ def _run(args: argparse.Namespace, dump: Path, temporary: bool) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).eval()
     x = torch.randn(args.batch, 512)
+    print(f"MLP Linear(512,1024) -> GELU -> Linear(1024,256), batch {args.batch}, engine {engine}")
+    print("  compiling it (the first call), then timing it against eager ...", flush=True)
     setup0 = rep.backend_setup_seconds
     records = rep.start_recording()
     t0 = time.perf_counter()
@@ -208,7 +210,6 @@ def _run(args: argparse.Namespace, dump: Path, temporary: bool) -> int:
     warnings.insert(0, busy_warning(max(loads)) if loads else None)
     err = (y - expected).abs().max().item()
     ratios = sorted(e / o for e, o in zip(eager.samples, ours.samples))
-    print(f"MLP Linear(512,1024) -> GELU -> Linear(1024,256), batch {args.batch}, engine {engine}")
     for line in warnings:
         if line:
             print(line)
