@@ -130,3 +130,18 @@ def test_chromium_renders_the_pages_with_no_console_message(pages: dict[str, Pat
         assert console == [], f"{name}: {console}"
         assert '<p id="summary">torchburn explain:' in dom
         assert "FX graphs" in dom and "Kernel times" in dom
+
+
+def test_without_jinja2_it_says_so_before_compiling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    compiled: list[int] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        compiled.append(1)
+        return x + 1
+
+    with pytest.raises(ImportError, match="renders with jinja2"):
+        torchburn.explain(f, torch.randn(3), html=tmp_path / "r.html")
+    assert compiled == [] and not (tmp_path / "r.html").exists()

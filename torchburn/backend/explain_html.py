@@ -132,13 +132,19 @@ def _subgraph_view(s: Any, times: Optional[dict[str, float]]) -> dict[str, Any]:
             "pass_times": ", ".join(f"{k} {_ms(v)}" for k, v in s.pass_times)}
 
 
-def render(report: "ExplainReport", times: Optional[KernelTimes] = None) -> str:
-    """The page's text."""
+def require_jinja2() -> Any:
+    """The jinja2 module, or an ImportError that says how to get it (checked before compiling)."""
     try:
         import jinja2
     except ImportError:
         raise ImportError("explain(..., html=...) renders with jinja2: "
                           "pip install jinja2 (it is in torchburn's llm extra)") from None
+    return jinja2
+
+
+def render(report: "ExplainReport", times: Optional[KernelTimes] = None) -> str:
+    """The page's text."""
+    jinja2 = require_jinja2()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     many = (report.dynamo_graphs or 1) > 1
     graphs = []

@@ -169,6 +169,10 @@ def explain(fn: Callable[..., Any], *args: Any, html: Optional[Union[str, "os.Pa
 
     from .entry import torchburn_backend
 
+    if html is not None:
+        from .explain_html import require_jinja2
+
+        require_jinja2()
     torch._dynamo.reset()
     records = rep.start_recording()
     graph_index: list[int] = []
