@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import compare, format_table, machine_info, write_json  # noqa: E402
+from benchmarks.common import (add_plot_argument, compare, format_table, machine_info,  # noqa: E402
+                               plot_panels, plot_path, speedup_panel, write_json)
 from benchmarks.workloads import GptBlock, readme_mlp  # noqa: E402
 
 CONTENDERS = ("eager", "inductor", "torchburn")
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-runs", type=int, default=3, help="fresh processes for the cold-compile row")
     parser.add_argument("--no-compile-row", action="store_true", help="skip the cold-compile row")
     parser.add_argument("--json", default="", help="write the results to this file")
+    add_plot_argument(parser)
     parser.add_argument("--disk-cache", action="store_true",
                         help="use TorchBurn's on-disk compile cache (off by default: its key does not "
                              "see changes to the compiler's own code)")
@@ -225,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
               f"torchburn's own share {compile_row['ours_ms_median']:.1f} ms")
     write_json(args.json, {"machine": info, "rounds": args.rounds, "results": results,
                            "cold_compile_mlp": compile_row})
+    rows = [(r["case"], {w: r["timings"][w].median_s for w in which}) for r in results]
+    plotted = plot_panels(plot_path(args.json, args.plot),
+                          f"bench_cpu.py: {info['cpu']}, {info['torch_threads']} threads, load "
+                          f"{info['loadavg_1m']:.1f}, median of {args.rounds} rounds",
+                          [speedup_panel("steady-state call", rows, which)])
+    if plotted:
+        print(f"plot: {plotted}")
     return 0
 
 

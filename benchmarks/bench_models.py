@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -214,13 +214,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time, or the process's CPU time (all threads): steadier on a loaded machine")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
+    from benchmarks.common import add_plot_argument  # no torch import: TORCHBURN_CACHE_DIR is set below
+
+    add_plot_argument(parser)
     args = parser.parse_args(argv)
     if not args.disk_cache:
         os.environ["TORCHBURN_CACHE_DIR"] = "off"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-models-")
     import torch
 
-    from benchmarks.common import machine_info, write_json
+    from benchmarks.common import machine_info, plot_path, write_json
     from tests.models import zoo
 
     if args.threads:
@@ -246,7 +249,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geomean {mode}: " + ", ".join(f"{w}/eager {v:.2f}" for w, v in m.items()))
     write_json(args.json, {"machine": info, "rounds": args.rounds, "clock": args.clock, "results": results,
                            "geomean_vs_eager": means})
+    plotted = plot(plot_path(args.json, args.plot), results, which, info, args)
+    if plotted:
+        print(f"plot: {plotted}")
     return 0
+
+
+def plot(path: Optional[str], results: list[dict[str, Any]], which: list[str], info: dict[str, Any],
+         args: argparse.Namespace) -> Optional[str]:
+    """Speed-up over eager per model and mode, and the cold compile of the compiled contenders."""
+    from benchmarks.common import Panel, plot_panels, speedup_panel
+
+    rows = [(f"{r['model']} {r['mode']}", {w: r["timings"][w].median_s for w in which}) for r in results]
+    compiled = [w for w in which if w != "eager"]
+    cold = Panel("cold compile (first call)", [name for name, _ in rows],
+                 {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in compiled},
+                 "seconds (lower is better; log scale)", log=True)
+    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
+    return plot_panels(path, f"bench_models.py: {info['cpu']}, {info['torch_threads']} threads, "
+                             f"{args.clock} time, median of {args.rounds} rounds{load}",
+                       [speedup_panel("steady-state step", rows, which), cold])
 
 
 if __name__ == "__main__":

@@ -135,3 +135,120 @@ def write_json(path: Optional[str], payload: Mapping[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=2, default=encode)
         f.write("\n")
+
+
+@dataclass
+class Panel:
+    """One chart of a figure: a bar per contender for each workload (group)."""
+
+    title: str
+    groups: list[str]
+    #: contender -> one value per group (None: not measured for that group).
+    series: dict[str, list[Optional[float]]]
+    xlabel: str
+    #: A vertical line (e.g. 1.0 on a speed-up over eager) and a logarithmic axis.
+    reference: Optional[float] = None
+    log: bool = False
+
+
+#: Contender colours, the same in every plot; ours stands out.
+COLOURS = {"torchburn": "#d62728", "eager": "#7f7f7f", "inductor": "#1f77b4", "llama.cpp": "#2ca02c"}
+
+
+def plot_path(json_path: Optional[str], plot: Optional[str]) -> Optional[str]:
+    """Where the PNG goes: ``--plot``, else the JSON's path with ``.png``, else nowhere."""
+    if plot:
+        return plot
+    if json_path:
+        return os.path.splitext(json_path)[0] + ".png"
+    return None
+
+
+def add_plot_argument(parser: Any) -> None:
+    parser.add_argument("--plot", default="", metavar="PNG",
+                        help="write the figures as a PNG plot (default: beside --json, same name, .png; "
+                             "needs matplotlib: pip install -e '.[bench]')")
+
+
+def _colour(name: str, k: int) -> str:
+    for key, c in COLOURS.items():
+        if name.lower().startswith(key):
+            return c
+    return f"C{(k + 3) % 10}"
+
+
+def plot_panels(path: Optional[str], title: str, panels: Sequence[Panel]) -> Optional[str]:
+    """Draw ``panels`` side by side (horizontal grouped bars, workloads top to bottom) into
+    the PNG ``path``. Returns the path, or None (no path; matplotlib missing: said on stderr)."""
+    if not path or not panels:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        import sys
+
+        print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
+        return None
+    rows = max(len(p.groups) for p in panels)
+    height = 1.2 + 0.18 * rows * max(len(p.series) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.8 * len(panels), max(height, 2.6)), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        names = list(panel.series)
+        colours: list[str] = []
+        for k, name in enumerate(names):  # one colour per contender, distinct within a chart
+            c = _colour(name, k)
+            colours.append(c if c not in colours else f"C{(k + 3) % 10}")
+        width = 0.8 / max(len(names), 1)
+        for k, name in enumerate(names):
+            ys = [i + (k - (len(names) - 1) / 2) * width for i in range(len(panel.groups))]
+            vals = panel.series[name]
+            keep = [(y, v) for y, v in zip(ys, vals) if v is not None]
+            if not keep:
+                continue
+            bars = ax.barh([y for y, _ in keep], [v for _, v in keep], height=width,
+                           label=name, color=colours[k])
+            ax.bar_label(bars, labels=[f"{v:.3g}" for _, v in keep], fontsize=7, padding=2)
+        ax.set_yticks(range(len(panel.groups)), panel.groups, fontsize=8)
+        ax.invert_yaxis()
+        if panel.log:
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        if panel.reference is not None:
+            ax.axvline(panel.reference, color="black", linewidth=0.8)
+        ax.set_xlabel(panel.xlabel)
+        ax.set_title(panel.title, fontsize=10)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        ax.margins(x=0.15)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # the legends beside the charts included
+    plt.close(fig)
+    return path
+
+
+def speedup_panel(title: str, rows: Sequence[tuple[str, Mapping[str, Optional[float]]]],
+                  contenders: Sequence[str], baseline: str = "eager") -> Panel:
+    """Speed-up over ``baseline`` (its seconds / each contender's) per workload, from
+    ``(workload, {contender: seconds})`` rows; the baseline itself is the line at 1. Without
+    the baseline among the contenders: each one's milliseconds."""
+    if baseline not in contenders:
+        return Panel(title, [name for name, _ in rows],
+                     {c: [secs[c] * 1e3 if secs.get(c) else None for _, secs in rows] for c in contenders},
+                     "ms (lower is better; log scale)", log=True)
+    shown = [c for c in contenders if c != baseline]
+    series: dict[str, list[Optional[float]]] = {c: [] for c in shown}
+    for _, secs in rows:
+        base = secs.get(baseline)
+        for c in shown:
+            v = secs.get(c)
+            series[c].append(base / v if base and v else None)
+    return Panel(title, [name for name, _ in rows], series,
+                 f"speed-up over {baseline} (x, higher is better; log scale)", reference=1.0, log=True)

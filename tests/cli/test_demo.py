@@ -3,6 +3,7 @@ what the folder holds per engine, the busy-machine and software-adapter warnings
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,20 @@ def test_resolve_dump_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert temporary and folder.parent == tmp_path and folder.name.startswith("torchburn-dump-")
 
 
+def test_compile_split_adds_up() -> None:
+    from torchburn.backend.report import GraphReport, SubgraphReport
+
+    sub = SubgraphReport("fused_0", ["aten.addmm"], timings={"passes": 0.1, "codegen": 0.05, "llvm": 0.2})
+    hit = SubgraphReport("fused_1", ["aten.gelu"], timings={"disk_load": 0.01})
+    split = demo.compile_split(1.0, [GraphReport("inference", [sub, hit], import_seconds=0.5)], 0.02)
+    assert split.ours == pytest.approx(0.52) and split.dynamo == pytest.approx(0.48)
+    assert split.stages == pytest.approx({"passes": 0.1, "codegen": 0.05, "llvm": 0.2, "load": 0.01})
+    text = "\n".join(split.lines())
+    assert "Dynamo and AOTAutograd" in text and ": 480 ms" in text
+    assert "TorchBurn: 520 ms: our passes 100 ms, code generation 50 ms, LLVM 200 ms" in text
+    assert "the rest (partition, import to IR, caches, launchers, set-up) 160 ms" in text
+
+
 def test_time_interleaved_alternates() -> None:
     order: list[str] = []
     a, b = demo.time_interleaved([lambda: order.append("a"), lambda: order.append("b")], repeats=3, inner=2)
@@ -88,8 +103,17 @@ def test_demo_honours_torchburn_dump_and_cleans_its_temporary_folder(tmp_path: P
     assert "median of 2; min..max" in out and "per repetition" in out
     assert not list((tmp_path / "tmp").glob("torchburn-dump-*"))  # no stray temporary folder
 
-    out = _run_demo(tmp_path)
+    # the first call's time split by stage, each figure a number of milliseconds
+    first = int(re.search(r"first call \(compile \+ run\): (\d+) ms", out).group(1))
+    dynamo = int(re.search(r"Dynamo and AOTAutograd \(.*\): (\d+) ms", out).group(1))
+    ours = re.search(r"TorchBurn: (\d+) ms: our passes (\d+) ms, code generation (\d+) ms, LLVM (\d+) ms", out)
+    assert ours and abs(dynamo + int(ours.group(1)) - first) <= 1, out
+    assert f"the IR of every stage of it is written to {tmp_path / 'dump'}" in out
+
+    out = _run_demo(tmp_path, "--html", str(tmp_path / "report.html"))
     assert "removed on exit" in out
+    assert f"the report as a web page: {tmp_path / 'report.html'}" in out
+    assert "torchburn explain" in (tmp_path / "report.html").read_text()
     assert not list((tmp_path / "tmp").glob("torchburn-dump-*"))  # created, then removed
 
 

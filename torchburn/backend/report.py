@@ -93,6 +93,8 @@ class _Recorder(threading.local):
 
 _recorder = _Recorder()
 _all_reports: list[GraphReport] = []
+#: Reports recorded in this process (`mark`, `since`).
+_recorded = 0
 #: Seconds spent in the backend's entry before AOTAutograd runs (options, decomposition
 #: table), summed over the process; benchmarks add it to our time.
 backend_setup_seconds = 0.0
@@ -104,6 +106,8 @@ def add_backend_setup(seconds: float) -> None:
 
 
 def record(report: GraphReport) -> None:
+    global _recorded
+    _recorded += 1
     _all_reports.append(report)
     del _all_reports[:-256]
     if _recorder.reports is not None:
@@ -121,3 +125,14 @@ def stop_recording() -> None:
 
 def recent_reports() -> list[GraphReport]:
     return list(_all_reports)
+
+
+def mark() -> int:
+    """A point in the process's reports, for `since`."""
+    return _recorded
+
+
+def since(point: int) -> list[GraphReport]:
+    """The reports recorded after `mark` returned ``point`` (the last 256 at most)."""
+    n = min(_recorded - point, len(_all_reports))
+    return list(_all_reports[-n:]) if n > 0 else []

@@ -1,5 +1,6 @@
 """`python -m torchburn demo`: compile the README's MLP, check it against eager, time both,
-explain what ran where, and show the IR of every stage.
+split the first call's time by stage (Dynamo and AOTAutograd; our passes, code generation,
+LLVM), explain what ran where (``--html``: also as a web page), and show the IR of every stage.
 
 Honest by construction: timings are medians over interleaved repetitions with their spread,
 a busy machine or a software GPU adapter is said out loud (both make the figures
@@ -113,6 +114,45 @@ def describe_dump(folder: Path) -> str:
     return f"{len(graphs)} compiled graph(s), each with " + ", ".join(kinds)
 
 
+@dataclass
+class CompileSplit:
+    """Where the first call's seconds went: Dynamo's side (tracing, AOTAutograd, and the call
+    itself) and ours, by stage (as bench_compile.py splits a cold compile)."""
+
+    total: float
+    ours: float
+    #: Summed over the compiled subgraphs: "passes" (tensor and loop passes), "codegen"
+    #: (LLVM IR or WGSL), "llvm" (LLVM's optimization and object code), "load".
+    stages: dict[str, float]
+
+    @property
+    def dynamo(self) -> float:
+        return max(self.total - self.ours, 0.0)
+
+    def lines(self) -> list[str]:
+        ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
+        named = {"passes": "our passes", "codegen": "code generation", "llvm": "LLVM",
+                 "load": "loading the object code"}
+        parts = [f"{named.get(k, k)} {ms(v)}" for k, v in self.stages.items() if v > 0]
+        rest = self.ours - sum(self.stages.values())
+        if rest > 0:
+            parts.append(f"the rest (partition, import to IR, caches, launchers, set-up) {ms(rest)}")
+        return [f"    Dynamo and AOTAutograd (importing, tracing, decompositions; the call itself): {ms(self.dynamo)}",
+                f"    TorchBurn: {ms(self.ours)}: " + ", ".join(parts)]
+
+
+def compile_split(total: float, records: list[Any], setup: float) -> CompileSplit:
+    """`CompileSplit` of a first call of ``total`` seconds, from the backend's reports of it
+    (`backend.report`) and the backend's set-up seconds spent in it."""
+    stages = {"passes": 0.0, "codegen": 0.0, "llvm": 0.0, "load": 0.0}
+    for r in records:
+        for sub in r.subgraphs:
+            for k, v in sub.timings.items():
+                key = "load" if k == "disk_load" else k
+                stages[key] = stages.get(key, 0.0) + v
+    return CompileSplit(total, sum(r.import_seconds for r in records) + setup, stages)
+
+
 def resolve_dump(arg: Optional[str]) -> tuple[Path, bool]:
     """(folder, whether we created it as a temporary one): `--dump`, else `TORCHBURN_DUMP`,
     else a new temporary folder."""
@@ -135,6 +175,7 @@ def demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, dump: Path, temporary: bool) -> int:
     import torch
 
+    from ..backend import report as rep
     from ..backend.explainer import explain
     from ..runtime import config, gpu
 
@@ -149,11 +190,19 @@ def _run(args: argparse.Namespace, dump: Path, temporary: bool) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).eval()
     x = torch.randn(args.batch, 512)
+    print(f"MLP Linear(512,1024) -> GELU -> Linear(1024,256), batch {args.batch}, engine {engine}")
+    print("  compiling it (the first call), then timing it against eager ...", flush=True)
+    setup0 = rep.backend_setup_seconds
+    records = rep.start_recording()
     t0 = time.perf_counter()
     compiled = torch.compile(model, backend="torchburn")
     with torch.no_grad():
-        y = compiled(x)
+        try:
+            y = compiled(x)
+        finally:
+            rep.stop_recording()
         cold = time.perf_counter() - t0
+        split = compile_split(cold, list(records), rep.backend_setup_seconds - setup0)
         expected = model(x)
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
         eager, ours = time_interleaved([lambda: model(x), lambda: compiled(x)], args.repeats, args.inner)
@@ -161,20 +210,24 @@ def _run(args: argparse.Namespace, dump: Path, temporary: bool) -> int:
     warnings.insert(0, busy_warning(max(loads)) if loads else None)
     err = (y - expected).abs().max().item()
     ratios = sorted(e / o for e, o in zip(eager.samples, ours.samples))
-    print(f"MLP Linear(512,1024) -> GELU -> Linear(1024,256), batch {args.batch}, engine {engine}")
     for line in warnings:
         if line:
             print(line)
     print(f"  result matches eager (max abs error {err:.2e})")
     print(f"  first call (compile + run): {cold * 1e3:.0f} ms")
+    for line in split.lines():
+        print(line)
+    print(f"    the IR of every stage of it is written to {dump}")
     print(f"  eager:     {eager.describe()}")
     print(f"  torchburn: {ours.describe()}")
     print(f"  speed-up:  {eager.median / ours.median:.2f}x eager (ratio of medians; "
           f"per repetition {ratios[0]:.2f}x..{ratios[-1]:.2f}x)")
     with torch.no_grad():
-        report = explain(model, x)
+        report = explain(model, x, html=args.html)
     print()
     print(report)
+    if args.html:
+        print(f"\nthe report as a web page: {Path(args.html).resolve()}")
     print()
     print(f"IR of every stage in {dump}: {describe_dump(dump)}")
     if temporary and not args.keep_dump:
@@ -188,5 +241,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", help="folder for the IR dumps (default: TORCHBURN_DUMP, else a "
                                        "temporary folder removed on exit)")
     parser.add_argument("--keep-dump", action="store_true", help="keep the temporary dump folder")
+    parser.add_argument("--html", metavar="PATH", default=None,
+                        help="also write explain()'s report as a web page (FX graph, kernels and their times)")
     parser.add_argument("--repeats", type=int, default=15, help="timed repetitions of each side")
     parser.add_argument("--inner", type=int, default=20, help="calls per timed repetition")

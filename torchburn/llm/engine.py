@@ -19,8 +19,9 @@ import torch
 from .chat_template import Message, render_chat
 from .kv_cache import KVCache
 from .model import Decoder
+from .progress import Step
 from .sampling import SamplingParams, next_tokens
-from .step_runner import StepCache, _LazyCompile, step_cache_enabled
+from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
 from .tokenizer import StreamDecoder, Tokenizer
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
@@ -120,6 +121,8 @@ class LLM:
                                             *sorted(self.eos_ids), 0) if x is not None))
         self._caches: dict[int, KVCache] = {}
         self.compiled = compile
+        #: Step shapes run through `torch.compile` so far (without the step cache).
+        self._compiled_shapes: set[tuple[Any, ...]] = set()
         self._step: Callable[..., Any] = self._eager_step
         self.steps = StepCache(self) if compile and step_cache_enabled() else None
         if compile:  # Dynamo loads on the first call that needs it (a warm step cache needs none)
@@ -170,8 +173,11 @@ class LLM:
                 from .safetensors_loader import load_safetensors_model, read_json
                 from .tokenizer import tokenizer_from_folder
 
-                model, _ = cached_load(path, quant,
-                                       lambda record: (load_safetensors_model(path, quant, record), {}))
+                def build(record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
+                    with Step(f"loading the weights of {path.name}" + (f" ({quant})" if quant else "")):
+                        return load_safetensors_model(path, quant, record), {}
+
+                model, _ = cached_load(path, quant, build)
                 tokenizer = tokenizer_from_folder(path)
                 gen = path / "generation_config.json"
                 if gen.is_file():
@@ -209,6 +215,12 @@ class LLM:
         positions = (slots[None, :] - starts[:, None]).clamp(min=0)
         if self.steps is not None:
             return self.steps.run(cache, ids, positions, slots, starts, logit_index)
+        shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
+        if self.compiled and shape not in self._compiled_shapes:
+            self._compiled_shapes.add(shape)
+            with compiling(ids, self.config.num_hidden_layers):
+                return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                                  dynamic=self.compiled)
         return cache.step(self._step, ids, positions, slots, starts, logit_index,
                           dynamic=self.compiled)
 
@@ -402,7 +414,8 @@ def _gguf_for_cache(path: Path, quant: Optional[str],
     tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
     from .gguf_loader import load_gguf_model
 
-    model, meta = load_gguf_model(path, quant, record)
+    with Step(f"loading the weights of {path.name}"):
+        model, meta = load_gguf_model(path, quant, record)
     return model, {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
 
 

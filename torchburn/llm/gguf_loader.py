@@ -223,7 +223,8 @@ def load_gguf_model(path: Path, quant: Optional[str],
     del reader  # its metadata arrays and its map of the whole file
     warned: set[str] = set()
     with path.open("rb", buffering=0) as f:
-        for item in progress(tensors, desc=f"loading {path.name}"):
+        for item in progress(tensors, desc=f"loading {path.name}",
+                             total=sum(t[3] for t in tensors), size=lambda t: t[3]):
             _load_tensor(f, path, item, config, sink, permute, warned)
     return sink.finish(), meta
 

@@ -1,12 +1,8 @@
 """Where a decode step's time goes, per kernel (``benchmark --profile``, ``TORCHBURN_PROFILE=1``).
 
-A compiled step is one native call that runs its kernels in order.  To time them one by one,
-each kernel call of the step's program is built again as a program of its own (same
-buffers, symbols and workspace layout, one call), and the launcher's native entry is swapped
-for a function that calls those one-kernel programs in turn with the same pointers, timing
-each.  The results are the same (the kernels are the same code, run in the same order on the
-same memory); only the ~2 us of a ctypes call per kernel is added, and it is counted in
-each kernel's time.  Each kernel gets its wall time and the calling thread's CPU time
+The step's launcher is timed kernel by kernel (`backend/kernel_timing.py`: each kernel call
+built again as a program of its own, called in turn with the same pointers; each call includes
+the ~2 us of ctypes). Each kernel gets its wall time and the calling thread's CPU time
 (`time.thread_time`): on a shared machine the second leaves out the time the thread waited
 descheduled, but counts the time it spun at a parallel loop's closing barrier waiting for
 the other threads.  Each kernel is named by its origin (the ATen ops and the model module it
@@ -15,101 +11,27 @@ empty, by their weight's shape and kind.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
 import re
-import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..backend.kernel_timing import KernelTime, KernelTimer, capture_launchers
 
-@dataclasses.dataclass
-class KernelTime:
-    """One kernel call of the step: what it is, where it came from, its seconds per step."""
-
-    index: int
-    kernel: str
-    what: str
-    where: str
-    seconds: float = 0.0
-    cpu_seconds: float = 0.0
+__all__ = ["KernelTime", "StepProfiler", "capture_launchers", "profile_decode"]
 
 
-@contextlib.contextmanager
-def capture_launchers() -> Iterator[list[Any]]:
-    """The launchers built while the block runs (the graphs compiled or loaded in it)."""
-    from ..backend.launcher import Launcher
-
-    made: list[Any] = []
-    init = Launcher.__init__
-
-    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    Launcher.__init__ = spy  # type: ignore[method-assign]
-    try:
-        yield made
-    finally:
-        Launcher.__init__ = init  # type: ignore[method-assign]
-
-
-def _one_call_programs(program: Any) -> list[Any]:
-    """For each call of ``program``, the program doing only that call."""
-    return [dataclasses.replace(program, name=f"{program.name}_prof{i}", calls=(call,),
-                                kernels=(program.kernel(call.kernel),))
-            for i, call in enumerate(program.calls)]
-
-
-def _build(programs: list[Any]) -> list[Callable[..., None]]:
-    from ..codegen.llvm.module import entry_name
-    from ..compiler.driver import configured_target
-    from ..compiler.engines import engine_for
-
-    target = configured_target()
-    engine = engine_for(target)
-    entries = []
-    for p in programs:
-        built = engine.build(p, target, None, shared=False)
-        entries.append(built.native.entry(entry_name(p)))  # keeps its module alive
-    return entries
-
-
-class StepProfiler:
-    """Swaps the native entry of a compiled step for per-kernel timed calls."""
+class StepProfiler(KernelTimer):
+    """A step's `KernelTimer`, its kernels described by what they compute and where from."""
 
     def __init__(self, launcher: Any, model: nn.Module) -> None:
-        compiled = launcher.keepalive
-        self.launcher = launcher
-        self.program = compiled.full_program()
-        self.entries = _build(_one_call_programs(self.program))
-        origins = dict(compiled.kernels)
-        self.kernels = [KernelTime(i, c.kernel, *_describe(self.program, c, origins.get(c.kernel, ""), model))
-                        for i, c in enumerate(self.program.calls)]
-        self.calls = 0
-
-    def _entry(self, buffers: Any, symbols: Any, workspace: Any) -> None:
-        clock, cpu = time.perf_counter, time.thread_time
-        for k, entry in zip(self.kernels, self.entries):
-            t0, c0 = clock(), cpu()
-            entry(buffers, symbols, workspace)
-            k.seconds += clock() - t0
-            k.cpu_seconds += cpu() - c0
-        self.calls += 1
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator["StepProfiler"]:
-        g = self.launcher.launch.__globals__
-        native = g["_entry"]
-        g["_entry"] = self._entry
-        try:
-            yield self
-        finally:
-            g["_entry"] = native
+        super().__init__(launcher)
+        origins = dict(launcher.keepalive.kernels)
+        for k, c in zip(self.kernels, self.program.calls):
+            k.what, k.where = _describe(self.program, c, origins.get(c.kernel, ""), model)
 
     def table(self, top: int = 25) -> str:
         n = max(self.calls, 1)

@@ -145,7 +145,12 @@ def load_safetensors_model(folder: Path, quant: Optional[str],
             sink.check(our_name(key), table.shape(key))
     names = [(t, k) for t in tables for k in t.entries if sink.wants(our_name(k))]
     label = "quantizing" if quant else "loading"
-    bar = iter(progress(names, desc=f"{label} {folder.name}"))
+    def nbytes(item: tuple[TensorFile, str]) -> int:
+        begin, end = item[0].entries[item[1]]["data_offsets"]
+        return int(end) - int(begin)
+
+    bar = iter(progress(names, desc=f"{label} {folder.name}",
+                        total=sum(nbytes(n) for n in names), size=nbytes))
     for table in tables:
         with table:
             for key in table.entries:

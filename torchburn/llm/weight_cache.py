@@ -46,6 +46,7 @@ from blake3 import blake3
 from ..quant import Int4Weight, Int8Weight
 from ..runtime.config import get_config
 from .config import DecoderConfig
+from .progress import Step
 
 log = logging.getLogger("torchburn")
 
@@ -305,11 +306,12 @@ def cached_load(path: Path, quant: Optional[str],
     (the loader, with the sink's record hook), then stored for the next process."""
     key = source_key(path, quant) if get_config().cache_dir is not None else None
     if key is not None:
-        hit = load(key)
-        if hit is not None:
-            STATS.hits += 1
-            config, records, meta = hit
-            return replay(config, records, quant), meta
+        with Step(f"reading the weights of {path.name} from the disk cache"):
+            hit = load(key)
+            if hit is not None:
+                STATS.hits += 1
+                config, records, meta = hit
+                return replay(config, records, quant), meta
         STATS.misses += 1
     records: list[Record] = []
     model, meta = build(lambda name, value: records.append((name, value)))
