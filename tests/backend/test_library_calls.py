@@ -236,3 +236,17 @@ def test_bad_tune_options_are_refused(options: dict[str, Any], message: str) -> 
 
     with pytest.raises(BackendCompilerFailed, match=message):  # Dynamo wraps the backend's ValueError
         torch.compile(nn.Linear(2, 2), backend="torchburn", options=options)(torch.randn(1, 2))
+
+
+def test_a_library_call_is_charged_for_the_cut() -> None:
+    """The `aten` candidate's overhead: the fixed cost and its result's bytes, written and read back."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x, w: torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+                 tracing_mode="fake")(torch.randn(2, 16, 12, 12), torch.randn(8, 16, 3, 3))
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    expected = library_calls.CUT_FIXED_S + library_calls.CUT_SECONDS_PER_BYTE * 2 * 8 * 12 * 12 * 4
+    assert library_calls.cut_overhead(node) == pytest.approx(expected)
+    (aten_candidate,) = [c for c in library_calls.candidates(node, torch.Generator(), lambda g: None)
+                         if c.name == "aten"]
+    assert aten_candidate.overhead_s == pytest.approx(expected) and aten_candidate.kind == "library"

@@ -186,3 +186,20 @@ def test_bad_options_and_candidates_are_refused() -> None:
 
 def test_choice_line_without_times() -> None:
     assert Choice("convolution", "f32[1]", "aten", "budget").line() == "convolution f32[1]: aten (budget)"
+
+
+def test_an_overhead_counts_against_its_candidate() -> None:
+    """A library call measured 10% faster alone loses once its cut of the fused graph (its
+    `overhead_s`) is counted; the line shows both."""
+    clock, prepared = FakeClock(), []
+    tuner = Tuner(TuneOptions(mode="search"), CTX, clock=clock)
+    choice = tuner.choose("convolution", WORK, "conv",
+                          [Candidate("ours", "generated", costing(clock, 0.0011, prepared, "ours"), default=True),
+                           Candidate("aten", "library", costing(clock, 0.0010, prepared, "aten"), safe=True,
+                                     overhead_s=0.0002)])
+    assert choice.chosen == "ours"
+    assert choice.speedup == pytest.approx(0.0012 / 0.0011)
+    assert "aten 1.000 ms + 0.200 ms cut" in choice.line()
+    again = Tuner(TuneOptions(mode="cached"), CTX, clock=clock).choose("convolution", WORK, "conv",
+                                                                       two(clock, prepared, 1, 1))
+    assert again.source == "record" and again.overheads == {"aten": pytest.approx(0.0002)}

@@ -19,6 +19,9 @@ Modes (`TORCHBURN_TUNE`, or the `tune` option of `torch.compile`):
   (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the `safe` candidate is used
   (the one least likely to be slow: for a convolution, the library call).
 
+A candidate may carry an `overhead_s`: a cost of choosing it that its own run does not show
+(a library call splits the fused graph around it); the ranking adds it to the median.
+
 A search is bounded twice: by the budget, checked before each workload (a workload started
 finishes: its candidates are measured together), and per candidate by `max_rounds` and a
 per-workload time cap. The tuner imports no torch: candidates bring their own runners.
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchburn")
 
 #: Bumped when the record's layout or the way candidates are measured changes.
-RECORD_FORMAT = "tune-1"
+RECORD_FORMAT = "tune-2"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class Candidate:
     default: bool = False
     #: What a `search` uses once its budget is spent.
     safe: bool = False
+    #: Seconds this candidate costs beyond its own run when chosen, which a measurement of it
+    #: alone cannot see (a library call cuts the fused graph: its result is written and read
+    #: back instead of staying in the next kernel's registers); added when ranking.
+    overhead_s: float = 0.0
 
 
 @dataclass
@@ -78,20 +85,29 @@ class Choice:
     failed: dict[str, str] = field(default_factory=dict)
     #: Seconds this choice cost the compile (measuring), 0 for records.
     cost_s: float = 0.0
+    #: Each candidate's `overhead_s`, where not 0 (added to its time when ranking).
+    overheads: dict[str, float] = field(default_factory=dict)
+
+    def cost(self, name: str) -> float:
+        """Candidate `name`'s measured time plus its overhead."""
+        return self.times[name] + self.overheads.get(name, 0.0)
 
     @property
     def speedup(self) -> Optional[float]:
-        """How many times faster the chosen candidate ran than the next best, when measured."""
+        """How many times faster the chosen candidate is than the next best (overheads
+        included), when measured."""
         if self.chosen not in self.times or len(self.times) < 2:
             return None
-        others = [t for n, t in self.times.items() if n != self.chosen]
-        return min(others) / self.times[self.chosen] if self.times[self.chosen] > 0 else None
+        others = [self.cost(n) for n in self.times if n != self.chosen]
+        return min(others) / self.cost(self.chosen) if self.cost(self.chosen) > 0 else None
 
     def line(self) -> str:
         """One line for `explain()`."""
         if self.times:
-            ranked = sorted(self.times.items(), key=lambda kv: kv[1])
-            timing = ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in ranked)
+            ranked = sorted(self.times, key=self.cost)
+            timing = ", ".join(f"{n} {self.times[n] * 1e3:.3f} ms" + (f" + {self.overheads[n] * 1e3:.3f} ms cut"
+                                                                     if self.overheads.get(n) else "")
+                               for n in ranked)
             gain = f"; {self.speedup:.2f}x the next" if self.speedup is not None else ""
             failed = "".join(f"; {n} failed: {e}" for n, e in self.failed.items())
             return f"{self.family} {self.workload}: {self.chosen} ({self.source}: {timing}{gain}{failed})"
@@ -198,12 +214,13 @@ class Tuner:
             record = _records.get(key, self.disk)
             if record is not None and record.get("chosen") in names:
                 choice = Choice(family, description, record["chosen"], "record",
-                                {str(k): float(v) for k, v in record.get("times", {}).items()})
+                                {str(k): float(v) for k, v in record.get("times", {}).items()},
+                                overheads={str(k): float(v) for k, v in record.get("overheads", {}).items()})
             elif mode == "search" and self.budget_left_s > 0:
                 choice = self._measure(family, description, candidates, default)
                 if choice.times:  # a measurement, even a partial one, is worth keeping
                     _records.put(key, {"chosen": choice.chosen, "times": choice.times,
-                                       "workload": description}, self.disk)
+                                       "overheads": choice.overheads, "workload": description}, self.disk)
             elif mode == "search":
                 choice = Choice(family, description, safe.name, "budget")
         if choice is None:
@@ -243,7 +260,8 @@ class Tuner:
             if rounds >= self.options.min_rounds and self.clock() - measuring_started > self.options.workload_cap_s:
                 break
         times = {n: statistics.median(s) for n, s in samples.items() if s}
-        chosen = min(times, key=lambda n: times[n]) if times else default.name
+        overheads = {c.name: c.overhead_s for c in candidates if c.overhead_s}
+        chosen = min(times, key=lambda n: times[n] + overheads.get(n, 0.0)) if times else default.name
         cost = self.clock() - start
         self.spent_s += cost
-        return Choice(family, description, chosen, "measured" if times else "default", times, failed, cost)
+        return Choice(family, description, chosen, "measured" if times else "default", times, failed, cost, overheads)
