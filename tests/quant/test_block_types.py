@@ -113,6 +113,7 @@ def test_generated_kernels_match_reference(name: str, form: str, m: int, no_disk
     c = Compiled(blocks_graph(m, n, k, name), lowering="lower-to-loops" if form == "simd" else "lower-to-loops-gpu")
     plans = [dict(kk.attrs).get("qlinear") for kk in c.program.kernels]
     assert len(plans) == 1 and (plans[0] is not None) == (form == "simd")
+    assert form != "simd" or plans[0].startswith(f"block={name} mr={min(m, 4)} ")
     raw = random_blocks(name, n, k // bt.block, m)
     w = gguf_reference(raw, name).astype(np.float64)
     rng = np.random.default_rng(m)
@@ -153,3 +154,50 @@ def test_compiled_op_matches_eager(name: str, engine: str) -> None:
             out, reports = run_compiled(layer, x)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         assert_fully_compiled(reports)
+
+
+#: target -> a vector register of its assembly, and the f32 lanes of its LLVM IR
+TARGETS = {"avx2": (r"%ymm\d+", 8), "avx512": (r"%zmm\d+", 16), "neon": (r"\bv\d+\.4s\b", 4)}
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("name", TYPES)
+def test_kernels_for_each_target(name: str, target: str, no_disk_cache: Any) -> None:
+    """The kernels compiled for AVX2, AVX-512 and aarch64 NEON: vectors of the target's width
+    in the LLVM IR and its registers in the assembly; run (GEMV and a ragged GEMM in one
+    program) where this CPU can, else emitted and assembled only."""
+    import ctypes
+    import re
+
+    from torchburn.codegen.target import named_target, runs_here
+    from torchburn.compiler import driver
+    from torchburn.ir.parser import parse_graph
+
+    bt = BLOCK_TYPES[name]
+    t = named_target(target)
+    register, lanes = TARGETS[target]
+    n, k = 9, 2 * max(bt.block, 128)
+    for m in (1, 6):
+        compiled, _ = driver.compile_graph(parse_graph(blocks_graph(m, n, k, name)), target=t)
+        assert f"<{lanes} x float>" in compiled.llvm_ir
+        assert f"<{2 * lanes} x float>" not in compiled.llvm_ir, "vectors wider than the target's"
+        assert re.search(register, compiled.assembly()), f"no {register} in the {target} assembly"
+        if not runs_here(t):
+            continue
+        raw = random_blocks(name, n, k // bt.block, m)
+        rng = np.random.default_rng(m)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        out = np.zeros((m, n), np.float32)
+        arrays = {"x": x, "q": np.ascontiguousarray(raw), "b": b, "out0": out}
+        program = compiled.signature()
+        names = [buf.name for buf in (*program.inputs, *program.outputs)]
+        ptrs = (ctypes.c_void_p * len(names))(*[arrays[nm].ctypes.data for nm in names])
+        syms = (ctypes.c_int64 * 1)(0)
+        size = int(getattr(program.workspace_bytes, "value", 0))
+        ws = np.zeros(size + 64, np.uint8)
+        compiled.entry(ctypes.addressof(ptrs), ctypes.addressof(syms), ws.ctypes.data)
+        w = gguf_reference(raw, name).astype(np.float64)
+        expected = x.astype(np.float64) @ w.T + b
+        scale = np.abs(x).astype(np.float64) @ np.abs(w).T + 1
+        assert np.all(np.abs(out - expected) <= 2e-6 * scale)

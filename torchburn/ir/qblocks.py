@@ -133,18 +133,18 @@ def lane(offset: int) -> Expr:
 # ---- the legacy 32-weight blocks ------------------------------------------------------------
 # Runs of 16: weights 0..15 are the low nibbles of qs[0..15], weights 16..31 the high ones
 # (Q8_0: one run of 32 signed bytes). Q5_x keep the fifth bits in a 32-bit word `qh`, bit e for
-# weight e: runs of 8 read one byte of it, shifted per lane.
+# weight e: lane l of run r takes byte qh[2 r + l // 8] (one of two, a select) shifted by l % 8.
 
-def _nibble(qs: int, r: int, run: int = 16) -> Expr:
-    """Q4/Q5 low four bits of weight `r run + l` (runs of `run` over 2 x 16 nibbles)."""
-    per_half = 16 // run
-    first = (r % per_half) * run
-    return bits(byte(lane(qs + first)), 4 * (r // per_half), 15)
+def _nibble(qs: int, r: int) -> Expr:
+    """Q4/Q5 low four bits of weight `16 r + l`."""
+    return bits(byte(lane(qs)), 4 * r, 15)
 
 
 def _q5_code(qh: int, qs: int, r: int) -> Expr:
-    high = bits(byte(qh + r), ex.cast(LANE, dt.u8), 1)
-    return i32(bor(_nibble(qs, r, 8), shl(high, 4)))
+    first = ex.Binary("lt", LANE, Const(8), ScalarType(dt.bool_))
+    word = ex.Select(first, byte(qh + 2 * r), byte(qh + 2 * r + 1), U8)
+    high = bits(word, ex.cast(ex.Binary("and", LANE, Const(7), LANE.type), dt.u8), 1)
+    return i32(bor(_nibble(qs, r), shl(high, 4)))
 
 
 LEGACY = (
@@ -154,10 +154,10 @@ LEGACY = (
     BlockType("Q4_1", 3, 32, 20, 16,
               code=lambda r: i32(_nibble(4, r)),
               scale=lambda r: half(0), offset=lambda r: half(2)),
-    BlockType("Q5_0", 6, 32, 22, 8,
+    BlockType("Q5_0", 6, 32, 22, 16,
               code=lambda r: minus(_q5_code(2, 6, r), 16),
               scale=lambda r: half(0), offset=lambda r: None),
-    BlockType("Q5_1", 7, 32, 24, 8,
+    BlockType("Q5_1", 7, 32, 24, 16,
               code=lambda r: _q5_code(4, 8, r),
               scale=lambda r: half(0), offset=lambda r: half(2)),
     BlockType("Q8_0", 8, 32, 34, 32,

@@ -31,7 +31,7 @@ _TORCH_DTYPES = {
 _BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "and": torch.bitwise_and,
     "or": torch.bitwise_or, "xor": torch.bitwise_xor, "shl": torch.bitwise_left_shift,
-    "shr": torch.bitwise_right_shift,
+    "shr": torch.bitwise_right_shift, "lt": torch.lt,
 }
 
 
@@ -109,6 +109,8 @@ class _Evaluator:
             return self(e.value).to(_TORCH_DTYPES[e.type.dtype])
         if isinstance(e, ex.Bitcast):
             return self(e.value).view(_TORCH_DTYPES[e.type.dtype])
+        if isinstance(e, ex.Select):
+            return torch.where(self(e.cond), self(e.a), self(e.b))
         if isinstance(e, ex.Call) and e.name == "neg":
             return torch.neg(self(e.args[0]))
         raise ValueError(f"block expression node {e!r} has no torch evaluation")

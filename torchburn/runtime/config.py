@@ -12,7 +12,7 @@
 | TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
 | TORCHBURN_DUMP | folder to write IR after every pass, LLVM IR and assembly | (off) |
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
-| TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products, and for int4 weights on x86-64 with SSSE3 or later: pmaddubsw) | auto |
+| TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products, and for int4 weights on x86-64 with SSSE3 or later: pmaddubsw); weights kept in ggml blocks (GGUF Q5_x and K-quants) take f32 activations whatever the setting | auto |
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ Q5_0's high-bit word) or a unit-stride vector load (codes); shifts by `l` become
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ...ir import dtypes as dt
@@ -167,14 +168,25 @@ def build_blocks_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -
     return kb.nest(vars_, shape, body, origin)
 
 
-def plan_blocks(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
+@dataclass(frozen=True)
+class BlocksPlan(QPlan):
+    """A `QPlan` that names the block type in the kernel's `qlinear` attribute (what profiles
+    read to name the weight)."""
+
+    block_type: str = ""
+
+    def describe(self) -> str:
+        return f"block={self.block_type} " + super().describe()
+
+
+def plan_blocks(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> BlocksPlan:
     """MR x NR from the rows of x (`m`, None when known at run time only), L from the run."""
     lanes = math.gcd(layout(ql).run, cpu.lanes(dt.f32))
     mr = 1 if m is not None and m <= 1 else MR_ROWS if m is None else min(m, MR_ROWS)
     nr = 1 if mr == 1 else NR_BLOCKS
     k, n = static_int(ql.k) or 0, static_int(ql.n)
     flops = 2.0 * (m if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
-    return QPlan(mr, nr, lanes, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS)
+    return BlocksPlan(mr, nr, lanes, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, ql.block_type)
 
 
 class BlocksBuilder(QLinearBuilder):
