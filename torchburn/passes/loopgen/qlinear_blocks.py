@@ -42,9 +42,8 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.qblocks import BLOCK, LANE, BlockType, block_type
 from ...ir.tensor import Op
-from .matmul import CpuInfo, _linear_coefficient, _ramp, static_int
-from .qlinear import MR_ROWS, QLinear, QLinearBuilder, QPlan, _fma, _f32, _store_epilogue
-from .matmul import MIN_PARALLEL_FLOPS
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, _linear_coefficient, _ramp, static_int
+from .qlinear import MR_ROWS, QLinear, QLinearBuilder, QPlan, _f32, _fma, _store_epilogue
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
@@ -208,8 +207,6 @@ class BlocksBuilder(QLinearBuilder):
         return at
 
     def _lanes(self, n: Expr, col: Expr, lanes: int) -> tuple[Expr, ...]:
-        from .matmul import _lanes_index
-
         index = tuple(ex.substitute(i, {self.n_var.name: n}) for i in self.q_load.index)
         widened = _lanes_index(index, self.k_var.name, col, lanes)
         assert widened is not None
