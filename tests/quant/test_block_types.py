@@ -201,3 +201,32 @@ def test_kernels_for_each_target(name: str, target: str, no_disk_cache: Any) -> 
         expected = x.astype(np.float64) @ w.T + b
         scale = np.abs(x).astype(np.float64) @ np.abs(w).T + 1
         assert np.all(np.abs(out - expected) <= 2e-6 * scale)
+
+
+def test_verifier_rejects_bad_block_ops() -> None:
+    from torchburn.ir.ops import OpError
+    from torchburn.ir.parser import parse_graph
+    from torchburn.ir.verifier import verify
+
+    good = blocks_graph(2, 8, 512, "Q4_K")
+    verify(parse_graph(good))
+    for old, new, message in [
+        ('block_type = "Q4_K"', 'block_type = "IQ4_XS"', "block_type must be one of"),
+        ("group_size = 256", "group_size = 32", "needs group_size = 256"),
+        ("%q: u8[8, 288]", "%q: u8[8, 290]", "bytes per row"),
+        ("%q: u8[8, 288]", "%q: i8[8, 288]", "must be u8"),
+    ]:
+        assert old in good
+        with pytest.raises((OpError, ValueError), match=message):
+            verify(parse_graph(good.replace(old, new)))
+
+
+def test_state_dict_round_trip() -> None:
+    raw = random_blocks("Q3_K", 5, 2, 0)
+    layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), "Q3_K"), torch.randn(5))
+    fresh = QuantizedLinear(512, 5, bias=True, quant_type="blocks", block_type="Q3_K")
+    fresh.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 512)
+    torch.testing.assert_close(fresh(x), layer(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="block_type is given exactly when"):
+        QuantizedLinear(512, 5, quant_type="int8", block_type="Q3_K")
