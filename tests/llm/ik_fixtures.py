@@ -82,7 +82,9 @@ def write_base(path: Path, tied: bool, seed: int = 0) -> Path:
     def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", normal((vocab, HIDDEN), 1.0))
+    # tied: the head is the embedding, so its scale sets the logits' (a standard deviation of
+    # about 4, as the untied head's)
+    w.add_tensor("token_embd.weight", normal((vocab, HIDDEN), 0.25 if tied else 1.0))
     qd, kvd = HIDDEN, KV_HEADS * HIDDEN // HEADS
     for i in range(LAYERS):
         for name, shape in [("attn_q", (qd, HIDDEN)), ("attn_k", (kvd, HIDDEN)), ("attn_v", (kvd, HIDDEN)),
