@@ -216,6 +216,7 @@ def load_gguf_model(path: Path, quant: Optional[str],
             continue
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         sink.check(name, shape)
+        _check_type(path, t.name, t.tensor_type.name)  # before any tensor is read
         expected_bytes = _nbytes(t.tensor_type, shape)
         if expected_bytes is not None and t.data.nbytes != expected_bytes:
             raise GGUFError(
@@ -277,19 +278,25 @@ def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfi
             value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
         else:
             value = torch.from_numpy(array)
-    else:
-        raise GGUFError(
-            f"{path.name}: tensor {gguf_name!r} has ggml type {kind.name}, which torchburn does not "
-            f"support ({unsupported_reason(kind.name)}); supported: F32, F16, BF16, "
-            f"{', '.join(BLOCK_TYPES)}")
+    else:  # `_check_type` refused it before any tensor was read
+        raise AssertionError(f"{gguf_name}: ggml type {kind.name} reached the tensor reader")
     sink.put(name, _permute(value.reshape(shape), perm))
 
 
-def unsupported_reason(type_name: str) -> str:
-    """Why a ggml type is refused, in a few words."""
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def _check_type(path: Path, gguf_name: str, type_name: str) -> None:
+    """`GGUFError` naming the tensor and its type, and why, unless we load that type."""
+    if type_name in FLOAT_TYPES or type_name in BLOCK_TYPES:
+        return
     if type_name.startswith("IQ"):
-        return "an i-quant, whose codebook blocks have no kernels here"
-    return "not a block type of llama.cpp's K-quant or legacy families"
+        why = "an i-quant, whose codebook blocks have no kernels here"
+    else:
+        why = "not a block type of llama.cpp's K-quant or legacy families"
+    raise GGUFError(
+        f"{path.name}: tensor {gguf_name!r} has ggml type {type_name}, which torchburn does not "
+        f"support ({why}); supported: {', '.join(FLOAT_TYPES)}, {', '.join(BLOCK_TYPES)}")
 
 
 def _prod(dims: tuple[int, ...]) -> int:
