@@ -20,3 +20,17 @@ def test_quantized_linear_on_gpu(gpu, quant_type: str, group: Optional[int], sym
     lin = torch.nn.Linear(64, 24)
     layer = QuantizedLinear.from_float(lin, quant_type, group, symmetric, torch.float16)
     check_gpu(layer, torch.randn(3, 64), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_block_weights_on_gpu(gpu, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Weights in ggml blocks (`qlinear` kind "blocks"): the plain form generated from the
+    block table, on the wgpu engine, equal to the eager op."""
+    from tests.quant.test_block_types import random_blocks
+    from torchburn.ir.qblocks import BLOCK_TYPES
+    from torchburn.quant import BlockWeight
+
+    bt = BLOCK_TYPES[name]
+    raw = random_blocks(name, 24, 256 // bt.block, 0)
+    layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), name), torch.randn(24))
+    check_gpu(layer, torch.randn(3, 256), rtol=1e-4, atol=1e-4)

@@ -125,7 +125,7 @@ def test_repr_names_the_configuration():
         (lambda: QuantizedLinear.from_float(_linear(), "int2"), "quant_type"),
         (lambda: QuantizedLinear.from_float(_linear(), "int8", symmetric=False), "symmetric"),
         (lambda: QuantizedLinear.from_float(nn.Conv1d(2, 2, 1), "int8"), "nn.Linear"),
-        (lambda: QuantizedLinear.from_weight(torch.zeros(2, 2)), "Int8Weight or Int4Weight"),
+        (lambda: QuantizedLinear.from_weight(torch.zeros(2, 2)), "Int8Weight, Int4Weight or BlockWeight"),
         (lambda: QuantizedLinear(64, 8, scale_dtype=torch.float64), "scale_dtype"),
     ],
 )

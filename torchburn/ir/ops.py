@@ -14,6 +14,7 @@ from . import dtypes as dt
 from .expr import (COMPARISONS, INFIX_OPS, NAMED_BINARY_OPS, UNARY_FUNCS, Const, Expr, as_expr,
                    floordiv, mul, sub)
 from .tensor_type import TensorType
+from .qblocks import BLOCK_TYPES
 
 InferFn = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
 
@@ -258,7 +259,7 @@ def _matmul(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     return [TensorType(a.dtype, (*a.shape[:-1], b.shape[-1]))]
 
 
-QLINEAR_KINDS = ("int8", "int4")
+QLINEAR_KINDS = ("int8", "int4", "blocks")
 
 
 @define("qlinear", "contraction", -1, """
@@ -274,16 +275,23 @@ elementwise ops after it, which `fuse` puts in the same kernel). Operands are
   element `G g + j` in its low nibble and `G g + j + g / 2` in its high one (`g`:
   `group_size`, even, dividing K); `scales` (and `mins`) `[N, K / g]`;
   `W = scale * (q - 8)` when `symmetric`, else `W = scale * q + min`.
+- `kind = "blocks"`: the weight in ggml's blocks of `block_type` (`ir/qblocks.py`: Q4_0 ...
+  Q6_K), `qweight: u8[N, K / block * nbytes]` and no scales operand (they are in the blocks);
+  `group_size` is the block's weight count; `W` is the block table's expression.
 
 Scales and mins are f32, f16 or bf16 and are widened to f32 before use.
 
     %3 = qlinear(%x, %q, %s) {kind = "int4", group_size = 64, symmetric = true} : f32[16, 4096]
     # %x: f32[16, 4096], %q: u8[4096, 2048], %s: f16[4096, 64]
+    %2 = qlinear(%x, %q) {kind = "blocks", block_type = "Q6_K", group_size = 256, symmetric = true} : f32[1, 512]
+    # %x: f32[1, 512], %q: u8[512, 420]
 """)
 def _qlinear(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     kind, group, symmetric = attrs["kind"], attrs["group_size"], attrs["symmetric"]
     if kind not in QLINEAR_KINDS:
         raise OpError(f"qlinear: unknown kind {kind!r}; expected one of {QLINEAR_KINDS}")
+    if kind == "blocks":
+        return _qlinear_blocks(types, attrs)
     if not isinstance(group, int) or isinstance(group, bool) or group < 1:
         raise OpError(f"qlinear: group_size must be a positive integer, got {group!r}")
     if not isinstance(symmetric, bool) or (kind == "int8" and not symmetric):
@@ -318,6 +326,29 @@ def _qlinear(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]
         for a, b in zip(t.shape, shape):
             _static_equal(f"qlinear: {name} shape", a, b)
     return [TensorType(dt.f32, (*x.shape[:-1], n))]
+
+
+def _qlinear_blocks(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    """The shapes of a `qlinear` of kind "blocks" (see `qlinear`)."""
+    name = attrs.get("block_type")
+    bt = BLOCK_TYPES.get(name) if isinstance(name, str) else None
+    if bt is None:
+        raise OpError(f"qlinear: block_type must be one of {tuple(BLOCK_TYPES)}, got {name!r}")
+    if attrs["group_size"] != bt.block or attrs["symmetric"] is not True:
+        raise OpError(f"qlinear: {name} needs group_size = {bt.block} and symmetric = true")
+    if len(types) != 2:
+        raise OpError(f"qlinear: kind blocks takes 2 operands (x, qweight), got {len(types)}")
+    x, q = types
+    if not x.dtype.is_float or x.rank < 1:
+        raise OpError(f"qlinear: x must be a float tensor of rank >= 1, got {x}")
+    if q.rank != 2 or q.dtype != dt.u8:
+        raise OpError(f"qlinear: blocks qweight must be u8 of rank 2, got {q}")
+    k = x.shape[-1]
+    if isinstance(k, Const) and int(k.value) % bt.block:
+        raise OpError(f"qlinear: {name} blocks of {bt.block} do not divide K = {k}")
+    _static_equal("qlinear: qweight's bytes per row and x's last dim",
+                  q.shape[1], mul(floordiv(k, as_expr(bt.block)), as_expr(bt.nbytes)))
+    return [TensorType(dt.f32, (*x.shape[:-1], q.shape[0]))]
 
 
 def _static_equal(what: str, a: Expr, b: Expr) -> None:

@@ -118,12 +118,19 @@ def parameter_count(model: nn.Module) -> int:
             total += m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0)
         elif type(m).__name__ == "QuantizedEmbedding":
             total += m.qweight.numel()
+        elif type(m).__name__ == "BlockEmbedding":
+            total += m.weight_blocks().in_features * m.blocks.shape[0]
         elif not any(True for _ in m.children()):
             total += sum(p.numel() for p in m.parameters(recurse=False))
     tied = getattr(model, "lm_head", None)
     embed = getattr(model, "embed_tokens", None)
     if tied is not None and embed is not None and _shares_bytes(tied, embed):
-        total -= embed.weight.numel() if isinstance(embed, nn.Embedding) else embed.qweight.numel()
+        if isinstance(embed, nn.Embedding):
+            total -= embed.weight.numel()
+        elif type(embed).__name__ == "BlockEmbedding":
+            total -= embed.weight_blocks().in_features * embed.blocks.shape[0]
+        else:
+            total -= embed.qweight.numel()
     return total
 
 

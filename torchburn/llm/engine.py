@@ -144,7 +144,7 @@ class LLM:
         """Load a folder (``config.json`` + safetensors + ``tokenizer.json``), a ``.gguf``
         file, or a Hugging Face id; ``None`` loads the default SmolLM2-135M-Instruct GGUF.
 
-        ``quant``: None keeps the checkpoint's weights (GGUF Q4_0/Q4_1/Q8_0 stay quantized),
+        ``quant``: None keeps the checkpoint's weights (GGUF block types stay quantized),
         "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
         """
         from ..runtime.gc_pause import gc_paused

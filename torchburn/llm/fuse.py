@@ -9,7 +9,7 @@ instead of three (or two); the outputs are split again by views:
     qkv = qkv_proj(x);  q, k, v = qkv.split([576, 192, 192], -1)
 
 Linears are fused only when they are alike: all float ``nn.Linear`` of one dtype, or all
-`QuantizedLinear` of one layout (kind, group size, symmetry, scale dtype); biases all present
+`QuantizedLinear` of one layout (kind, block type, group size, symmetry, scale dtype); biases all present
 or all absent. A GGUF file that stores, say, V in another type than Q and K keeps them apart.
 Rows of a quantized weight hold whole groups, so stacking rows keeps every group as it was.
 
@@ -33,13 +33,13 @@ FUSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
 )
 
-_QUANT_BUFFERS = ("qweight", "packed", "scales", "mins")
+_QUANT_BUFFERS = ("qweight", "packed", "blocks", "scales", "mins")
 
 
 def _layout(linear: nn.Module) -> Optional[tuple[object, ...]]:
     """What must agree for linears to be stacked (None: not a linear we fuse)."""
     if isinstance(linear, QuantizedLinear):
-        return ("q", linear.quant_type, linear.group_size, linear.symmetric, linear.scale_dtype,
+        return ("q", linear.quant_type, linear.block_type, linear.group_size, linear.symmetric, linear.scale_dtype,
                 linear.in_features, linear.bias is not None,
                 tuple(name for name in _QUANT_BUFFERS if linear._buffers.get(name) is not None))
     if type(linear) is nn.Linear:
@@ -59,7 +59,7 @@ def _quantized_like(src: QuantizedLinear, out_features: int) -> QuantizedLinear:
     """An empty (meta) `QuantizedLinear` of `src`'s layout with `out_features` rows."""
     return QuantizedLinear(src.in_features, out_features, bias=src.bias is not None, quant_type=src.quant_type,
                            group_size=src.group_size, symmetric=src.symmetric, scale_dtype=src.scale_dtype,
-                           device="meta")
+                           device="meta", block_type=src.block_type)
 
 
 def stack_linears(linears: Sequence[Linear]) -> Linear:

@@ -1,8 +1,11 @@
 """Loading a GGUF file: configuration from its metadata, weights from its tensors.
 
-Q4_0, Q4_1 and Q8_0 tensors become our INT4/INT8 layouts bit for bit (`torchburn.quant`);
-F32/F16/BF16 are widened to float32 (exactly); other ggml types are dequantized to float32
-with one warning.  llama.cpp's converter permutes the rows of the Q and K projections of
+Every block type llama.cpp writes stays quantized: Q4_0, Q4_1 and Q8_0 linear weights become
+our INT4/INT8 layouts bit for bit (`torchburn.quant`), and every other type of the block table
+(`ir/qblocks.py`: Q5_0, Q5_1, Q2_K ... Q6_K), like any quantized token embedding other than
+Q8_0, is kept as the file's blocks (`BlockWeight`); F32/F16/BF16 are widened to float32
+(exactly). Other types (the i-quants IQ*, TQ*, MXFP4, types only forks write) are refused with
+an error naming the type and the tensor.  llama.cpp's converter permutes the rows of the Q and K projections of
 Llama-family models for its interleaved rope; we undo that permutation, which moves whole
 rows (codes and scales together) and so stays lossless.
 
@@ -14,14 +17,15 @@ time with positioned reads (mapped pages would count in resident memory until un
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
 
-from ..quant import Int4Weight, Int8Weight, import_gguf_q4_0, import_gguf_q4_1, import_gguf_q8_0
+from ..ir.qblocks import BLOCK_TYPES
+from ..quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
+                     import_gguf_q4_1, import_gguf_q8_0)
 from .config import SUPPORTED_ARCHITECTURES, ConfigError, DecoderConfig, unsupported_message
 from .model import Decoder
 from .progress import progress
@@ -163,12 +167,14 @@ def _permute(tensor: torch.Tensor, perm: Optional[torch.Tensor]) -> torch.Tensor
     return torch.from_numpy(np.take(tensor.numpy(), perm.numpy(), axis=0))
 
 
-def _permute_weight(w: Union[Int8Weight, Int4Weight],
-                    perm: Optional[torch.Tensor]) -> Union[Int8Weight, Int4Weight]:
+def _permute_weight(w: Union[Int8Weight, Int4Weight, BlockWeight],
+                    perm: Optional[torch.Tensor]) -> Union[Int8Weight, Int4Weight, BlockWeight]:
     """Reorder the rows of a quantized weight; each row carries its own scales, so this is
     exact."""
     if perm is None:
         return w
+    if isinstance(w, BlockWeight):
+        return BlockWeight(blocks=_permute(w.blocks, perm), block_type=w.block_type)
     if isinstance(w, Int8Weight):
         return Int8Weight(qweight=_permute(w.qweight, perm), scales=_permute(w.scales, perm))
     mins = None if w.mins is None else _permute(w.mins, perm)
@@ -210,6 +216,7 @@ def load_gguf_model(path: Path, quant: Optional[str],
             continue
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         sink.check(name, shape)
+        _check_type(path, t.name, t.tensor_type.name)  # before any tensor is read
         expected_bytes = _nbytes(t.tensor_type, shape)
         if expected_bytes is not None and t.data.nbytes != expected_bytes:
             raise GGUFError(
@@ -221,11 +228,10 @@ def load_gguf_model(path: Path, quant: Optional[str],
     _check_extents(path, [(t.name, int(t.data_offset), int(t.data.nbytes)) for t in reader.tensors])
     meta = metadata(reader)
     del reader  # its metadata arrays and its map of the whole file
-    warned: set[str] = set()
     with path.open("rb", buffering=0) as f:
         for item in progress(tensors, desc=f"loading {path.name}",
                              total=sum(t[3] for t in tensors), size=lambda t: t[3]):
-            _load_tensor(f, path, item, config, sink, permute, warned)
+            _load_tensor(f, path, item, config, sink, permute)
     return sink.finish(), meta
 
 
@@ -244,9 +250,8 @@ def _check_extents(path: Path, extents: list[tuple[str, int, int]]) -> None:
 
 
 def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfig,
-                 sink: WeightSink, permute: bool, warned: set[str]) -> None:
+                 sink: WeightSink, permute: bool) -> None:
     """Read one tensor's data and hand it to the sink, quantized or as float."""
-    import gguf
     from gguf import GGMLQuantizationType as Q
 
     gguf_name, kind, offset, nbytes, dtype, data_shape, name, shape = item
@@ -257,29 +262,49 @@ def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfi
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         perm = unpermute_rows(shape[0], heads)
     importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
-    if kind in importers and len(shape) == 2:
+    embedding = name == "embed_tokens.weight"
+    if kind in importers and len(shape) == 2 and (kind == Q.Q8_0 or not embedding):
         w = importers[kind](data, shape)
         sink.put_quantized(name, _permute_weight(w, perm))
         return
-    if kind in (Q.F32, Q.F16, Q.BF16):
+    if kind.name in BLOCK_TYPES:
+        blocks = torch.from_numpy(data.reshape(_prod(shape[:-1]), -1))
+        if len(shape) == 2:
+            sink.put_quantized(name, _permute_weight(BlockWeight(blocks, kind.name), perm))
+            return
+        value = dequantize_block_rows(blocks, kind.name)  # a quantized vector (a few KB)
+    elif kind in (Q.F32, Q.F16, Q.BF16):
         array = data
         if kind == Q.BF16:
             value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
         else:
             value = torch.from_numpy(array)
-    else:
-        try:
-            array = gguf.quants.dequantize(data, kind)
-        except NotImplementedError:
-            raise GGUFError(
-                f"{path.name}: tensor {gguf_name!r} has ggml type {kind.name}, which we can "
-                f"neither keep nor dequantize") from None
-        if kind.name not in warned:
-            warned.add(kind.name)
-            warnings.warn(f"{path.name}: {kind.name} tensors are dequantized to float32 "
-                          f"(only Q4_0, Q4_1 and Q8_0 stay quantized)", stacklevel=3)
-        value = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    else:  # `_check_type` refused it before any tensor was read
+        raise AssertionError(f"{gguf_name}: ggml type {kind.name} reached the tensor reader")
     sink.put(name, _permute(value.reshape(shape), perm))
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def _check_type(path: Path, gguf_name: str, type_name: str) -> None:
+    """`GGUFError` naming the tensor and its type, and why, unless we load that type."""
+    if type_name in FLOAT_TYPES or type_name in BLOCK_TYPES:
+        return
+    if type_name.startswith("IQ"):
+        why = "an i-quant, whose codebook blocks have no kernels here"
+    else:
+        why = "not a block type of llama.cpp's K-quant or legacy families"
+    raise GGUFError(
+        f"{path.name}: tensor {gguf_name!r} has ggml type {type_name}, which torchburn does not "
+        f"support ({why}); supported: {', '.join(FLOAT_TYPES)}, {', '.join(BLOCK_TYPES)}")
+
+
+def _prod(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 def _nbytes(kind: Any, shape: tuple[int, ...]) -> Optional[int]:

@@ -150,7 +150,9 @@ class FastGGUFReader:
             try:
                 kind = GGMLQuantizationType(raw_type)
             except ValueError:
-                raise GGUFFormatError(f"tensor {name!r} has unknown ggml type {raw_type}") from None
+                raise GGUFFormatError(
+                    f"tensor {name!r} has ggml type {raw_type}, which mainline llama.cpp does not define "
+                    f"(a type only a fork writes); torchburn does not support it") from None
             block, type_size = GGML_QUANT_SIZES[kind]
             n = int(np.prod(dims)) if dims else 1
             nbytes = n * type_size // block

@@ -85,6 +85,12 @@ def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[s
             rows, cols = (int(d.value) for d in weight.shape)
             kind = "int4" if weight.dtype.name == "u8" else "int8"
             in_features = cols * 2 if kind == "int4" else cols
+            block = re.search(r"block=(\w+)", attrs["qlinear"])
+            if block is not None:  # ggml blocks (`ir/qblocks.py`): the type names the layout
+                from ..ir.qblocks import BLOCK_TYPES
+
+                kind = block.group(1)
+                in_features = cols // BLOCK_TYPES[kind].nbytes * BLOCK_TYPES[kind].block
             what = f"quantized linear {kind} [{rows} x {in_features}]" + (f" + {fused}" if fused else "")
             return what, _linear_source(model, rows, in_features)
     entries = [o for o in origin.split("; ") if o]

@@ -60,7 +60,7 @@ def _rows(linear: Linear, start: int, stop: int) -> Linear:
     """Output rows ``[start, stop)`` of ``linear`` (with their bias)."""
     if isinstance(linear, QuantizedLinear):
         out = _empty_quantized(linear, linear.in_features, stop - start, linear.bias is not None)
-        for name in ("qweight", "packed", "scales", "mins", "bias"):
+        for name in ("qweight", "packed", "blocks", "scales", "mins", "bias"):
             t = linear._buffers.get(name)
             if t is not None:
                 out._buffers[name] = t[start:stop].clone()
@@ -83,7 +83,10 @@ def _columns(linear: Linear, start: int, stop: int) -> Linear:
                 f"a quantized linear of {linear.in_features} inputs in groups of {g} cannot be split at "
                 f"input column {start if g is None or start % g else stop}: quantized weights shard by whole groups")
         out = _empty_quantized(linear, stop - start, linear.out_features, False)
-        if linear.quant_type == "int8":
+        if linear.block_type is not None:
+            nbytes = linear.blocks.shape[1] // (linear.in_features // g)
+            out._buffers["blocks"] = linear.blocks[:, start // g * nbytes:stop // g * nbytes].clone()
+        elif linear.quant_type == "int8":
             out._buffers["qweight"] = linear.qweight[:, start:stop].clone()
         else:
             out._buffers["packed"] = linear.packed[:, start // 2:stop // 2].clone()
@@ -100,7 +103,8 @@ def _columns(linear: Linear, start: int, stop: int) -> Linear:
 
 def _empty_quantized(like: QuantizedLinear, in_features: int, out_features: int, bias: bool) -> QuantizedLinear:
     return QuantizedLinear(in_features, out_features, bias=bias, quant_type=like.quant_type,
-                           group_size=like.group_size, symmetric=like.symmetric, scale_dtype=like.scale_dtype)
+                           group_size=like.group_size, symmetric=like.symmetric, scale_dtype=like.scale_dtype,
+                           block_type=like.block_type)
 
 
 def _check(what: str, count: int, world: int) -> int:

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from blake3 import blake3
 
-from ..quant import Int4Weight, Int8Weight
+from ..quant import BlockWeight, Int4Weight, Int8Weight
 from ..runtime.config import get_config
 from .config import DecoderConfig
 from .progress import Step
@@ -61,7 +61,7 @@ _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, tor
                                torch.int8, torch.int32, torch.int64)}
 
 #: What a loader hands the sink: an already quantized weight or a float tensor.
-Record = tuple[str, Union[Int8Weight, Int4Weight, torch.Tensor]]
+Record = tuple[str, Union[Int8Weight, Int4Weight, BlockWeight, torch.Tensor]]
 
 
 class WeightCacheError(ValueError):
@@ -130,9 +130,11 @@ def config_from_json(d: dict[str, Any]) -> DecoderConfig:
 
 # ---- writing ----------------------------------------------------------------------------------------
 
-def _parts(value: Union[Int8Weight, Int4Weight, torch.Tensor]) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+def _parts(value: Union[Int8Weight, Int4Weight, BlockWeight, torch.Tensor]) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
     if isinstance(value, Int8Weight):
         return "int8", {}, {"qweight": value.qweight, "scales": value.scales}
+    if isinstance(value, BlockWeight):
+        return "blocks", {"block_type": value.block_type}, {"blocks": value.blocks}
     if isinstance(value, Int4Weight):
         parts = {"packed": value.packed, "scales": value.scales}
         if value.mins is not None:
@@ -244,6 +246,8 @@ def _record(entry: dict[str, Any], buf: Any, start: int, limit: int) -> Record:
     if kind == "int4":
         return entry["name"], Int4Weight(packed=parts["packed"], scales=parts["scales"],
                                          mins=parts.get("mins"), group_size=int(entry["attrs"]["group_size"]))
+    if kind == "blocks":
+        return entry["name"], BlockWeight(blocks=parts["blocks"], block_type=str(entry["attrs"]["block_type"]))
     if kind == "float":
         return entry["name"], parts["value"]
     raise WeightCacheError(f"unknown record kind {kind!r}")

@@ -6,7 +6,7 @@ the shape the config implies (so a wrong checkpoint fails on its first bad tenso
 anything large is allocated for the rest), converts floats to float32 and quantizes linear
 weights when asked.  Which tensors are quantized, by ``quant``:
 
-* ``None``: nothing (GGUF Q4_0/Q4_1/Q8_0 tensors stay in their quantized form regardless);
+* ``None``: nothing (GGUF quantized tensors stay in their quantized form regardless);
 * ``"int8"``: every linear of every layer as INT8 with groups of 32 (GGUF Q8_0's layout);
 * ``"int4"``: every linear of every layer as asymmetric INT4 with groups of 32 (Q4_1's layout);
 * both: the token embedding and the output head as INT8 groups of 32 (a tied head shares the
@@ -25,7 +25,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import nn
 
-from ..quant import Int4Weight, Int8Weight, QuantizedLinear
+from ..quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, QuantizedLinear
 from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
 from . import fuse
 from .config import DecoderConfig
@@ -99,7 +99,7 @@ class WeightSink:
         width = max(1, _prod(shape[1:]))
         step = max(1, CHUNK_BYTES // (4 * width))
         chunks = [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)] if shape else []
-        quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight]]] = None
+        quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight, BlockWeight]]] = None
         if attr == "weight" and self.quant and (module_name == "embed_tokens"
                                                 or isinstance(module, nn.Linear)):
             if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
@@ -129,7 +129,7 @@ class WeightSink:
         self.done.add(name)
         self._put[name] = value
 
-    def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight]) -> None:
+    def put_quantized(self, name: str, weight: Union[Int8Weight, Int4Weight, BlockWeight]) -> None:
         """An already quantized weight (from GGUF, or from `put`)."""
         if self._put_fused(name, weight):
             return
@@ -138,9 +138,13 @@ class WeightSink:
         if attr != "weight":
             raise WeightError(f"tensor {name!r} is quantized; only weights may be")
         if module_name == "embed_tokens":
-            if not isinstance(weight, Int8Weight):
-                raise WeightError("a quantized token embedding must be INT8 (GGUF Q8_0)")
-            self._set_module(module_name, QuantizedEmbedding(*_int8_parts(weight)))
+            if isinstance(weight, BlockWeight):
+                self._set_module(module_name, BlockEmbedding(weight))
+            elif isinstance(weight, Int8Weight):
+                self._set_module(module_name, QuantizedEmbedding(*_int8_parts(weight)))
+            else:
+                raise WeightError("a quantized token embedding must be INT8 or kept in GGUF blocks; "
+                                  "got an INT4 weight")
         else:
             old = self.model.get_submodule(module_name)
             bias = getattr(old, "bias", None)
@@ -240,7 +244,9 @@ class WeightSink:
         if "embed_tokens.weight" not in self.done:
             return
         embed = self.model.embed_tokens
-        if isinstance(embed, QuantizedEmbedding):
+        if isinstance(embed, BlockEmbedding):
+            self._set_module("lm_head", QuantizedLinear.from_weight(embed.weight_blocks(), None))
+        elif isinstance(embed, QuantizedEmbedding):
             weight = Int8Weight(qweight=embed.qweight, scales=embed.scales)
             self._set_module("lm_head", QuantizedLinear.from_weight(weight, None))
         else:
@@ -259,7 +265,7 @@ def _int4(w: torch.Tensor) -> Int4Weight:
     return quantize_weight_int4_grouped(w, GROUP, False, torch.float16)
 
 
-def _concat(parts: list[Union[Int8Weight, Int4Weight]]) -> Union[Int8Weight, Int4Weight]:
+def _concat(parts: list[Union[Int8Weight, Int4Weight, BlockWeight]]) -> Union[Int8Weight, Int4Weight, BlockWeight]:
     """Quantized row chunks stacked into one weight."""
     if len(parts) == 1:
         return parts[0]

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .blocks import BLOCK_TYPES, dequantize_block_rows
 from .layouts import dequantize_int4_rows, dequantize_int8_rows
 
 #: Target number of float32 weight elements dequantized at a time (4 MiB): large enough for
@@ -160,3 +161,23 @@ def int4_rows(packed: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.T
         )
 
     return dequantize
+
+
+def block_rows(blocks: torch.Tensor, block_type: str) -> RowDequantizer:
+    """A `RowDequantizer` for a weight in ggml blocks (`blocks.BlockWeight`)."""
+    bt = BLOCK_TYPES[block_type]
+    in_features = blocks.shape[1] // bt.nbytes * bt.block
+
+    def dequantize(start: int, stop: int, buffer: torch.Tensor) -> torch.Tensor:
+        out = _rows_view(buffer, stop - start, in_features)
+        return dequantize_block_rows(blocks[start:stop], block_type, out=out)
+
+    return dequantize
+
+
+def blocks_forward(x: torch.Tensor, blocks: torch.Tensor, bias: Optional[torch.Tensor],
+                   block_type: str) -> torch.Tensor:
+    out_features = blocks.shape[0]
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    y = sliced_linear(x2, out_features, bias, block_rows(blocks, block_type))
+    return y.to(x.dtype).reshape(*x.shape[:-1], out_features)

@@ -11,6 +11,8 @@ Buffers (names are part of the checkpoint format):
 quant_type="int8"     ``qweight`` int8 [out, in], ``scales`` [out] or [out, in/g]
 quant_type="int4"     ``packed`` uint8 [out, in/2], ``scales`` [out, in/g],
                       ``mins`` [out, in/g] when asymmetric
+quant_type="blocks"   ``blocks`` uint8 [out, in/block*nbytes]: ggml blocks of
+                      ``block_type`` (Q4_0 ... Q6_K, `blocks.BlockWeight`)
 both                  ``bias`` [out] when the layer has a bias
 ====================  =======================================================
 """
@@ -22,10 +24,12 @@ import torch
 from torch import nn
 
 from . import ops  # noqa: F401  (registers torch.ops.torchburn.*)
+from .blocks import BlockWeight
 from .layouts import SCALE_DTYPES, Int4Weight, Int8Weight, check_int4_group_size
+from ..ir.qblocks import block_type as block_type_of
 from .quantize import quantize_weight_int4_grouped, quantize_weight_int8
 
-QUANT_TYPES = ("int8", "int4")
+QUANT_TYPES = ("int8", "int4", "blocks")
 #: Group size used for INT4 when none is given.
 DEFAULT_INT4_GROUP_SIZE = 64
 
@@ -34,6 +38,8 @@ def resolve_group_size(quant_type: str, group_size: Optional[int]) -> Optional[i
     """The effective group size: ``None`` means per channel for INT8 and 64 for INT4."""
     if quant_type not in QUANT_TYPES:
         raise ValueError(f"quant_type must be one of {QUANT_TYPES}; got {quant_type!r}")
+    if quant_type == "blocks":
+        return group_size
     if group_size is None and quant_type == "int4":
         return DEFAULT_INT4_GROUP_SIZE
     if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
@@ -43,7 +49,10 @@ def resolve_group_size(quant_type: str, group_size: Optional[int]) -> Optional[i
 
 def check_group_size(quant_type: str, in_features: int, group_size: Optional[int]) -> None:
     """Raise ValueError if a layer of ``in_features`` inputs cannot use ``group_size``."""
-    if quant_type == "int4":
+    if quant_type == "blocks":
+        if group_size is None or in_features % group_size:
+            raise ValueError(f"in_features={in_features} is not a whole number of blocks of {group_size}")
+    elif quant_type == "int4":
         if group_size is None:
             raise ValueError("INT4 needs a group size")
         check_int4_group_size(in_features, group_size)
@@ -67,6 +76,7 @@ class QuantizedLinear(nn.Module):
     # Buffers, declared for type checkers; which exist depends on quant_type (module doc).
     qweight: torch.Tensor
     packed: torch.Tensor
+    blocks: torch.Tensor
     scales: torch.Tensor
     mins: Optional[torch.Tensor]
     bias: Optional[torch.Tensor]
@@ -82,8 +92,13 @@ class QuantizedLinear(nn.Module):
         symmetric: bool = True,
         scale_dtype: torch.dtype = torch.float32,
         device: Optional[Union[torch.device, str]] = None,
+        block_type: Optional[str] = None,
     ) -> None:
         super().__init__()
+        if (quant_type == "blocks") != (block_type is not None):
+            raise ValueError("block_type is given exactly when quant_type is 'blocks'")
+        if block_type is not None:
+            group_size = block_type_of(block_type).block
         group_size = resolve_group_size(quant_type, group_size)
         check_group_size(quant_type, in_features, group_size)
         if quant_type == "int8" and not symmetric:
@@ -96,6 +111,8 @@ class QuantizedLinear(nn.Module):
         self.group_size = group_size
         self.symmetric = symmetric
         self.scale_dtype = scale_dtype
+        #: The ggml block type of quant_type "blocks" (None otherwise).
+        self.block_type = block_type
 
         def scales(shape: tuple[int, ...]) -> torch.Tensor:
             return torch.zeros(shape, dtype=scale_dtype, device=device)
@@ -105,7 +122,11 @@ class QuantizedLinear(nn.Module):
             scale_shape: tuple[int, ...] = (out_features,)
         else:
             scale_shape = (out_features, in_features // group_size)
-        if quant_type == "int8":
+        if block_type is not None:
+            row_bytes = block_type_of(block_type).row_bytes(in_features)
+            self.register_buffer(
+                "blocks", torch.zeros(out_features, row_bytes, dtype=torch.uint8, device=device))
+        elif quant_type == "int8":
             self.register_buffer(
                 "qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
             )
@@ -123,14 +144,18 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_weight(
-        cls, weight: Union[Int8Weight, Int4Weight], bias: Optional[torch.Tensor] = None
+        cls, weight: Union[Int8Weight, Int4Weight, BlockWeight], bias: Optional[torch.Tensor] = None
     ) -> "QuantizedLinear":
         """Wrap an already quantized weight (for instance one imported from GGUF).
 
         The module shares the weight's tensors (no copy); the bias is copied.
         """
         # Placeholders on "meta" cost nothing; every one is replaced below.
-        if isinstance(weight, Int8Weight):
+        if isinstance(weight, BlockWeight):
+            module = cls(weight.in_features, weight.out_features, bias=bias is not None,
+                         quant_type="blocks", block_type=weight.block_type, device="meta")
+            module.blocks = weight.blocks
+        elif isinstance(weight, Int8Weight):
             module = cls(
                 weight.in_features, weight.out_features, bias=bias is not None,
                 quant_type="int8",
@@ -148,9 +173,10 @@ class QuantizedLinear(nn.Module):
             module.mins = weight.mins
         else:
             raise ValueError(
-                f"weight must be an Int8Weight or Int4Weight; got {type(weight).__name__}"
+                f"weight must be an Int8Weight, Int4Weight or BlockWeight; got {type(weight).__name__}"
             )
-        module.scales = weight.scales
+        if not isinstance(weight, BlockWeight):
+            module.scales = weight.scales
         if bias is not None:
             if tuple(bias.shape) != (weight.out_features,) or not bias.is_floating_point():
                 raise ValueError(
@@ -184,8 +210,11 @@ class QuantizedLinear(nn.Module):
             weight = quantize_weight_int4_grouped(linear.weight, group_size, symmetric, scale_dtype)
         return cls.from_weight(weight, linear.bias)
 
-    def quantized_weight(self) -> Union[Int8Weight, Int4Weight]:
-        """The weight as an `Int8Weight`/`Int4Weight` (sharing this module's buffers)."""
+    def quantized_weight(self) -> Union[Int8Weight, Int4Weight, BlockWeight]:
+        """The weight as an `Int8Weight`/`Int4Weight`/`BlockWeight` (sharing this module's
+        buffers)."""
+        if self.block_type is not None:
+            return BlockWeight(blocks=self.blocks, block_type=self.block_type)
         if self.quant_type == "int8":
             return Int8Weight(qweight=self.qweight, scales=self.scales)
         assert self.group_size is not None
@@ -219,6 +248,8 @@ class QuantizedLinear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block_type is not None:
+            return torch.ops.torchburn.linear_blocks(x, self.blocks, self.bias, self.block_type)
         if self.quant_type == "int8":
             y: torch.Tensor = torch.ops.torchburn.linear_int8(
                 x, self.qweight, self.scales, self.bias
@@ -230,6 +261,9 @@ class QuantizedLinear(nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        if self.block_type is not None:
+            return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                    f"bias={self.bias is not None}, quant_type=blocks, block_type={self.block_type}")
         group = "per_channel" if self.group_size is None else f"group_size={self.group_size}"
         kind = "" if self.quant_type == "int8" else f", symmetric={self.symmetric}"
         return (

@@ -1,5 +1,5 @@
-"""The quantized linears `torchburn::linear_int8` and `torchburn::linear_int4` (the custom ops
-of `torchburn/quant/ops.py`), lowered to the IR's `qlinear` followed by the bias add and the
+"""The quantized linears `torchburn::linear_int8`, `torchburn::linear_int4` and
+`torchburn::linear_blocks` (the custom ops of `torchburn/quant/ops.py`), lowered to the IR's `qlinear` followed by the bias add and the
 cast back to x's dtype, which `fuse` computes in the same kernel (an epilogue).
 
 The `activations` attribute carries TORCHBURN_QLINEAR_ACTIVATIONS (int8, f32 or auto) into
@@ -20,6 +20,7 @@ from ..frontend.builder import Builder
 from ..frontend.registry import Unsupported, lowering
 from ..ir import dtypes as dt
 from ..ir.expr import Const
+from ..ir.qblocks import block_type as block_type_of
 from ..ir.tensor import Value
 
 torchburn_ops = torch.ops.torchburn
@@ -55,4 +56,15 @@ def linear_int4(b: Builder, x: Value, packed: Value, scales: Value, mins: Option
     operands = (x, packed, scales) if mins is None else (x, packed, scales, mins)
     y = b.op("qlinear", *operands, kind="int4", group_size=int(group_size), symmetric=mins is None,
              activations=get_config().qlinear_activations)
+    return _finish(b, y, bias, x.dtype)
+
+
+@lowering(torchburn_ops.linear_blocks.default)
+def linear_blocks(b: Builder, x: Value, blocks: Value, bias: Optional[Value], block_type: str) -> Value:
+    """`qlinear` of kind "blocks": the weight in ggml blocks, `block_type` naming its layout in
+    `ir.qblocks` (group_size is the block's weight count, for the shape checks)."""
+    _static_size(blocks, 1, "blocks")
+    group = block_type_of(block_type).block
+    y = b.op("qlinear", x, blocks, kind="blocks", block_type=str(block_type), group_size=group,
+             symmetric=True, activations=get_config().qlinear_activations)
     return _finish(b, y, bias, x.dtype)

@@ -15,6 +15,10 @@ Schemas::
     torchburn::linear_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor
     torchburn::linear_int4(Tensor x, Tensor packed, Tensor scales, Tensor? mins,
                            Tensor? bias, int group_size) -> Tensor
+    torchburn::linear_blocks(Tensor x, Tensor blocks, Tensor? bias, str block_type) -> Tensor
+
+``linear_blocks`` takes a weight in ggml's own blocks (`blocks.BlockWeight`: Q4_0 ... Q6_K,
+one row of blocks per output feature); ``block_type`` names its entry of the block table.
 
 Operands follow `torchburn.quant.layouts`; ``x`` is ``[..., in]`` of any float dtype and the
 result ``[..., out]`` of the same dtype.  ``linear_int8`` reads its grouping from the shape
@@ -32,6 +36,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .blocks import block_in_features, check_block_layout
 from .layouts import check_int4_layout, check_int8_layout
 
 
@@ -60,6 +65,11 @@ def _check_int4(x: Tensor, packed: Tensor, scales: Tensor, mins: Optional[Tensor
                 bias: Optional[Tensor], group_size: int) -> None:
     check_int4_layout(packed, scales, mins, group_size)
     _check_activation(x, packed.shape[1] * 2, packed.shape[0], bias)
+
+
+def _check_blocks(x: Tensor, blocks: Tensor, bias: Optional[Tensor], block_type: str) -> None:
+    bt = check_block_layout(blocks, block_type)
+    _check_activation(x, block_in_features(blocks, bt), blocks.shape[0], bias)
 
 
 @torch.library.custom_op("torchburn::linear_int8", mutates_args=())
@@ -102,6 +112,24 @@ def _linear_int4_fake(x: Tensor, packed: Tensor, scales: Tensor, mins: Optional[
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
+@torch.library.custom_op("torchburn::linear_blocks", mutates_args=())
+def linear_blocks(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    block_type: str,
+) -> torch.Tensor:
+    """``x @ W.T + bias`` with ``W`` kept in ggml blocks of ``block_type``."""
+    _check_blocks(x, blocks, bias, block_type)
+    return kernels.blocks_forward(x, blocks, bias, block_type)
+
+
+@linear_blocks.register_fake
+def _linear_blocks_fake(x: Tensor, blocks: Tensor, bias: Optional[Tensor], block_type: str) -> Tensor:
+    _check_blocks(x, blocks, bias, block_type)
+    return x.new_empty((*x.shape[:-1], blocks.shape[0]))
+
+
 # --- autograd: gradients for x and bias; the quantized weight is a constant ---------------
 
 def _setup_int8(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -141,6 +169,26 @@ def _backward_int4(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
     return grad_x, None, None, None, grad_bias, None
 
 
+def _setup_blocks(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, blocks, bias, block_type = inputs
+    ctx.save_for_backward(blocks)
+    ctx.block_type = block_type
+    ctx.x_dtype, ctx.x_shape = x.dtype, x.shape
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward_blocks(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+    (blocks,) = ctx.saved_tensors
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        rows = kernels.block_rows(blocks, ctx.block_type)
+        grad_x = kernels.grad_input(grad, ctx.x_dtype, ctx.x_shape, ctx.x_shape[-1], rows)
+    if ctx.needs_input_grad[2]:
+        grad_bias = kernels.grad_bias(grad, ctx.bias_dtype)
+    return grad_x, None, grad_bias, None
+
+
+linear_blocks.register_autograd(_backward_blocks, setup_context=_setup_blocks)
 linear_int8.register_autograd(_backward_int8, setup_context=_setup_int8)
 linear_int4.register_autograd(_backward_int4, setup_context=_setup_int4)
 

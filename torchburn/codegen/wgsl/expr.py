@@ -183,6 +183,20 @@ class ExprRenderer:
         return ops.fill(template, x=x[0], **subs), lanes
 
     def _Bitcast(self, e: ex.Bitcast) -> Rendered:
+        if e.value.dtype == dt.i16 and e.dtype == dt.f16 and e.lanes == 1:
+            # a float16 read from its bytes (the scales of ggml blocks, `ir/qblocks.py`): the
+            # i16 is an i32 here, its low 16 bits the half's
+            x, _ = self.render(e.value)
+            value = f"unpack2x16float(u32({x}) & 0xffffu).x"
+            return (f"{self.wtype(e.dtype, 1)}({value})" if self.wtype(e.dtype, 1) != "f32" else value), 1
+        if {e.value.dtype, e.dtype} == {dt.u8, dt.i8}:
+            # both are i32 here: re-read the low byte signed (i8) or unsigned (u8)
+            x, lanes = self.render(e.value)
+            if e.dtype == dt.u8:
+                mask = "255" if lanes == 1 else f"vec{lanes}<i32>(255)"
+                return f"({x} & {mask})", lanes
+            by = "24u" if lanes == 1 else f"vec{lanes}<u32>(24u)"
+            return f"(({x} << {by}) >> {by})", lanes
         if e.dtype.bits != 32 or e.value.dtype.bits != 32:
             raise WgslUnsupported(f"bitcast {e.value.dtype} -> {e.dtype}: only 32-bit bitcasts exist in WGSL")
         x, lanes = self.render(e.value)

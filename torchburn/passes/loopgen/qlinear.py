@@ -105,6 +105,7 @@ class QLinear:
 
     x: Value
     q: Value
+    #: The scales operand; for kind "blocks" the weight itself (its scales are in its blocks).
     scales: Value
     mins: Optional[Value]
     kind: str
@@ -113,13 +114,16 @@ class QLinear:
     #: The optional attribute `activations`: "int8", "f32" or "auto" (int8 where the CPU has
     #: byte dot products); the frontend writes TORCHBURN_QLINEAR_ACTIVATIONS there.
     activations: str = "auto"
+    #: Kind "blocks": the name of the weight's entry in `ir/qblocks.py` (see `qlinear_blocks`).
+    block_type: str = ""
 
     @staticmethod
     def of(op: Op) -> "QLinear":
-        x, q, s = op.operands[:3]
+        x, q = op.operands[:2]
+        s = op.operands[2] if len(op.operands) > 2 else q
         mins = op.operands[3] if len(op.operands) == 4 else None
         return QLinear(x, q, s, mins, op.attrs["kind"], int(op.attrs["group_size"]), bool(op.attrs["symmetric"]),
-                       str(op.attrs.get("activations", "auto")))
+                       str(op.attrs.get("activations", "auto")), str(op.attrs.get("block_type", "")))
 
     @property
     def lead(self) -> tuple[Expr, ...]:

@@ -1,7 +1,8 @@
 """Which loop form a `qlinear` kernel takes on a CPU: int8 activations (`qlinear_i8.py`), the
 f32 SIMD kernel (`qlinear.py`), or the plain per-element nest.
 
-The choice reads the op (K static, x and the weight streamable), M (known, or chosen at run
+Weights in ggml blocks (kind "blocks") take `qlinear_blocks`' forms, generated from the
+block table. The choice reads the op (K static, x and the weight streamable), M (known, or chosen at run
 time between the GEMV and the multi-row form) and the target (`CpuInfo`: vector width,
 threads, native byte dot products):
 
@@ -21,10 +22,19 @@ from ...ir.expr import Const
 from ...ir.tensor import Op
 from .matmul import CpuInfo, static_int
 from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_plain, plan_qlinear
+from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
 from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
 
 if TYPE_CHECKING:
     from .kernel_builder import KernelBuilder
+
+
+def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
+    """The per-element nest (GPUs, and operands the SIMD forms cannot stream): the block
+    table's for kind "blocks", else `build_qlinear_plain`."""
+    if qop.attrs["kind"] == "blocks":
+        return build_blocks_plain(kb, root, qop, out)
+    return build_qlinear_plain(kb, root, qop, out)
 
 
 def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
@@ -38,10 +48,13 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
     choice = activations or ql.activations
     probes = _probes(kb, ql) if static_int(ql.k) is not None else None
     if probes is None:
-        return build_qlinear_plain(kb, root, qop, out)
+        return plain_qlinear(kb, root, qop, out)
     x_load, q_load, row, k, n = probes
 
     def form(m: Optional[int]) -> lp.Stmt:
+        if ql.kind == "blocks":
+            blocks_plan = plan_blocks(ql, m, cpu)
+            return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()
         i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
         if i8_plan is not None:
             return build_qlinear_i8(kb, root, qop, out, i8_plan, (x_load, q_load, row, k, n))
