@@ -27,6 +27,8 @@ EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
     "TORCHBURN_QLINEAR_ACTIVATIONS": ("f32", "qlinear_activations", "f32", "int4"),
     "TORCHBURN_TARGET": ("avx2", "target", "avx2", "sparc"),
     "TORCHBURN_STRICT": ("1", "strict", True, None),
+    "TORCHBURN_TUNE": ("cached", "tune", "cached", "fast"),
+    "TORCHBURN_TUNE_BUDGET": ("2.5", "tune_budget_s", 2.5, "-1"),
 }
 
 
