@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps profiled")
     parser.add_argument("--top", type=int, default=25, help="rows per table")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--ir", type=int, default=0, metavar="N", help="print the loop IR of the N slowest kernels")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
     import torch
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             g = by_group[_group(k.what)]
             g[0] += k.seconds / n
             g[1] += 1
+    slowest = sorted(((k.seconds / max(p.calls, 1), k.kernel, p) for p in profilers for k in p.kernels),
+                     key=lambda x: -x[0])[:args.ir]
+    for seconds, name, p in slowest:
+        from torchburn.ir.printer import print_kernel
+
+        print(f"\n## kernel {name} ({seconds * 1e3:.2f} ms per step)\n")
+        print(print_kernel(p.program.kernel(name)))
     print(f"\n## torchburn kernels by op family (all graphs: {total * 1e3:.1f} ms per step)\n")
     print("| family | ms/step | share | kernels |\n|---|---:|---:|---:|")
     for name, (s, count) in sorted(by_group.items(), key=lambda x: -x[1][0]):
