@@ -49,6 +49,16 @@ def _group(what: str) -> str:
     return ops[0] if ops and ops[0] else "?"
 
 
+def _family(what: str, kernel: Any) -> str:
+    """`_group`, and for convolutions the loop nest they got: the `conv` attribute the
+    convolution builders set (form, lanes, blocking), or the element-by-element nest."""
+    group = _group(what)
+    if not group.startswith("convolution"):
+        return group
+    form = dict(kernel.attrs).get("conv")
+    return f"{group} [{form.split(' lanes')[0] if form else 'element-by-element nest'}]"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="unet")
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / seconds:.1f}% | {k.what[:90]} | "
                   f"{k.where.split(' (')[0]} |")
         for k in p.kernels:
-            g = by_group[_group(k.what)]
+            g = by_group[_family(k.what, p.program.kernel(k.kernel))]
             g[0] += k.seconds / n
             g[1] += 1
     slowest = sorted(((k.seconds / max(p.calls, 1), k.kernel, p) for p in profilers for k in p.kernels),
