@@ -104,8 +104,6 @@ def check(got: Any, expected: Any, model: Any, eager: Any, mode: str) -> dict[st
     from eager's: `out_err`, the largest difference over the largest expected entry;
     `grad_err`, the largest gradient difference over the model's largest gradient entry;
     `error`, what fails the tolerances (None if nothing)."""
-    import torch
-
     scale = float(expected.detach().abs().max()) or 1.0
     result: dict[str, Any] = {"out_err": float((got.detach() - expected.detach()).abs().max()) / scale,
                               "error": None}
@@ -129,8 +127,6 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
             tb_options: dict[str, Any]) -> dict[str, Any]:
     """Measure one model at one batch size in one mode; returns the row (timings, compile
     times, checks, errors)."""
-    import torch
-
     from benchmarks.bench_models import CLOCKS, _clear_compile_caches, _step, compile_split
     from benchmarks.common import compare
     from tests.models import conv_zoo
