@@ -17,11 +17,11 @@ stronger Inductor); `torchburn` (`backend="torchburn"`, `--tb-option KEY=VALUE` 
 `options={...}`; a value is read as JSON where it parses, else as a string); `torchburn-notune`
 (the same with `tune="off"`: every kernel ours, nothing measured; docs/tuning.md).
 
-Each compiled contender is checked against eager on its first call: the output (to 1e-3 of its
-largest entry, relative 1e-3) and, in training, every parameter's gradient (to 5e-3 of the
-model's largest gradient entry, relative 5e-3); deep nets in float32 with batch norm sum in
-other orders, so these are looser than the 2-layer model suite's. A row that fails the check
-is marked `WRONG` (the JSON has the error) and left out of the geomeans.
+Each compiled contender is checked against eager on its first call: the output (its largest
+difference within 1e-3 of its largest entry) and, in training, every parameter's gradient
+(within 2e-2 of the model's largest gradient entry: see `GRAD_TOL` for why so loose). The
+check column shows TorchBurn's two errors (output/gradients, as those fractions); a row that
+fails is marked `WRONG` (the JSON has what failed) and left out of the geomeans.
 
 Times are medians of interleaved rounds (`benchmarks/common.py`) with the interquartile range;
 wall time, or with `--clock cpu` the process's CPU time (all threads). `cold s` is each
@@ -50,10 +50,15 @@ CONTENDERS = ("eager", "inductor", "inductor-freezing", "torchburn", "torchburn-
 MODES = ("inference", "training")
 #: Contenders that only make sense in inference (freezing folds the weights as constants).
 INFERENCE_ONLY = frozenset({"inductor-freezing"})
-#: Output check: absolute, as a fraction of the largest expected entry, and relative.
+#: Output check: the largest difference from eager, as a fraction of the largest expected entry.
 OUT_TOL = 1e-3
-#: Gradient check: absolute, as a fraction of the model's largest gradient entry, and relative.
-GRAD_TOL = 5e-3
+#: Gradient check: the largest difference of any parameter's gradient from eager's, as a fraction
+#: of the model's largest gradient entry. Loose because a training step at full size is badly
+#: conditioned: a pre-activation within rounding of 0 flips a ReLU's (or a max pool's) choice,
+#: and batch norm spreads the change over the channel. ResNet-18 at batch 1: eager with oneDNN
+#: off (another summation order) differs from a float64 step by 7.9e-3 (layers.2.conv1.weight),
+#: eager with oneDNN by 4.8e-6; TorchBurn by the same 7.9e-3.
+GRAD_TOL = 2e-2
 
 
 def parse_tb_options(items: list[str]) -> dict[str, Any]:
@@ -97,35 +102,34 @@ def _freezing(who: str) -> Any:
     return torch._inductor.config.patch(freezing=True) if who == "inductor-freezing" else contextlib.nullcontext()
 
 
-def check(got: Any, expected: Any, model: Any, eager: Any, mode: str) -> Optional[str]:
-    """None if the compiled contender's output (and, in training, gradients) match eager's;
-    else what differs."""
-    import torch
-
-    try:
-        scale = float(expected.detach().abs().max()) or 1.0
-        torch.testing.assert_close(got, expected, rtol=OUT_TOL, atol=OUT_TOL * scale, msg=lambda m: f"output: {m}")
-        if mode == "training":
-            pairs = [(n, p, q) for (n, p), q in zip(model.named_parameters(), eager.parameters())]
-            gscale = max(float(q.grad.abs().max()) for _, _, q in pairs if q.grad is not None) or 1.0
-            for name, p, q in pairs:
-                if q.grad is None:
-                    continue
-                if p.grad is None:
-                    return f"{name}: no gradient"
-                torch.testing.assert_close(p.grad, q.grad, rtol=GRAD_TOL, atol=GRAD_TOL * gscale,
-                                           msg=lambda m, name=name: f"gradient of {name}: {m}")
-    except AssertionError as err:
-        return " ".join(str(err).split())[:400]
-    return None
+def check(got: Any, expected: Any, model: Any, eager: Any, mode: str) -> dict[str, Any]:
+    """How far the compiled contender's output (and, in training, parameter gradients) are
+    from eager's: `out_err`, the largest difference over the largest expected entry;
+    `grad_err`, the largest gradient difference over the model's largest gradient entry;
+    `error`, what fails the tolerances (None if nothing)."""
+    scale = float(expected.detach().abs().max()) or 1.0
+    result: dict[str, Any] = {"out_err": float((got.detach() - expected.detach()).abs().max()) / scale,
+                              "error": None}
+    if result["out_err"] > OUT_TOL:
+        result["error"] = f"output off by {result['out_err']:.1e} of its largest entry"
+    if mode == "training":
+        pairs = [(n, p, q) for (n, p), q in zip(model.named_parameters(), eager.parameters()) if q.grad is not None]
+        missing = [n for n, p, _ in pairs if p.grad is None]
+        if missing:
+            result["error"] = f"no gradient for {missing[:3]}"
+            return result
+        gscale = max(float(q.grad.abs().max()) for _, _, q in pairs) or 1.0
+        worst, name = max((float((p.grad - q.grad).abs().max()), n) for n, p, q in pairs)
+        result["grad_err"] = worst / gscale
+        if result["grad_err"] > GRAD_TOL and result["error"] is None:
+            result["error"] = f"gradient of {name} off by {result['grad_err']:.1e} of the largest gradient entry"
+    return result
 
 
 def run_row(name: str, size: str, batch: int, mode: str, which: list[str], rounds: int, clock: str,
             tb_options: dict[str, Any]) -> dict[str, Any]:
     """Measure one model at one batch size in one mode; returns the row (timings, compile
     times, checks, errors)."""
-    import torch
-
     from benchmarks.bench_models import CLOCKS, _clear_compile_caches, _step, compile_split
     from benchmarks.common import compare
     from tests.models import conv_zoo
@@ -139,7 +143,7 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
     expected = _step(reference, case, kw, step_mode)()
     fns: dict[str, Callable[[], Any]] = {}
     compile_s: dict[str, dict[str, Any]] = {}
-    checks: dict[str, Optional[str]] = {}
+    checks: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
     for who in which:
         if mode == "training" and who in INFERENCE_ONLY:
@@ -198,15 +202,17 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     tb = c.get("torchburn")
     cells += [f"{tb['ours_cold_s']:.1f} ({tb['passes_s']:.1f}/{tb['codegen_s']:.1f}/{tb['llvm_s']:.1f}/"
               f"{tb['other_ours_s']:.1f})" if tb else "-", str(len(tb["fallback_ops"])) if tb else "-"]
-    bad = [w for w, e in r["checks"].items() if e] + [f"{w} failed" for w in r["errors"]]
+    bad = [w for w, e in r["checks"].items() if e["error"]] + [f"{w} failed" for w in r["errors"]]
     if tb and tb["internal_errors"]:
         bad.append(f"torchburn internal errors: {len(tb['internal_errors'])}")
-    cells.append("WRONG: " + ", ".join(bad) if bad else "ok")
+    ours = r["checks"].get("torchburn")
+    err = (f" (ours {ours['out_err']:.0e}" + (f"/{ours['grad_err']:.0e}" if "grad_err" in ours else "") + ")") if ours else ""
+    cells.append(("WRONG: " + ", ".join(bad) if bad else "ok") + err)
     return cells
 
 
 def _valid(r: dict[str, Any], who: str) -> bool:
-    return who in r["timings"] and not r["checks"].get(who) and not r["errors"].get(who)
+    return who in r["timings"] and not r["checks"].get(who, {}).get("error") and not r["errors"].get(who)
 
 
 def geomeans(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -275,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 results.append(run_row(name, args.size, batch, mode, which, args.rounds, args.clock, tb_options))
                 print("  ".join(row_cells(results[-1])), flush=True)
-                for who, err in {**results[-1]["errors"], **results[-1]["checks"]}.items():
+                problems = {**results[-1]["errors"], **{w: c["error"] for w, c in results[-1]["checks"].items()}}
+                for who, err in problems.items():
                     if err:
                         print(f"  {who}: {err}", flush=True)
     info = machine_info()

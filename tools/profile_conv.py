@@ -49,6 +49,16 @@ def _group(what: str) -> str:
     return ops[0] if ops and ops[0] else "?"
 
 
+def _family(what: str, kernel: Any) -> str:
+    """`_group`, and for convolutions the loop nest they got: the `conv` attribute the
+    convolution builders set (form, lanes, blocking), or the element-by-element nest."""
+    group = _group(what)
+    if not group.startswith("convolution"):
+        return group
+    form = dict(kernel.attrs).get("conv")
+    return f"{group} [{form.split(' lanes')[0] if form else 'element-by-element nest'}]"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="unet")
@@ -58,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps profiled")
     parser.add_argument("--top", type=int, default=25, help="rows per table")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--ir", type=int, default=0, metavar="N", help="print the loop IR of the N slowest kernels")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
     import torch
@@ -117,9 +128,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / seconds:.1f}% | {k.what[:90]} | "
                   f"{k.where.split(' (')[0]} |")
         for k in p.kernels:
-            g = by_group[_group(k.what)]
+            g = by_group[_family(k.what, p.program.kernel(k.kernel))]
             g[0] += k.seconds / n
             g[1] += 1
+    slowest = sorted(((k.seconds / max(p.calls, 1), k.kernel, p) for p in profilers for k in p.kernels),
+                     key=lambda x: -x[0])[:args.ir]
+    for seconds, name, p in slowest:
+        from torchburn.ir.printer import print_kernel
+
+        print(f"\n## kernel {name} ({seconds * 1e3:.2f} ms per step)\n")
+        print(print_kernel(p.program.kernel(name)))
     print(f"\n## torchburn kernels by op family (all graphs: {total * 1e3:.1f} ms per step)\n")
     print("| family | ms/step | share | kernels |\n|---|---:|---:|---:|")
     for name, (s, count) in sorted(by_group.items(), key=lambda x: -x[1][0]):

@@ -52,6 +52,13 @@ def _divisible(v: float, divisor: int = 8) -> int:
     return new + divisor if new < 0.9 * v else new
 
 
+def _scaled(mult: float) -> Callable[[int], int]:
+    """A channel count of the reference table times `mult`, kept divisible by 8."""
+    def channels(v: int) -> int:
+        return _divisible(v * mult)
+    return channels
+
+
 def _head(cin: int, classes: int) -> nn.Module:
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
 
@@ -156,7 +163,7 @@ class MobileNetV3(nn.Module):
     def __init__(self, table: Sequence[tuple[int, int, int, int, bool, bool, int]], last: int, mult: float = 1.0,
                  classes: int = 1000) -> None:
         super().__init__()
-        c = lambda v: _divisible(v * mult)  # noqa: E731 - the one rule, used a dozen times
+        c = _scaled(mult)
         stem = c(table[0][0])
         self.stem = nn.Sequential(nn.Conv2d(3, stem, 3, 2, 1, bias=False), nn.BatchNorm2d(stem), nn.Hardswish())
         blocks = []
@@ -212,7 +219,7 @@ class EfficientNet(nn.Module):
     def __init__(self, stages: Sequence[tuple[int, int, int, int, int, int]], mult: float = 1.0,
                  classes: int = 1000) -> None:
         super().__init__()
-        c = lambda v: _divisible(v * mult)  # noqa: E731
+        c = _scaled(mult)
         stem = c(stages[0][3])
         self.stem = nn.Sequential(nn.Conv2d(3, stem, 3, 2, 1, bias=False), nn.BatchNorm2d(stem), nn.SiLU())
         blocks = []

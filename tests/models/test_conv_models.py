@@ -9,7 +9,7 @@ in float32; gradients are compared relative to the largest gradient entry of the
 Compiling costs seconds even at tiny sizes (a training step compiles a forward and a backward
 graph), so the default run takes every model once, in the mode `DEFAULT` names (training for
 the classes whose backward issue 35 found slow, inference where batch norm is folded and for
-the U-Net), 15 tests in about 60 CPU-seconds (user time, 2-core machine at load 9);
+the U-Net), 15 model tests in about 60 CPU-seconds (user time, 2-core machine at load 9);
 `TORCHBURN_MODELS_FULL=1` runs both modes of every model, 28 tests in about 100 CPU-seconds.
 """
 from __future__ import annotations
