@@ -72,3 +72,23 @@ def test_expensive_op_read_through_a_view_by_several_kernels_is_stored() -> None
     cheap = get_pass("fuse")().run(parse_graph(ROTARY_THROUGH_VIEWS.format(op="neg")))
     neg = next(op for op in cheap.ops if op.name == "neg")
     assert neg.attrs.get("fused_into") == (0, 1)  # cheap: recomputed in both kernels
+
+
+CONV_THROUGH_A_VIEW = """graph @main(%g: f32[1, 8, 4, 64], %x: f32[1, 32, 8, 8], %w: f32[16, 32, 3, 3]) {
+  %0 = reshape(%g) {shape = [1, 32, 8, 8]} : f32[1, 32, 8, 8]
+  %1 = conv(%0, %w) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1} : f32[1, 16, 8, 8]
+  %2 = conv_grad_weight(%0, %x) {window = [3, 3], stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1} : f32[32, 32, 3, 3]
+  return %1, %2
+}"""
+
+
+def test_a_view_a_convolution_loads_from_is_stored() -> None:
+    """GroupNorm's backward hands the next convolution its gradient as a reshape of
+    `[N, G, C/G, H*W]`: inlined into the convolution, the view left it the element-by-element
+    nest (the blocked kernels load their input from a buffer); stored once, it gets them."""
+    graph = get_pass("fuse")().run(parse_graph(CONV_THROUGH_A_VIEW))
+    view = next(op for op in graph.ops if op.name == "reshape")
+    assert "kernel" in view.attrs and not view.attrs.get("fused_into")
+    program = get_pass("lower-to-loops")().run(graph)
+    text = str(program)
+    assert "vreduce_add" in text or "fma" in text  # the blocked (vector) convolution kernels

@@ -256,6 +256,8 @@ class Fuse(TensorPass):
             return False
         feeds_reread = any(u in reread for u in consumers)
         if cat == "view":
+            if any(_needs_buffer(u, result) for u in consumers):
+                return False  # a convolution loads this operand from memory: store the view once
             # A view is index arithmetic: free to repeat anywhere.
             if feeds_reread:
                 reread.add(op)
@@ -279,6 +281,18 @@ class Fuse(TensorPass):
             # is never written) and every layer gets the same kernels.
             return False
         return not recompute_too_costly(op, inlined, uses, self.max_recompute_cost)
+
+
+#: Operands the convolution kernels load straight from a buffer (`loopgen/conv.py`: the input;
+#: `loopgen/conv_grad_weight.py`: the gradient and the input); read through an inlined view,
+#: the kernel would fall back to the element-by-element nest (a conv after GroupNorm's
+#: backward reads its gradient as a reshape of `[N, G, C/G, H*W]`: 30-70x slower).
+BUFFER_OPERANDS: dict[str, tuple[int, ...]] = {"conv": (0,), "conv_grad_weight": (0, 1)}
+
+
+def _needs_buffer(user: Op, value: Value) -> bool:
+    """Whether `user` reads `value` as an operand that must be a buffer of its own."""
+    return any(i < len(user.operands) and user.operands[i] is value for i in BUFFER_OPERANDS.get(user.name, ()))
 
 
 def _uses_through_views(value: Value, users: dict[Value, list[Op]], inlined: set[Op]) -> int:
