@@ -1,0 +1,84 @@
+"""Every family from a GGUF file written as llama.cpp's converter writes it (`gguf_fixtures`):
+the same logits as transformers running the checkpoint the file was made from, including
+Llama 3's rope scaling (a ``rope_freqs`` tensor), Gemma's ``1 + w`` norms and Phi-3's fused
+tensors and LongRoPE factors. transformers' own GGUF reader checks that the files keep
+llama.cpp's conventions (it undoes them and must get the original weights back)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchburn.llm.gguf_loader import load_gguf_model
+
+from .conftest import assert_same_logits, hf_logits, our_logits, transformers
+from .gguf_fixtures import write_gguf
+from .test_model import BATCHES, _decode_tokens
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tiny_checkpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> tuple:
+        hf, _ = tiny_checkpoint(arch)
+        if arch not in made:
+            made[arch] = write_gguf(hf, tmp_path_factory.mktemp(f"gguf_{arch}") / f"{arch}.gguf")
+        return hf, made[arch]
+
+    return make
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_logits_match_transformers(gguf_file, arch: str) -> None:
+    hf, path = gguf_file(arch)
+    ours, _ = load_gguf_model(path, None)
+    assert ours.config.architecture == ("llama" if arch == "mistral" else arch)
+    rows, steps = BATCHES[2], _decode_tokens(2)
+    assert_same_logits(our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps), rows)
+
+
+def test_llama3_rope_freqs_are_applied(gguf_file) -> None:
+    """The file's ``rope_freqs`` divisors are Llama 3's scaling: rope without them decodes
+    different logits (what the loader did before it read them)."""
+    hf, path = gguf_file("llama")
+    ours, _ = load_gguf_model(path, None)
+    assert ours.config.rope_type == "freq_factors"
+    rows, steps = BATCHES[1], _decode_tokens(1)
+    ref = hf_logits(hf, rows, steps)
+    from torchburn.llm.rope import _base_inv_freq
+
+    ours.inv_freq = _base_inv_freq(ours.config.rope_theta, ours.config.head_dim)
+    with pytest.raises(AssertionError):
+        assert_same_logits(our_logits(ours, ours, rows, steps), ref, rows)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "phi3"])
+def test_fixture_keeps_llama_cpp_conventions(gguf_file, arch: str) -> None:
+    """transformers' GGUF reader (which undoes llama.cpp's Q/K permutation and Gemma's +1)
+    reads the fixture back to the original weights."""
+    hf, path = gguf_file(arch)
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             dtype=torch.float32)
+    want = hf.state_dict()
+    got = back.state_dict()
+    for name, value in want.items():
+        if name == "lm_head.weight" and name not in got:
+            continue
+        torch.testing.assert_close(got[name], value, atol=1e-6, rtol=0, msg=name)
+
+
+def test_gguf_compiled_gemma2_matches_transformers(gguf_file) -> None:
+    hf, path = gguf_file("gemma2")
+    ours, _ = load_gguf_model(path, None)
+
+    def step(*args):  # type: ignore[no-untyped-def]
+        return ours(*args)
+
+    compiled = torch.compile(step, backend="torchburn", dynamic=False)
+    rows, steps = BATCHES[2], _decode_tokens(2)
+    assert_same_logits(our_logits(compiled, ours, rows, steps, dynamic=True),
+                       hf_logits(hf, rows, steps), rows)
