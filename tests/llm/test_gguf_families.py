@@ -82,3 +82,35 @@ def test_gguf_compiled_gemma2_matches_transformers(gguf_file) -> None:
     rows, steps = BATCHES[2], _decode_tokens(2)
     assert_same_logits(our_logits(compiled, ours, rows, steps, dynamic=True),
                        hf_logits(hf, rows, steps), rows)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_llm_runs_a_gguf_file_with_its_sentencepiece_tokenizer(tmp_path, arch: str) -> None:
+    """`LLM.from_pretrained` on a GGUF file holding a SentencePiece vocabulary: the prompt is
+    encoded and the chat template rendered as transformers does, and the compiled model's
+    greedy tokens are transformers' on the same checkpoint."""
+    from torchburn.llm import LLM
+    from torchburn.llm.sampling import SamplingParams
+
+    from .conftest import hf_config
+    from .tokenizer_fixtures import sentencepiece_folder, sentencepiece_gguf_metadata
+
+    gemma = arch == "gemma3"
+    folder = sentencepiece_folder(tmp_path / "tok", gemma)
+    ref_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    meta = sentencepiece_gguf_metadata(folder, ref_tok, gemma)
+    config = hf_config(arch)
+    config.vocab_size = len(meta["tokenizer.ggml.tokens"])
+    torch.manual_seed(5)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    path = write_gguf(hf, tmp_path / f"{arch}.gguf", tokenizer=meta)
+    llm = LLM.from_pretrained(path, device="cpu", max_context=64)
+    messages = [{"role": "user", "content": "Grüße, how are you? 🎉"}]
+    ids = llm.encode_prompt(messages)
+    assert ids == ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False)
+    llm.eos_ids = frozenset()
+    got = [s[0] for s in llm.generate_ids([ids], 8, SamplingParams(temperature=0.0))]
+    expected = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                           min_new_tokens=8)[0, len(ids):].tolist()
+    assert got == expected
