@@ -151,8 +151,6 @@ def write_gguf(model: Any, path: Path, tokenizer: Optional[dict[str, Any]] = Non
 
 def add_tokenizer_metadata(w: Any, meta: dict[str, Any]) -> None:
     """Write ``tokenizer.*`` keys with the value types llama.cpp's converter uses."""
-    import gguf
-
     for key, value in meta.items():
         if key == "tokenizer.ggml.scores":
             w.add_array(key, [float(v) for v in value])
@@ -168,4 +166,3 @@ def add_tokenizer_metadata(w: Any, meta: dict[str, Any]) -> None:
             w.add_string(key, value)
         else:
             raise AssertionError(f"{key}: {type(value).__name__}")
-    del gguf

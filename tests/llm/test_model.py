@@ -184,3 +184,20 @@ def test_decode_step_has_one_attention_kernel_per_layer(tiny_checkpoint) -> None
     assert len(attn) == llm.config.num_hidden_layers == 2, origins
     assert not [o for o in origins if "Attention.forward" in o and "torchburn.attention" not in o
                 and any(op in o for op in ("aten.amax", "aten.exp", "aten.bmm", "aten.mm", "aten.sum"))], origins
+
+
+@pytest.mark.parametrize("quant,atol", [("int8", 0.05), ("int4", 0.3)])
+def test_phi3_fused_tensors_quantize_on_load(tiny_checkpoint, quant: str, atol: float) -> None:
+    """Phi-3 stores q/k/v and gate/up fused: they are quantized as they come, one linear each."""
+    from torchburn.quant import QuantizedLinear
+
+    hf, folder = tiny_checkpoint("phi3")
+    ours = load_safetensors_model(folder, quant)
+    for layer in ours.layers:
+        assert isinstance(layer.self_attn.qkv_proj, QuantizedLinear) and layer.self_attn.q_proj is None
+        assert isinstance(layer.mlp.gate_up_proj, QuantizedLinear) and layer.mlp.gate_proj is None
+        assert layer.self_attn.qkv_proj.quant_type == quant
+    rows, steps = BATCHES[1], _decode_tokens(1)[:, :2]
+    got, ref = our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps)
+    err = max((a - b).abs().max().item() for a, b in zip(got[1:], ref[1:]))
+    assert 0 < err < atol

@@ -74,10 +74,6 @@ HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_ta
                   "gelu_new": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
-def family(name: str) -> Family:
-    return BY_NAME[name]
-
-
 def sliding_layers(fam: Family, n_layers: int, pattern: Optional[str | int] = None) -> list[bool]:
     """Which layers use the sliding window by the family's (or the given) pattern."""
     pattern = fam.window_pattern if pattern is None else pattern
