@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -122,10 +122,11 @@ def _tensors(model: Any, arch: str) -> list[tuple[str, np.ndarray]]:
 
 
 def write_gguf(model: Any, path: Path, tokenizer: Optional[dict[str, Any]] = None,
-               dtype: str = "F32") -> Path:
+               dtype: str = "F32", edit: Optional[Callable[[Any, dict[str, np.ndarray]], None]] = None) -> Path:
     """``model`` (a transformers causal LM) as a GGUF file at ``path``; ``tokenizer``: the
-    ``tokenizer.*`` metadata to write (`tokenizer_metadata`), else a placeholder vocabulary.
-    ``dtype``: F32 or F16 for the 2-D weights (1-D tensors stay F32, as llama.cpp keeps them)."""
+    ``tokenizer.*`` metadata to write (`tokenizer_fixtures`), else a placeholder vocabulary.
+    ``dtype``: F32 or F16 for the 2-D weights (1-D tensors stay F32, as llama.cpp keeps them).
+    ``edit(writer, tensors)``: a test's change to the metadata or the tensors before writing."""
     import gguf
 
     arch = GGUF_ARCH[model.config.model_type]
@@ -138,7 +139,10 @@ def write_gguf(model: Any, path: Path, tokenizer: Optional[dict[str, Any]] = Non
                          "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
                          "tokenizer.ggml.padding_token_id": 0}
     add_tokenizer_metadata(w, meta)
-    for name, array in _tensors(model, arch):
+    tensors = dict(_tensors(model, arch))
+    if edit is not None:
+        edit(w, tensors)
+    for name, array in tensors.items():
         if dtype == "F16" and array.ndim == 2:
             array = array.astype(np.float16)
         w.add_tensor(name, np.ascontiguousarray(array))

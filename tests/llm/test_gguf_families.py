@@ -6,10 +6,13 @@ llama.cpp's conventions (it undoes them and must get the original weights back).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from torchburn.llm.config import ConfigError
 from torchburn.llm.gguf_loader import load_gguf_model
 
 from .conftest import assert_same_logits, hf_logits, our_logits, transformers
@@ -114,3 +117,42 @@ def test_llm_runs_a_gguf_file_with_its_sentencepiece_tokenizer(tmp_path, arch: s
     expected = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                            min_new_tokens=8)[0, len(ids):].tolist()
     assert got == expected
+
+
+def _set(key: str, value: Any, kind: str):  # type: ignore[no-untyped-def]
+    def edit(w, tensors):  # type: ignore[no-untyped-def]
+        import gguf
+
+        w.add_key_value(key, value, getattr(gguf.GGUFValueType, kind))
+    return edit
+
+
+def _rope_freqs(n: int):  # type: ignore[no-untyped-def]
+    def edit(w, tensors):  # type: ignore[no-untyped-def]
+        tensors["rope_freqs.weight"] = np.ones(n, dtype=np.float32)
+    return edit
+
+
+def _drop(name: str):  # type: ignore[no-untyped-def]
+    def edit(w, tensors):  # type: ignore[no-untyped-def]
+        del tensors[name]
+    return edit
+
+
+BAD = [
+    ("llama", _set("general.architecture", "gemma3n", "STRING"), ConfigError, "unsupported architecture 'gemma3n'"),
+    ("llama", _set("llama.rope.dimension_count", 8, "UINT32"), ConfigError, "partial rotary"),
+    ("llama", _rope_freqs(5), ConfigError, "5 rope factors for a head dim of 16"),
+    ("phi3", _drop("rope_factors_short.weight"), ConfigError, "LongRoPE needs both"),
+    ("gemma3", _set("gemma3.attention.sliding_window_pattern", [True, False], "ARRAY"), ConfigError,
+     "lists 2 layers; the model has 6"),
+]
+
+
+@pytest.mark.parametrize("arch,edit,error,message", BAD, ids=[b[3][:24] for b in BAD])
+def test_gguf_family_metadata_errors_name_the_problem(tiny_checkpoint, tmp_path, arch, edit, error,
+                                                      message) -> None:  # type: ignore[no-untyped-def]
+    hf, _ = tiny_checkpoint(arch)
+    path = write_gguf(hf, tmp_path / "bad.gguf", edit=edit)
+    with pytest.raises(error, match=message):
+        load_gguf_model(path, None)

@@ -128,16 +128,17 @@ def _pre_tokenizer(pre: str) -> Any:
 def spm_merges(tokens: Sequence[str]) -> list[tuple[str, str]]:
     """The BPE merges of a SentencePiece BPE vocabulary (pieces in rank order): every split of
     a piece into two pieces of the vocabulary, ranked by the piece, then by the left part's
-    length (module docstring)."""
-    vocab = {t: i for i, t in enumerate(tokens)}
+    length (module docstring); generated in that order, so nothing is sorted."""
+    vocab = set(tokens)
     merges = []
-    for rank, piece in enumerate(tokens):
+    for piece in tokens:
         for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in vocab and right in vocab:
-                merges.append((rank, cut, left, right))
-    merges.sort(key=lambda m: (m[0], m[1]))
-    return [(m[2], m[3]) for m in merges]
+            left = piece[:cut]
+            if left in vocab:
+                right = piece[cut:]
+                if right in vocab:
+                    merges.append((left, right))
+    return merges
 
 
 def _gpt2_backend(reader: Any, tokens: list[str]) -> Any:
