@@ -98,8 +98,10 @@ def test_gguf_tokenizer_specials_and_template(pair, kind: str) -> None:
     assert ref.convert_tokens_to_ids(ours.eos_token) in ours.eos_token_ids
     assert ours.chat_template == CHAT_TEMPLATE
     messages = [{"role": "user", "content": "hi"}]
-    assert render_chat(ours.chat_template, messages) == ref.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+    text = render_chat(ours.chat_template, messages, bos_token=ours.bos_token or "")
+    assert text == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours.encode(text, add_special_tokens=False) == ref.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
 def test_sentencepiece_byte_fallback_is_used(pair) -> None:

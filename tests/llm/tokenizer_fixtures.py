@@ -14,7 +14,7 @@ CORPUS = [
     "日本語のテキストと中文，한국어", "Привет, мир! مرحبا بالعالم", "numbers 12345 and 3.14159",
     "emoji 🎉🔥 and more text", "   indented\n\n\nlines  ",
 ] * 20
-CHAT_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
                  "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 # llama.cpp's token types
