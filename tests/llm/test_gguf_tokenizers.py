@@ -110,3 +110,11 @@ def test_sentencepiece_byte_fallback_is_used(pair) -> None:
     ids = ours.encode("€", add_special_tokens=False)
     pieces = [ours.backend.id_to_token(i) for i in ids]
     assert "<0xE2>" in pieces and ours.decode(ids) == "€"
+
+
+def test_end_of_turn_tokens_end_generation(pair) -> None:
+    """Gemma-style files name ``<eos>`` as EOS; a turn ends with ``<end_of_turn>``, which
+    stops generation too (as in llama.cpp)."""
+    ours, ref = pair("spm-gemma")
+    assert set(ours.eos_token_ids) == {ref.convert_tokens_to_ids("<eos>"),
+                                       ref.convert_tokens_to_ids("<end_of_turn>")}

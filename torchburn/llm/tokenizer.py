@@ -17,7 +17,8 @@ tokenizer built the way transformers builds one from the model's own files:
   characters outside the vocabulary become their ``<0xNN>`` byte pieces.
 
 Either way control tokens (type 3) and the unknown token become special tokens, user-defined
-ones (type 4) added tokens, and ``add_bos_token``/``add_eos_token`` a post-processor.
+ones (type 4) added tokens, and ``add_bos_token``/``add_eos_token`` a post-processor; the
+end-of-generation ids are EOS, EOT and the families' end-of-turn tokens (`END_OF_TURN`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ TOKEN_USER_DEFINED = 4
 TOKEN_BYTE = 6
 #: SentencePiece's space.
 SPACE = "\u2581"
+#: Control or user-defined tokens that end a turn in the chat formats of the families we run;
+#: like llama.cpp, generation stops at them even where the file names no EOT token (Gemma's
+#: files give ``<eos>`` as EOS, its turns end with ``<end_of_turn>``; Phi-3's with ``<|end|>``).
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>",
+               "<|endoftext|>", "<|end_of_text|>")
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
@@ -240,7 +246,9 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
 
     eos_id = field(reader, "tokenizer.ggml.eos_token_id")
     eot_id = field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(dict.fromkeys(int(i) for i in (eos_id, eot_id) if i is not None))
+    turn_ends = [i for i, t in enumerate(types)
+                 if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and tokens[i] in END_OF_TURN]
+    eos_ids = tuple(dict.fromkeys([int(i) for i in (eos_id, eot_id) if i is not None] + turn_ends))
     return Tokenizer(
         backend=backend,
         bos_token=bos_text,
