@@ -39,6 +39,24 @@ def hf_config(arch: str):  # type: ignore[no-untyped-def]
         return T.Qwen3Config(**COMMON, head_dim=32)
     if arch == "mistral":
         return T.MistralConfig(**COMMON, sliding_window=6)
+    if arch == "gemma2":  # layer 0 slides (window 6), layer 1 is global; small caps that bite
+        return T.Gemma2Config(**COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+                              attn_logit_softcapping=0.5, final_logit_softcapping=0.25,
+                              attention_bias=False)
+    if arch == "gemma3":  # 5 sliding layers (rope base 100), 1 global (10000, scaled linearly)
+        return T.Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32,
+            sliding_window=5, rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                             "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                "rope_theta": 10000.0}})
+    if arch == "phi3":  # LongRoPE: the long factors take over past position 16
+        g = torch.Generator().manual_seed(3)
+        return T.Phi3Config(
+            **COMMON, sliding_window=9, original_max_position_embeddings=16,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": (1 + torch.rand(8, generator=g)).tolist(),
+                             "long_factor": (1 + 4 * torch.rand(8, generator=g)).tolist(),
+                             "original_max_position_embeddings": 16})
     raise AssertionError(arch)
 
 
@@ -68,7 +86,13 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     def make(arch: str) -> tuple:
         if arch not in made:
             torch.manual_seed(1234)
-            model = transformers.AutoModelForCausalLM.from_config(hf_config(arch)).eval()
+            model = transformers.AutoModelForCausalLM.from_config(
+                hf_config(arch), attn_implementation="eager").eval()
+            if arch.startswith("gemma"):  # norms start at 0 (a factor 1): make them matter
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if name.endswith("norm.weight"):
+                            p.normal_(0.0, 0.5)
             folder = tmp_path_factory.mktemp(f"tiny_{arch}")
             model.save_pretrained(folder, safe_serialization=True)
             tiny_tokenizer(folder)

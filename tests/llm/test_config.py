@@ -118,3 +118,59 @@ def test_hub_offline_without_cache_is_clear(monkeypatch, tmp_path: Path) -> None
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(SourceError, match="HF_HUB_OFFLINE is set and the model is not in the"):
         resolve("nobody-here/no-such-model")
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
+def test_new_family_fields(arch: str) -> None:
+    c = from_hf_dict(hf_config(arch).to_dict())
+    gemma = arch.startswith("gemma")
+    assert c.hidden_act == ("gelu_tanh" if gemma else "silu")
+    assert c.sandwich_norms == gemma and c.tie_word_embeddings == gemma
+    assert c.embed_scale == (8.0 if gemma else 1.0)
+    assert c.qk_norm == (arch == "gemma3")
+    assert c.attn_logit_softcapping == (0.5 if arch == "gemma2" else None)
+    assert c.layer_windows == {"gemma2": (6, None), "gemma3": (5,) * 5 + (None,),
+                               "phi3": (9, 9)}[arch]
+    assert c.rope_local_base_freq == (100.0 if arch == "gemma3" else None)
+    assert c.rope_type == {"gemma2": "default", "gemma3": "linear", "phi3": "longrope"}[arch]
+
+
+def test_gemma3_old_style_config_keys() -> None:
+    """``rope_theta`` + ``rope_local_base_freq`` + ``rope_scaling`` + ``sliding_window_pattern``
+    (configs written before transformers 5) read as the per-layer-type form does."""
+    cfg = {**COMMON, "model_type": "gemma3_text", "num_hidden_layers": 4, "head_dim": 16,
+           "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+           "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512,
+           "sliding_window_pattern": 2, "query_pre_attn_scalar": 256}
+    c = from_hf_dict(cfg)
+    assert c.layer_windows == (512, None, 512, None)
+    assert (c.rope_theta, c.rope_local_base_freq, c.rope_scaling) == (
+        1e6, 1e4, {"rope_type": "linear", "factor": 8.0})
+    assert c.attention_scale == 256 ** -0.5
+
+
+def test_longrope_matches_transformers() -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from torchburn.llm.rope import longrope_inv_freq
+
+    cfg = hf_config("phi3")
+    ours = from_hf_dict(cfg.to_dict())
+    short, long = longrope_inv_freq(ours)
+    ref_short, ref_scale = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu")
+    ref_long, _ = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=17)
+    torch.testing.assert_close(short, ref_short, rtol=1e-6, atol=0)
+    torch.testing.assert_close(long, ref_long, rtol=1e-6, atol=0)
+    assert rope_parameters(ours)[1] == pytest.approx(ref_scale)
+
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"model_type": "gemma3", "text_config": {}}, "multimodal Gemma 3"),
+    ({**COMMON, "model_type": "phi3", "rms_norm_eps": 1e-5, "partial_rotary_factor": 0.75},
+     "partial_rotary_factor"),
+    ({**COMMON, "model_type": "gemma2", "rms_norm_eps": 1e-5, "hidden_activation": "relu"},
+     "activation 'relu'"),
+])
+def test_new_family_refusals_name_the_problem(cfg: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_hf_dict(cfg)

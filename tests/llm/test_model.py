@@ -1,7 +1,9 @@
-"""Our `Decoder` against transformers on tiny random Llama, Qwen2, Qwen3 and Mistral
-checkpoints: prefill logits and 16 decode steps, batch 1 and a left-padded batch 2, eager and
-compiled with the torchburn backend."""
+"""Our `Decoder` against transformers on tiny random Llama, Qwen2, Qwen3, Mistral, Gemma 2,
+Gemma 3 and Phi-3 checkpoints: prefill logits and 16 decode steps, batch 1 and a left-padded
+batch 2, eager and compiled with the torchburn backend."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torchburn.llm.safetensors_loader import load_safetensors_model
 
 from .conftest import VOCAB, assert_same_logits, hf_logits, our_logits
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
 BATCHES = {1: [[5, 17, 99, 250, 3, 41, 7, 8, 200, 13]],
            2: [[5, 17, 99, 250, 3, 41, 7, 8, 200, 13], [44, 12, 300, 9]]}
 
@@ -29,7 +31,8 @@ def test_eager_logits_match_transformers(tiny_checkpoint, arch: str, batch: int)
     assert_same_logits(our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps), rows)
 
 
-COMPILED = [("llama", 1), ("llama", 2), ("qwen2", 2), ("qwen3", 2), ("mistral", 2)]
+COMPILED = [("llama", 1), ("llama", 2), ("qwen2", 2), ("qwen3", 2), ("mistral", 2), ("gemma2", 2),
+            ("gemma3", 2), ("phi3", 2)]
 
 
 @pytest.mark.parametrize("arch,batch", COMPILED)
@@ -56,6 +59,64 @@ def test_sliding_window_is_used(tiny_checkpoint) -> None:
         layer.self_attn.window = None
     with pytest.raises(AssertionError):
         assert_same_logits(our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps), rows)
+
+
+def _no_attn_softcap(model):  # type: ignore[no-untyped-def]
+    for layer in model.layers:
+        layer.self_attn.softcap = None
+
+
+def _no_window(model):  # type: ignore[no-untyped-def]
+    for layer in model.layers:
+        layer.self_attn.window = None
+
+
+def _no_local_rope(model):  # type: ignore[no-untyped-def]
+    for layer in model.layers:
+        layer.self_attn.local_rope = False
+
+
+def _short_rope_only(model):  # type: ignore[no-untyped-def]
+    model.inv_freq_long = model.inv_freq
+
+
+def _config(**changes):  # type: ignore[no-untyped-def]
+    def change(model):  # type: ignore[no-untyped-def]
+        model.config = replace(model.config, **changes)
+    return change
+
+
+def _norms_minus_one(model):  # type: ignore[no-untyped-def]
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data -= 1.0
+
+
+FEATURES = [
+    ("gemma2", "attention soft-capping", _no_attn_softcap),
+    ("gemma2", "final soft-capping", _config(final_logit_softcapping=None)),
+    ("gemma2", "embedding scale", _config(embed_scale=1.0)),
+    ("gemma2", "sliding window", _no_window),
+    ("gemma2", "norm weights stored as w for 1 + w", _norms_minus_one),
+    ("gemma3", "local rope base", _no_local_rope),
+    ("gemma3", "sliding window", _no_window),
+    ("phi3", "long rope factors", _short_rope_only),
+    ("phi3", "sliding window", _no_window),
+]
+
+
+@pytest.mark.parametrize("arch,feature,change", FEATURES, ids=[f"{a}-{f}" for a, f, _ in FEATURES])
+def test_family_features_are_used(tiny_checkpoint, arch: str, feature: str, change) -> None:  # type: ignore[no-untyped-def]
+    """Each family's particular feature changes the tiny model's logits beyond the tolerance of
+    the agreement tests, so their passing says each one is implemented as transformers has it."""
+    hf, folder = tiny_checkpoint(arch)
+    ours = load_safetensors_model(folder, None)
+    rows, steps = BATCHES[2], _decode_tokens(2)
+    ref = hf_logits(hf, rows, steps)
+    assert_same_logits(our_logits(ours, ours, rows, steps), ref, rows)
+    change(ours)
+    with pytest.raises(AssertionError):
+        assert_same_logits(our_logits(ours, ours, rows, steps), ref, rows)
 
 
 @pytest.mark.parametrize("quant,atol", [("int8", 0.05), ("int4", 0.3)])
@@ -123,3 +184,20 @@ def test_decode_step_has_one_attention_kernel_per_layer(tiny_checkpoint) -> None
     assert len(attn) == llm.config.num_hidden_layers == 2, origins
     assert not [o for o in origins if "Attention.forward" in o and "torchburn.attention" not in o
                 and any(op in o for op in ("aten.amax", "aten.exp", "aten.bmm", "aten.mm", "aten.sum"))], origins
+
+
+@pytest.mark.parametrize("quant,atol", [("int8", 0.05), ("int4", 0.3)])
+def test_phi3_fused_tensors_quantize_on_load(tiny_checkpoint, quant: str, atol: float) -> None:
+    """Phi-3 stores q/k/v and gate/up fused: they are quantized as they come, one linear each."""
+    from torchburn.quant import QuantizedLinear
+
+    hf, folder = tiny_checkpoint("phi3")
+    ours = load_safetensors_model(folder, quant)
+    for layer in ours.layers:
+        assert isinstance(layer.self_attn.qkv_proj, QuantizedLinear) and layer.self_attn.q_proj is None
+        assert isinstance(layer.mlp.gate_up_proj, QuantizedLinear) and layer.mlp.gate_proj is None
+        assert layer.self_attn.qkv_proj.quant_type == quant
+    rows, steps = BATCHES[1], _decode_tokens(1)[:, :2]
+    got, ref = our_logits(ours, ours, rows, steps), hf_logits(hf, rows, steps)
+    err = max((a - b).abs().max().item() for a, b in zip(got[1:], ref[1:]))
+    assert 0 < err < atol

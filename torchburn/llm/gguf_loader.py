@@ -26,13 +26,11 @@ import torch
 from ..ir.qblocks import BLOCK_TYPES
 from ..quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
                      import_gguf_q4_1, import_gguf_q8_0)
-from .config import SUPPORTED_ARCHITECTURES, ConfigError, DecoderConfig, unsupported_message
+from .config import ConfigError, DecoderConfig, unsupported_message
+from .families import BY_GGUF_ARCH, Family, sliding_layers
 from .model import Decoder
 from .progress import progress
 from .weights import WeightError, WeightSink, meta_decoder
-
-#: GGUF architectures whose Q/K rows llama.cpp permuted at conversion.
-PERMUTED_QK = ("llama",)
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -48,6 +46,27 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+#: Sandwich-norm families (Gemma 2/3): llama.cpp's ``ffn_norm`` is the MLP's input norm there
+#: too, and the attention and MLP outputs have norms of their own.
+_SANDWICH_NAMES = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+#: Phi-3 files store q/k/v as one tensor and gate/up as one ``ffn_up`` (gate rows first).
+_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+#: Tensors that carry rope frequency factors rather than weights.
+ROPE_FREQS, ROPE_LONG, ROPE_SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"
+
+
+def layer_names(fam: Family) -> dict[str, str]:
+    """llama.cpp's per-layer tensor names -> ours, for a family."""
+    names = dict(_LAYER_NAMES)
+    if fam.sandwich_norms:
+        names.update(_SANDWICH_NAMES)
+    if fam.name == "phi3":
+        names.update(_PHI3_NAMES)
+    return names
 
 
 class GGUFError(ValueError):
@@ -85,9 +104,91 @@ def field(reader: Any, key: str, default: Any = None) -> Any:
         raise GGUFError(f"metadata {key!r} is malformed: {e}") from None
 
 
+def _factors(reader: Any, name: str, path: Path) -> Optional[list[float]]:
+    """The values of a small float tensor of rope factors, or None if the file has none."""
+    from gguf import GGMLQuantizationType as Q
+
+    t = next((t for t in reader.tensors if t.name == name), None)
+    if t is None:
+        return None
+    if t.tensor_type not in (Q.F32, Q.F16):
+        raise GGUFError(f"{path.name}: {name!r} has ggml type {t.tensor_type.name}; rope "
+                        f"factors must be F32 or F16")
+    return [float(v) for v in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+
+
+def _rope_scaling(reader: Any, arch: str, path: Path, head_dim: int) -> dict[str, Any]:
+    """The rope scaling a file describes: ``rope.scaling.*`` keys, Llama 3's frequency factors
+    (``rope_freqs.weight``: llama.cpp divides each frequency by its factor), or Phi-3's
+    LongRoPE (``rope_factors_short``/``_long`` and the attention factor)."""
+    scaling: dict[str, Any] = {"rope_type": "default"}
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    factor = field(reader, f"{arch}.rope.scaling.factor")
+    original = field(reader, f"{arch}.rope.scaling.original_context_length")
+    if kind and kind != "none" and factor:
+        scaling = {"rope_type": kind, "factor": float(factor)}
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+    freqs = _factors(reader, ROPE_FREQS, path)
+    if freqs is not None:
+        if scaling["rope_type"] == "linear":  # llama.cpp applies both: positions / factor too
+            freqs = [f * scaling["factor"] for f in freqs]
+        elif scaling["rope_type"] != "default":
+            raise ConfigError(f"{path.name}: rope scaling {scaling['rope_type']!r} together with "
+                              f"{ROPE_FREQS!r} is not supported")
+        scaling = {"rope_type": "freq_factors", "freq_factors": freqs}
+    long, short = _factors(reader, ROPE_LONG, path), _factors(reader, ROPE_SHORT, path)
+    if long is not None or short is not None:
+        if long is None or short is None or not original:
+            raise ConfigError(f"{path.name}: LongRoPE needs both {ROPE_LONG!r} and {ROPE_SHORT!r} "
+                              f"and {arch}.rope.scaling.original_context_length")
+        scaling = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
+                   "original_max_position_embeddings": int(original)}
+        attn = field(reader, f"{arch}.rope.scaling.attn_factor")
+        if attn is not None:
+            scaling["attention_factor"] = float(attn)
+    for key in (ROPE_FREQS, "long_factor", "short_factor"):
+        values = scaling.get("freq_factors" if key == ROPE_FREQS else key)
+        if values is not None and len(values) != head_dim // 2:
+            raise ConfigError(f"{path.name}: {len(values)} rope factors for a head dim of "
+                              f"{head_dim} (needs {head_dim // 2})")
+    return scaling
+
+
+def _windows(reader: Any, fam: Family, arch: str, n_layers: int) -> tuple[Optional[int], ...]:
+    """Per layer: the sliding window or None. Gemma 2 files may omit the window (llama.cpp's
+    default is 4096); Gemma 3's layer pattern is llama.cpp's (5 sliding, 1 global) unless the
+    file lists it (``attention.sliding_window_pattern``: a period, or one bool per layer)."""
+    window = field(reader, f"{arch}.attention.sliding_window")
+    if window is None and fam.name == "gemma2":
+        window = 4096
+    if not window:
+        return tuple([None] * n_layers)
+    pattern = field(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ConfigError(f"{arch}.attention.sliding_window_pattern lists {len(pattern)} "
+                              f"layers; the model has {n_layers}")
+        slides = [bool(p) for p in pattern]
+    else:
+        slides = sliding_layers(fam, n_layers, int(pattern) if pattern else None)
+        if fam.window_pattern is None and not pattern:  # Llama-arch files (Mistral): every layer
+            slides = [True] * n_layers
+    return tuple(int(window) if s else None for s in slides)
+
+
+def _query_pre_attn_scalar(fam: Family, n_layers: int, hidden: int, heads: int) -> Optional[float]:
+    """Gemma's attention scale, which GGUF files do not store: llama.cpp's rule, from the
+    published configs, is ``hidden / heads`` for the 27B models (46 layers for Gemma 2, 62 for
+    Gemma 3) and the head dim otherwise."""
+    big = {"gemma2": 46, "gemma3": 62}.get(fam.name)
+    return float(hidden // heads) if big is not None and n_layers == big else None
+
+
 def gguf_config(reader: Any, path: Path) -> DecoderConfig:
     arch = field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    fam = BY_GGUF_ARCH.get(arch) if isinstance(arch, str) else None
+    if fam is None:
         raise ConfigError(unsupported_message(arch))
 
     def need(key: str) -> Any:
@@ -95,6 +196,10 @@ def gguf_config(reader: Any, path: Path) -> DecoderConfig:
         if value is None:
             raise ConfigError(f"{path.name} is missing the metadata key {arch}.{key!r}")
         return value
+
+    def number(key: str) -> Optional[float]:
+        value = field(reader, f"{arch}.{key}")
+        return float(value) if value else None
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
@@ -104,48 +209,53 @@ def gguf_config(reader: Any, path: Path) -> DecoderConfig:
     vocab = field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens else None)
     if vocab is None:
         raise ConfigError(f"{path.name} gives no vocabulary size")
-    head_dim = field(reader, f"{arch}.attention.key_length") or hidden // heads
-    scaling: dict[str, Any] = {"rope_type": "default"}
-    kind = field(reader, f"{arch}.rope.scaling.type")
-    factor = field(reader, f"{arch}.rope.scaling.factor")
-    if kind and kind != "none" and factor:
-        scaling = {"rope_type": kind, "factor": float(factor)}
-        original = field(reader, f"{arch}.rope.scaling.original_context_length")
-        if original:
-            scaling["original_max_position_embeddings"] = int(original)
-    window = field(reader, f"{arch}.attention.sliding_window")
+    head_dim = int(field(reader, f"{arch}.attention.key_length") or hidden // heads)
+    rope_dims = field(reader, f"{arch}.rope.dimension_count")
+    if rope_dims is not None and int(rope_dims) != head_dim:
+        raise ConfigError(f"{path.name}: rope on {rope_dims} of each head's {head_dim} dimensions "
+                          f"(partial rotary) is not supported")
     names = {t.name for t in reader.tensors}
     eos = field(reader, "tokenizer.ggml.eos_token_id")
     return DecoderConfig(
-        architecture=arch,
+        architecture=fam.name,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
         num_key_value_heads=int(kv),
-        head_dim=int(head_dim),
+        head_dim=head_dim,
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(need("context_length")),
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=scaling,
+        rope_scaling=_rope_scaling(reader, arch, path, head_dim),
         tie_word_embeddings="output.weight" not in names,
-        qkv_bias="blk.0.attn_q.bias" in names,
+        qkv_bias="blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
         o_bias="blk.0.attn_output.bias" in names,
         mlp_bias="blk.0.ffn_up.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
-        layer_windows=tuple([int(window) if window else None] * n_layers),
+        layer_windows=_windows(reader, fam, arch, n_layers),
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=(int(eos),) if eos is not None else (),
         pad_token_id=field(reader, "tokenizer.ggml.padding_token_id"),
+        hidden_act=fam.hidden_act,
+        embed_scale=float(hidden) ** 0.5 if fam.scale_embedding else 1.0,
+        sandwich_norms=fam.sandwich_norms,
+        query_pre_attn_scalar=_query_pre_attn_scalar(fam, n_layers, hidden, heads),
+        attn_logit_softcapping=number("attn_logit_softcapping") if fam.name == "gemma2" else None,
+        final_logit_softcapping=number("final_logit_softcapping"),
+        rope_local_base_freq=(float(field(reader, f"{arch}.rope.freq_base_swa", 10000.0))
+                              if fam.name == "gemma3" else None),
     )
 
 
-def our_name(gguf_name: str) -> Optional[str]:
-    """``blk.3.attn_q.weight`` -> ``layers.3.self_attn.q_proj.weight`` (None if unknown)."""
+def our_name(gguf_name: str, names: Optional[dict[str, str]] = None) -> Optional[str]:
+    """``blk.3.attn_q.weight`` -> ``layers.3.self_attn.q_proj.weight`` (None if unknown);
+    ``names``: the family's per-layer names (`layer_names`), Llama's by default."""
+    names = _LAYER_NAMES if names is None else names
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
     return None
@@ -208,10 +318,11 @@ def load_gguf_model(path: Path, quant: Optional[str],
     reader = open_gguf(path, fast=True)
     config = gguf_config(reader, path)
     sink = WeightSink(meta_decoder(config), quant, record)
-    permute = config.architecture in PERMUTED_QK
+    permute = config.family.gguf_permuted_qk
+    names = layer_names(config.family)
     tensors = []
     for t in reader.tensors:
-        name = our_name(t.name)
+        name = our_name(t.name, names)
         if name is None or not sink.wants(name):
             continue
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))

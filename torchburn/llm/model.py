@@ -13,6 +13,11 @@ not ``max_context``.
 
 Shapes: ``B`` batch, ``T`` tokens in this step, ``P`` past slots read, ``H``
 query heads, ``K`` key/value heads (``H = K * G``), ``D`` head dim.
+
+The families (`families.py`) differ only in what the config switches on: the MLP's activation
+(SwiGLU or GeGLU), q/k norms, "sandwich" norms (Gemma: a norm on the attention's and the MLP's
+outputs before each is added back, named as Hugging Face names them), a scaled embedding,
+soft-capped attention scores and logits, and the sliding-window layers' own rope base.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from torch import nn
 from ..frontend.attention_op import attention
 from .config import DecoderConfig
 from .kv_cache import KVCache
-from .rope import apply_rope, cos_sin, dynamic_inv_freq, rope_parameters
+from .rope import (apply_rope, cos_sin, dynamic_inv_freq, local_inv_freq, longrope_inv_freq,
+                   rope_parameters)
 
 #: Score given to masked keys: finite, so a fully masked (padding) row stays finite too.
 MASKED = torch.finfo(torch.float32).min
@@ -68,6 +74,29 @@ class QuantizedEmbedding(nn.Module):
         return grouped.view(b, t, n)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(x / cap)``: Gemma 2's bound on attention scores and logits."""
+    return torch.tanh(x / cap) * cap
+
+
+def softcapped_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                         masks: list[torch.Tensor], scale: float, cap: float) -> torch.Tensor:
+    """`attention`'s result with the scores soft-capped before the masks are added, written
+    with plain ops (the fused attention kernel has no soft-capping; these layers concatenate
+    the cache with the new keys instead). Grouped-query heads share their key/value head
+    through a view: query head ``h`` reads key head ``h // G``."""
+    b, h, t, d = q.shape
+    k = torch.cat(keys, dim=2)
+    v = torch.cat(values, dim=2)
+    kv = k.shape[1]
+    groups = h // kv
+    scores = torch.matmul(q.reshape(b, kv, groups * t, d), k.transpose(-1, -2)) * scale
+    scores = softcap(scores, cap).view(b, kv, groups, t, -1)
+    scores = scores + torch.cat(masks, dim=-1)[:, :, None]
+    p = torch.softmax(scores, dim=-1).view(b, kv, groups * t, -1)
+    return torch.matmul(p, v).view(b, h, t, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, config: DecoderConfig, window: Optional[int]) -> None:
         super().__init__()
@@ -75,6 +104,10 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (
             c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         self.window = window
+        self.scale = c.attention_scale
+        self.softcap = c.attn_logit_softcapping
+        #: Rotated with the sliding layers' own rope base (`DecoderConfig.rope_local_base_freq`).
+        self.local_rope = window is not None and c.rope_local_base_freq is not None
         self.q_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.heads * c.head_dim, bias=c.qkv_bias)
         self.k_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v_proj: Optional[nn.Module] = nn.Linear(c.hidden_size, self.kv_heads * c.head_dim, bias=c.qkv_bias)
@@ -112,7 +145,11 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        out = attention(q, [k_past, k], [v_past, v], [old_mask, new_mask], self.head_dim ** -0.5, False)
+        if self.softcap is not None:
+            out = softcapped_attention(q, [k_past, k], [v_past, v], [old_mask, new_mask],
+                                       self.scale, self.softcap)
+        else:
+            out = attention(q, [k_past, k], [v_past, v], [old_mask, new_mask], self.scale, False)
         if t == 1:
             # [B, H, 1, D] is [B, 1, H * D] in memory: a plain row for o_proj (a quantized
             # linear streams only such rows; through a transpose it read ~10x slower).
@@ -131,6 +168,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         #: gate and up as one linear once loaded (`fuse.py`), which then replaces the two.
         self.gate_up_proj: Optional[nn.Module] = None
+        self.gelu = c.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
@@ -138,7 +176,8 @@ class MLP(nn.Module):
         else:
             assert self.gate_proj is not None and self.up_proj is not None
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):
@@ -146,8 +185,20 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, window)
+        #: Llama: the MLP's input norm. Sandwich (Gemma): the attention output's norm.
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        sandwich = config.sandwich_norms
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
+
+    def residual(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input ``x`` and its attention's output."""
+        if self.pre_feedforward_layernorm is not None and self.post_feedforward_layernorm is not None:
+            x = x + self.post_attention_layernorm(attn_out)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):
@@ -167,9 +218,20 @@ class Decoder(nn.Module):
             DecoderLayer(config, w) for w in config.layer_windows)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.build_rope_tables()
+
+    def build_rope_tables(self) -> None:
+        """The rope frequency buffers from the config (again after a meta-device build):
+        ``inv_freq`` and its cos/sin scale, ``inv_freq_long`` (``longrope``'s long factors),
+        ``inv_freq_local`` (the sliding layers' own base)."""
+        c = self.config
         with torch.device("cpu"):  # small real tables, also under a meta device (no meta kernels)
-            inv_freq, self.rope_scale = rope_parameters(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+            inv_freq, self.rope_scale = rope_parameters(c)
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+            if c.rope_type == "longrope":
+                self.register_buffer("inv_freq_long", longrope_inv_freq(c)[1], persistent=False)
+            if c.rope_local_base_freq is not None:
+                self.register_buffer("inv_freq_local", local_inv_freq(c), persistent=False)
 
     def new_cache(self, batch: int, context: int, dtype: torch.dtype = torch.float32,
                   device: Optional[torch.device] = None) -> KVCache:
@@ -194,11 +256,19 @@ class Decoder(nn.Module):
         (`KVCache.past`): only those before ``slots[0]`` are attended (the step's own slots,
         at the end, are masked).
         """
+        c = self.config
         x = self.embed_tokens(input_ids)
+        if c.embed_scale != 1.0:
+            x = x * c.embed_scale
         inv_freq = self.inv_freq
-        if self.config.rope_type == "dynamic":
-            inv_freq = dynamic_inv_freq(self.config, positions.max() + 1)
-        cos, sin = cos_sin(positions, inv_freq, self.rope_scale)
+        if c.rope_type == "dynamic":
+            inv_freq = dynamic_inv_freq(c, positions.max() + 1)
+        elif c.rope_type == "longrope":
+            original = int(c.rope_scaling["original_max_position_embeddings"])
+            inv_freq = torch.where(positions.max() + 1 > original, self.inv_freq_long, inv_freq)
+        ropes = {False: cos_sin(positions, inv_freq, self.rope_scale)}
+        if c.rope_local_base_freq is not None:
+            ropes[True] = cos_sin(positions, self.inv_freq_local, 1.0)
         query = slots[:, None]
         old_key = torch.arange(past.shape[3], device=input_ids.device)[None, :]
         new_key = slots[None, :]
@@ -217,11 +287,14 @@ class Decoder(nn.Module):
                 masks[window] = (_additive(old_ok[:, None]), _additive(new_ok[:, None]))
             h = layer.input_layernorm(x)
             old_ok, new_ok = masks[window]
+            cos, sin = ropes[layer.self_attn.local_rope]
             a, k, v = layer.self_attn(h, cos, sin, old_ok, new_ok, past[2 * i], past[2 * i + 1])
             new_kv += [k, v]
-            x = x + a
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.residual(x, a)
         x = self.norm(x)
         if logit_index is not None:
             x = x.index_select(1, logit_index)
-        return self.lm_head(x), torch.stack(new_kv)
+        logits = self.lm_head(x)
+        if c.final_logit_softcapping is not None:
+            logits = softcap(logits, c.final_logit_softcapping)
+        return logits, torch.stack(new_kv)

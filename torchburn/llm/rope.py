@@ -4,8 +4,16 @@ The scaling types follow their published definitions (the same ones Hugging Face
 name): ``linear`` divides positions by ``factor``; ``dynamic`` (NTK) raises the base once the
 sequence outgrows ``max_position_embeddings``; ``llama3`` rescales low frequencies smoothly;
 ``yarn`` blends interpolated and extrapolated frequencies and scales cos/sin by an attention
-factor.  Everything except ``dynamic`` is a constant computed once at load time; ``dynamic``
-depends on the current length, which is a tensor, so it stays inside the compiled graph.
+factor; ``longrope`` (Phi-3) divides each frequency by a listed factor, the ``short_factor``
+list while the sequence fits ``original_max_position_embeddings`` and the ``long_factor`` list
+beyond, and scales cos/sin by an attention factor; ``freq_factors`` is llama.cpp's form of a
+fixed scaling (Llama 3's, in GGUF files as the ``rope_freqs.weight`` tensor): one divisor per
+frequency.  Everything except ``dynamic`` and ``longrope`` is a constant computed once at load
+time; those two depend on the current length, which is a tensor, so the choice stays inside
+the compiled graph.
+
+Gemma 3's sliding-window layers rotate with their own base (``rope_local_base_freq``) and no
+scaling: `local_inv_freq`.
 """
 from __future__ import annotations
 
@@ -76,11 +84,47 @@ def _yarn(config: DecoderConfig, dim: int) -> tuple[torch.Tensor, float]:
     return inv, float(attention)
 
 
+def _factors(scaling: dict, name: str, dim: int) -> torch.Tensor:
+    values = scaling.get(name)
+    if not isinstance(values, (list, tuple)) or len(values) != dim // 2:
+        raise ConfigError(f"rope scaling {scaling.get('rope_type')!r} needs {name!r}: a list of "
+                          f"{dim // 2} numbers (one per frequency)")
+    factors = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    if not bool((factors > 0).all()):
+        raise ConfigError(f"rope scaling {name!r} must be positive")
+    return factors
+
+
+def _longrope_attention(config: DecoderConfig) -> float:
+    scaling = config.rope_scaling
+    original = _param(scaling, "original_max_position_embeddings")
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling.get("factor")
+    factor = float(factor) if factor is not None else config.max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def longrope_inv_freq(config: DecoderConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(short, long) frequencies of a ``longrope`` config."""
+    inv = _base_inv_freq(config.rope_theta, config.head_dim)
+    scaling = config.rope_scaling
+    return (inv / _factors(scaling, "short_factor", config.head_dim),
+            inv / _factors(scaling, "long_factor", config.head_dim))
+
+
+def local_inv_freq(config: DecoderConfig) -> torch.Tensor:
+    """Frequencies of the sliding-window layers of a config with ``rope_local_base_freq``."""
+    assert config.rope_local_base_freq is not None
+    return _base_inv_freq(config.rope_local_base_freq, config.head_dim)
+
+
 def rope_parameters(config: DecoderConfig) -> tuple[torch.Tensor, float]:
     """(inverse frequencies ``[head_dim // 2]`` float32, cos/sin scale) for a config.
 
     For ``dynamic`` the frequencies returned are those for lengths up to
-    ``max_position_embeddings``; `dynamic_inv_freq` adjusts them to the current length.
+    ``max_position_embeddings``; `dynamic_inv_freq` adjusts them to the current length. For
+    ``longrope`` they are the short ones (`longrope_inv_freq` gives both).
     """
     dim, kind, scaling = config.head_dim, config.rope_type, config.rope_scaling
     inv = _base_inv_freq(config.rope_theta, dim)
@@ -92,6 +136,10 @@ def rope_parameters(config: DecoderConfig) -> tuple[torch.Tensor, float]:
         return _llama3(inv, scaling), 1.0
     if kind == "yarn":
         return _yarn(config, dim)
+    if kind == "longrope":
+        return longrope_inv_freq(config)[0], _longrope_attention(config)
+    if kind == "freq_factors":
+        return inv / _factors(scaling, "freq_factors", dim), 1.0
     raise ConfigError(f"rope scaling type {kind!r} is not supported")
 
 
@@ -122,4 +170,5 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotated * sin[:, None]
 
 
-__all__ = ["rope_parameters", "dynamic_inv_freq", "cos_sin", "apply_rope"]
+__all__ = ["rope_parameters", "dynamic_inv_freq", "longrope_inv_freq", "local_inv_freq", "cos_sin",
+           "apply_rope"]

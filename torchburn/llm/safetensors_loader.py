@@ -129,7 +129,7 @@ def load_safetensors_model(folder: Path, quant: Optional[str],
     from safetensors import safe_open
 
     config = read_config(folder)
-    sink = WeightSink(meta_decoder(config), quant, record)
+    sink = WeightSink(meta_decoder(config), quant, record, norm_offset=config.family.hf_norm_offset)
     files = shard_files(folder)
     tables = []
     for path in files:

@@ -3,11 +3,22 @@ tokens, BOS/EOS, the chat template), built from a ``tokenizer.json`` folder or f
 metadata, and `StreamDecoder`, which turns a growing list of ids into text pieces that never
 split a UTF-8 character.
 
-From GGUF we rebuild the tokenizer that ``tokenizer.ggml.*`` describes: for the ``gpt2`` model
-(byte-level BPE, used by SmolLM2, Llama 3, Qwen2/3) the vocabulary and merges go into a BPE
-model and ``tokenizer.ggml.pre`` picks the pre-tokenizer (the splitting regex the model was
-trained with); control tokens (type 3) become special tokens, user-defined ones (type 4)
-added tokens.
+From GGUF we rebuild the tokenizer that ``tokenizer.ggml.*`` describes, as a ``tokenizers``
+tokenizer built the way transformers builds one from the model's own files:
+
+* ``gpt2`` (byte-level BPE: SmolLM2, Llama 3, Qwen2/3): the vocabulary and merges go into a
+  BPE model and ``tokenizer.ggml.pre`` picks the pre-tokenizer (the splitting regex the model
+  was trained with);
+* ``llama`` (SentencePiece BPE with byte fallback: Llama 2, Mistral, Gemma, Phi-3): the file
+  has pieces and scores but no merges; a SentencePiece BPE merges the pair whose result ranks
+  first, so every split of a piece into two pieces is a merge, ranked by the piece (its
+  position in the vocabulary, then the left part's length). Spaces become ``▁``, with one
+  ``▁`` put before the text unless ``tokenizer.ggml.add_space_prefix`` is false (Gemma);
+  characters outside the vocabulary become their ``<0xNN>`` byte pieces.
+
+Either way control tokens (type 3) and the unknown token become special tokens, user-defined
+ones (type 4) added tokens, and ``add_bos_token``/``add_eos_token`` a post-processor; the
+end-of-generation ids are EOS, EOT and the families' end-of-turn tokens (`END_OF_TURN`).
 """
 from __future__ import annotations
 
@@ -18,8 +29,18 @@ from typing import Any, Optional, Sequence
 from .config import ConfigError
 
 #: llama.cpp's token types.
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
+TOKEN_BYTE = 6
+#: SentencePiece's space.
+SPACE = "\u2581"
+#: Control or user-defined tokens that end a turn in the chat formats of the families we run;
+#: like llama.cpp, generation stops at them even where the file names no EOT token (Gemma's
+#: files give ``<eos>`` as EOS, its turns end with ``<end_of_turn>``; Phi-3's with ``<|end|>``).
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>",
+               "<|endoftext|>", "<|end_of_text|>")
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
@@ -110,25 +131,30 @@ def _pre_tokenizer(pre: str) -> Any:
     return pre_tokenizers.Sequence(steps)
 
 
-def tokenizer_from_gguf(reader: Any) -> Tokenizer:
-    """Rebuild the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata."""
-    from tokenizers import AddedToken
+def spm_merges(tokens: Sequence[str]) -> list[tuple[str, str]]:
+    """The BPE merges of a SentencePiece BPE vocabulary (pieces in rank order): every split of
+    a piece into two pieces of the vocabulary, ranked by the piece, then by the left part's
+    length (module docstring); generated in that order, so nothing is sorted."""
+    vocab = set(tokens)
+    merges = []
+    for piece in tokens:
+        for cut in range(1, len(piece)):
+            left = piece[:cut]
+            if left in vocab:
+                right = piece[cut:]
+                if right in vocab:
+                    merges.append((left, right))
+    return merges
+
+
+def _gpt2_backend(reader: Any, tokens: list[str]) -> Any:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models
 
     from .gguf_loader import GGUFError, field
 
-    kind = field(reader, "tokenizer.ggml.model")
-    tokens = field(reader, "tokenizer.ggml.tokens")
-    if not tokens:
-        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens")
-    if kind != "gpt2":
-        raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', the "
-                        f"byte-level BPE of SmolLM2, Llama 3 and Qwen); load the model's "
-                        f"tokenizer.json folder instead")
-    merges_raw = field(reader, "tokenizer.ggml.merges") or []
     merges = []
-    for m in merges_raw:
+    for m in field(reader, "tokenizer.ggml.merges") or []:
         a, sep, b = m.partition(" ")
         if not sep:
             raise GGUFError(f"malformed merge {m!r} in tokenizer.ggml.merges")
@@ -138,39 +164,100 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
                                      byte_fallback=False))
     backend.pre_tokenizer = _pre_tokenizer(str(field(reader, "tokenizer.ggml.pre", "default")))
     backend.decoder = decoders.ByteLevel()
-    types = field(reader, "tokenizer.ggml.token_type") or []
+    return backend
+
+
+def _spm_backend(reader: Any, tokens: list[str], types: list[int]) -> Any:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    from .gguf_loader import field
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        from .gguf_loader import GGUFError
+
+        raise GGUFError("tokenizer.ggml.tokens lists a piece twice")
+    unk = next((tokens[i] for i, t in enumerate(types) if t == TOKEN_UNKNOWN), None)
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens), unk_token=unk,
+                                     fuse_unk=True, byte_fallback=True))
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if field(reader, "tokenizer.ggml.add_space_prefix", True):
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first",
+                                                         split=False)
+        steps.append(decoders.Strip(content=" ", left=1))
+    else:
+        backend.normalizer = normalizers.Replace(" ", SPACE)
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+def tokenizer_from_gguf(reader: Any) -> Tokenizer:
+    """Rebuild the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata."""
+    from tokenizers import AddedToken, processors
+
+    from .gguf_loader import GGUFError, field
+
+    kind = field(reader, "tokenizer.ggml.model")
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens")
+    types = list(field(reader, "tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens))
+    if len(types) != len(tokens):
+        raise GGUFError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    if kind == "gpt2":
+        backend = _gpt2_backend(reader, tokens)
+        special_types = (TOKEN_CONTROL,)
+    elif kind == "llama":
+        backend = _spm_backend(reader, tokens, types)
+        special_types = (TOKEN_CONTROL, TOKEN_UNKNOWN)
+    else:
+        raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', the "
+                        f"byte-level BPE of SmolLM2, Llama 3 and Qwen, and 'llama', the "
+                        f"SentencePiece BPE of Llama 2, Mistral, Gemma and Phi-3); load the "
+                        f"model's tokenizer.json folder instead")
     special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, t in enumerate(types) if t == TOKEN_CONTROL]
+               for i, t in enumerate(types) if t in special_types]
     user = [AddedToken(tokens[i], special=False, normalized=False)
             for i, t in enumerate(types) if t == TOKEN_USER_DEFINED]
     backend.add_special_tokens(special)
     backend.add_tokens(user)
-    add_bos = bool(field(reader, "tokenizer.ggml.add_bos_token", False))
-    bos_id = field(reader, "tokenizer.ggml.bos_token_id")
-    if add_bos and bos_id is not None and 0 <= int(bos_id) < len(tokens):
-        from tokenizers import processors
-
-        bos_text = tokens[int(bos_id)]
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos_text} $A", pair=f"{bos_text} $A $B",
-            special_tokens=[(bos_text, int(bos_id))])
 
     def token(key: str) -> Optional[str]:
         i = field(reader, key)
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
+    # llama.cpp adds BOS by default for SentencePiece vocabularies, not for byte-level BPE ones
+    add_bos = bool(field(reader, "tokenizer.ggml.add_bos_token", kind == "llama"))
+    add_eos = bool(field(reader, "tokenizer.ggml.add_eos_token", False))
+    bos_text, eos_text = token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
+    add_bos = add_bos and bos_text is not None
+    add_eos = add_eos and eos_text is not None
+    if add_bos or add_eos:
+        def segment(seq: str, type_id: int) -> str:
+            parts = ([f"{bos_text}:{type_id}"] if add_bos else []) + [f"${seq}:{type_id}"]
+            return " ".join(parts + ([f"{eos_text}:{type_id}"] if add_eos else []))
+
+        ids = {t: int(field(reader, f"tokenizer.ggml.{k}_token_id"))
+               for t, k, on in ((bos_text, "bos", add_bos), (eos_text, "eos", add_eos)) if on}
+        backend.post_processor = processors.TemplateProcessing(
+            single=segment("A", 0), pair=f"{segment('A', 0)} {segment('B', 1)}",
+            special_tokens=sorted(ids.items()))
+
     eos_id = field(reader, "tokenizer.ggml.eos_token_id")
     eot_id = field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(int(i) for i in (eos_id, eot_id) if i is not None)
+    turn_ends = [i for i, t in enumerate(types)
+                 if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and tokens[i] in END_OF_TURN]
+    eos_ids = tuple(dict.fromkeys([int(i) for i in (eos_id, eot_id) if i is not None] + turn_ends))
     return Tokenizer(
         backend=backend,
-        bos_token=token("tokenizer.ggml.bos_token_id"),
-        eos_token=token("tokenizer.ggml.eos_token_id"),
+        bos_token=bos_text,
+        eos_token=eos_text,
         eos_token_ids=eos_ids,
         pad_token_id=field(reader, "tokenizer.ggml.padding_token_id"),
         add_bos=add_bos,
         chat_template=field(reader, "tokenizer.chat_template"),
-        special_ids=frozenset(i for i, t in enumerate(types) if t == TOKEN_CONTROL),
+        special_ids=frozenset(i for i, t in enumerate(types) if t in special_types),
     )
 
 

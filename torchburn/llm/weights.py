@@ -29,8 +29,7 @@ from ..quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, Quantiz
 from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
 from . import fuse
 from .config import DecoderConfig
-from .model import Decoder, QuantizedEmbedding
-from .rope import rope_parameters
+from .model import Decoder, QuantizedEmbedding, RMSNorm
 
 QUANT_CHOICES = (None, "int8", "int4")
 GROUP = 32
@@ -55,7 +54,8 @@ class WeightSink:
     """Receives named tensors for a meta-device `Decoder` and materialises it."""
 
     def __init__(self, model: Decoder, quant: Optional[str],
-                 record: Optional[Callable[[str, Union[Int8Weight, Int4Weight, torch.Tensor]], None]] = None) -> None:
+                 record: Optional[Callable[[str, Union[Int8Weight, Int4Weight, torch.Tensor]], None]] = None,
+                 norm_offset: float = 0.0) -> None:
         if quant not in QUANT_CHOICES:
             raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
         self.model = model
@@ -67,21 +67,38 @@ class WeightSink:
         self.record = record
         #: The tensors put so far, by name, in order (recorded by `finish`).
         self._put: dict[str, Union[Int8Weight, Int4Weight, torch.Tensor]] = {}
+        #: Added to every RMSNorm weight that `put_rows` receives: checkpoints that store a
+        #: norm multiplying by ``1 + w`` as ``w`` (Gemma's Hugging Face files) pass 1.
+        self.norm_offset = norm_offset
+
+    def _fused_shape(self, name: str) -> Optional[tuple[int, ...]]:
+        """The shape of a fused projection's tensor (``layers.0.self_attn.qkv_proj.weight``,
+        as Phi-3 checkpoints store it), or None if ``name`` is none."""
+        module_name, attr = _split(name)
+        parent_name, fused_name = _split(module_name)
+        spec = next((f for f in fuse.FUSIONS if f[1] == fused_name and parent_name.endswith("." + f[0])), None)
+        if spec is None or attr not in ("weight", "bias"):
+            return None
+        parts = [f"{parent_name}.{p}.{attr}" for p in spec[2]]
+        if any(p not in self.expected for p in parts):
+            return None
+        rows = sum(self.expected[p][0] for p in parts)
+        return (rows,) + self.expected[parts[0]][1:]
 
     def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
-        if name not in self.expected:
+        expected = self.expected.get(name) or self._fused_shape(name)
+        if expected is None:
             return
-        if tuple(shape) != self.expected[name]:
+        if tuple(shape) != expected:
             raise WeightError(
-                f"tensor {name!r} has shape {list(shape)}; the config implies "
-                f"{list(self.expected[name])}")
+                f"tensor {name!r} has shape {list(shape)}; the config implies {list(expected)}")
 
     def check(self, name: str, shape: tuple[int, ...]) -> None:
         """Raise `WeightError` now if ``name`` would not fit (call before reading its data)."""
         self._check_shape(name, shape)
 
     def wants(self, name: str) -> bool:
-        return name in self.expected
+        return name in self.expected or self._fused_shape(name) is not None
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor, quantized here if ``quant`` asks for it."""
@@ -91,16 +108,18 @@ class WeightSink:
         """A float tensor of ``shape`` read a chunk of rows at a time through ``rows``: each
         chunk is widened to float32 into the final parameter, or quantized (every group lies
         within one row, so quantizing by rows is exact), and then dropped."""
-        if name not in self.expected:
+        if not self.wants(name):
             return
         self._check_shape(name, shape)
         module_name, attr = _split(name)
-        module = self.model.get_submodule(module_name)
+        fused = name not in self.expected
+        module = None if fused else self.model.get_submodule(module_name)
+        offset = self.norm_offset if attr == "weight" and isinstance(module, RMSNorm) else 0.0
         width = max(1, _prod(shape[1:]))
         step = max(1, CHUNK_BYTES // (4 * width))
         chunks = [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)] if shape else []
         quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight, BlockWeight]]] = None
-        if attr == "weight" and self.quant and (module_name == "embed_tokens"
+        if attr == "weight" and self.quant and (module_name == "embed_tokens" or fused
                                                 or isinstance(module, nn.Linear)):
             if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
                 quantizer = _int8
@@ -112,6 +131,8 @@ class WeightSink:
                 value.copy_(rows(0, 1).reshape(()))
             for a, b in chunks:
                 value[a:b] = rows(a, b)
+            if offset:
+                value += offset
             self.put_float(name, value)
             return
         self.put_quantized(name, _concat([quantizer(rows(a, b).to(torch.float32)) for a, b in chunks]))
@@ -221,8 +242,7 @@ class WeightSink:
         if self.record is not None:
             for name, value in self._put.items():
                 self.record(name, value)
-        inv_freq, _ = rope_parameters(model.config)
-        model.inv_freq = inv_freq
+        model.build_rope_tables()
         return model.eval()
 
     def _record_fused(self, module_name: str) -> None:
