@@ -276,8 +276,7 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
         cols: pad(x) -> slice per tap -> concat -> [N, C*T, P] -> permute, reshape -> [C*T, N*P]
         gw = matmul([Cout, N*P], permute(cols)) -> [Cout, C*T] -> reshape [Cout, C, *k]
     """
-    stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
-    nsp = len(stride)
+    nsp, groups = len(attrs["stride"]), attrs["groups"]
     sizes = [_static(e) for e in (*x.shape, *g.shape, *window)]
     if groups != 1 or any(v is None for v in sizes):
         return None
