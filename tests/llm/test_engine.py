@@ -182,7 +182,7 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     assert lengths == [16] + list(range(4, 204))
     # the KV-cache write is inside the one compiled graph: no index_copy_ outside it, and the
     # decode program stores into the cache input itself (only the new slot)
-    assert all("index_put" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
+    assert all("index_copy" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
 
 
 def test_one_token_prompt_runs_the_decode_step_and_matches_transformers(tiny_checkpoint) -> None:

@@ -446,6 +446,6 @@ def embedding(b: Builder, weight: Value, indices: Value, padding_idx: int = -1, 
     if indices.dtype.is_float or indices.dtype.is_bool:
         raise Unsupported("embedding indices must be integers")
     if indices.type.rank == 0:
-        row = b.op("index", weight, b.reshape(indices, (Const(1),)), dims=(0,), pos=0)
+        row = b.op("index", weight, b.reshape(indices, (Const(1),)), dims=(0,), pos=0, wrap=False)
         return b.reshape(row, weight.shape[1:])
-    return b.op("index", weight, indices, dims=(0,), pos=0)
+    return b.op("index", weight, indices, dims=(0,), pos=0, wrap=False)  # eager refuses negative ids
