@@ -103,6 +103,17 @@ def _rope_from_hf(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     return theta, scaling
 
 
+def _rope_from_hf_checked(cfg: dict[str, Any], source: str) -> tuple[float, dict[str, Any]]:
+    """`_rope_from_hf`, with a `ConfigError` naming the key for a value of the wrong type."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ConfigError(f"{source}: {key} must be an object; got {type(cfg[key]).__name__}")
+    try:
+        return _rope_from_hf(cfg)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"{source}: rope_theta/rope_parameters: {e}") from None
+
+
 def _layer_windows(cfg: dict[str, Any], arch: str, n_layers: int) -> tuple[Optional[int], ...]:
     window = cfg.get("sliding_window")
     layer_types = cfg.get("layer_types")
@@ -125,10 +136,14 @@ def _ids(value: Any) -> tuple[int, ...]:
 
 
 def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> DecoderConfig:
-    """Build a `DecoderConfig` from the dictionary of a Hugging Face ``config.json``."""
+    """Build a `DecoderConfig` from the dictionary of a Hugging Face ``config.json``; every
+    size is checked first (`validate.check_sizes`)."""
+    from .validate import check_sizes
+
     arch = cfg.get("model_type")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(unsupported_message(arch))
+    check_sizes({**cfg, **_rope_from_hf_checked(cfg, source)[1]}, source)
     hidden = int(_require(cfg, "hidden_size", source))
     heads = int(_require(cfg, "num_attention_heads", source))
     n_layers = int(_require(cfg, "num_hidden_layers", source))

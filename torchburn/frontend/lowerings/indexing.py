@@ -232,12 +232,20 @@ def _index_put(b: Builder, x: Value, indices: Sequence[Optional[Value]], values:
 
 def _put_along(b: Builder, x: Value, dim: int, index: Value, source: Value, accumulate: bool) -> Value:
     """`index_copy`/`index_add`: `source`'s slices written (or added) at `index` along `dim`;
-    eager refuses negative indices here, so they are out of range."""
-    if x.type.rank == 0 or index.type.rank != 1 or source.type.rank != x.type.rank:
-        raise Unsupported("index_copy/index_add of a 0-d tensor, index or source")
-    dim = normalize_dim(dim, x.type.rank)
-    indices: list[Optional[Value]] = [None] * dim + [index]
-    return _index_put(b, x, indices, b.cast(source, x.dtype), accumulate, wrap=False)
+    eager refuses negative indices here, so they are out of range. A 0-d `x` or `index` acts
+    as one element; `source` is taken in the shape the written slices have."""
+    if index.type.rank > 1:
+        raise Unsupported("index_copy/index_add with an index of more than one dim")
+    xr = b.reshape(x, (Const(1),)) if x.type.rank == 0 else x
+    idx = b.reshape(index, (Const(1),)) if index.type.rank == 0 else index
+    dim = normalize_dim(dim, xr.type.rank)
+    shape = tuple(idx.shape[0] if d == dim else n for d, n in enumerate(xr.shape))
+    src = b.cast(source, x.dtype)
+    if src.shape != shape:
+        src = b.reshape(src, shape)
+    indices: list[Optional[Value]] = [None] * dim + [idx]
+    out = _index_put(b, xr, indices, src, accumulate, wrap=False)
+    return b.reshape(out, ()) if x.type.rank == 0 else out
 
 
 @lowering(aten.index_copy.default)
