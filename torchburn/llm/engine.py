@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .chat_template import Message, render_chat
+from .chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
 from .kv_cache import KVCache
 from .kv_pool import KVPool
 from .model import Decoder
@@ -122,6 +122,8 @@ class LLM:
         self.max_context = max_context or limit
         self.defaults = defaults or GenerationDefaults()
         self.name, self.device, self.quant = name, device, quant
+        #: Bounds on rendering the chat template (time, output size, ranges; raise them here).
+        self.template_limits: TemplateLimits = DEFAULT_LIMITS
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.pad_id = next(iter(x for x in (tokenizer.pad_token_id, self.config.pad_token_id,
                                             *sorted(self.eos_ids), 0) if x is not None))
@@ -264,7 +266,7 @@ class LLM:
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages``."""
         t = self.tokenizer
-        return render_chat(t.chat_template, messages, add_generation_prompt,
+        return render_chat(t.chat_template, messages, add_generation_prompt, limits=self.template_limits,
                            bos_token=t.bos_token or "", eos_token=t.eos_token or "")
 
     def _params(self, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
