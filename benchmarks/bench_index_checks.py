@@ -15,12 +15,13 @@ Rows: `embedding` (F.embedding of [64, 512] ids into a [32000, 256] table, + 1),
 (`x.gather(1, idx)` of a [256, 4096] float tensor by [256, 4096] indices, * 2) and `decode`
 (one decode step of a random-weight Llama of 4 layers, hidden 512, vocabulary 32000,
 after a 32-token prompt, greedy): the median wall time of a call, and the process's CPU time
-per call (all threads).
+per call (all threads). ``--threads`` (default 1: steadier on a shared machine).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -59,7 +60,7 @@ def bench_kernels(reps: int) -> dict[str, tuple[float, float]]:
     return {"embedding": _timed(lambda: emb(ids, table), reps), "gather": _timed(lambda: gat(x, idx), reps)}
 
 
-def bench_decode(tokens: int) -> tuple[float, float]:
+def bench_decode(tokens: int, threads: int) -> tuple[float, float]:
     import transformers
 
     from torchburn.llm import LLM
@@ -74,7 +75,7 @@ def bench_decode(tokens: int) -> tuple[float, float]:
     from tokenizers import Tokenizer, models
 
     Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
-    llm = LLM.from_pretrained(folder, device="cpu", max_context=256)
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=256, threads=threads)
     llm.eos_ids = frozenset()
     greedy = SamplingParams(temperature=0.0)
     prompt = [[(7 * k) % 32000 for k in range(1, 33)]]
@@ -94,10 +95,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=50, help="timed calls of each kernel row")
     ap.add_argument("--tokens", type=int, default=64, help="timed decode steps")
+    ap.add_argument("--threads", type=int, default=1, help="threads of our kernels and of PyTorch")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
+    os.environ["TORCHBURN_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
     rows = bench_kernels(args.reps)
-    rows["decode"] = bench_decode(args.tokens)
+    rows["decode"] = bench_decode(args.tokens, args.threads)
     for name, (wall, cpu) in rows.items():
         print(f"{name:10s} median {wall * 1e3:8.3f} ms   cpu/call {cpu * 1e3:8.3f} ms")
     if args.json:

@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .errors import ConfigError
+from .validate import check_sizes
+
 #: ``model_type`` values we run, and what each one sets beyond the common fields.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 #: Rope scaling types we implement (``default`` means none).
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
-
-
-class ConfigError(ValueError):
-    """A model configuration we cannot run, with the reason."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +137,6 @@ def _ids(value: Any) -> tuple[int, ...]:
 def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> DecoderConfig:
     """Build a `DecoderConfig` from the dictionary of a Hugging Face ``config.json``; every
     size is checked first (`validate.check_sizes`)."""
-    from .validate import check_sizes
-
     arch = cfg.get("model_type")
     if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(unsupported_message(arch))

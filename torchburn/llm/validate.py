@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Optional
 
-from .config import ConfigError
+from .errors import ConfigError
 
 #: The deepest nesting of arrays and objects a model's JSON file may have (real ones: < 10).
 MAX_JSON_DEPTH = 64

@@ -42,10 +42,10 @@ def index_value(kb: KernelBuilder, v: Value, idx: Index, size: Expr, wrap: bool)
     """The index stored in `v[idx]`, as an i64 position in `[0, size)`, checked (a fault
     where it is out of range; `wrap`: negative counts from the end first)."""
     raw = kb.value_at(v, idx)
-    i = kb.bind(ex.cast(raw, dt.i64)) if raw.dtype != dt.i64 else raw
+    i = kb.bind_invariant(ex.cast(raw, dt.i64)) if raw.dtype != dt.i64 else raw
     if wrap:
-        i = kb.bind(ex.select(ex.binary("lt", i, Const(0)), ex.add(i, size), i))
-    return kb.bind(ex.checked_index(i, size))
+        i = kb.bind_invariant(ex.select(ex.binary("lt", i, Const(0)), ex.add(i, size), i))
+    return kb.bind_invariant(ex.checked_index(i, size))  # once per row where the index is the row's
 
 
 # ---- gathers ----------------------------------------------------------------------------------
