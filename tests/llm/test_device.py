@@ -73,7 +73,7 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
             llm.eos_ids = frozenset()
             before = {id(x) for x in gpu_launcher.recent_launchers()}
             tokens = [s[0] for s in llm.generate_ids([[5, 17, 99]], 5, greedy)]
-            (cache,) = llm._caches.values()
+            (cache,) = llm.kv.idle()
             if device == "gpu":
                 assert gpu_resident.is_owned(cache.tensor)
                 new = [x for x in gpu_launcher.recent_launchers() if id(x) not in before]

@@ -182,7 +182,7 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     assert lengths == [16] + list(range(4, 204))
     # the KV-cache write is inside the one compiled graph: no index_copy_ outside it, and the
     # decode program stores into the cache input itself (only the new slot)
-    assert all("index_put" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
+    assert all("index_copy" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
 
 
 def test_one_token_prompt_runs_the_decode_step_and_matches_transformers(tiny_checkpoint) -> None:
@@ -232,3 +232,19 @@ def test_prefill_plan_covers_the_prompt_within_the_context(first: int, new: int,
     fitting = [b for b in PREFILL_BUCKETS if b >= n - first and first + b <= context]
     if fitting:
         assert sum(size for size, _ in plan) <= min(fitting)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_token_id_past_the_vocabulary_raises_eagers_index_error(tiny_checkpoint, compile: bool) -> None:
+    """A tokenizer larger than the embedding (issue 28): the id's lookup raises, compiled (the
+    checked index faults and the step reruns in PyTorch) as eagerly; valid ids still work."""
+    from .conftest import VOCAB
+
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=compile)
+    greedy = SamplingParams(temperature=0.0)
+    good = list(llm.generate_ids([[5, 17, 99]], 3, greedy))
+    for bad in ([[5, VOCAB, 99]], [[5, 17, VOCAB + 1000]], [[VOCAB]]):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            list(llm.generate_ids(bad, 3, greedy))
+    assert list(llm.generate_ids([[5, 17, 99]], 3, greedy)) == good

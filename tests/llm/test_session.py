@@ -90,7 +90,7 @@ def test_turns_through_the_template_equal_a_from_scratch_run(tiny_checkpoint) ->
     assert reply == "".join(_llm(folder).stream_ids(second, 10, GREEDY, None, None))
 
 
-def test_reset_and_a_replaced_cache_prefill_everything(tiny_checkpoint) -> None:
+def test_reset_prefills_everything_and_other_requests_leave_the_session_alone(tiny_checkpoint) -> None:
     _, folder = tiny_checkpoint("llama")
     llm = _llm(folder)
     llm.eos_ids = frozenset()
@@ -101,10 +101,11 @@ def test_reset_and_a_replaced_cache_prefill_everything(tiny_checkpoint) -> None:
     session.reset()
     assert _answer(session, second, 5) == _fresh(folder, second, 5)
     assert session.last_prefill == len(second)
-    list(llm.generate_ids([[1, 2], [3, 4, 5]], 3, GREEDY))  # batch 2 replaces the cache
+    list(llm.generate_ids([[1, 2], [3, 4, 5]], 3, GREEDY))  # a batch of 2 on the same LLM
+    list(llm.generate_ids([[9, 9, 9, 9, 9, 9, 9, 9]], 3, GREEDY))  # and a batch of 1
     third = second + [40, 41]
     assert _answer(session, third, 5) == _fresh(folder, third, 5)
-    assert session.last_prefill == len(third)
+    assert session.last_prefill == 2  # the session's own cache still held the conversation
 
 
 def test_an_interrupted_answer_keeps_only_the_finished_steps(tiny_checkpoint) -> None:

@@ -118,8 +118,10 @@ def _tuple_src(items: list[str]) -> str:
 
 def can_fault(program: lp.Program) -> bool:
     """Whether the program divides integers by something other than a constant known not to
-    be 0 (`codegen/llvm/faults.py`): then its launcher checks the fault counter after the call."""
-    return any(not _nonzero_const(d) for k in program.kernels for d in lp.integer_divisors(k.body))
+    be 0, or checks an index read from a tensor (`codegen/llvm/faults.py`): then its launcher
+    checks the fault counter after the call."""
+    return any(not _nonzero_const(d) for k in program.kernels for d in lp.integer_divisors(k.body)) \
+        or any(lp.checks_indices(k.body) for k in program.kernels)
 
 
 def _nonzero_const(e: Expr) -> bool:

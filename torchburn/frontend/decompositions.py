@@ -24,6 +24,9 @@ aten = torch.ops.aten
 KEEP: tuple[Any, ...] = (
     aten.addmm, aten.mv, aten.dot, aten.silu, aten.gelu,
     aten.take,  # its decomposition reads a 0-d index into Python; `index` handles it
+    # decomposed, they become `index_put`, which wraps negative indices eager refuses here (and
+    # a call that faults reruns the graph in PyTorch: it must raise index_copy's own error)
+    aten.index_copy, aten.index_add,
     # random ops stay whole (NOT_COMPILED): decomposed, `bernoulli` draws `rand_like` numbers,
     # which are not the ones eager's float64 kernel draws from the same seed
     aten.bernoulli,

@@ -3,11 +3,11 @@
 AOTAutograd (with `keep_inference_input_mutations`) turns `cache.index_copy_(3, slots, new)`
 inside a compiled function into a functional update and a write-back at the end of the graph:
 
-    %index_put = aten.index_put(%cache, [None, None, None, %slots], %new)
-    %copy_ = aten.copy_(%cache, %index_put)
+    %index_copy = aten.index_copy(%cache, 3, %slots, %new)      (an index_put when decomposed)
+    %copy_ = aten.copy_(%cache, %index_copy)
 
 Compiled as is, that is two copies of the whole cache per call (compute the new cache, copy it
-back). `mark_slot_writes` tags such an `index_put` (or `scatter`) node; the importer turns the
+back). `mark_slot_writes` tags such an `index_copy`, `index_put` (or `scatter`) node; the importer turns the
 tag into the `inplace` attribute of the IR op, and `lower-to-loops` then stores only the
 written elements into the input's own memory when that is safe (it drops the mark otherwise).
 The `copy_` stays in the graph: after an in-place call its source is the input itself, which
@@ -25,7 +25,8 @@ aten = torch.ops.aten
 #: The node meta key set on a marked node.
 MARK = "torchburn_inplace_write"
 
-_WRITES = (aten.index_put.default, aten._unsafe_index_put.default, aten.scatter.src, aten.scatter.value)
+_WRITES = (aten.index_put.default, aten._unsafe_index_put.default, aten.index_copy.default,
+           aten.scatter.src, aten.scatter.value)
 
 
 def _written_input(node: torch.fx.Node) -> Optional[torch.fx.Node]:

@@ -22,6 +22,7 @@ from . import semantics as sem
 from .dtypes import DType
 from .opnames import (  # noqa: F401  (re-exported: `ex.BINARY_OPS` is the usual spelling)
     BINARY_OPS,
+    CHECKED_INDEX,
     COMPARISONS,
     DOT4_CALLS,
     DOT4_I8I8,
@@ -471,6 +472,17 @@ def minimum(a: ExprLike, b: ExprLike) -> Expr:
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
     return binary("max", a, b)
+
+
+def checked_index(i: ExprLike, n: ExprLike) -> Expr:
+    """`checked_index(i, n)`: the index `i` where `0 <= i < n`, else 0 and a fault (an index
+    read from a tensor that eager would refuse; `opnames.CHECKED_INDEX`):
+
+        let t = checked_index(%idx[j], 50257)      ; 50257 -> 0 and a fault; the launcher
+                                                   ; runs the call in PyTorch, which raises
+    """
+    a, b = as_expr(i), as_expr(n)
+    return Call(CHECKED_INDEX, (a, b), a.type)
 
 
 def call(name: str, *args: Expr, type: ScalarType | None = None) -> Expr:

@@ -336,6 +336,15 @@ def integer_divisors(s: Stmt) -> Iterator[Expr]:
                     yield node.args[1]
 
 
+def checks_indices(s: Stmt) -> bool:
+    """Whether an index under `s` is checked (`checked_index`): such a kernel can fault."""
+    from .expr import Call, walk
+    from .opnames import CHECKED_INDEX
+
+    return any(isinstance(node, Call) and node.name == CHECKED_INDEX
+               for st in walk_stmts(s) for e in stmt_exprs(st) for node in walk(e))
+
+
 def contiguous_strides(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """Row-major strides for a shape (symbolic shapes give symbolic strides)."""
     from .expr import Const, mul

@@ -32,8 +32,12 @@ UNARY_FUNCS: frozenset[str] = frozenset({
 })
 #: Unary functions whose result is a bool whatever the operand.
 PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"})
+#: The checked index: `checked_index(i, n)` is `i` where `0 <= i < n`; elsewhere it is 0 and
+#: the access is a fault (`semantics.IndexOutOfRange`; native code counts it, see
+#: `codegen/llvm/faults.py`). Index values read from tensors go through it.
+CHECKED_INDEX = "checked_index"
 #: Calls that are neither binary operators nor unary functions.
-OTHER_CALLS: frozenset[str] = frozenset({"fma"}) | DOT4_CALLS
+OTHER_CALLS: frozenset[str] = frozenset({"fma", CHECKED_INDEX}) | DOT4_CALLS
 #: Every scalar operation an interpretation of the IR implements: the binary operators, the
 #: calls, and the nodes `cast`, `bitcast` and `select`.
 SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}

@@ -587,8 +587,10 @@ def _indexed_shape(name: str, src: TensorType, idx: list[TensorType], attrs: dic
 
 @define("index", "data", -1, """
 Advanced indexing `src[..., i0, ..., i1, ...]`: operands `(src, i0, i1, ...)`, the index
-tensors (one shape) picking along `dims` of `src`; negative indices count from the end. The
-result is the non-indexed dims of `src` with the index shape inserted at `pos`.
+tensors (one shape) picking along `dims` of `src`; negative indices count from the end
+(unless `wrap = false`, as `index_select` and `embedding`: then they are out of range). An
+index out of range is a fault (`checked_index` in the kernel), raised as eager's error.
+The result is the non-indexed dims of `src` with the index shape inserted at `pos`.
 
     %3 = index(%x, %i) {dims = [0], pos = 0} : f32[3, 4]   # %x: f32[5, 4], %i: i64[3]
 """)

@@ -54,11 +54,23 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DType
-from .opnames import COMPARISONS, DOT4_CALLS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
+from .opnames import CHECKED_INDEX, COMPARISONS, DOT4_CALLS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
 
 
 class DivisionByZero(ZeroDivisionError):
     """Integer division or remainder by zero: undefined in the IR; callers decide."""
+
+
+class IndexOutOfRange(IndexError):
+    """`checked_index(i, n)` with `i` outside `[0, n)`: a fault; callers decide (the reference
+    engine counts it as native code does, and the launcher raises eager's error)."""
+
+
+def _checked_index(i: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """`checked_index(i, n)`: `i`, where every `0 <= i < n`; raises `IndexOutOfRange` otherwise."""
+    if np.any((i < 0) | (i >= n)):
+        raise IndexOutOfRange("an index read from a tensor is out of range")
+    return i
 
 
 class UndefinedOp(TypeError):
@@ -495,6 +507,8 @@ def defined(op: str, dtype: DType) -> bool:
         return True
     if op in DOT4_CALLS:
         return dtype == dt.i32
+    if op == CHECKED_INDEX:
+        return dtype == dt.i64
     return op in TABLES[_kind(dtype)]
 
 
@@ -658,6 +672,10 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
         if op == "select":
             cond = to_array(args[0], dt.bool_)
             r = np.where(cond, to_array(args[1], dtype), to_array(args[2], dtype))
+        elif op == CHECKED_INDEX:
+            if dtype != dt.i64:
+                raise UndefinedOp(f"{op} takes i64 indices, not {dtype}")
+            r = _checked_index(to_array(args[0], dt.i64), to_array(args[1], dt.i64))
         elif op in DOT4_CALLS:
             if dtype != dt.i32:
                 raise UndefinedOp(f"{op} accumulates in i32, not {dtype}")
@@ -710,7 +728,7 @@ def missing_ops(covered: Iterable[str]) -> set[str]:
 
 
 __all__ = [
-    "SCALAR_OPS", "OTHER_CALLS", "PREDICATES", "COMPARISONS", "TABLES", "DivisionByZero",
+    "SCALAR_OPS", "OTHER_CALLS", "PREDICATES", "COMPARISONS", "TABLES", "DivisionByZero", "IndexOutOfRange",
     "UndefinedOp", "evaluate", "cast_value", "bitcast_value", "defined", "storage", "to_array",
     "wrap_int", "fold_int", "FOLD_INT_OPS", "round_bf16", "float_fits_int", "register_interpretation", "interpretations",
     "missing", "missing_ops", "Handles",

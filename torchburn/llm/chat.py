@@ -61,45 +61,48 @@ def run_chat(llm: "LLM", system_prompt: Optional[str] = None, *,
     seed = sampling.get("seed")
     out.write(f"torchburn chat: {llm.name}. {HELP}\n")
     out.flush()
-    while True:
-        try:
-            out.write(">>> ")
-            out.flush()
-            line = inp.readline()
-        except KeyboardInterrupt:
-            out.write("\n(Ctrl-C: type /exit to leave)\n")
-            continue
-        if not line:
-            out.write("\n")
-            return
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return
-        if text == "/reset":
-            del history[1 if system_prompt else 0:]
-            session.reset()
-            out.write("[conversation reset]\n")
-            continue
-        if text.startswith("/"):
-            out.write(f"unknown command {text}. {HELP}\n")
-            continue
-        history.append({"role": "user", "content": text})
-        answer: list[str] = []
-        try:
+    try:
+        while True:
             try:
-                ids = _fit(llm, history, reserve, out)
-            except ValueError as e:
-                out.write(f"error: {e}\n")
-                history.pop()
-                continue
-            for piece in session.stream(ids, limit, params, seed):
-                answer.append(piece)
-                out.write(piece)
+                out.write(">>> ")
                 out.flush()
-        except KeyboardInterrupt:
-            out.write(" [stopped]")
-        out.write("\n")
-        out.flush()
-        history.append({"role": "assistant", "content": "".join(answer)})
+                line = inp.readline()
+            except KeyboardInterrupt:
+                out.write("\n(Ctrl-C: type /exit to leave)\n")
+                continue
+            if not line:
+                out.write("\n")
+                return
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return
+            if text == "/reset":
+                del history[1 if system_prompt else 0:]
+                session.reset()
+                out.write("[conversation reset]\n")
+                continue
+            if text.startswith("/"):
+                out.write(f"unknown command {text}. {HELP}\n")
+                continue
+            history.append({"role": "user", "content": text})
+            answer: list[str] = []
+            try:
+                try:
+                    ids = _fit(llm, history, reserve, out)
+                except ValueError as e:
+                    out.write(f"error: {e}\n")
+                    history.pop()
+                    continue
+                for piece in session.stream(ids, limit, params, seed):
+                    answer.append(piece)
+                    out.write(piece)
+                    out.flush()
+            except KeyboardInterrupt:
+                out.write(" [stopped]")
+            out.write("\n")
+            out.flush()
+            history.append({"role": "assistant", "content": "".join(answer)})
+    finally:
+        session.close()  # its KV cache back to the LLM's pool

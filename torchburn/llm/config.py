@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .errors import ConfigError
 from .families import BY_HF_TYPE, BY_NAME, FAMILIES, HF_ACTIVATIONS, Family, sliding_layers
+from .validate import check_sizes
 
 #: The families we run (`families.FAMILIES`).
 SUPPORTED_ARCHITECTURES = tuple(f.name for f in FAMILIES)
@@ -20,10 +22,6 @@ SUPPORTED_ARCHITECTURES = tuple(f.name for f in FAMILIES)
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "freq_factors")
 #: MLP activations (`families.Family.hidden_act`).
 ACTIVATIONS = ("silu", "gelu_tanh")
-
-
-class ConfigError(ValueError):
-    """A model configuration we cannot run, with the reason."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +158,17 @@ def _rope_from_hf(cfg: dict[str, Any]) -> tuple[float, dict[str, Any], Optional[
     return (theta if theta is not None else 10000.0), scaling, local
 
 
+def _rope_from_hf_checked(cfg: dict[str, Any], source: str) -> tuple[float, dict[str, Any], Optional[float]]:
+    """`_rope_from_hf`, with a `ConfigError` naming the key for a value of the wrong type."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ConfigError(f"{source}: {key} must be an object; got {type(cfg[key]).__name__}")
+    try:
+        return _rope_from_hf(cfg)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"{source}: rope_theta/rope_parameters: {e}") from None
+
+
 def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[Optional[int], ...]:
     window = cfg.get("sliding_window")
     layer_types = cfg.get("layer_types")
@@ -207,7 +216,8 @@ def _activation(cfg: dict[str, Any], fam: Family) -> str:
 
 
 def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> DecoderConfig:
-    """Build a `DecoderConfig` from the dictionary of a Hugging Face ``config.json``."""
+    """Build a `DecoderConfig` from the dictionary of a Hugging Face ``config.json``; every
+    size is checked first (`validate.check_sizes`)."""
     arch = cfg.get("model_type")
     if arch == "gemma3" and isinstance(cfg.get("text_config"), dict):
         raise ConfigError("this is a multimodal Gemma 3 checkpoint (model_type 'gemma3'); "
@@ -216,6 +226,7 @@ def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> DecoderCon
     fam = BY_HF_TYPE.get(arch) if isinstance(arch, str) else None
     if fam is None:
         raise ConfigError(unsupported_message(arch))
+    check_sizes({**cfg, **_rope_from_hf_checked(cfg, source)[1]}, source)
     hidden = int(_require(cfg, "hidden_size", source))
     heads = int(_require(cfg, "num_attention_heads", source))
     n_layers = int(_require(cfg, "num_hidden_layers", source))

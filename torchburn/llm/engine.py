@@ -4,11 +4,17 @@ Generation runs the `Decoder` one step at a time over a static KV cache: a prefi
 prompt chunk (padded up to one of `PREFILL_BUCKETS` tokens, so a handful of graphs serve every
 prompt length) and one decode step per token, whose inputs (ids, positions, slots) are
 tensors, so the compiled decode graph is the same for every position.
+
+One `LLM` serves many callers: each request (a `generate_ids` run) owns a KV cache from the
+`KVPool` while it runs, and the steps of all requests are serialized by one lock held only
+for the step itself (never across a ``yield``), so threads calling `generate`/`stream` at once
+and stream generators interleaved on one thread each get the text they would get alone.
 """
 from __future__ import annotations
 
 import os
 import random
+import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,8 +22,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .chat_template import Message, render_chat
+from .chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
 from .kv_cache import KVCache
+from .kv_pool import KVPool
 from .model import Decoder
 from .progress import Step
 from .sampling import SamplingParams, next_tokens
@@ -116,10 +123,16 @@ class LLM:
         self.max_context = max_context or limit
         self.defaults = defaults or GenerationDefaults()
         self.name, self.device, self.quant = name, device, quant
+        #: Bounds on rendering the chat template (time, output size, ranges; raise them here).
+        self.template_limits: TemplateLimits = DEFAULT_LIMITS
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.pad_id = next(iter(x for x in (tokenizer.pad_token_id, self.config.pad_token_id,
                                             *sorted(self.eos_ids), 0) if x is not None))
-        self._caches: dict[int, KVCache] = {}
+        #: KV caches of requests: each `generate_ids` run owns one while it runs.
+        self.kv = KVPool(self._new_cache)
+        #: Held for the duration of one step (the compiled step, its step cache and Dynamo are
+        #: not reentrant across threads); never held across a ``yield``.
+        self._step_lock = threading.Lock()
         self.compiled = compile
         #: Step shapes run through `torch.compile` so far (without the step cache).
         self._compiled_shapes: set[tuple[Any, ...]] = set()
@@ -197,15 +210,22 @@ class LLM:
         past.index_copy_(3, slots, new)
         return logits
 
-    def cache_for(self, batch: int) -> KVCache:
-        """The static KV cache for ``batch`` rows (allocated once per batch size)."""
-        if batch not in self._caches:
-            self._caches = {batch: self.model.new_cache(batch, self.max_context)}
-            if self.device == "gpu":  # the GPU owns its values: nothing comes down per step
-                from ..backend.gpu_resident import keep_on_gpu
+    def _new_cache(self, batch: int) -> KVCache:
+        cache = self.model.new_cache(batch, self.max_context)
+        if self.device == "gpu":  # the GPU owns its values: nothing comes down per step
+            from ..backend.gpu_resident import keep_on_gpu
 
-                keep_on_gpu(self._caches[batch].tensor)
-        return self._caches[batch]
+            keep_on_gpu(cache.tensor)
+        return cache
+
+    def cache_for(self, batch: int) -> KVCache:
+        """A static KV cache for ``batch`` rows that no running request holds (an idle one of
+        the pool, else a new one); the caller owns it (`release_cache` hands it back)."""
+        return self.kv.acquire(batch)
+
+    def release_cache(self, cache: KVCache) -> None:
+        """Hand a cache from `cache_for` back to the pool for later requests."""
+        self.kv.release(int(cache.tensor.shape[1]), cache)
 
     def run_step(self, cache: KVCache, ids: torch.Tensor, first_slot: int, starts: torch.Tensor,
                  logit_index: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -213,16 +233,17 @@ class LLM:
         ``first_slot ..``: logits, and the cache updated."""
         slots = torch.arange(first_slot, first_slot + ids.shape[1])
         positions = (slots[None, :] - starts[:, None]).clamp(min=0)
-        if self.steps is not None:
-            return self.steps.run(cache, ids, positions, slots, starts, logit_index)
-        shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
-        if self.compiled and shape not in self._compiled_shapes:
-            self._compiled_shapes.add(shape)
-            with compiling(ids, self.config.num_hidden_layers):
-                return cache.step(self._step, ids, positions, slots, starts, logit_index,
-                                  dynamic=self.compiled)
-        return cache.step(self._step, ids, positions, slots, starts, logit_index,
-                          dynamic=self.compiled)
+        with self._step_lock, torch.no_grad():
+            if self.steps is not None:
+                return self.steps.run(cache, ids, positions, slots, starts, logit_index)
+            shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
+            if self.compiled and shape not in self._compiled_shapes:
+                self._compiled_shapes.add(shape)
+                with compiling(ids, self.config.num_hidden_layers):
+                    return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                                      dynamic=self.compiled)
+            return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                              dynamic=self.compiled)
 
     def _prefill(self, rows: list[list[int]], cache: KVCache,
                  starts: torch.Tensor, first: int = 0) -> torch.Tensor:
@@ -257,7 +278,7 @@ class LLM:
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages``."""
         t = self.tokenizer
-        return render_chat(t.chat_template, messages, add_generation_prompt,
+        return render_chat(t.chat_template, messages, add_generation_prompt, limits=self.template_limits,
                            bos_token=t.bos_token or "", eos_token=t.eos_token or "")
 
     def _params(self, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
@@ -268,16 +289,22 @@ class LLM:
         return replace(self.defaults.sampling, **given)
 
     def generate_ids(self, rows: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                     seed: Optional[int] = None, *,
-                     cached: int = 0) -> Iterator[list[Optional[int]]]:
+                     seed: Optional[int] = None, *, cached: int = 0,
+                     cache: Optional[KVCache] = None) -> Iterator[list[Optional[int]]]:
         """Yield, per step, one new id per row (None for rows that already ended).
 
-        ``cached``: for one row, how many of its first tokens the batch-1 cache already holds
-        at their slots (a chat's earlier turns, `ChatSession`); only the rest is prefilled."""
+        The run owns a KV cache of the pool from its first step to its end (returned when the
+        generator finishes or is closed), or uses ``cache``, a caller's own (`ChatSession`).
+        ``cached``: for one row, how many of its first tokens ``cache`` already holds at their
+        slots (a chat's earlier turns); only the rest is prefilled."""
         if not rows or any(len(r) == 0 for r in rows):
             raise ValueError("every prompt must have at least one token")
         if cached and (len(rows) != 1 or not 0 <= cached < len(rows[0])):
             raise ValueError(f"cached={cached} needs one row longer than it")
+        if cached and cache is None:
+            raise ValueError("cached= needs the cache that holds those tokens (cache=)")
+        if cache is not None and int(cache.tensor.shape[1]) != len(rows):
+            raise ValueError(f"cache= has {int(cache.tensor.shape[1])} rows; the batch has {len(rows)}")
         n = max(len(r) for r in rows)
         if n > self.max_context:
             raise ContextError(f"the prompt has {n} tokens; max_context is {self.max_context}")
@@ -288,29 +315,42 @@ class LLM:
         starts = torch.tensor([n - len(r) for r in rows], dtype=torch.long)
         seen = torch.tensor([[r[0]] * (n - len(r)) + r for r in rows], dtype=torch.long)
         done = [False] * batch
-        with torch.no_grad():
-            cache = self.cache_for(batch)
-            logits = self._prefill(rows, cache, starts, cached)
-            for step in range(budget):
-                use_seen = seen if params.repetition_penalty != 1.0 else None
-                chosen = next_tokens(logits, params, generator, use_seen)
-                out: list[Optional[int]] = []
-                for b in range(batch):
-                    t = int(chosen[b])
-                    if done[b] or t in self.eos_ids:
-                        done[b] = True
-                        out.append(None)
-                    else:
-                        out.append(t)
-                yield out
-                if all(done) or step == budget - 1:
-                    break
-                if use_seen is not None:
-                    seen = torch.cat([seen, chosen[:, None]], dim=1)
-                logits = self.run_step(cache, chosen[:, None], n + step, starts)[:, -1]
+        own = cache is None
+        mine = self.cache_for(batch) if cache is None else cache
+        try:
+            yield from self._decode(rows, mine, starts, cached, seen, budget, params, generator, done, n)
+        finally:
+            if own:
+                self.release_cache(mine)
         if budget < max_new_tokens and not all(done):
             warnings.warn(f"generation stopped at max_context={self.max_context} tokens",
                           stacklevel=3)
+
+    def _decode(self, rows: list[list[int]], cache: KVCache, starts: torch.Tensor, cached: int,
+                seen: torch.Tensor, budget: int, params: SamplingParams,
+                generator: torch.Generator, done: list[bool],
+                n: int) -> Iterator[list[Optional[int]]]:
+        """The prefill, then up to ``budget`` sampled steps of `generate_ids` in ``cache``."""
+        batch = len(rows)
+        logits = self._prefill(rows, cache, starts, cached)
+        for step in range(budget):
+            use_seen = seen if params.repetition_penalty != 1.0 else None
+            with torch.no_grad():
+                chosen = next_tokens(logits, params, generator, use_seen)
+            out: list[Optional[int]] = []
+            for b in range(batch):
+                t = int(chosen[b])
+                if done[b] or t in self.eos_ids:
+                    done[b] = True
+                    out.append(None)
+                else:
+                    out.append(t)
+            yield out
+            if all(done) or step == budget - 1:
+                break
+            if use_seen is not None:
+                seen = torch.cat([seen, chosen[:, None]], dim=1)
+            logits = self.run_step(cache, chosen[:, None], n + step, starts)[:, -1]
 
     # ---------------------------------------------------------------- public API
     def generate(

@@ -30,6 +30,7 @@ from .config import ConfigError, DecoderConfig, unsupported_message
 from .families import BY_GGUF_ARCH, Family, sliding_layers
 from .model import Decoder
 from .progress import progress
+from .validate import check_gguf_metadata, check_layers_present
 from .weights import WeightError, WeightSink, meta_decoder
 
 _LAYER_NAMES = {
@@ -190,6 +191,12 @@ def gguf_config(reader: Any, path: Path) -> DecoderConfig:
     fam = BY_GGUF_ARCH.get(arch) if isinstance(arch, str) else None
     if fam is None:
         raise ConfigError(unsupported_message(arch))
+    # every size checked for type, range and products, and the layer count against the
+    # tensors present, before anything is built from them
+    check_gguf_metadata(lambda key: field(reader, key), arch, path.name)
+    block_count = field(reader, f"{arch}.block_count")
+    if block_count is not None:
+        check_layers_present(block_count, (t.name for t in reader.tensors), f"{arch}.block_count", path.name)
 
     def need(key: str) -> Any:
         value = field(reader, f"{arch}.{key}")
@@ -206,6 +213,8 @@ def gguf_config(reader: Any, path: Path) -> DecoderConfig:
     kv = field(reader, f"{arch}.attention.head_count_kv", heads)
     n_layers = int(need("block_count"))
     tokens = field(reader, "tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, list):
+        raise ConfigError(f"{path.name}: tokenizer.ggml.tokens must be an array of strings")
     vocab = field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens else None)
     if vocab is None:
         raise ConfigError(f"{path.name} gives no vocabulary size")

@@ -13,6 +13,7 @@ package's reader, which also gives each field's raw parts.
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,10 @@ _BOOL, _STRING, _ARRAY = 7, 8, 9
 _U64 = struct.Struct("<Q")
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
           6: np.float32, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+#: Dimensions of a tensor (ggml has 4).
+MAX_DIMS = 4
 
 
 class GGUFFormatError(ValueError):
@@ -134,16 +139,27 @@ class FastGGUFReader:
             self.fields: dict[str, Field] = {}
             for _ in range(n_fields):
                 name = cur.string()
+                if name in self.fields:  # which one would count is a guess: refuse both
+                    raise GGUFFormatError(f"the metadata key {name!r} occurs twice")
                 self.fields[name] = Field(name, cur.value(cur.take("I")))
             infos = []
+            seen: set[str] = set()
             for _ in range(n_tensors):
                 name = cur.string()
-                dims = [cur.take("Q") for _ in range(cur.take("I"))]
+                if name in seen:
+                    raise GGUFFormatError(f"the tensor name {name!r} occurs twice")
+                seen.add(name)
+                n_dims = cur.take("I")
+                if n_dims > MAX_DIMS:
+                    raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+                dims = [cur.take("Q") for _ in range(n_dims)]
                 infos.append((name, dims, cur.take("I"), cur.take("Q")))
         except struct.error as err:
             raise GGUFFormatError(f"the file ends inside its header ({err})") from None
         align_field = self.fields.get("general.alignment")
-        align = int(align_field.value) if align_field is not None else 32
+        align = align_field.value if align_field is not None else 32
+        if type(align) is not int or not 1 <= align <= 1 << 20 or align & (align - 1):
+            raise GGUFFormatError(f"general.alignment is {align!r}; it must be a power of two up to 2**20")
         start = -(-cur.pos // align) * align
         self.tensors: list[Tensor] = []
         for name, dims, raw_type, offset in infos:
@@ -154,8 +170,11 @@ class FastGGUFReader:
                     f"tensor {name!r} has ggml type {raw_type}, which mainline llama.cpp does not define "
                     f"(a type only a fork writes); torchburn does not support it") from None
             block, type_size = GGML_QUANT_SIZES[kind]
-            n = int(np.prod(dims)) if dims else 1
+            n = math.prod(dims)  # Python ints: numpy's product of uint64 would wrap
             nbytes = n * type_size // block
+            if nbytes > len(self._map):
+                raise GGUFFormatError(f"tensor {name!r} of shape {dims} needs {nbytes} bytes; "
+                                      f"the file has {len(self._map)}")
             first = start + offset
             raw = self._map[first:first + nbytes]
             self.tensors.append(Tensor(name, kind, np.array(dims, dtype=np.uint64),

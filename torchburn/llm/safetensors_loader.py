@@ -21,14 +21,17 @@ import torch
 from .config import ConfigError, DecoderConfig, from_hf_dict
 from .model import Decoder
 from .progress import progress
+from .validate import check_layers_present, loads_bounded
 from .weights import WeightError, WeightSink, meta_decoder
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path`` (nesting bounded, `validate.loads_bounded`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text: {e}") from None
+    data = loads_bounded(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
     return data
@@ -47,9 +50,14 @@ def shard_files(folder: Path) -> list[Path]:
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise WeightError(f"{index} has no weight_map")
-        files = sorted({str(v) for v in weight_map.values()})
+        if not all(isinstance(v, str) for v in weight_map.values()):
+            raise WeightError(f"{index}: every weight_map value must be a file name")
+        files = sorted(set(weight_map.values()))
+        root = folder.resolve()
         paths = [folder / f for f in files]
-        for p in paths:
+        for f, p in zip(files, paths):
+            if Path(f).is_absolute() or not p.resolve().is_relative_to(root):
+                raise WeightError(f"{index} names {f!r}, which is outside the model folder")
             if not p.is_file():
                 raise WeightError(f"{index} names {p.name}, which is missing")
         return paths
@@ -129,7 +137,6 @@ def load_safetensors_model(folder: Path, quant: Optional[str],
     from safetensors import safe_open
 
     config = read_config(folder)
-    sink = WeightSink(meta_decoder(config), quant, record, norm_offset=config.family.hf_norm_offset)
     files = shard_files(folder)
     tables = []
     for path in files:
@@ -139,6 +146,14 @@ def load_safetensors_model(folder: Path, quant: Optional[str],
         except Exception as e:  # the library raises its own error types
             raise WeightError(f"{path} is not a readable safetensors file: {e}") from None
         tables.append(TensorFile(path))
+    owner: dict[str, Path] = {}
+    for table in tables:
+        for key in table.entries:
+            if key in owner:  # which copy would load is a guess: refuse
+                raise WeightError(f"tensor {key!r} is in two shards: {owner[key].name} and {table.path.name}")
+            owner[key] = table.path
+    check_layers_present(config.num_hidden_layers, owner, "num_hidden_layers", str(folder / "config.json"))
+    sink = WeightSink(meta_decoder(config), quant, record, norm_offset=config.family.hf_norm_offset)
     # Check every shape from the headers first: nothing is read when one is wrong.
     for table in tables:
         for key in table.entries:

@@ -8,9 +8,9 @@ cache is reused up to the first differing id and refilled from there.
 
 The cache holds the prompt and every generated token that was fed back to the model (the last
 sampled one never is); after an answer stopped by Ctrl-C, only the tokens of steps that
-finished count.  The session assumes that nothing else generates with the same `LLM` between
-its turns (the interactive chat is the only user); if the batch-1 cache was replaced meanwhile
-it notices and prefills everything.
+finished count.  The session owns its batch-1 cache (taken from the `LLM`'s pool on its first
+turn and handed back by `close`), so other requests on the same `LLM`, other sessions included,
+never touch what it holds.
 """
 from __future__ import annotations
 
@@ -44,7 +44,13 @@ class ChatSession:
     def reset(self) -> None:
         """Forget what the cache holds (the next turn prefills everything)."""
         self.cached = []
+
+    def close(self) -> None:
+        """Hand the session's cache back to the `LLM`'s pool (a later turn takes one again)."""
+        if self._cache is not None:
+            self.llm.release_cache(self._cache)
         self._cache = None
+        self.cached = []
 
     def stream(self, prompt_ids: list[int], max_new_tokens: int, params: "SamplingParams",
                seed: Optional[int] = None,
@@ -57,7 +63,8 @@ class ChatSession:
                    seed: Optional[int] = None) -> Iterator[Optional[int]]:
         """The answer's token ids (None at its end); the cache bookkeeping happens here."""
         llm = self.llm
-        if llm._caches.get(1) is not self._cache:
+        if self._cache is None:
+            self._cache = llm.cache_for(1)
             self.cached = []
         reuse = min(common_prefix(self.cached, prompt_ids), len(prompt_ids) - 1)
         self.last_prefill = len(prompt_ids) - max(reuse, 0)
@@ -65,11 +72,10 @@ class ChatSession:
         self.cached = []                    # invalid until the prefill has run
         pending: Optional[int] = None       # the last yielded id: fed once the next step runs
         steps = llm.generate_ids([prompt_ids], max_new_tokens, params, seed,
-                                 cached=max(reuse, 0))
+                                 cached=max(reuse, 0), cache=self._cache)
         try:
             for step in steps:
                 if pending is None:         # the prefill finished
-                    self._cache = llm._caches.get(1)
                     self.cached = fed
                 else:
                     fed.append(pending)

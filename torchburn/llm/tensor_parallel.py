@@ -155,7 +155,7 @@ def shard_llm(llm: Any, tp: int, group: Any = None) -> Any:
         raise TensorParallelError(f"--tp {tp} but the process group has {dist.get_world_size(group)} ranks")
     shard_decoder(llm.model, group)
     llm.config = llm.model.config
-    llm._caches = {}
+    llm.kv.clear()
     return llm
 
 

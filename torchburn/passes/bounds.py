@@ -29,7 +29,7 @@ from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import semantics as sem
 from ..ir.dtypes import DType
-from ..ir.expr import Binary, Expr, Var
+from ..ir.expr import Binary, Const, Expr, Var
 from .loop_utils import Poly, const_int
 
 End = Optional[Poly]
@@ -225,6 +225,8 @@ class Bounds:
             return type_range(a.type.dtype)
         if isinstance(a, ex.Select):
             return self._union(self.interval(a.a), self.interval(a.b))
+        if isinstance(a, ex.Call) and a.name == ex.CHECKED_INDEX:  # in [0, n - 1]
+            return Interval(Poly.const(0), self.interval(ex.sub(a.args[1], Const(1))).hi)
         return type_range(a.type.dtype)
 
     def _union(self, a: Interval, b: Interval) -> Interval:

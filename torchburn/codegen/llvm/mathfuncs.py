@@ -21,6 +21,7 @@ from ...ir.expr import NAMED_BINARY_OPS, UNARY_FUNCS
 from ..errors import CodegenError
 from . import helpers
 from .binary import emit_binary
+from .faults import record_fault_if
 from .opcontext import OpContext, is_half, per_lane_call
 from .types import F32, F64, I1, scalar_of, splat_const, vector_of
 
@@ -205,6 +206,16 @@ def _fma(cx: OpContext, args: Sequence[ir.Value]) -> ir.Value:
     return fn(cx, args)
 
 
+def _checked_index(cx: OpContext, args: Sequence[ir.Value]) -> ir.Value:
+    """`checked_index(i, n)`: one unsigned compare (a negative `i` is above every size), a
+    fault counted where it fails (`faults.py`: the launcher then runs the call in PyTorch, which
+    raises eager's error), and 0 there so the access stays inside the buffer."""
+    i, n = args
+    ok = cx.b.icmp_unsigned("<", i, n)
+    record_fault_if(cx.b, cx.ctx, cx.b.not_(ok))
+    return cx.b.select(ok, i, cx.const(0))
+
+
 def _as_binary(name: str) -> CallFn:
     return lambda cx, args: emit_binary(cx, name, args[0], args[1])
 
@@ -218,6 +229,7 @@ def _as_unary(name: str) -> CallFn:
 #: handler of `expr.py`.
 CALLS: dict[str, tuple[int, CallFn]] = {
     "fma": (3, _fma),
+    "checked_index": (2, _checked_index),
     **{name: (2, _as_binary(name)) for name in sorted(NAMED_BINARY_OPS)},
     **{name: (1, _as_unary(name)) for name in sorted(UNARY_FUNCS)},
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...ir import dtypes as dt
 from ...ir import semantics as sem
 from ...ir.dtypes import DType
-from ...ir.opnames import BINARY_OPS, DOT4_CALLS, UNARY_FUNCS
+from ...ir.opnames import BINARY_OPS, CHECKED_INDEX, DOT4_CALLS, UNARY_FUNCS
 from . import binary, casts, mathfuncs
 from .expr import _CALL_NODES
 
@@ -28,6 +28,8 @@ def handles(op: str, dtype: DType) -> bool:
         return kind in mathfuncs.FMA and op in mathfuncs.CALLS
     if op in DOT4_CALLS:
         return dtype == dt.i32 and op in _CALL_NODES
+    if op == CHECKED_INDEX:
+        return dtype == dt.i64 and op in mathfuncs.CALLS
     if op == "cast":
         return all(d == dtype or (casts._category(dtype), casts._category(d)) in casts._CASTS
                    for d in dt.ALL_DTYPES)

@@ -96,6 +96,8 @@ UNARY: dict[tuple[str, str], str] = {
 CALLS: dict[tuple[str, str], str] = {
     ("fma", "f"): "fma($a, $b, $c)",
     ("fma", "i"): "($a * $b + $c)",
+    # a shader cannot report a fault: the GPU engine clamps (docs/reliability.md)
+    ("checked_index", "i"): "clamp($a, $T(0), $b - $T(1))",
 }
 
 #: Operations with no WGSL form, and why: (operation, kind) -> reason.

@@ -3,8 +3,10 @@
 contiguous inputs); and `getitem`, which picks one result of a multi-result op (max pooling,
 sort, var_mean, convolution_backward...).
 
-Index tensors are used as i64. Out-of-range indices are clamped in the kernels (PyTorch
-raises for them), so a bad index never touches memory outside a tensor. Boolean-mask
+Index tensors are used as i64. Every index read from a tensor is checked in the kernel
+against the indexed size (`checked_index`): one out of range is never used and counts a
+fault, and the launcher runs the call again in PyTorch, which raises eager's error. Negative
+indices count from the end only where eager allows them (`x[i]`, `take`, `index_put`). Boolean-mask
 indexing has a data-dependent result shape and stays in PyTorch.
 """
 from __future__ import annotations
@@ -206,6 +208,12 @@ def _masked_put(b: Builder, x: Value, mask: Value, values: Any, accumulate: bool
 @lowering(aten.index_put.default, aten._unsafe_index_put.default, supports=_mask_indices)
 def index_put(b: Builder, x: Value, indices: Sequence[Optional[Value]], values: Any,
               accumulate: bool = False) -> Value:
+    return _index_put(b, x, indices, values, accumulate, wrap=True)
+
+
+def _index_put(b: Builder, x: Value, indices: Sequence[Optional[Value]], values: Any,
+               accumulate: bool, wrap: bool) -> Value:
+    """`index_put`; `wrap`: negative indices count from the end (else they are out of range)."""
     if (len(indices) == 1 and isinstance(indices[0], Value) and indices[0].dtype in (dt.bool_, dt.u8)
             and indices[0].shape == x.shape[:indices[0].type.rank]):
         return _masked_put(b, x, indices[0], values, accumulate)
@@ -216,10 +224,40 @@ def index_put(b: Builder, x: Value, indices: Sequence[Optional[Value]], values: 
         # a bool sum is an or: count the trues in i32 (no realistic number of duplicates
         # overflows it), then test for nonzero
         counts = b.op("index_put", b.cast(x, dt.i32), b.expand(b.as_tensor(values, dt.i32), shape), *idx,
-                      accumulate=True, **attrs)
+                      accumulate=True, wrap=wrap, **attrs)
         return b.cast(counts, dt.bool_)
     vals = b.expand(b.as_tensor(values, x.dtype), shape)
-    return b.op("index_put", x, vals, *idx, accumulate=bool(accumulate), **attrs)
+    return b.op("index_put", x, vals, *idx, accumulate=bool(accumulate), wrap=wrap, **attrs)
+
+
+def _put_along(b: Builder, x: Value, dim: int, index: Value, source: Value, accumulate: bool) -> Value:
+    """`index_copy`/`index_add`: `source`'s slices written (or added) at `index` along `dim`;
+    eager refuses negative indices here, so they are out of range. A 0-d `x` or `index` acts
+    as one element; `source` is taken in the shape the written slices have."""
+    if index.type.rank > 1:
+        raise Unsupported("index_copy/index_add with an index of more than one dim")
+    xr = b.reshape(x, (Const(1),)) if x.type.rank == 0 else x
+    idx = b.reshape(index, (Const(1),)) if index.type.rank == 0 else index
+    dim = normalize_dim(dim, xr.type.rank)
+    shape = tuple(idx.shape[0] if d == dim else n for d, n in enumerate(xr.shape))
+    src = b.cast(source, x.dtype)
+    if src.shape != shape:
+        src = b.reshape(src, shape)
+    indices: list[Optional[Value]] = [None] * dim + [idx]
+    out = _index_put(b, xr, indices, src, accumulate, wrap=False)
+    return b.reshape(out, ()) if x.type.rank == 0 else out
+
+
+@lowering(aten.index_copy.default)
+def index_copy(b: Builder, x: Value, dim: int, index: Value, source: Value) -> Value:
+    return _put_along(b, x, dim, index, source, accumulate=False)
+
+
+@lowering(aten.index_add.default)
+def index_add(b: Builder, x: Value, dim: int, index: Value, source: Value, alpha: Any = 1) -> Value:
+    if alpha != 1:
+        source = b.op("mul", source, b.expand(b.as_tensor(alpha, source.dtype), source.shape))
+    return _put_along(b, x, dim, index, source, accumulate=True)
 
 
 @lowering(aten._unsafe_index.Tensor, supports=_mask_indices)
@@ -235,7 +273,8 @@ def index_select(b: Builder, x: Value, dim: int, index: Value) -> Value:
     dim = normalize_dim(dim, x.type.rank)
     if idx.type.rank == 0:
         idx = b.reshape(idx, (Const(1),))
-    return b.op("index", x, idx, dims=(dim,), pos=dim)
+    return b.op("index", x, idx, dims=(dim,), pos=dim, wrap=False)  # eager refuses negatives
+
 
 
 @lowering(aten.take.default)

@@ -14,7 +14,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Const, Expr
 from ...ir.tensor import Value
-from ..builder import Builder, normalize_dim, numel
+from ..builder import PROMOTE, Builder, normalize_dim, numel
 from ..registry import Unsupported, lowering
 from ..symbols import shape_to_exprs
 
@@ -489,9 +489,13 @@ def _reduce_dims(x: Value, dims: Any) -> tuple[int, ...]:
     return tuple(sorted({normalize_dim(d, rank) for d in dims}))
 
 
-def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool) -> tuple[Value, Value]:
+def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool,
+                 wide: bool = False) -> tuple[Value, Value]:
     """The mean and the mean squared deviation, in the compute dtype, with `N - correction`
-    in the denominator (clamped at 0, as PyTorch does).
+    in the denominator (clamped at 0, as PyTorch does). ``wide``: the deviations' sums and
+    the variance in f64 for an f32 input (the variance is returned in f64), as eager's
+    standard deviation accumulates: values near 1e20 have squares past f32's range, but a
+    standard deviation that fits f32 (`std_of_variance`).
 
     When the reduced size is a known positive constant, the sums need one pass over the data:
     `sum(x)`, `sum(x - c)` and `sum((x - c)^2)` are sibling reductions of one input, which
@@ -509,29 +513,39 @@ def var_and_mean(b: Builder, x: Value, dims: Any, correction: Any, keepdim: bool
     nf = b.cast(b.full(count, (), dt.i64), xc.dtype)
     total = b.op("reduce_sum", xc, dims=d, keepdim=True)
     mean_k = b.op("div", total, b.expand(nf, total.shape))
+    acc = dt.f64 if wide and xc.dtype == dt.f32 else xc.dtype
     if isinstance(count, Const) and int(count.value) > 0:
-        sq = _shifted_square_sum(b, xc, d, nf, keepdim)
+        sq = _shifted_square_sum(b, xc, d, b.cast(nf, acc), keepdim, acc)
+    elif acc != xc.dtype:  # two passes in f64: the mean, then the deviations from it
+        x64 = b.cast(xc, acc)
+        mean64 = b.op("div", b.op("reduce_sum", x64, dims=d, keepdim=True), b.expand(b.cast(nf, acc), total.shape))
+        dev = b.op("sub", x64, b.expand(mean64, xc.shape))
+        sq = b.op("reduce_sum", b.op("mul", dev, dev), dims=d, keepdim=bool(keepdim))
     else:
         dev = b.op("sub", xc, b.expand(mean_k, xc.shape))
         sq = b.op("reduce_sum", b.op("mul", dev, dev), dims=d, keepdim=bool(keepdim))
     c = 1.0 if correction is None else float(correction)
-    denom = b.op("max", b.op("sub", nf, b.full(c, (), xc.dtype)), b.full(0.0, (), xc.dtype))
+    denom = b.op("max", b.op("sub", b.cast(nf, acc), b.full(c, (), acc)), b.full(0.0, (), acc))
     var = b.op("div", sq, b.expand(denom, sq.shape))
     mean = mean_k if keepdim else b.reshape(mean_k, sq.shape)
     return var, mean
 
 
-def _shifted_square_sum(b: Builder, xc: Value, dims: tuple[int, ...], nf: Value, keepdim: bool) -> Value:
+def _shifted_square_sum(b: Builder, xc: Value, dims: tuple[int, ...], nf: Value, keepdim: bool,
+                        acc: Any) -> Value:
     """`sum((x - mean)^2)` over `dims` as `sum(s^2) - sum(s)^2 / N` with `s = x - c`, `c` the
-    first element of the reduced dims (which must not be empty); see `var_and_mean`."""
+    first element of the reduced dims (which must not be empty), summed in `acc`; see
+    `var_and_mean`. Where `sum(s^2)` overflows, the result is that infinity (eager's variance
+    there), not `inf - inf`."""
     first = xc
     for i in dims:
         first = b.op("slice", first, dim=i, start=Const(0), end=Const(1), step=1)
-    s = b.op("sub", xc, b.expand(first, xc.shape))
+    s = b.cast(b.op("sub", xc, b.expand(first, xc.shape)), acc)
     s1 = b.op("reduce_sum", s, dims=dims, keepdim=bool(keepdim))
     s2 = b.op("reduce_sum", b.op("mul", s, s), dims=dims, keepdim=bool(keepdim))
     correction = b.op("div", b.op("mul", s1, s1), b.expand(nf, s1.shape))
-    return b.op("max", b.op("sub", s2, correction), b.full(0.0, s1.shape, xc.dtype))
+    sq = b.op("max", b.op("sub", s2, correction), b.full(0.0, s1.shape, acc))
+    return b.op("where", b.op("isinf", s2), s2, sq)
 
 
 def _correction(b: Builder, unbiased: Any, kw: dict[str, Any]) -> Any:
@@ -546,15 +560,51 @@ def _correction(b: Builder, unbiased: Any, kw: dict[str, Any]) -> Any:
 @lowering(aten.var_mean.correction, aten.var_mean.dim)
 def var_mean(b: Builder, x: Value, dims: Any = None, unbiased: Any = None, keepdim: bool = False,
              **kw: Any) -> tuple[Value, Value]:
-    var, mean = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim))
+    var, mean = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim),
+                             wide=_wide(b))
     out = b.out_dtype
     return b.cast(var, out), b.cast(mean, out)
 
 
 @lowering(aten.var.correction, aten.var.dim)
 def var(b: Builder, x: Value, dims: Any = None, unbiased: Any = None, keepdim: bool = False, **kw: Any) -> Value:
-    v, _ = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim))
+    v, _ = var_and_mean(b, x, dims, _correction(b, unbiased, kw), kw.get("keepdim", keepdim),
+                        wide=_wide(b))
     return b.cast(v, b.out_dtype)
+
+
+#: The ops that AOTAutograd decomposes into a variance and its `sqrt`.
+_STD_OPS = tuple(str(getattr(op, o)) for op in (aten.std, aten.std_mean) for o in op.overloads())
+#: Variances a program asks for itself (not a norm's, whose kernels stay in f32).
+_VAR_OPS = _STD_OPS + tuple(str(getattr(op, o)) for op in (aten.var, aten.var_mean) for o in op.overloads())
+
+
+def _origin(b: Builder) -> str:
+    return str(b.node.meta.get("original_aten")) if b.node is not None else ""
+
+
+def _of_std(b: Builder) -> bool:
+    """Whether the node being lowered is part of a decomposed `std`/`std_mean` (its meta's
+    ``original_aten``): its `sqrt` is taken of the f64 variance."""
+    return _origin(b) in _STD_OPS
+
+
+def _wide(b: Builder) -> bool:
+    """Whether a variance is accumulated in f64 (an f32 input): where the program asked for
+    `var`, `var_mean`, `std` or `std_mean` itself, as eager's kernels accumulate; a norm's
+    variance (layer, batch, group norm decomposed) stays in f32."""
+    return _origin(b) in _VAR_OPS
+
+
+@lowering(aten.sqrt.default)
+def sqrt(b: Builder, x: Value) -> Value:
+    """`sqrt`; in a decomposed `std`, of the variance in f64 before it is rounded to f32 (as
+    eager's std: the variance of values near 1e20 overflows f32, their deviation does not)."""
+    producer = x.producer
+    if (_of_std(b) and producer is not None and producer.name == "cast"
+            and producer.operands[0].dtype == dt.f64 and x.dtype == dt.f32):
+        return b.cast(b.op("sqrt", producer.operands[0]), dt.f32)
+    return b.elementwise("sqrt", x, kind=PROMOTE.INT_TO_FLOAT)
 
 
 # ---- embedding --------------------------------------------------------------------------------------
@@ -565,6 +615,6 @@ def embedding(b: Builder, weight: Value, indices: Value, padding_idx: int = -1, 
     if indices.dtype.is_float or indices.dtype.is_bool:
         raise Unsupported("embedding indices must be integers")
     if indices.type.rank == 0:
-        row = b.op("index", weight, b.reshape(indices, (Const(1),)), dims=(0,), pos=0)
+        row = b.op("index", weight, b.reshape(indices, (Const(1),)), dims=(0,), pos=0, wrap=False)
         return b.reshape(row, weight.shape[1:])
-    return b.op("index", weight, indices, dims=(0,), pos=0)
+    return b.op("index", weight, indices, dims=(0,), pos=0, wrap=False)  # eager refuses negative ids

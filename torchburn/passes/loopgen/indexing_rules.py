@@ -3,8 +3,9 @@
 root rules (category `ordered`), which build their kernel's whole body.
 
 Index values read from tensors are wrapped (negative counts from the end, where PyTorch
-allows it) and clamped into the indexed dim, so no kernel reads or writes outside a buffer
-even for indices PyTorch would reject.
+allows it) and checked against the indexed dim (`checked_index`: one unsigned compare): an
+index PyTorch would reject is never used (the kernel reads or writes element 0 instead) and
+counts a fault, so the launcher runs the call again in PyTorch, which raises eager's error.
 
 A scatter kernel copies, then updates in the order of the index tensor, serially (duplicate
 indices accumulate in order, as in PyTorch's CPU kernels):
@@ -13,7 +14,7 @@ indices accumulate in order, as in PyTorch's CPU kernels):
     for j2 in 0..4 {
       for j3 in 0..3 {
         let x4 = %idx[j2, j3]
-        let t5 = min(max(x4, 0), 5)
+        let t5 = checked_index(x4, 6)
         %out[j2, t5] = %out[j2, t5] + %src[j2, j3]
       }
     }
@@ -38,12 +39,13 @@ BOOL = ex.BOOL
 
 
 def index_value(kb: KernelBuilder, v: Value, idx: Index, size: Expr, wrap: bool) -> Expr:
-    """The index stored in `v[idx]`, as an i64 position in `[0, size)`."""
+    """The index stored in `v[idx]`, as an i64 position in `[0, size)`, checked (a fault
+    where it is out of range; `wrap`: negative counts from the end first)."""
     raw = kb.value_at(v, idx)
-    i = kb.bind(ex.cast(raw, dt.i64)) if raw.dtype != dt.i64 else raw
+    i = kb.bind_invariant(ex.cast(raw, dt.i64)) if raw.dtype != dt.i64 else raw
     if wrap:
-        i = kb.bind(ex.select(ex.binary("lt", i, Const(0)), ex.add(i, size), i))
-    return kb.bind(clamp(i, size))
+        i = kb.bind_invariant(ex.select(ex.binary("lt", i, Const(0)), ex.add(i, size), i))
+    return kb.bind_invariant(ex.checked_index(i, size))  # once per row where the index is the row's
 
 
 # ---- gathers ----------------------------------------------------------------------------------
@@ -65,7 +67,8 @@ def indexed_source(kb: KernelBuilder, op: Op, src: Value, indices: Sequence[Valu
     out: list[Expr] = []
     for d in range(src.type.rank):
         if d in dims:
-            out.append(index_value(kb, indices[dims.index(d)], b_idx, src.shape[d], wrap=True))
+            out.append(index_value(kb, indices[dims.index(d)], b_idx, src.shape[d],
+                                   wrap=bool(op.attrs.get("wrap", True))))
         else:
             out.append(next(rest))
     return tuple(out)

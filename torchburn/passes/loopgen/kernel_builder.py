@@ -128,6 +128,39 @@ class KernelBuilder:
         self._let_level[v.name] = len(self._stmts) - 1
         return v
 
+    def bind_invariant(self, e: Expr, prefix: str = "t") -> Expr:
+        """`bind`, but (with hoisting on: row kernels) in the outermost scope where every name
+        `e` reads is bound, once per scope: the check of a row's gathered index runs once per
+        row, not once per element of the row.
+
+            for i0 in 0..8 {                           for i0 in 0..8 {
+              let x1 = %ids[i0]                          let x1 = %ids[i0]
+              for i2 in 0..64 {                 ->       let t3 = checked_index(x1, 320)
+                let t3 = checked_index(x1, 320)          for i2 in 0..64 { .. %w[t3, i2] .. }
+                .. %w[t3, i2] ..
+        """
+        if isinstance(e, (Const, Var)):
+            return e
+        if self._hoist_base is None:
+            return self.bind(e, prefix)
+        used = ex.free_vars(e)
+        level = len(self._scopes) - 1
+        floor = max([self._hoist_base] + [self._let_level[n] for n in used if n in self._let_level])
+        while level > floor:
+            bound = self._bound[level]
+            if bound is None or bound & used:
+                break
+            level -= 1
+        key = ("invariant", e)
+        hit = self._scopes[level].get(key)  # type: ignore[call-overload]
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        v = Var(self.fresh(prefix), e.type)
+        self._stmts[level].append(lp.Let(v, e))
+        self._let_level[v.name] = level
+        self._scopes[level][key] = v  # type: ignore[index]
+        return v
+
     def _divide(self, a: Expr, b: Expr) -> Expr:
         """`a / b`; in a row kernel, a float divisor computed outside the current loop (a
         softmax's row sum) becomes one reciprocal there and a multiplication per element, as

@@ -21,7 +21,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from .. import faults
 from .interp import ExecutionError, program_code, span_elements
-from .ops import DivisionByZero
+from .ops import DivisionByZero, IndexOutOfRange
 from .values import bf16_to_f32, f32_to_bf16, storage_dtype
 
 
@@ -56,7 +56,7 @@ class ReferenceEntry:
             memory[b.name] = _wrap((workspace or 0) + offset if nbytes else None, nbytes, storage_dtype(b.dtype))
         try:
             self.code.run(memory, env)
-        except DivisionByZero:
+        except (DivisionByZero, IndexOutOfRange):
             # as native code does: count the fault, the launcher runs the call in PyTorch
             faults.record()
 

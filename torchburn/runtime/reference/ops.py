@@ -17,10 +17,11 @@ from ...ir import semantics
 from ...ir.dtypes import DType
 
 DivisionByZero = semantics.DivisionByZero
+IndexOutOfRange = semantics.IndexOutOfRange
 
 #: Ops of `Binary` nodes, of `Call` nodes, and the conversions and selection.
 BINARY: frozenset[str] = frozenset(ex.BINARY_OPS)
-CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma"} | ex.DOT4_CALLS
+CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma", ex.CHECKED_INDEX} | ex.DOT4_CALLS
 OTHER: frozenset[str] = frozenset({"cast", "bitcast", "select"})
 
 
