@@ -249,7 +249,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="a TorchBurn compile option (torch.compile(..., options={KEY: VALUE})); repeatable")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
+    parser.add_argument("--replot", default="", metavar="JSON",
+                        help="draw the plot of an earlier run's --json file (with --plot) and exit")
+    from benchmarks.common import add_plot_argument
+
+    add_plot_argument(parser)
     args = parser.parse_args(argv)
+    if args.replot:
+        with open(args.replot, encoding="utf-8") as f:
+            doc = json.load(f)
+        print(f"plot: {plot(args.plot or None, doc['results'], doc['machine'], doc['rounds'], doc['clock'])}")
+        return 0
     if not args.disk_cache:
         os.environ["TORCHBURN_CACHE_DIR"] = "off"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-conv-")
@@ -296,7 +306,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geomean {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.items()))
     write_json(args.json, {"machine": info, "rounds": args.rounds, "clock": args.clock, "size": args.size,
                            "torchburn_options": tb_options, "results": results, "geomeans": means})
+    from benchmarks.common import plot_path
+
+    plotted = plot(plot_path(args.json, args.plot), json.loads(json.dumps(results, default=_as_json)), info,
+                   args.rounds, args.clock)
+    if plotted:
+        print(f"plot: {plotted}")
     return 0
+
+
+def _as_json(value: Any) -> Any:
+    """A `Timing` (or anything with fields) as the dict `write_json` stores."""
+    import dataclasses
+
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
+
+
+def plot(path: Optional[str], results: list[dict[str, Any]], info: dict[str, Any], rounds: int,
+         clock: str) -> Optional[str]:
+    """Speed-up over eager per model, batch and mode (each contender's median), and the cold
+    compile of the compiled contenders; `results` as the JSON holds them."""
+    from benchmarks.common import Panel, plot_panels, speedup_panel
+
+    which = [c for c in CONTENDERS if any(c in r["timings"] for r in results)]
+    rows = [(f"{r['model']} b{r['batch']} {r['mode']}",
+             {w: r["timings"][w]["median_s"] for w in which if w in r["timings"]}) for r in results]
+    compiled = [w for w in which if w != "eager"]
+    cold = Panel("cold compile (first call)", [name for name, _ in rows],
+                 {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in compiled},
+                 "seconds (lower is better; log scale)", log=True)
+    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
+    return plot_panels(path, f"bench_conv.py: {info.get('cpu', '?')}, {info.get('torch_threads', '?')} threads, "
+                             f"{clock} time, median of {rounds} rounds{load}",
+                       [speedup_panel("steady-state step", rows, which), cold])
 
 
 if __name__ == "__main__":
