@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(mean of {n} calls)\n")
         print("| kernel | ms/step | share | what (ATen ops fused) | module |\n|---|---:|---:|---|---|")
         for k in sorted(p.kernels, key=lambda k: -k.seconds)[:args.top]:
-            print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / seconds:.1f}% | {k.what[:90]} | "
+            print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / max(seconds, 1e-12):.1f}% | {k.what[:90]} | "
                   f"{k.where.split(' (')[0]} |")
         for k in p.kernels:
             g = by_group[_family(k.what, p.program.kernel(k.kernel))]
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## torchburn kernels by op family (all graphs: {total * 1e3:.1f} ms per step)\n")
     print("| family | ms/step | share | kernels |\n|---|---:|---:|---:|")
     for name, (s, count) in sorted(by_group.items(), key=lambda x: -x[1][0]):
-        print(f"| {name} | {s * 1e3:.2f} | {100 * s / total:.1f}% | {count} |")
+        print(f"| {name} | {s * 1e3:.2f} | {100 * s / max(total, 1e-12):.1f}% | {count} |")
     return 0
 
 
