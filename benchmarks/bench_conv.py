@@ -326,19 +326,13 @@ def plot(path: Optional[str], results: list[dict[str, Any]], info: dict[str, Any
          clock: str) -> Optional[str]:
     """Speed-up over eager per model, batch and mode (each contender's median), and the cold
     compile of the compiled contenders; `results` as the JSON holds them."""
-    from benchmarks.common import Panel, plot_panels, speedup_panel
+    from benchmarks.common import plot_steps_and_compile
 
     which = [c for c in CONTENDERS if any(c in r["timings"] for r in results)]
     rows = [(f"{r['model']} b{r['batch']} {r['mode']}",
              {w: r["timings"][w]["median_s"] for w in which if w in r["timings"]}) for r in results]
-    compiled = [w for w in which if w != "eager"]
-    cold = Panel("cold compile (first call)", [name for name, _ in rows],
-                 {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in compiled},
-                 "seconds (lower is better; log scale)", log=True)
-    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
-    return plot_panels(path, f"bench_conv.py: {info.get('cpu', '?')}, {info.get('torch_threads', '?')} threads, "
-                             f"{clock} time, median of {rounds} rounds{load}",
-                       [speedup_panel("steady-state step", rows, which), cold])
+    cold = {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in which if w != "eager"}
+    return plot_steps_and_compile(path, "bench_conv.py", info, clock, rounds, rows, cold, which)
 
 
 if __name__ == "__main__":

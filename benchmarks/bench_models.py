@@ -258,17 +258,11 @@ def main(argv: list[str] | None = None) -> int:
 def plot(path: Optional[str], results: list[dict[str, Any]], which: list[str], info: dict[str, Any],
          args: argparse.Namespace) -> Optional[str]:
     """Speed-up over eager per model and mode, and the cold compile of the compiled contenders."""
-    from benchmarks.common import Panel, plot_panels, speedup_panel
+    from benchmarks.common import plot_steps_and_compile
 
     rows = [(f"{r['model']} {r['mode']}", {w: r["timings"][w].median_s for w in which}) for r in results]
-    compiled = [w for w in which if w != "eager"]
-    cold = Panel("cold compile (first call)", [name for name, _ in rows],
-                 {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in compiled},
-                 "seconds (lower is better; log scale)", log=True)
-    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
-    return plot_panels(path, f"bench_models.py: {info['cpu']}, {info['torch_threads']} threads, "
-                             f"{args.clock} time, median of {args.rounds} rounds{load}",
-                       [speedup_panel("steady-state step", rows, which), cold])
+    cold = {w: [r["compile"].get(w, {}).get("cold_s") for r in results] for w in which if w != "eager"}
+    return plot_steps_and_compile(path, "bench_models.py", info, args.clock, args.rounds, rows, cold, which)
 
 
 if __name__ == "__main__":

@@ -252,3 +252,16 @@ def speedup_panel(title: str, rows: Sequence[tuple[str, Mapping[str, Optional[fl
             series[c].append(base / v if base and v else None)
     return Panel(title, [name for name, _ in rows], series,
                  f"speed-up over {baseline} (x, higher is better; log scale)", reference=1.0, log=True)
+
+
+def plot_steps_and_compile(path: Optional[str], script: str, info: Mapping[str, Any], clock: str, rounds: int,
+                           rows: Sequence[tuple[str, Mapping[str, Optional[float]]]],
+                           cold: Mapping[str, Sequence[Optional[float]]], contenders: Sequence[str]) -> Optional[str]:
+    """The model benchmarks' figure: speed-up over eager per workload (``rows`` as
+    `speedup_panel` takes them) beside each compiled contender's cold compile in seconds."""
+    cold_panel = Panel("cold compile (first call)", [name for name, _ in rows], {w: list(v) for w, v in cold.items()},
+                       "seconds (lower is better; log scale)", log=True)
+    load = f", load {info['loadavg_1m']:.1f}" if info.get("loadavg_1m") is not None else ""
+    return plot_panels(path, f"{script}: {info.get('cpu', '?')}, {info.get('torch_threads', '?')} threads, "
+                             f"{clock} time, median of {rounds} rounds{load}",
+                       [speedup_panel("steady-state step", rows, contenders), cold_panel])

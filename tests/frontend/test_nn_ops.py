@@ -163,35 +163,25 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
 
 
-def test_grouped_weight_gradient_keeps_its_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("groups, min_macs", [(2, 0), (1, None)], ids=["grouped", "small"])
+def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional[int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grouped weight gradients (at any size) and small ones (under `GEMM_GRAD_WEIGHT_MIN_MACS`)
+    keep `conv_grad_weight`."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from torchburn.frontend.importer import import_graph
     from torchburn.frontend.lowerings import nn as nn_lowerings
 
-    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)
-
-    from torchburn.frontend.importer import import_graph
+    if min_macs is not None:
+        monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", min_macs)
 
     def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
-        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 2,
+        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], groups,
                                                    [True, True, True])
 
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
-                                                           torch.randn(4, 2, 3, 3)))
-    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
-
-
-def test_small_weight_gradients_keep_their_kernel() -> None:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from torchburn.frontend.importer import import_graph
-
-    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
-        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
-                                                   [True, True, True])
-
-    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
-                                                           torch.randn(4, 4, 3, 3)))
+                                                           torch.randn(4, 4 // groups, 3, 3)))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 

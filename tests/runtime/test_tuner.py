@@ -203,3 +203,19 @@ def test_an_overhead_counts_against_its_candidate() -> None:
     again = Tuner(TuneOptions(mode="cached"), CTX, clock=clock).choose("convolution", WORK, "conv",
                                                                        two(clock, prepared, 1, 1))
     assert again.source == "record" and again.overheads == {"aten": pytest.approx(0.0002)}
+
+
+def test_a_fatal_error_is_not_taken_for_a_losing_candidate() -> None:
+    """A compiler bug raised in strict mode propagates instead of leaving the candidate out
+    (the library call would hide it)."""
+    class Bug(RuntimeError):
+        pass
+
+    def broken() -> Callable[[], None]:
+        raise Bug("internal compiler error")
+    clock, prepared = FakeClock(), []
+    tuner = Tuner(TuneOptions(mode="search"), CTX, clock=clock, fatal=(Bug,))
+    with pytest.raises(Bug):
+        tuner.choose("convolution", WORK, "conv",
+                     [Candidate("ours", "generated", broken, default=True),
+                      Candidate("aten", "library", costing(clock, 0.003, prepared, "aten"), safe=True)])

@@ -243,7 +243,10 @@ def _make_tuner(lazy: Optional[_LazyPipeline], target_name: Optional[str]) -> Op
         return None
     context = {"target": fx_cache.host_fingerprint() if target.name == "host" else repr(target),
                "threads": f"{num_threads()}/{torch.get_num_threads()}", "torch": torch.__version__, "torchburn": source_digest()}
-    return Tuner(TuneOptions(mode=mode, budget_s=float(budget)), context, disk_cache(config.cache_dir))
+    # an internal compiler error in a candidate (strict mode raises one) must not pass for a
+    # candidate that lost
+    return Tuner(TuneOptions(mode=mode, budget_s=float(budget)), context, disk_cache(config.cache_dir),
+                 fatal=(InternalCompilerError,))
 
 
 def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: Optional[str]) -> Callable[..., Any]:

@@ -28,6 +28,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..frontend.dtypes import to_ir
 from ..frontend.lowerings.nn import CONV_FORM
 from ..runtime.tuner import Candidate, Choice, Tuner
 
@@ -55,14 +56,10 @@ CUT_SECONDS_PER_BYTE = 2 / 8e9
 def _concrete_shape(val: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
     if not isinstance(val, torch.Tensor):
         return None
-    try:
-        shape = tuple(int(s) for s in val.shape)
-        stride = tuple(int(s) for s in val.stride())
-    except (TypeError, ValueError):
-        return None
+    # a SymInt is never converted: int() would specialize the graph to its hint
     if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
         return None
-    return shape, stride, val.dtype
+    return tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype
 
 
 def _macs(node: torch.fx.Node) -> int:
@@ -90,13 +87,10 @@ def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     return {"op": TUNABLE[node.target], "tensors": tensors, "args": repr(others)}
 
 
-_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
-
-
 def describe(node: torch.fx.Node) -> str:
     """'f32[8,64,56,56] * f32[64,64,3,3] stride 1 pad 1' style, for explain()."""
     def t(v: Any) -> str:
-        return f"{_SHORT.get(v.dtype, str(v.dtype))}[{','.join(str(int(s)) for s in v.shape)}]"
+        return f"{to_ir(v.dtype)}[{','.join(str(int(s)) for s in v.shape)}]"
 
     if node.target is aten.convolution.default:
         x, w = node.args[0], node.args[1]

@@ -186,8 +186,11 @@ class Tuner:
     """The tuner of one compiled graph: its options, its budget, and the choices it made."""
 
     def __init__(self, options: TuneOptions, context: dict[str, Any], disk: Optional["DiskCache"] = None,
-                 clock: Clock = time.perf_counter) -> None:
+                 clock: Clock = time.perf_counter, fatal: tuple[type[BaseException], ...] = ()) -> None:
         self.options = options
+        #: Errors a candidate must not swallow (a compiler bug in strict mode): they propagate
+        #: instead of leaving the candidate out.
+        self.fatal = fatal
         self.context = dict(context)
         self.disk = disk
         self.clock = clock
@@ -239,6 +242,8 @@ class Tuner:
                 run = c.prepare()
                 run()  # warm-up: first-touch of memory, lazy loading, caches
                 runners[c.name] = run
+            except self.fatal:
+                raise
             except Exception as err:  # noqa: BLE001 - a candidate that fails is not chosen
                 failed[c.name] = f"{type(err).__name__}: {err}"
                 log.info("torchburn tuner: candidate %s of %s failed: %s", c.name, description, err)
@@ -250,6 +255,8 @@ class Tuner:
                 t0 = self.clock()
                 try:
                     run()
+                except self.fatal:
+                    raise
                 except Exception as err:  # noqa: BLE001
                     failed[name] = f"{type(err).__name__}: {err}"
                     del runners[name]

@@ -7,6 +7,8 @@ core table. Convolutions and pools compute in f32 for half-precision inputs.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -209,9 +211,7 @@ def _columns(b: Builder, x: Value, window: Sequence[int], out_sp: Sequence[int],
     (zero in the padding), by one pad and strided slices."""
     stride, padding, dilation = attrs["stride"], attrs["padding"], attrs["dilation"]
     n, c = x.shape[0], x.shape[1]
-    positions = 1
-    for o in out_sp:
-        positions *= o
+    positions = math.prod(out_sp)
     xp = x
     if any(padding):
         xp = b.op("pad", x, low=[0, 0, *padding], high=[0, 0, *padding], value=0.0)
@@ -233,24 +233,43 @@ def _conv_gemm(b: Builder, x: Value, w: Value, out_size: Sequence[Expr], attrs: 
 
         cols = im2col(x) : [N, C*T, P];  out = matmul(expand(w : [Cout, C*T]), cols) : [N, Cout, P]
     """
-    nsp = len(attrs["stride"])
-    sizes = [_static(e) for e in (*x.shape, *w.shape, *out_size)]
-    if attrs["groups"] != 1 or any(v is None for v in sizes):
+    sz = _gemm_sizes(x, w.shape[0], w.shape[2:], out_size, attrs["groups"])
+    if sz is None:
         return None
-    n, c = int(sizes[0]), int(sizes[1])  # type: ignore[arg-type]
-    cout = int(sizes[nsp + 2])  # type: ignore[arg-type]
-    ks = [int(v) for v in sizes[nsp + 4:2 * nsp + 4]]  # type: ignore[arg-type]
-    out_sp = [int(v) for v in sizes[2 * nsp + 4:]]  # type: ignore[arg-type]
-    taps = 1
-    for k in ks:
-        taps *= k
-    positions = 1
-    for o in out_sp:
-        positions *= o
-    cols = b.reshape(_columns(b, x, ks, out_sp, attrs), (Const(n), Const(c * taps), Const(positions)))
+    n, c, cout, taps, positions = sz.n, sz.c, sz.cout, sz.taps, sz.positions
+    cols = b.reshape(_columns(b, x, sz.ks, sz.out_sp, attrs), (Const(n), Const(c * taps), Const(positions)))
     w2 = b.expand(b.reshape(w, (Const(1), Const(cout), Const(c * taps))), (Const(n), Const(cout), Const(c * taps)))
     res = b.op("matmul", w2, cols)
-    return b.reshape(res, (Const(n), Const(cout), *(Const(o) for o in out_sp)))
+    return b.reshape(res, (Const(n), Const(cout), *(Const(o) for o in sz.out_sp)))
+
+
+@dataclass(frozen=True)
+class _GemmSizes:
+    """The static sizes of an ungrouped convolution that its GEMM forms use."""
+
+    n: int
+    c: int
+    cout: int
+    ks: tuple[int, ...]
+    out_sp: tuple[int, ...]
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.ks)
+
+    @property
+    def positions(self) -> int:
+        return math.prod(self.out_sp)
+
+
+def _gemm_sizes(x: Value, cout: Expr, ks: Sequence[Expr], out_sp: Sequence[Expr], groups: int) -> Optional[_GemmSizes]:
+    """`x`'s batch and channels, the output channels, window and output sizes, or None where
+    one is symbolic or the convolution is grouped."""
+    vals = [_static(e) for e in (x.shape[0], x.shape[1], cout, *ks, *out_sp)]
+    if groups != 1 or any(v is None for v in vals):
+        return None
+    ints = [int(v) for v in vals]  # type: ignore[arg-type]
+    return _GemmSizes(ints[0], ints[1], ints[2], tuple(ints[3:3 + len(ks)]), tuple(ints[3 + len(ks):]))
 
 
 #: Weight gradients with at least this many multiply-adds per output element (the reduction
@@ -276,22 +295,14 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
         cols: pad(x) -> slice per tap -> concat -> [N, C*T, P] -> permute, reshape -> [C*T, N*P]
         gw = matmul([Cout, N*P], permute(cols)) -> [Cout, C*T] -> reshape [Cout, C, *k]
     """
-    nsp, groups = len(attrs["stride"]), attrs["groups"]
-    sizes = [_static(e) for e in (*x.shape, *g.shape, *window)]
-    if groups != 1 or any(v is None for v in sizes):
+    nsp = len(attrs["stride"])
+    sz = _gemm_sizes(x, g.shape[1], window, g.shape[2:], attrs["groups"])
+    if sz is None:
         return None
-    n, c, *in_sp = (int(v) for v in sizes[:nsp + 2])  # type: ignore[arg-type]
-    cout, out_sp = int(sizes[nsp + 3]), [int(v) for v in sizes[nsp + 4:2 * nsp + 4]]  # type: ignore[arg-type]
-    ks = [int(v) for v in sizes[2 * nsp + 4:]]  # type: ignore[arg-type]
-    positions = 1
-    for o in out_sp:
-        positions *= o
-    taps = 1
-    for k in ks:
-        taps *= k
+    n, c, cout, ks, taps, positions = sz.n, sz.c, sz.cout, sz.ks, sz.taps, sz.positions
     if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
         return None
-    cols = _columns(b, x, ks, out_sp, attrs)  # [N, C, T, P]
+    cols = _columns(b, x, ks, sz.out_sp, attrs)  # [N, C, T, P]
     cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))
     g2 = b.reshape(b.op("permute", g, dims=[1, 0, *range(2, nsp + 2)]), (Const(cout), Const(n * positions)))
     gw = b.op("matmul", g2, b.op("permute", cols, dims=[1, 0]))
