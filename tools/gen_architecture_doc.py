@@ -41,7 +41,7 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
      (each distinct kernel root lowered once: loopgen/root_key.py;
      constant slices of buffers passed as views at an offset)
-  -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/dedup_kernels.py
+  -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/loop/dedup_kernels.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
      results kept across graphs; plan-memory (workspace offsets)
