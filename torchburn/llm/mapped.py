@@ -96,8 +96,8 @@ def release(t: torch.Tensor) -> None:
     """Drop the resident pages of ``t``'s bytes when ``t`` is a view of a live map (a tensor
     that was converted and will not be read again); nothing otherwise. Only whole pages
     inside ``t`` are dropped; a dropped page is read back from the page cache if touched."""
-    if t.device.type != "cpu" or t.numel() == 0:
-        return
+    if t.device.type != "cpu" or t.numel() == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return  # (Windows has no madvise: the pages stay until the map goes)
     first = t.data_ptr()
     end = first + t.numel() * t.element_size()
     with _LOCK:
