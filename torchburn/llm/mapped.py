@@ -22,7 +22,11 @@ maps holds them weakly, so `locate` finds the file a live tensor is a view of.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import mmap
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -71,6 +75,28 @@ class MappedFile:
             return torch.empty(shape, dtype=dtype)
         raw = torch.from_numpy(self.array[offset:offset + nbytes])
         return raw.view(dtype).view(shape)
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). A load's conversion temporaries are freed, but glibc keeps freed blocks below
+    its (self-raising) mmap threshold in the heap: after a first load of a 0.5B GGUF that was
+    ~130 MB of anonymous memory, counted in RSS for the life of the process."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Optional[ctypes.CDLL]:
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def _forget(key: int) -> None:

@@ -53,7 +53,7 @@ from blake3 import blake3
 from ..quant import BlockWeight, Int4Weight, Int8Weight
 from ..runtime.config import get_config
 from .config import DecoderConfig
-from .mapped import MappedFile, locate
+from .mapped import MappedFile, locate, trim_heap
 from .progress import Step
 
 log = logging.getLogger("torchburn")
@@ -361,5 +361,6 @@ def cached_load(path: Path, quant: Optional[str],
         hit = load(key)
         if hit is not None:
             config, cached, _ = hit
-            return replay(config, cached, quant), meta
+            model = replay(config, cached, quant)
+    trim_heap()  # the conversion's freed temporaries
     return model, meta
