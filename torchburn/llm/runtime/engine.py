@@ -26,10 +26,11 @@ from ..model.chat_template import DEFAULT_LIMITS, Message, TemplateLimits, rende
 from ..model.decoder import Decoder
 from ..model.kv_cache import KVCache
 from ..model.progress import Step
-from ..model.tokenizer import StreamDecoder, Tokenizer
+from ..model.tokenizer import Tokenizer
 from .kv_pool import KVPool
 from .sampling import SamplingParams, next_tokens
 from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
+from .text_stream import TextStream, cut_at_stop
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
 PREFILL_BUCKETS = (16, 64, 256)
@@ -377,9 +378,9 @@ class LLM:
             for b, t in enumerate(step):
                 if t is not None:
                     ids[b].append(t)
-            if stops and all(_cut(self.tokenizer.decode(i, True), stops)[1] for i in ids):
+            if stops and all(cut_at_stop(self.tokenizer.decode(i, True), stops)[1] for i in ids):
                 break
-        texts = [_cut(self.tokenizer.decode(i, skip_special_tokens=True), stops)[0] for i in ids]
+        texts = [cut_at_stop(self.tokenizer.decode(i, skip_special_tokens=True), stops)[0] for i in ids]
         return texts[0] if single else texts
 
     def stream(
@@ -411,29 +412,18 @@ class LLM:
                       stop: Optional[Sequence[str]]) -> Iterator[str]:
         """Text pieces of a stream of token ids (None ends it), held back at stop strings and
         incomplete UTF-8."""
-        decoder = StreamDecoder(self.tokenizer)
-        stops = [s for s in (stop or []) if s]
-        hold = max((len(s) for s in stops), default=1) - 1
-        text = ""      # generated text not yet yielded
+        text = TextStream(self.tokenizer, stop or ())
         for t in tokens:
             if t is None:
                 break
-            text += decoder.push(t)
-            if stops:
-                cut, hit = _cut(text, stops)
-                if hit:
-                    if cut:
-                        yield cut
-                    return
-            ready = text[:len(text) - hold] if hold else text
-            if ready:
-                yield ready
-                text = text[len(ready):]
-        text += decoder.flush()
-        if stops:
-            text = _cut(text, stops)[0]
-        if text:
-            yield text
+            piece = text.push(t)
+            if piece:
+                yield piece
+            if text.stopped:
+                return
+        rest = text.finish()
+        if rest:
+            yield rest
 
     def chat(self, system_prompt: Optional[str] = None, **kwargs: Any) -> None:
         """An interactive multi-turn chat on the terminal (``/reset``, ``/exit``, Ctrl-C stops
@@ -469,14 +459,6 @@ def _as_batch(prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[Prompt], bo
     if isinstance(items[0], dict):  # one conversation
         return [items], True
     return items, False
-
-
-def _cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop string, and whether one occurred."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    if not found:
-        return text, False
-    return text[:min(found)], True
 
 
 def model_size_bytes(model: torch.nn.Module) -> int:
