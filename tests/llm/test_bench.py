@@ -1,8 +1,8 @@
-"""`torchburn.llm.bench`: what a decode step reads, and the parameter count."""
+"""`torchburn.llm.cli.bench`: what a decode step reads, and the parameter count."""
 from __future__ import annotations
 
-from torchburn.llm.bench import decode_weight_bytes, parameter_count
-from torchburn.llm.safetensors_loader import load_safetensors_model
+from torchburn.llm.cli.bench import decode_weight_bytes, parameter_count
+from torchburn.llm.model.safetensors_loader import load_safetensors_model
 
 
 def test_decode_weight_bytes_counts_a_tied_head_once(tiny_checkpoint) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 
 #: Bytes of the buffer `read_bandwidth` sums (well past any cache).
 BANDWIDTH_BYTES = 256 << 20
@@ -110,7 +110,7 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def parameter_count(model: nn.Module) -> int:
     """Weights counted as elements of the float model (packed INT4 bytes count twice)."""
-    from ..quant import QuantizedLinear
+    from ...quant import QuantizedLinear
 
     total = 0
     for m in model.modules():
@@ -172,7 +172,7 @@ def run_benchmark(llm: Any, prompt_tokens: int = 512, gen_tokens: int = 128, rep
                   threads: Optional[int] = None, load_s: float = 0.0) -> BenchReport:
     """Time ``pp<prompt_tokens>`` and ``tg<gen_tokens>`` on a loaded `LLM` (greedy, EOS
     ignored so every run makes exactly the tokens asked)."""
-    from .engine import model_size_bytes
+    from ..runtime.engine import model_size_bytes
 
     greedy = SamplingParams(temperature=0.0)
     llm.eos_ids = frozenset()
