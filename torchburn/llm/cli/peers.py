@@ -3,7 +3,7 @@
 
 Both peers bundle their own libllama/libggml (with the same symbol names), so one process can
 hold only one of them, and neither should share a process (or its OpenMP threads) with us.
-`PeerProcess` starts ``python -m torchburn.llm.peers ENGINE FILE THREADS CONTEXT`` and drives it
+`PeerProcess` starts ``python -m torchburn.llm.cli.peers ENGINE FILE THREADS CONTEXT`` and drives it
 over its standard input and output, one JSON line each way:
 
     -> {"test": "pp", "n": 512}          <- {"seconds": 0.41, "cpu_s": 0.80}
@@ -55,7 +55,7 @@ class PeerProcess:
         self.last_cpu_s = 0.0
         self.timeout_s = timeout_s
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "torchburn.llm.peers", name, str(gguf), str(threads), str(context)],
+            [sys.executable, "-m", "torchburn.llm.cli.peers", name, str(gguf), str(threads), str(context)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         ready = self._read()
         self.load_s = float(ready["load_s"])
