@@ -44,8 +44,8 @@ def status():
 path, threads, tokens, max_context = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 import torch
 from torchburn.llm import LLM
-from torchburn.llm.sampling import SamplingParams
-from torchburn.llm import weight_cache as wc
+from torchburn.llm.runtime.sampling import SamplingParams
+from torchburn.llm.model import weight_cache as wc
 Path("/proc/self/clear_refs").write_text("5")   # reset VmHWM
 before = status()
 t0, c0 = time.perf_counter(), time.process_time()
@@ -84,7 +84,7 @@ def evict(path: Path) -> None:
 
 def drop_weight_entry(path: Path) -> None:
     sys.path.insert(0, str(ROOT))
-    from torchburn.llm import weight_cache as wc
+    from torchburn.llm.model import weight_cache as wc
 
     where = wc.cache_path(wc.source_key(path, None))
     if where is not None:

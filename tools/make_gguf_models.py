@@ -242,7 +242,7 @@ def tensor_types(path: Path) -> dict[str, int]:
     import struct
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from torchburn.llm.gguf_reader import _Cursor
+    from torchburn.llm.model.gguf_reader import _Cursor
 
     buf = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(buf))

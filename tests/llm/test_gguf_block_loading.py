@@ -120,7 +120,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tup
 
 
 def test_each_tensor_keeps_its_type(mixed: Any) -> None:
-    from torchburn.llm.gguf_loader import load_gguf_model
+    from torchburn.llm.model.gguf_loader import load_gguf_model
 
     path, dense = mixed
     model, _ = load_gguf_model(path, None)
@@ -143,7 +143,7 @@ def test_each_tensor_keeps_its_type(mixed: Any) -> None:
 
 
 def test_logits_equal_the_float_twin(mixed: Any) -> None:
-    from torchburn.llm.gguf_loader import load_gguf_model
+    from torchburn.llm.model.gguf_loader import load_gguf_model
 
     path, _ = mixed
     model, _ = load_gguf_model(path, None)
@@ -157,7 +157,7 @@ def test_logits_equal_the_float_twin(mixed: Any) -> None:
 
 def test_weight_cache_maps_the_blocks_back(mixed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchburn.llm import LLM
-    from torchburn.llm import weight_cache as wc
+    from torchburn.llm.model import weight_cache as wc
     from torchburn.runtime import config
 
     path, _ = mixed

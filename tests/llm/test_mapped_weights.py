@@ -1,4 +1,4 @@
-"""Weights are memory-mapped, never a second copy in process memory (`llm/mapped.py`).
+"""Weights are memory-mapped, never a second copy in process memory (`llm/model/mapped.py`).
 
 On a file with a different block type nearly every tensor (`write_mixed`): the tensors the
 kernels read as they are (blocks needing no permutation or stacking, F32 norms) are views of
@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from tests.llm.test_gguf_block_loading import write_mixed
-from torchburn.llm import weight_cache as wc
-from torchburn.llm.gguf_loader import load_gguf_model
-from torchburn.llm.mapped import locate
+from torchburn.llm.model import weight_cache as wc
+from torchburn.llm.model.gguf_loader import load_gguf_model
+from torchburn.llm.model.mapped import locate
 from torchburn.runtime import config
 
 gguf = pytest.importorskip("gguf")
@@ -161,7 +161,7 @@ def status():
             for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
 
 import torch
-from torchburn.llm.gguf_loader import load_gguf_model
+from torchburn.llm.model.gguf_loader import load_gguf_model
 
 def steps(model, n):
     # eager decode steps: every weight is read
@@ -249,7 +249,7 @@ def test_safetensors_float32_tensors_are_views_of_the_file(tmp_path: Path) -> No
     from safetensors import safe_open
 
     from tests.llm.test_load_memory import _checkpoint
-    from torchburn.llm.safetensors_loader import TensorFile, load_safetensors_model
+    from torchburn.llm.model.safetensors_loader import TensorFile, load_safetensors_model
 
     folder = _checkpoint(tmp_path / "ckpt", 64, 128, 2, 256, 4, 2)
     file = (folder / "model.safetensors").resolve()

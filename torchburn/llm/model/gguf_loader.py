@@ -28,13 +28,13 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from ..ir.qblocks import BLOCK_TYPES
-from ..quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
+from ...ir.qblocks import BLOCK_TYPES
+from ...quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
                      import_gguf_q4_1, import_gguf_q8_0)
 from .config import ConfigError, DecoderConfig, unsupported_message
+from .decoder import Decoder
 from .families import BY_GGUF_ARCH, Family, sliding_layers
 from .mapped import MappedFile, release
-from .model import Decoder
 from .progress import progress
 from .validate import check_gguf_metadata, check_layers_present
 from .weights import WeightError, WeightSink, meta_decoder

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO, Callable, Optional
 import torch
 
 from .config import ConfigError, DecoderConfig, from_hf_dict
+from .decoder import Decoder
 from .mapped import MappedFile
-from .model import Decoder
 from .progress import progress
 from .validate import check_layers_present, loads_bounded
 from .weights import WeightError, WeightSink, meta_decoder
