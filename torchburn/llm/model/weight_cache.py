@@ -192,9 +192,11 @@ def store(key: str, config: DecoderConfig, records: list[Record], meta: dict[str
                  "(TORCHBURN_CACHE_MAX_GB)", offset)
         return None
     try:
+        # keys in their order, not sorted: a dict of the config (Llama 3's rope_scaling) must
+        # read back with the same repr (checked on load; the step cache keys on it)
         header = json.dumps({"key": key, "config": config_to_json(config), "config_repr": repr(config),
-                             "entries": entries, "meta": meta, "data_bytes": offset, "sources": names},
-                            sort_keys=True).encode("utf-8")
+                             "entries": entries, "meta": meta, "data_bytes": offset,
+                             "sources": names}).encode("utf-8")
     except (TypeError, ValueError) as err:  # metadata that is not plain JSON: not cached
         log.info("torchburn: the weight cache skips this model (%s)", err)
         return None
