@@ -43,8 +43,9 @@ IN_PLACE = {
     "blk.0.attn_norm.weight": "layers.0.input_layernorm.weight",  # F32
     "output_norm.weight": "norm.weight",
 }
-#: Converted: Q/K unpermuted and stacked with V (Q4_K), Q8_0 and Q4_0 into INT8/INT4.
-CONVERTED = ["layers.0.self_attn.qkv_proj.blocks", "layers.1.self_attn.q_proj.blocks",
+#: Converted: Q4_K into INT4 (Q/K unpermuted, stacked with V), Q5_K Q/K unpermuted, Q8_0 and Q4_0
+#: into INT8/INT4.
+CONVERTED = ["layers.0.self_attn.qkv_proj.packed", "layers.1.self_attn.q_proj.blocks",
              "layers.1.self_attn.o_proj.qweight", "layers.1.mlp.down_proj.packed"]
 
 

@@ -7,7 +7,7 @@
 | TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
-| TORCHBURN_CACHE_MAX_GB | bound of the on-disk cache folder in GiB (least recently used entries go first; a model's weight cache entry may take half) | 8 |
+| TORCHBURN_CACHE_MAX_GB | bound of the on-disk cache folder in GiB (least recently used entries go first; a model's weight cache entry may take half) | 16 |
 | TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT); bounds makes generated code check every load and store against its buffer (runtime/faults.py); both: 1,bounds | 0 |
 | TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
@@ -194,7 +194,7 @@ class Config:
             wgpu_backend=backend,
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,
-            cache_max_bytes=_gib(env, "TORCHBURN_CACHE_MAX_GB", 8.0),
+            cache_max_bytes=_gib(env, "TORCHBURN_CACHE_MAX_GB", 16.0),
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
             debug=debug,
             dump_dir=Path(dump) if dump else None,

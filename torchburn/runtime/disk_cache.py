@@ -77,7 +77,7 @@ WEIGHT_SUFFIX = ".tbw"
 RECORD_SUFFIX = ".tbtune"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
-DEFAULT_MAX_BYTES = 8 << 30
+DEFAULT_MAX_BYTES = 16 << 30
 #: Temporary files older than this are leftovers of a writer that died.
 STALE_TEMP_SECONDS = 3600
 
