@@ -43,6 +43,7 @@ from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
 from . import gpu_calls
+from .gpu_encode import Batch, NativeEncoder
 from .config import get_config
 from ..ir import expr as ex
 from ..ir import loop as lp
@@ -449,6 +450,11 @@ class GpuProgram:
         #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
         self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
         self._staging: Any = None
+        self._last_dispatches: Optional[tuple[_Plan, list[Any], list[tuple[Any, Any, tuple[int, int, int]]]]] = None
+        #: (dispatches, their C arrays) of the last native encoding (`_native_batch`).
+        self._batch: Optional[tuple[list[tuple[Any, Any, tuple[int, int, int]]], Batch]] = None
+        #: Runs encoded by the native loop (`runtime/gpu_encode.py`) so far.
+        self.native_encodes = 0
         #: Dispatches encoded so far.
         self.dispatches = 0
         #: (bound buffers, all buffers, bind groups, own buffers sized by symbols) of the last run.
@@ -555,8 +561,16 @@ class GpuProgram:
         return group
 
     def _dispatches(self, plan: _Plan, groups: list[Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
-        return [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
-                if 0 not in dims]
+        """(pipeline, bind group, workgroup counts) of each non-empty call: the same list
+        object while the bind groups and the workgroup counts are the same (`_native_batch`
+        keys on it; a decode step's plan is new per filled length, its counts are not)."""
+        last = self._last_dispatches
+        if last is not None and last[1] is groups and (last[0] is plan or last[0].groups == plan.groups):
+            return last[2]
+        found = [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
+                 if 0 not in dims]
+        self._last_dispatches = (plan, groups, found)
+        return found
 
     def _staging_for(self, nbytes: int) -> Any:
         """The kept staging buffer, grown to hold `nbytes`."""
@@ -600,13 +614,31 @@ class GpuProgram:
         self.dev.queue.write_buffer(self.uniform, 0, struct.pack(f"<{len(values)}i", *values))
         self._uniform_env = values
 
+    def _native_batch(self, native: NativeEncoder, dispatches: list[tuple[Any, Any, tuple[int, int, int]]]) -> Batch:
+        """The C arrays of `dispatches` (`runtime/gpu_encode.py`), kept while the same
+        pipelines, bind groups and workgroup counts come again (a warm decode step: always)."""
+        kept = self._batch
+        if kept is not None and kept[0] is dispatches:
+            return kept[1]
+        batch = native.prepare(dispatches)
+        self._batch = (dispatches, batch)  # holding the objects keeps their handles alive
+        return batch
+
     def _encode(self, encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
         """One compute pass of every dispatch (a pipeline or bind group equal to the previous
-        one is not set again), through wgpu-native's C calls where available (`_raw_pass`)."""
+        one is not set again): in one native call where LLVM and wgpu-native's C functions are
+        there (`runtime/gpu_encode.py`), else from Python through those C functions
+        (`_raw_pass`), or through wgpu's public methods while `gpu_calls` counts them."""
         cp = encoder.begin_compute_pass()
         raw = None if gpu_calls.counting() else self.dev.raw_pass
+        native = None if raw is None else NativeEncoder.get()
         last_pipe = last_group = None
-        if raw is not None:
+        if native is not None and dispatches:
+            batch = self._native_batch(native, dispatches)
+            for _ in range(repeat):
+                native.encode(cp._internal, batch)
+            self.native_encodes += 1
+        elif raw is not None:
             set_pipeline, set_bind_group, dispatch, null = raw
             handle = cp._internal
             for _ in range(repeat):
