@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16, help="decode steps counted")
     p.add_argument("--checkpoint", default=None, help="reuse (or keep) the random checkpoint here")
     p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
+    p.add_argument("--python-encode", action="store_true",
+                   help="encode dispatches from Python, not the native loop (runtime/gpu_encode.py)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     from torchburn.runtime.gpu import get_device
     from torchburn.runtime.gpu_calls import count_calls
 
+    if args.python_encode:
+        from torchburn.runtime.gpu_encode import NativeEncoder
+
+        NativeEncoder.enabled = False
     folder = checkpoint(args)
     llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
                               **({"quant": args.quant} if args.quant else {}))
