@@ -4,6 +4,9 @@
     TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --layers 30 --vocab 49152   # SmolLM2-135M
     TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135  # an existing one
     ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
+    ... --python-encode  # dispatches encoded by the Python loop, not the native one (A/B)
+    ... --gpu-time       # also the GPU's own time per step (timestamp queries, where the adapter has them)
+    TORCHBURN_LLM_STEP_CACHE=off ...   # each step through Dynamo's guards, not the step cache (A/B)
 
 A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, intermediate
 1536; `--layers`, `--vocab` and `--hidden` shrink it for a software adapter) is loaded with
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
     p.add_argument("--python-encode", action="store_true",
                    help="encode dispatches from Python, not the native loop (runtime/gpu_encode.py)")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="time each run's compute pass on the device (timestamp queries; GpuProgram.time_gpu)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from torchburn.runtime.gpu_encode import NativeEncoder
 
         NativeEncoder.enabled = False
+    if args.gpu_time:
+        from torchburn.runtime.gpu import GpuProgram
+
+        GpuProgram.time_gpu = True
     folder = checkpoint(args)
     llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
                               **({"quant": args.quant} if args.quant else {}))
@@ -93,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             launcher_s[0] += time.perf_counter() - t
 
-    def snapshot() -> dict[int, tuple[int, int, float, float, float]]:
-        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s)
-                for x in gl.recent_launchers()}
+    def snapshot() -> dict[int, tuple[int, int, float, float, float, float]]:
+        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s,
+                        x.gpu.times.gpu_s) for x in gl.recent_launchers()}
 
     # 1. counted: the same steps (the prompt again: lengths the warm-up reached) under count_calls
     steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
@@ -121,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
     finally:
         gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
-    encode = submit = wait = 0.0
+    encode = submit = wait = gpu = 0.0
     programs = []
     for x in gl.recent_launchers():
-        c0, d0, e0, s0, w0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0))
+        c0, d0, e0, s0, w0, g0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0, 0.0))
         if x.calls > c0:
             t = x.gpu.times
             encode += t.encode_s - e0
             submit += t.submit_s - s0
             wait += t.wait_s - w0
+            gpu += t.gpu_s - g0
             programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
                              "dispatches_per_call": (x.gpu.dispatches - d0) / (x.calls - c0),
                              "fallbacks": x.eager_fallbacks})
@@ -139,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
           "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
           "run: wait+read": wait / n * 1e6}
     us["outside launcher"] = us["step"] - us["launcher"]
+    if args.gpu_time:
+        us["GPU (timestamps)"] = gpu / n * 1e6
     us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
           f"storage buffers per stage {dev.caps.max_storage_buffers}")

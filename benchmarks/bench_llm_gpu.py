@@ -21,8 +21,9 @@ repetition: a ``--prompt``-token prompt, the time until its first generated toke
 host (TTFT: prefill and one sampled token), then ``--tokens`` greedy decode steps, each token
 brought to the host (as a chat does; transformers' static-cache rows run ``generate`` with
 ``cache_implementation="static"`` and a streamer that brings each token to the host).  Our GPU
-rows also give the host time per token: the decode's wall time less the time the GPU programs'
-runs waited for the device.  Figures are medians with min and max over ``--reps``;
+rows also give the host time per token (the decode's wall time less the time the GPU programs'
+runs waited for the device) and the GPU time per token (each run's compute pass timed with
+timestamp queries, where the adapter has them: `GpuProgram.time_gpu`).  Figures are medians with min and max over ``--reps``;
 ratios compare medians.  Rows whose engine is missing (no CUDA, no GPU adapter) are skipped with
 the reason.
 """
@@ -108,13 +109,20 @@ class OursWorker:
 
         self.llm = LLM.from_pretrained(folder, quant=quant, device=device, max_context=context,
                                        threads=threads)
+        if device == "gpu":  # each run's compute pass timed on the device (timestamp queries)
+            from torchburn.runtime.gpu import GpuProgram
+
+            GpuProgram.time_gpu = True
         self.llm.eos_ids = frozenset()
 
-    def _waited(self) -> float:
-        """Seconds the GPU programs' runs spent waiting for the device (map and read)."""
+    def _waited(self) -> tuple[float, float, int]:
+        """Seconds the GPU programs' runs spent waiting for the device (map and read), the
+        device's own time of their compute passes (timestamps), and the runs timed."""
         from torchburn.backend import gpu_launcher as gl
 
-        return sum(x.gpu.times.wait_s for x in gl.recent_launchers())
+        progs = {id(x.gpu): x.gpu for x in gl.recent_launchers()}.values()
+        return (sum(p.times.wait_s for p in progs), sum(p.times.gpu_s for p in progs),
+                sum(p.times.gpu_runs for p in progs))
 
     def rep(self, prompt: list[int], tokens: int) -> tuple[float, float, Optional[float]]:
         from torchburn.llm.sampling import SamplingParams
@@ -127,8 +135,11 @@ class OursWorker:
         count = sum(1 for _ in steps)
         t2 = time.perf_counter()
         assert count == tokens, count
-        host = None if w0 is None else (t2 - t1) - (self._waited() - w0)
-        return t1 - t0, t2 - t1, host
+        if w0 is None:
+            return t1 - t0, t2 - t1, None
+        w1 = self._waited()
+        self.gpu_s = (w1[1] - w0[1]) if w1[2] > w0[2] else None
+        return t1 - t0, t2 - t1, (t2 - t1) - (w1[0] - w0[0])
 
 
 class HFWorker:
@@ -220,7 +231,8 @@ def worker_main(args: argparse.Namespace) -> int:
         if line.strip() != "rep":
             break
         ttft, decode, host = engine.rep(prompt, args.tokens)
-        print(json.dumps({"ttft_s": ttft, "decode_s": decode, "host_s": host}), flush=True)
+        print(json.dumps({"ttft_s": ttft, "decode_s": decode, "host_s": host,
+                          "gpu_s": getattr(engine, "gpu_s", None)}), flush=True)
     return 0
 
 
@@ -284,7 +296,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  load {msg['load_s']:.1f} s, warm-up {msg['warmup_s']:.1f} s", flush=True)
         workers[name] = proc
         payload["results"][name] = {"load_s": msg["load_s"], "warmup_s": msg["warmup_s"]}
-    samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "tps": [], "host_us": []} for n in workers}
+    samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "tps": [], "host_us": [], "gpu_us": []}
+                                                  for n in workers}
     try:
         for r in range(args.reps):
             order = list(workers) if r % 2 == 0 else list(reversed(workers))
@@ -300,6 +313,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 samples[name]["tps"].append(args.tokens / got["decode_s"])
                 if got.get("host_s") is not None:
                     samples[name]["host_us"].append(got["host_s"] / args.tokens * 1e6)
+                if got.get("gpu_s") is not None:
+                    samples[name]["gpu_us"].append(got["gpu_s"] / args.tokens * 1e6)
     finally:
         for proc in workers.values():
             if proc.stdin is not None:
@@ -309,6 +324,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         payload["results"][name].update(ttft_s=_summary(s["ttft"]), decode_tps=_summary(s["tps"]))
         if s["host_us"]:
             payload["results"][name]["host_us_per_token"] = _summary(s["host_us"])
+        if s["gpu_us"]:
+            payload["results"][name]["gpu_us_per_token"] = _summary(s["gpu_us"])
     return payload
 
 
@@ -318,8 +335,8 @@ def print_report(payload: dict[str, Any]) -> None:
           f"{payload['reps']} interleaved repetitions (median [min, max]); "
           f"CUDA: {payload['cuda']}")
     print("| engine | decode tokens/s | TTFT ms | host us/token (not waiting for the GPU) | "
-          "decode vs transformers cuda f32 |")
-    print("|---|---:|---:|---:|---:|")
+          "GPU us/token (timestamps) | decode vs transformers cuda f32 |")
+    print("|---|---:|---:|---:|---:|---:|")
     base = res.get(BASELINE, {}).get("decode_tps", {}).get("median")
     for name, r in res.items():
         if "decode_tps" not in r:
@@ -327,8 +344,9 @@ def print_report(payload: dict[str, Any]) -> None:
         d, t = r["decode_tps"], r["ttft_s"]
         ratio = f"{d['median'] / base:.2f}x" if base else "-"
         host = f"{r['host_us_per_token']['median']:.0f}" if "host_us_per_token" in r else "-"
+        gpu = f"{r['gpu_us_per_token']['median']:.0f}" if "gpu_us_per_token" in r else "-"
         print(f"| {name} | {d['median']:.1f} [{d['min']:.1f}, {d['max']:.1f}] | "
-              f"{t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}, {t['max'] * 1e3:.1f}] | {host} | {ratio} |")
+              f"{t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}, {t['max'] * 1e3:.1f}] | {host} | {gpu} | {ratio} |")
     med = {n: r["decode_tps"]["median"] for n, r in res.items() if "decode_tps" in r}
     pairs = [("torchburn gpu f32", "torchburn cpu f32"),
              ("torchburn gpu f32", "transformers cuda eager f16"),

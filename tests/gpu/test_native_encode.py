@@ -70,3 +70,28 @@ def test_runs_encode_natively_with_the_python_loops_results(gpu, monkeypatch) ->
     for a, b in zip(results[True], results[False]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         torch.testing.assert_close(a, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_time_from_timestamps(gpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`GpuProgram.time_gpu`: each run's compute pass is timed on the device's clock (where the
+    adapter has timestamp queries), a positive time below the run's wall time; results unchanged."""
+    from torchburn.runtime.gpu import GpuProgram, get_device
+
+    if not get_device().timestamps:
+        pytest.skip("the adapter has no timestamp queries")
+    monkeypatch.setattr(GpuProgram, "time_gpu", True)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x @ w, dim=-1) * 3.0
+
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    torch._dynamo.reset()
+    fast = torch.compile(f, backend="torchburn")
+    with torch.no_grad():
+        fast(x, w)
+        launcher = gl.recent_launchers()[-1]
+        times = launcher.gpu.times
+        runs, gpu_s, wall_s = times.gpu_runs, times.gpu_s, times.submit_s + times.wait_s
+        torch.testing.assert_close(fast(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+    assert times.gpu_runs == runs + 1
+    assert 0 < times.gpu_s - gpu_s < (times.submit_s + times.wait_s) - wall_s
