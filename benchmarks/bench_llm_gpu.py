@@ -125,7 +125,7 @@ class OursWorker:
                 sum(p.times.gpu_runs for p in progs))
 
     def rep(self, prompt: list[int], tokens: int) -> tuple[float, float, Optional[float]]:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         t0 = time.perf_counter()
         steps = self.llm.generate_ids([prompt], tokens + 1, SamplingParams(temperature=0.0))

@@ -64,7 +64,7 @@ def _decode_launcher(before: set[int]):  # type: ignore[no-untyped-def]
 @pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
 def test_f32_greedy_equals_the_cpu_engine_over_128_tokens(tiny_checkpoint, engines) -> None:
     from torchburn.backend import gpu_launcher
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     _, folder = tiny_checkpoint("llama")
     greedy = SamplingParams(temperature=0.0)
@@ -88,7 +88,7 @@ def test_f32_greedy_equals_the_cpu_engine_over_128_tokens(tiny_checkpoint, engin
 @pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_quantized_decode_fed_the_cpu_tokens_picks_the_cpu_top_token(tiny_checkpoint, engines, quant) -> None:
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     _, folder = tiny_checkpoint("llama")
     cpu_llm = _load(folder, "cpu", quant)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from torchburn.llm import LLM
-from torchburn.llm import step_cache as sc
-from torchburn.llm import weight_cache as wc
+from torchburn.llm.runtime import step_cache as sc
+from torchburn.llm.model import weight_cache as wc
 from torchburn.runtime import config
 
 from .test_gguf_loader import _small_gguf
@@ -72,7 +72,7 @@ def test_quantized_safetensors_second_load_comes_from_the_cache(disk: Path, tiny
     second = _load(folder, "int4")
     assert wc.STATS.hits == hits + 1
     _same_model(first.model, second.model)
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
     rows = [[5, 17, 99, 250, 3]]

@@ -15,7 +15,7 @@ process goes from the ATen graph straight to loaded code, without importing the 
 
     b"TBGRAPH1" | manifest (JSON) | BLAKE3 digest
 
-and one per loaded model (`<key>.tbw`, see `llm/weight_cache.py`): its tensors after
+and one per loaded model (`<key>.tbw`, see `llm/model/weight_cache.py`): its tensors after
 conversion and quantization, mapped by a warm process instead of converting them again.
 
 The program text is the final loop IR as printed (`program.tbir`); on load its signature (buffers,
@@ -69,7 +69,7 @@ FORMAT = "v1"
 SUFFIX = ".tbc"
 GRAPH_MAGIC = b"TBGRAPH1"
 GRAPH_SUFFIX = ".tbfx"
-#: A loaded model's tensors (`llm/weight_cache.py` writes and reads them); pruned and
+#: A loaded model's tensors (`llm/model/weight_cache.py` writes and reads them); pruned and
 #: cleared with the rest.
 WEIGHT_SUFFIX = ".tbw"
 #: A tuning record (`runtime/tuner.py`): which candidate won for a workload on this target,

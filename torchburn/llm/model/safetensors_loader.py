@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Callable, Optional
 import torch
 
 from .config import ConfigError, DecoderConfig, from_hf_dict
-from .model import Decoder
+from .decoder import Decoder
 from .progress import progress
 from .validate import check_layers_present, loads_bounded
 from .weights import WeightError, WeightSink, meta_decoder

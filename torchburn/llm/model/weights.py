@@ -25,11 +25,11 @@ from typing import Callable, Optional, Union
 import torch
 from torch import nn
 
-from ..quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, QuantizedLinear
-from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
+from ...quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, QuantizedLinear
+from ...quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
 from . import fuse
 from .config import DecoderConfig
-from .model import Decoder, QuantizedEmbedding, RMSNorm
+from .decoder import Decoder, QuantizedEmbedding, RMSNorm
 
 QUANT_CHOICES = (None, "int8", "int4")
 GROUP = 32

@@ -43,8 +43,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 from blake3 import blake3
 
-from ..quant import BlockWeight, Int4Weight, Int8Weight
-from ..runtime.config import get_config
+from ...quant import BlockWeight, Int4Weight, Int8Weight
+from ...runtime.config import get_config
 from .config import DecoderConfig
 from .progress import Step
 
@@ -83,7 +83,7 @@ STATS = WeightCacheStats()
 
 def source_key(path: Path, quant: Optional[str]) -> str:
     """The cache key of loading `path` with `quant` (see the module docstring)."""
-    from ..runtime.disk_cache import source_digest
+    from ...runtime.disk_cache import source_digest
 
     path = path.resolve()
     h = blake3()
@@ -101,13 +101,13 @@ def cache_path(key: str) -> Optional[Path]:
     root = get_config().cache_dir
     if root is None:
         return None
-    from ..runtime.disk_cache import FORMAT as DISK_FORMAT
+    from ...runtime.disk_cache import FORMAT as DISK_FORMAT
 
     return Path(root) / DISK_FORMAT / key[:2] / f"{key}{SUFFIX}"
 
 
 def _secret() -> Optional[bytes]:
-    from ..runtime.disk_cache import disk_cache
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
     return None if disk is None else disk.secret()
@@ -162,7 +162,7 @@ def store(key: str, config: DecoderConfig, records: list[Record], meta: dict[str
             blobs.append((offset, t))
             offset += -(-nbytes // ALIGN) * ALIGN
         entries.append({"name": name, "kind": kind, "attrs": attrs, "parts": layout})
-    from ..runtime.disk_cache import disk_cache
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
     if disk is not None and disk.max_bytes > 0 and offset > disk.max_bytes // 4:
