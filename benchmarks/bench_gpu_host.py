@@ -54,6 +54,46 @@ def checkpoint(args: argparse.Namespace) -> Path:
     return make_checkpoint(folder, config)
 
 
+def encode_ab(launcher: Any, rounds: int = 7, iters: int = 50) -> dict[str, float]:
+    """Host microseconds to encode the last run's dispatches of `launcher`'s program (a new
+    encoder, one compute pass, every dispatch, `finish`; nothing submitted): by the native loop
+    (`runtime/gpu_encode.py`), by the Python loop, and with no dispatch (what the encoder and the
+    pass cost alone); interleaved rounds, medians. Empty when the native loop is unavailable."""
+    import statistics
+
+    from torchburn.runtime.gpu_encode import NativeEncoder
+
+    prog = launcher.gpu
+    last = prog._last_dispatches
+    if last is None or NativeEncoder.get() is None:
+        return {}
+    dispatches = last[2]
+    saved = NativeEncoder.enabled
+
+    def per_call(native: bool, what: list[Any]) -> float:
+        NativeEncoder.enabled = native
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            encoder = prog.dev.device.create_command_encoder()
+            prog._encode(encoder, what)
+            encoder.finish()
+        return (time.perf_counter() - t0) / iters * 1e6
+
+    samples: dict[str, list[float]] = {"native": [], "python": [], "empty": []}
+    try:
+        for _ in range(rounds):
+            samples["native"].append(per_call(True, dispatches))
+            samples["python"].append(per_call(False, dispatches))
+            samples["empty"].append(per_call(True, []))
+    finally:
+        NativeEncoder.enabled = saved
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    n = len(dispatches)
+    return {"dispatches": float(n), "native us": med["native"], "python us": med["python"], "empty us": med["empty"],
+            "native us/dispatch": (med["native"] - med["empty"]) / n,
+            "python us/dispatch": (med["python"] - med["empty"]) / n}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
@@ -162,10 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in us.items():
         print(f"  {k:24s} {v:10.0f}")
     print(f"{n / wall:.1f} tokens/s")
+    encode = encode_ab(max(gl.recent_launchers(), key=lambda x: x.calls))
+    if encode:
+        print("encoding the decode step's dispatches alone (encoder, pass, dispatches, finish; no submit), "
+              "median of 7 interleaved rounds of 50:")
+        for k, v in encode.items():
+            print(f"  {k:24s} {v:10.1f}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
     if args.json:
-        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "programs": programs,
+        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "encode_us": encode,
+                                               "programs": programs,
                                                "tokens_per_s": n / wall}, indent=2))
     return 0
 
