@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
           "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
           "run: wait+read": wait / n * 1e6}
     us["outside launcher"] = us["step"] - us["launcher"]
-    if args.gpu_time:
+    if args.gpu_time and not get_device().timestamps:
+        print("--gpu-time: the adapter has no timestamp queries; no GPU time")
+    elif args.gpu_time:
         us["GPU (timestamps)"] = gpu / n * 1e6
     us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
