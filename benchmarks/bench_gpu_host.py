@@ -4,6 +4,9 @@
     TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --layers 30 --vocab 49152   # SmolLM2-135M
     TORCHBURN_DEVICE=gpu python benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135  # an existing one
     ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
+    ... --python-encode  # dispatches encoded by the Python loop, not the native one (A/B)
+    ... --gpu-time       # also the GPU's own time per step (timestamp queries, where the adapter has them)
+    TORCHBURN_LLM_STEP_CACHE=off ...   # each step through Dynamo's guards, not the step cache (A/B)
 
 A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, intermediate
 1536; `--layers`, `--vocab` and `--hidden` shrink it for a software adapter) is loaded with
@@ -51,6 +54,46 @@ def checkpoint(args: argparse.Namespace) -> Path:
     return make_checkpoint(folder, config)
 
 
+def encode_ab(launcher: Any, rounds: int = 7, iters: int = 50) -> dict[str, float]:
+    """Host microseconds to encode the last run's dispatches of `launcher`'s program (a new
+    encoder, one compute pass, every dispatch, `finish`; nothing submitted): by the native loop
+    (`runtime/gpu_encode.py`), by the Python loop, and with no dispatch (what the encoder and the
+    pass cost alone); interleaved rounds, medians. Empty when the native loop is unavailable."""
+    import statistics
+
+    from torchburn.runtime.gpu_encode import NativeEncoder
+
+    prog = launcher.gpu
+    last = prog._last_dispatches
+    if last is None or NativeEncoder.get() is None:
+        return {}
+    dispatches = last[2]
+    saved = NativeEncoder.enabled
+
+    def per_call(native: bool, what: list[Any]) -> float:
+        NativeEncoder.enabled = native
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            encoder = prog.dev.device.create_command_encoder()
+            prog._encode(encoder, what)
+            encoder.finish()
+        return (time.perf_counter() - t0) / iters * 1e6
+
+    samples: dict[str, list[float]] = {"native": [], "python": [], "empty": []}
+    try:
+        for _ in range(rounds):
+            samples["native"].append(per_call(True, dispatches))
+            samples["python"].append(per_call(False, dispatches))
+            samples["empty"].append(per_call(True, []))
+    finally:
+        NativeEncoder.enabled = saved
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    n = len(dispatches)
+    return {"dispatches": float(n), "native us": med["native"], "python us": med["python"], "empty us": med["empty"],
+            "native us/dispatch": (med["native"] - med["empty"]) / n,
+            "python us/dispatch": (med["python"] - med["empty"]) / n}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
@@ -60,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16, help="decode steps counted")
     p.add_argument("--checkpoint", default=None, help="reuse (or keep) the random checkpoint here")
     p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
+    p.add_argument("--python-encode", action="store_true",
+                   help="encode dispatches from Python, not the native loop (runtime/gpu_encode.py)")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="time each run's compute pass on the device (timestamp queries; GpuProgram.time_gpu)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -69,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     from torchburn.runtime.gpu import get_device
     from torchburn.runtime.gpu_calls import count_calls
 
+    if args.python_encode:
+        from torchburn.runtime.gpu_encode import NativeEncoder
+
+        NativeEncoder.enabled = False
+    if args.gpu_time:
+        from torchburn.runtime.gpu import GpuProgram
+
+        GpuProgram.time_gpu = True
     folder = checkpoint(args)
     llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
                               **({"quant": args.quant} if args.quant else {}))
@@ -87,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             launcher_s[0] += time.perf_counter() - t
 
-    def snapshot() -> dict[int, tuple[int, int, float, float, float]]:
-        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s)
-                for x in gl.recent_launchers()}
+    def snapshot() -> dict[int, tuple[int, int, float, float, float, float]]:
+        return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s,
+                        x.gpu.times.gpu_s) for x in gl.recent_launchers()}
 
     # 1. counted: the same steps (the prompt again: lengths the warm-up reached) under count_calls
     steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
@@ -115,15 +170,16 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
     finally:
         gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
-    encode = submit = wait = 0.0
+    encode = submit = wait = gpu = 0.0
     programs = []
     for x in gl.recent_launchers():
-        c0, d0, e0, s0, w0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0))
+        c0, d0, e0, s0, w0, g0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0, 0.0))
         if x.calls > c0:
             t = x.gpu.times
             encode += t.encode_s - e0
             submit += t.submit_s - s0
             wait += t.wait_s - w0
+            gpu += t.gpu_s - g0
             programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
                              "dispatches_per_call": (x.gpu.dispatches - d0) / (x.calls - c0),
                              "fallbacks": x.eager_fallbacks})
@@ -133,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
           "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
           "run: wait+read": wait / n * 1e6}
     us["outside launcher"] = us["step"] - us["launcher"]
+    if args.gpu_time and not get_device().timestamps:
+        print("--gpu-time: the adapter has no timestamp queries; no GPU time")
+    elif args.gpu_time:
+        us["GPU (timestamps)"] = gpu / n * 1e6
     us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
           f"storage buffers per stage {dev.caps.max_storage_buffers}")
@@ -144,10 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in us.items():
         print(f"  {k:24s} {v:10.0f}")
     print(f"{n / wall:.1f} tokens/s")
+    encode = encode_ab(max(gl.recent_launchers(), key=lambda x: x.calls))
+    if encode:
+        print("encoding the decode step's dispatches alone (encoder, pass, dispatches, finish; no submit), "
+              "median of 7 interleaved rounds of 50:")
+        for k, v in encode.items():
+            print(f"  {k:24s} {v:10.1f}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
     if args.json:
-        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "programs": programs,
+        Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "encode_us": encode,
+                                               "programs": programs,
                                                "tokens_per_s": n / wall}, indent=2))
     return 0
 

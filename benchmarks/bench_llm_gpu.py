@@ -1,7 +1,9 @@
 """LLM decode tokens/s and time to first token on the GPU: our GPU engine, our CPU engine, and
-transformers on PyTorch CUDA (eager, fp32 and fp16), all on the same random weights.
+transformers on PyTorch CUDA (eager, and with the static cache and the compiled forward that
+transformers recommends; fp32 and fp16), all on the same random weights.
 
     python benchmarks/bench_llm_gpu.py                       # SmolLM2-135M shape (the H200 run)
+    python benchmarks/bench_llm_gpu.py --shape qwen2.5-0.5b  # Qwen2.5-0.5B's body (896 wide, 24 layers)
     python benchmarks/bench_llm_gpu.py --json out.json --reps 7 --prompt 128 --tokens 128
     python benchmarks/bench_llm_gpu.py --quick               # tiny model, any machine (llvmpipe)
     python benchmarks/bench_llm_gpu.py --only gpu,gpu-int4   # a subset of the contenders
@@ -17,7 +19,11 @@ wgpu stay apart), is loaded and warmed up first, then the workers run one repeti
 turn, the order alternating between rounds, so background load hurts them alike.  One
 repetition: a ``--prompt``-token prompt, the time until its first generated token is on the
 host (TTFT: prefill and one sampled token), then ``--tokens`` greedy decode steps, each token
-brought to the host (as a chat does).  Figures are medians with min and max over ``--reps``;
+brought to the host (as a chat does; transformers' static-cache rows run ``generate`` with
+``cache_implementation="static"`` and a streamer that brings each token to the host).  Our GPU
+rows also give the host time per token (the decode's wall time less the time the GPU programs'
+runs waited for the device) and the GPU time per token (each run's compute pass timed with
+timestamp queries, where the adapter has them: `GpuProgram.time_gpu`).  Figures are medians with min and max over ``--reps``;
 ratios compare medians.  Rows whose engine is missing (no CUDA, no GPU adapter) are skipped with
 the reason.
 """
@@ -42,6 +48,12 @@ SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9
                     num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
                     max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
                     tie_word_embeddings=True)
+#: Qwen2.5-0.5B's body (its config.json's sizes; q/k/v biases as Qwen2 has them).
+QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                  max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                  tie_word_embeddings=True)
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-0.5b": QWEN25_05B}
 QUICK = dict(SMOLLM2_135M, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=128, vocab_size=512,
              max_position_embeddings=256)
@@ -54,10 +66,13 @@ CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "torchburn cpu f32": ("ours", {"device": "cpu", "quant": None}),
     "transformers cuda eager f32": ("hf", {"dtype": "float32"}),
     "transformers cuda eager f16": ("hf", {"dtype": "float16"}),
+    "transformers cuda static f32": ("hf", {"dtype": "float32", "static": True}),
+    "transformers cuda static f16": ("hf", {"dtype": "float16", "static": True}),
 }
 SHORT = {"gpu": "torchburn gpu f32", "gpu-int8": "torchburn gpu int8",
          "gpu-int4": "torchburn gpu int4", "cpu": "torchburn cpu f32",
-         "cuda-f32": "transformers cuda eager f32", "cuda-f16": "transformers cuda eager f16"}
+         "cuda-f32": "transformers cuda eager f32", "cuda-f16": "transformers cuda eager f16",
+         "static-f32": "transformers cuda static f32", "static-f16": "transformers cuda static f16"}
 BASELINE = "transformers cuda eager f32"
 
 
@@ -68,8 +83,13 @@ def make_checkpoint(folder: Path, config: dict[str, Any], seed: int = 0) -> Path
     from tokenizers import Tokenizer, models
 
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(**config, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(folder, safe_serialization=True)
+    if config.get("hidden_size") == QWEN25_05B["hidden_size"] and config.get("num_key_value_heads") == 2:
+        cfg = transformers.Qwen2Config(**config, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        cfg = transformers.LlamaConfig(**config, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        model = transformers.LlamaForCausalLM(cfg)
+    model.eval().save_pretrained(folder, safe_serialization=True)
     vocab = {f"t{i}": i for i in range(config["vocab_size"])}
     Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
@@ -89,33 +109,87 @@ class OursWorker:
 
         self.llm = LLM.from_pretrained(folder, quant=quant, device=device, max_context=context,
                                        threads=threads)
+        if device == "gpu":  # each run's compute pass timed on the device (timestamp queries)
+            from torchburn.runtime.gpu import GpuProgram
+
+            GpuProgram.time_gpu = True
         self.llm.eos_ids = frozenset()
 
-    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float]:
+    def _waited(self) -> tuple[float, float, int]:
+        """Seconds the GPU programs' runs spent waiting for the device (map and read), the
+        device's own time of their compute passes (timestamps), and the runs timed."""
+        from torchburn.backend import gpu_launcher as gl
+
+        progs = {id(x.gpu): x.gpu for x in gl.recent_launchers()}.values()
+        return (sum(p.times.wait_s for p in progs), sum(p.times.gpu_s for p in progs),
+                sum(p.times.gpu_runs for p in progs))
+
+    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float, Optional[float]]:
         from torchburn.llm.runtime.sampling import SamplingParams
 
         t0 = time.perf_counter()
         steps = self.llm.generate_ids([prompt], tokens + 1, SamplingParams(temperature=0.0))
         next(steps)
         t1 = time.perf_counter()
+        w0 = self._waited() if self.llm.device == "gpu" else None
         count = sum(1 for _ in steps)
         t2 = time.perf_counter()
         assert count == tokens, count
-        return t1 - t0, t2 - t1
+        if w0 is None:
+            return t1 - t0, t2 - t1, None
+        w1 = self._waited()
+        self.gpu_s = (w1[1] - w0[1]) if w1[2] > w0[2] else None
+        return t1 - t0, t2 - t1, (t2 - t1) - (w1[0] - w0[0])
 
 
 class HFWorker:
-    def __init__(self, folder: Path, dtype: str) -> None:
+    def __init__(self, folder: Path, dtype: str, static: bool = False) -> None:
         import torch
         import transformers
 
         if not torch.cuda.is_available():
             raise RuntimeError("PyTorch has no CUDA device")
         self.torch = torch
+        self.static = static
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             folder, dtype=getattr(torch, dtype)).to("cuda").eval()
 
-    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float]:
+    def rep(self, prompt: list[int], tokens: int) -> tuple[float, float, Optional[float]]:
+        if self.static:
+            return self._rep_static(prompt, tokens)
+        return (*self._rep_eager(prompt, tokens), None)
+
+    def _rep_static(self, prompt: list[int], tokens: int) -> tuple[float, float, Optional[float]]:
+        """`generate` with `cache_implementation="static"` (greedy, exactly `tokens` new
+        tokens after the first), which on CUDA compiles the decoding forward itself
+        (`torch.compile`, CUDA graphs: transformers' auto-compile of a static cache); a
+        streamer brings each token to the host as it comes, the first one's arrival is the
+        TTFT."""
+        from transformers.generation.streamers import BaseStreamer
+
+        torch = self.torch
+        stamps: list[float] = []
+
+        class Stamps(BaseStreamer):
+            def put(self, value: Any) -> None:  # the prompt first, then each new token
+                int(value.reshape(-1)[-1])
+                stamps.append(time.perf_counter())
+
+            def end(self) -> None:
+                pass
+
+        ids = torch.tensor([prompt], device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens + 1,
+                                min_new_tokens=tokens + 1, do_sample=False, cache_implementation="static",
+                                streamer=Stamps(), pad_token_id=0)
+        t2 = time.perf_counter()
+        first = stamps[1]
+        return first - t0, t2 - first, None
+
+    def _rep_eager(self, prompt: list[int], tokens: int) -> tuple[float, float]:
         torch = self.torch
         with torch.no_grad():
             torch.cuda.synchronize()
@@ -143,7 +217,7 @@ def worker_main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         engine: Any = (OursWorker(folder, opts["device"], opts["quant"],
                                   args.prompt + args.tokens + 8, args.threads)
-                       if kind == "ours" else HFWorker(folder, opts["dtype"]))
+                       if kind == "ours" else HFWorker(folder, opts["dtype"], opts.get("static", False)))
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         engine.rep(prompt, min(4, args.tokens))   # compiles / warms every graph used below
@@ -156,8 +230,9 @@ def worker_main(args: argparse.Namespace) -> int:
     for line in sys.stdin:
         if line.strip() != "rep":
             break
-        ttft, decode = engine.rep(prompt, args.tokens)
-        print(json.dumps({"ttft_s": ttft, "decode_s": decode}), flush=True)
+        ttft, decode, host = engine.rep(prompt, args.tokens)
+        print(json.dumps({"ttft_s": ttft, "decode_s": decode, "host_s": host,
+                          "gpu_s": getattr(engine, "gpu_s", None)}), flush=True)
     return 0
 
 
@@ -195,7 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if unknown:
             raise SystemExit(f"unknown contenders {unknown}; choose from {', '.join(SHORT)}")
         names = wanted
-    config = QUICK if args.quick else SMOLLM2_135M
+    config = QUICK if args.quick else SHAPES[args.shape]
     if args.checkpoint and (Path(args.checkpoint) / "config.json").is_file():
         folder = Path(args.checkpoint)   # made by an earlier run (same --quick choice)
         config = json.loads((folder / "config.json").read_text())
@@ -203,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(args.checkpoint) if args.checkpoint else Path(tempfile.mkdtemp(prefix="bench_llm_gpu_"))
         folder.mkdir(parents=True, exist_ok=True)
         folder = make_checkpoint(folder, config)
-    payload: dict[str, Any] = {"config": config, "prompt": args.prompt, "tokens": args.tokens,
+    payload: dict[str, Any] = {"config": config, "shape": "quick" if args.quick else args.shape, "prompt": args.prompt, "tokens": args.tokens,
                                "reps": args.reps, "torch": torch.__version__,
                                "cuda": torch.cuda.get_device_name(0)
                                if torch.cuda.is_available() else None,
@@ -221,7 +296,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  load {msg['load_s']:.1f} s, warm-up {msg['warmup_s']:.1f} s", flush=True)
         workers[name] = proc
         payload["results"][name] = {"load_s": msg["load_s"], "warmup_s": msg["warmup_s"]}
-    samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "tps": []} for n in workers}
+    samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "tps": [], "host_us": [], "gpu_us": []}
+                                                  for n in workers}
     try:
         for r in range(args.reps):
             order = list(workers) if r % 2 == 0 else list(reversed(workers))
@@ -235,6 +311,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError(f"{name}: {got['skip']}")
                 samples[name]["ttft"].append(got["ttft_s"])
                 samples[name]["tps"].append(args.tokens / got["decode_s"])
+                if got.get("host_s") is not None:
+                    samples[name]["host_us"].append(got["host_s"] / args.tokens * 1e6)
+                if got.get("gpu_s") is not None:
+                    samples[name]["gpu_us"].append(got["gpu_s"] / args.tokens * 1e6)
     finally:
         for proc in workers.values():
             if proc.stdin is not None:
@@ -242,6 +322,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             proc.wait(timeout=60)
     for name, s in samples.items():
         payload["results"][name].update(ttft_s=_summary(s["ttft"]), decode_tps=_summary(s["tps"]))
+        if s["host_us"]:
+            payload["results"][name]["host_us_per_token"] = _summary(s["host_us"])
+        if s["gpu_us"]:
+            payload["results"][name]["gpu_us_per_token"] = _summary(s["gpu_us"])
     return payload
 
 
@@ -250,20 +334,26 @@ def print_report(payload: dict[str, Any]) -> None:
     print(f"\ndecode of {payload['tokens']} tokens after a {payload['prompt']}-token prompt, "
           f"{payload['reps']} interleaved repetitions (median [min, max]); "
           f"CUDA: {payload['cuda']}")
-    print("| engine | decode tokens/s | TTFT ms | decode vs transformers cuda f32 |")
-    print("|---|---:|---:|---:|")
+    print("| engine | decode tokens/s | TTFT ms | host us/token (not waiting for the GPU) | "
+          "GPU us/token (timestamps) | decode vs transformers cuda f32 |")
+    print("|---|---:|---:|---:|---:|---:|")
     base = res.get(BASELINE, {}).get("decode_tps", {}).get("median")
     for name, r in res.items():
         if "decode_tps" not in r:
             continue
         d, t = r["decode_tps"], r["ttft_s"]
         ratio = f"{d['median'] / base:.2f}x" if base else "-"
+        host = f"{r['host_us_per_token']['median']:.0f}" if "host_us_per_token" in r else "-"
+        gpu = f"{r['gpu_us_per_token']['median']:.0f}" if "gpu_us_per_token" in r else "-"
         print(f"| {name} | {d['median']:.1f} [{d['min']:.1f}, {d['max']:.1f}] | "
-              f"{t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}, {t['max'] * 1e3:.1f}] | {ratio} |")
+              f"{t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}, {t['max'] * 1e3:.1f}] | {host} | {gpu} | {ratio} |")
     med = {n: r["decode_tps"]["median"] for n, r in res.items() if "decode_tps" in r}
     pairs = [("torchburn gpu f32", "torchburn cpu f32"),
              ("torchburn gpu f32", "transformers cuda eager f16"),
+             ("torchburn gpu f32", "transformers cuda static f32"),
              ("torchburn gpu int4", "transformers cuda eager f16"),
+             ("torchburn gpu int4", "transformers cuda static f16"),
+             ("torchburn gpu int8", "transformers cuda static f16"),
              ("torchburn gpu int4", "torchburn cpu f32")]
     for a, b in pairs:
         if a in med and b in med:
@@ -275,6 +365,8 @@ def print_report(payload: dict[str, Any]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny model (CI, software adapters)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m",
+                   help="the random model's sizes: SmolLM2-135M's or Qwen2.5-0.5B's body")
     p.add_argument("--prompt", type=int, default=None, help="prompt tokens (128; quick: 8)")
     p.add_argument("--tokens", type=int, default=None, help="decode tokens (128; quick: 8)")
     p.add_argument("--reps", type=int, default=None, help="repetitions (5; quick: 2)")

@@ -13,7 +13,7 @@
 # first (`cp -r .overlay/. .`).
 # Usage there, from the repository root:
 #
-#     bash benchmarks/h200.sh [tests|sweep|bench|llm|host|all, or a comma list such as llm,host] ...
+#     bash benchmarks/h200.sh [tests|sweep|bench|llm|llm-qwen|host|all, or a comma list such as llm,host] ...
 #
 # (`TESTS="tests/gpu/test_attention.py ..."` picks the test files; `BENCH_ONLY=softmax,attention`
 # picks bench_gpu's rows and `BENCH_ARGS` adds its arguments, e.g. `--per-kernel`; `sweep` runs
@@ -30,6 +30,7 @@
 # the LLM benchmark's JSON.
 set -u
 what="${1:-all}"
+shift || true  # the rest: bench_llm_gpu's arguments (the llm parts)
 want() { [ "$what" = all ] || [[ ",$what," == *",$1,"* ]]; }
 out="${OUT:-$PWD/h200-out}"
 mkdir -p "$out"
@@ -71,13 +72,21 @@ if want llm; then
     # carry): decode tokens/s and time to first token of our GPU and CPU engines and of
     # transformers on PyTorch CUDA (extra arguments: bench_llm_gpu's, e.g. --only gpu,cuda-f16),
     # then the bytes across the device boundary per decode step on the same checkpoint.
-    shift || true
     timeout "${LLM_TIMEOUT:-420}" python3 benchmarks/bench_llm_gpu.py --checkpoint /tmp/smol135 \
         --json "$out/bench_llm_gpu.json" "$@" 2>&1 | tail -30 | tee "$out/bench_llm_gpu.txt"
     TORCHBURN_DEVICE=gpu timeout 120 python3 benchmarks/bench_gpu_transfers.py /tmp/smol135 \
         2>&1 | tail -12 | tee "$out/bench_gpu_transfers.txt"
 fi
+if want llm-qwen; then
+    # The same contenders on a random model of Qwen2.5-0.5B's body (896 wide, 24 layers, 14 heads,
+    # 2 KV heads, vocabulary 151,936); its own part, so each fits one 10-minute command.
+    timeout "${LLM_TIMEOUT:-420}" python3 benchmarks/bench_llm_gpu.py --shape qwen2.5-0.5b --checkpoint /tmp/qwen05 \
+        --json "$out/bench_llm_gpu_qwen.json" "$@" 2>&1 | tail -30 | tee "$out/bench_llm_gpu_qwen.txt"
+fi
 if want host; then
     TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
-        --tokens 32 --json "$out/bench_gpu_host.json" 2>&1 | tail -30 | tee "$out/bench_gpu_host.txt"
+        --tokens 32 --gpu-time --json "$out/bench_gpu_host.json" 2>&1 | tail -30 | tee "$out/bench_gpu_host.txt"
+    # the same with the Python dispatch loop (before runtime/gpu_encode.py): host us per dispatch
+    TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
+        --tokens 32 --gpu-time --python-encode 2>&1 | tail -22 | tee "$out/bench_gpu_host_python.txt"
 fi

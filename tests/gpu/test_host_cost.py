@@ -93,9 +93,11 @@ def test_a_warm_decode_step_creates_no_wgpu_object(gpu, tmp_path) -> None:  # ty
     assert n == 6 and decode.eager_fallbacks == 0
     assert tokens == warm
     assert _created(calls) == {}, dict(calls)
-    # one compute pass of every kernel call, one copy of the logits: the program's own submission
-    # (map_sync adds an empty one of wgpu-py's per step)
-    assert calls["begin_compute_pass"] == n and calls["copy_buffer_to_buffer"] == n
+    # one compute pass of every kernel call, one copy of the logits and one of the fault flag (the
+    # embedding checks its ids): the program's own submission (map_sync adds an empty one of
+    # wgpu-py's per step)
+    assert decode.gpu.fault is not None
+    assert calls["begin_compute_pass"] == n and calls["copy_buffer_to_buffer"] == 2 * n
     assert calls["dispatch_workgroups"] == decode.gpu.dispatches - dispatches_before
     assert calls["dispatch_workgroups"] <= n * len(decode.program.calls)
     assert calls["map_sync"] == n and calls["submit"] <= 2 * n

@@ -44,7 +44,8 @@ from ..ir.expr import Const, Var
 from ..ir.tensor import Graph, Value
 from ..passes.pipeline import Pipeline
 from ..runtime.config import get_config
-from ..runtime.gpu import GpuError, GpuProgram, gpu_available, gpu_unavailable_reason, span_elements, wants_gpu
+from ..runtime.gpu import (GpuError, GpuFault, GpuProgram, gpu_available, gpu_unavailable_reason, span_elements,
+                           wants_gpu)
 
 #: Whether a GPU run that failed (a lost or failing adapter) has been warned about.
 _run_failure_warned = False
@@ -289,6 +290,8 @@ class GpuLauncher:
             views = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back])
         except gpu_resident.GpuStateError:
             raise
+        except GpuFault as err:  # an index out of range: PyTorch raises eager's error
+            return self._slow(args, str(err))
         except GpuError as err:  # the adapter failed or was lost: PyTorch runs it, one warning
             global _run_failure_warned
             if not _run_failure_warned:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import struct
 import threading
 import time
 import weakref
@@ -43,6 +44,7 @@ from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
 from . import gpu_calls
+from .gpu_encode import Batch, NativeEncoder
 from .config import get_config
 from ..ir import expr as ex
 from ..ir import loop as lp
@@ -57,6 +59,11 @@ _I32_MAX = (1 << 31) - 1
 
 class GpuError(RuntimeError):
     """The GPU engine cannot run this (no adapter, a device limit exceeded at launch)."""
+
+
+class GpuFault(RuntimeError):
+    """A run's kernel met an index out of range (`checked_index`): its results are not to be
+    used; the launcher runs the call in PyTorch, which raises eager's error."""
 
 
 # ---- adapter and device selection ----------------------------------------------------------------
@@ -233,6 +240,20 @@ class GpuDevice:
         self.raw_module = _raw_module()
         self.pipeline_hits = 0
         self._fence: Optional[tuple[Any, Any]] = None
+        #: Whether compute passes can write timestamps (`GpuProgram.time_gpu`).
+        self.timestamps = "timestamp-query" in features
+        self._period: Optional[float] = None
+
+    def timestamp_period(self) -> float:
+        """Nanoseconds per timestamp tick (wgpu-native resolves raw ticks)."""
+        if self._period is None:
+            try:
+                from wgpu.backends.wgpu_native._ffi import lib
+
+                self._period = float(lib.wgpuQueueGetTimestampPeriod(self.queue._internal))
+            except (ImportError, AttributeError):
+                self._period = 1.0
+        return self._period
 
     def cache_tag(self) -> str:
         """What the device contributes to compile-cache keys."""
@@ -253,6 +274,9 @@ class GpuDevice:
         for k, b in enumerate(shader.bindings):
             kind = wgpu.BufferBindingType.storage if b.writable else wgpu.BufferBindingType.read_only_storage
             entries.append({"binding": k + 1, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}})
+        if shader.fault:  # the fault flag (`checked_index`), after the kernel's buffers
+            entries.append({"binding": len(shader.bindings) + 1, "visibility": wgpu.ShaderStage.COMPUTE,
+                            "buffer": {"type": wgpu.BufferBindingType.storage}})
         layout = self.device.create_bind_group_layout(entries=entries)
         module = self._shader_module(shader, checked)
         pipe = self.device.create_compute_pipeline(
@@ -390,6 +414,10 @@ class RunTimes:
     wait_s: float = 0.0
     #: The part of `submit_s` before `submit` is called (buffers, writes, encoding).
     encode_s: float = 0.0
+    #: The GPU's own time of the runs timed with timestamps (`GpuProgram.time_gpu`): from the
+    #: compute pass's start to its end, as the device's clock says.
+    gpu_s: float = 0.0
+    gpu_runs: int = 0
 
     def add(self, encode_s: float, submit_s: float, wait_s: float) -> None:
         self.runs += 1
@@ -421,6 +449,9 @@ class GpuProgram:
 
     #: Symbol-value plans kept (small: sizes and workgroup counts, no device memory).
     PLANS = 64
+    #: Time every run's compute pass on the device (timestamp queries, where the adapter has
+    #: them) into `times.gpu_s`: a resolve and 16 bytes more per run (benchmarks turn it on).
+    time_gpu = False
 
     def __init__(self, device: GpuDevice, program: lp.Program, shaders: Sequence[KernelShader]) -> None:
         self.dev = device
@@ -449,6 +480,19 @@ class GpuProgram:
         #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
         self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
         self._staging: Any = None
+        #: The fault flag of the kernels that check indices (one u32, zero until an index is out
+        #: of range; read back with the results), or None when no kernel checks one.
+        self.fault = (device.device.create_buffer(size=16, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST)
+                      if any(self.shaders[k].fault for k, _ in self.calls) else None)
+        #: Runs whose fault flag was set.
+        self.faults = 0
+        self._last_dispatches: Optional[tuple[_Plan, list[Any], list[tuple[Any, Any, tuple[int, int, int]]]]] = None
+        #: (dispatches, their C arrays) of the last native encoding (`_native_batch`).
+        self._batch: Optional[tuple[list[tuple[Any, Any, tuple[int, int, int]]], Batch]] = None
+        #: (query set, resolve buffer) of the pass timestamps, made on the first timed run.
+        self._stamps: Optional[tuple[Any, Any]] = None
+        #: Runs encoded by the native loop (`runtime/gpu_encode.py`) so far.
+        self.native_encodes = 0
         #: Dispatches encoded so far.
         self.dispatches = 0
         #: (bound buffers, all buffers, bind groups, own buffers sized by symbols) of the last run.
@@ -550,13 +594,23 @@ class GpuProgram:
         entries = [{"binding": 0, "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}}]
         for j, buf in enumerate(bufs):
             entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        if self.shaders[self.calls[i][0]].fault:
+            entries.append({"binding": len(bufs) + 1, "resource": {"buffer": self.fault, "offset": 0, "size": 16}})
         group = self.dev.device.create_bind_group(layout=self.pipelines[self.calls[i][0]].layout, entries=entries)
         self._groups[i] = (bufs, group)  # holding the buffers keeps their ids from being reused
         return group
 
     def _dispatches(self, plan: _Plan, groups: list[Any]) -> list[tuple[Any, Any, tuple[int, int, int]]]:
-        return [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
-                if 0 not in dims]
+        """(pipeline, bind group, workgroup counts) of each non-empty call: the same list
+        object while the bind groups and the workgroup counts are the same (`_native_batch`
+        keys on it; a decode step's plan is new per filled length, its counts are not)."""
+        last = self._last_dispatches
+        if last is not None and last[1] is groups and (last[0] is plan or last[0].groups == plan.groups):
+            return last[2]
+        found = [(pipe, group, dims) for pipe, group, dims in zip(self._call_pipelines, groups, plan.groups)
+                 if 0 not in dims]
+        self._last_dispatches = (plan, groups, found)
+        return found
 
     def _staging_for(self, nbytes: int) -> Any:
         """The kept staging buffer, grown to hold `nbytes`."""
@@ -595,18 +649,51 @@ class GpuProgram:
         values = tuple(env[s.name] for s in self.program.symbols)
         if values == self._uniform_env or not values:
             return
-        import struct
-
         self.dev.queue.write_buffer(self.uniform, 0, struct.pack(f"<{len(values)}i", *values))
         self._uniform_env = values
 
-    def _encode(self, encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1) -> None:
+    def _native_batch(self, native: NativeEncoder, dispatches: list[tuple[Any, Any, tuple[int, int, int]]]) -> Batch:
+        """The C arrays of `dispatches` (`runtime/gpu_encode.py`), kept while the same
+        pipelines, bind groups and workgroup counts come again (a warm decode step: always)."""
+        kept = self._batch
+        if kept is not None and kept[0] is dispatches:
+            return kept[1]
+        batch = native.prepare(dispatches)
+        self._batch = (dispatches, batch)  # holding the objects keeps their handles alive
+        return batch
+
+    def _timestamps(self) -> Optional[tuple[Any, Any]]:
+        """The query set and resolve buffer of a timed run, or None (`time_gpu` off, or the
+        device has no timestamp queries)."""
+        if not (GpuProgram.time_gpu and self.dev.timestamps):
+            return None
+        if self._stamps is None:
+            wgpu = self.dev.wgpu
+            self._stamps = (self.dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2),
+                            self.dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                          | wgpu.BufferUsage.COPY_SRC))
+        return self._stamps
+
+    def _encode(self, encoder: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], repeat: int = 1,
+                stamps: Optional[tuple[Any, Any]] = None) -> None:
         """One compute pass of every dispatch (a pipeline or bind group equal to the previous
-        one is not set again), through wgpu-native's C calls where available (`_raw_pass`)."""
-        cp = encoder.begin_compute_pass()
+        one is not set again): in one native call where LLVM and wgpu-native's C functions are
+        there (`runtime/gpu_encode.py`), else from Python through those C functions
+        (`_raw_pass`), or through wgpu's public methods while `gpu_calls` counts them."""
+        if stamps is not None:  # the pass's start and end on the device's clock
+            cp = encoder.begin_compute_pass(timestamp_writes={"query_set": stamps[0], "beginning_of_pass_write_index": 0,
+                                                              "end_of_pass_write_index": 1})
+        else:
+            cp = encoder.begin_compute_pass()
         raw = None if gpu_calls.counting() else self.dev.raw_pass
+        native = None if raw is None else NativeEncoder.get()
         last_pipe = last_group = None
-        if raw is not None:
+        if native is not None and dispatches:
+            batch = self._native_batch(native, dispatches)
+            for _ in range(repeat):
+                native.encode(cp._internal, batch)
+            self.native_encodes += 1
+        elif raw is not None:
             set_pipeline, set_bind_group, dispatch, null = raw
             handle = cp._internal
             for _ in range(repeat):
@@ -644,9 +731,15 @@ class GpuProgram:
             self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
             self._write_symbols(env)
             encoder = self.dev.device.create_command_encoder()
-            self._encode(encoder, self._dispatches(plan, groups))
+            stamps = self._timestamps()
+            self._encode(encoder, self._dispatches(plan, groups), stamps=stamps)
             copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
             copies += [(bufs[name], plan.sizes[name]) for name in read_back]
+            if self.fault is not None:
+                copies.append((self.fault, 4))
+            if stamps is not None:
+                encoder.resolve_query_set(stamps[0], 0, 2, stamps[1], 0)
+                copies.append((stamps[1], 16))
             staging = self._staging_for(max(16, sum(_round16(size) for _, size in copies)))
             offsets = []
             off = 0
@@ -663,11 +756,21 @@ class GpuProgram:
                 if not any(size for _, size in offsets):
                     return [memoryview(b"") for _ in offsets]
                 staging.map_sync(self.dev.wgpu.MapMode.READ, 0, _round16(off))
-                try:
-                    return [staging.read_mapped(o, _round4(size), copy=True) if size else memoryview(bytearray())
-                            for o, size in offsets]
+                try:  # one read of the whole range (a call each costs a few us), then slices
+                    whole = staging.read_mapped(0, _round4(off), copy=True)
                 finally:
                     staging.unmap()
+                views = [whole[o:o + _round4(size)] if size else memoryview(bytearray()) for o, size in offsets]
+                if stamps is not None:
+                    start, end = struct.unpack("<QQ", bytes(views.pop()))
+                    self.times.gpu_s += max(0, end - start) * self.dev.timestamp_period() * 1e-9
+                    self.times.gpu_runs += 1
+                if self.fault is not None:
+                    if bytes(views.pop()) != b"\0\0\0\0":
+                        self.faults += 1
+                        self.dev.queue.write_buffer(self.fault, 0, bytes(16))
+                        raise GpuFault(f"{self.program.name}: an index out of range")
+                return views
             finally:
                 self.times.add(te - t0, t1 - t0, time.perf_counter() - t1)
 

@@ -172,8 +172,8 @@ class AttentionEmitter:
             else:
                 body, wg, groups, summary = self._prefill()
         bindings = k.bindings()
-        if len(bindings) > k.caps.max_storage_buffers:
-            raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings)} storage buffers; the device "
+        if len(bindings) + k.uses_fault > k.caps.max_storage_buffers:
+            raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings) + k.uses_fault} storage buffers; the device "
                                   f"allows {k.caps.max_storage_buffers}")
         source = k.assemble(bindings, wg, body)
         if self.uses_subgroups:

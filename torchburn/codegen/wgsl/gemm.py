@@ -268,8 +268,8 @@ class GemmEmitter:
                  self._epilogue_fn()]
         body = self._main(a_mode, b_mode)
         bindings = k.bindings()
-        if len(bindings) > k.caps.max_storage_buffers:
-            raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings)} storage buffers; the device "
+        if len(bindings) + k.uses_fault > k.caps.max_storage_buffers:
+            raise WgslUnsupported(f"kernel @{k.kernel.name} needs {len(bindings) + k.uses_fault} storage buffers; the device "
                                   f"allows {k.caps.max_storage_buffers}")
         k.workgroup_arrays["tb_As"] = f"var<workgroup> tb_As: array<vec4<f32>, {tile.stages * tile.bk * tile.bm // 4}>;"
         k.workgroup_arrays["tb_Bs"] = f"var<workgroup> tb_Bs: array<vec4<f32>, {tile.stages * tile.bk * tile.bn // 4}>;"

@@ -393,9 +393,9 @@ class KernelEmitter:
     # ---- assembly --------------------------------------------------------------------------------------
     def _finish(self, grid: Grid, wg: int, summary: str) -> KernelShader:
         bindings = self.bindings()
-        if len(bindings) > self.caps.max_storage_buffers:
+        if len(bindings) + self.uses_fault > self.caps.max_storage_buffers:
             raise WgslUnsupported(
-                f"kernel @{self.kernel.name} needs {len(bindings)} storage buffers; the device allows "
+                f"kernel @{self.kernel.name} needs {len(bindings) + self.uses_fault} storage buffers; the device allows "
                 f"{self.caps.max_storage_buffers} per shader stage")
         source = self.assemble(bindings, wg, self.lines)
         return KernelShader(self.kernel.name, source, bindings, grid, summary)
@@ -407,6 +407,12 @@ class KernelEmitter:
             out.append(Binding(name, vec(el, 4) if acc.vec4 else el, acc.written))
         return tuple(out)
 
+    @property
+    def uses_fault(self) -> bool:
+        """Whether the shader checks an index (`checked_index`): it then binds the fault flag
+        `tb_fault` after its buffers (`KernelShader.fault`)."""
+        return any(key.startswith("checked_") for key in self.helpers.sources)
+
     def declarations(self, bindings: tuple[Binding, ...]) -> list[str]:
         uses_f16 = any("f16" in b.element for b in bindings) or (self.caps.f16 and "f16" in "\n".join(self.lines))
         decl = ["enable f16;"] if uses_f16 else []
@@ -415,6 +421,8 @@ class KernelEmitter:
         for k, b in enumerate(bindings):
             access = "read_write" if b.writable else "read"
             decl.append(f"@group(0) @binding({k + 1}) var<storage, {access}> b_{b.buffer}: array<{b.element}>;")
+        if self.uses_fault:
+            decl.append(f"@group(0) @binding({len(bindings) + 1}) var<storage, read_write> tb_fault: array<u32>;")
         decl += list(self.workgroup_arrays.values())
         decl.append(ops.PRELUDE)
         for b in bindings:

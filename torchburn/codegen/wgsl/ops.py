@@ -96,8 +96,9 @@ UNARY: dict[tuple[str, str], str] = {
 CALLS: dict[tuple[str, str], str] = {
     ("fma", "f"): "fma($a, $b, $c)",
     ("fma", "i"): "($a * $b + $c)",
-    # a shader cannot report a fault: the GPU engine clamps (docs/reliability.md)
-    ("checked_index", "i"): "clamp($a, $T(0), $b - $T(1))",
+    # an index out of range is 0 and sets the program's fault flag (`tb_fault`, bound after the
+    # kernel's buffers); the launcher reads the flag with the results and PyTorch raises
+    ("checked_index", "i"): "tb_checked_$t($a, $b)",
 }
 
 #: Operations with no WGSL form, and why: (operation, kind) -> reason.
@@ -136,6 +137,13 @@ CASTS: dict[tuple[str, str], str] = {
 #: Helper functions, instantiated per WGSL type (`$T`, function-name spelling `$t`).
 #: `tb_inf` and `tb_nan` are runtime values (a const-expression may not be inf or NaN).
 HELPERS: dict[str, str] = {
+    "checked": """fn tb_checked_$t(i: $T, n: $T) -> $T {
+  if (i < $T(0) || i >= n) {
+    tb_fault[0] = 1u;
+    return $T(0);
+  }
+  return i;
+}""",
     "floordiv": """fn tb_floordiv_$t(a: $T, b: $T) -> $T {
   let q = a / b;
   return select(q, q - $T(1), ((a - q * b) != $T(0)) & ((a < $T(0)) != (b < $T(0))));

@@ -44,3 +44,9 @@ class KernelShader:
     grid: Grid
     #: Which mapping the kernel got, for reports: "threads", "threads/vec4", "groups/tree-add"...
     summary: str
+
+    @property
+    def fault(self) -> bool:
+        """Whether the shader sets the fault flag (an index out of range, `checked_index`):
+        binding `len(bindings) + 1`, a `u32` the launcher reads after the run."""
+        return "var<storage, read_write> tb_fault" in self.source

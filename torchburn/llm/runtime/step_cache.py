@@ -179,7 +179,8 @@ def _launcher_of(module: torch.fx.GraphModule
     and the `copy_` of its results into inputs, and nothing else."""
     nodes = list(module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    calls = [n for n in nodes if n.op == "call_function" and hasattr(n.target, "launcher")]
+    calls = [n for n in nodes if n.op == "call_function"
+             and (hasattr(n.target, "launcher") or hasattr(n.target, "gpu_launcher"))]
     if len(calls) != 1 or calls[0].kwargs:
         return None
     call = calls[0]
@@ -203,7 +204,8 @@ def _launcher_of(module: torch.fx.GraphModule
     out = nodes[-1].args[0]
     if not isinstance(out, (tuple, list)) or any(o not in picks for o in out):
         return None
-    return call.target.launcher, [index[a] for a in call.args], [picks[o] for o in out], writes
+    launcher = getattr(call.target, "launcher", None) or call.target.gpu_launcher
+    return launcher, [index[a] for a in call.args], [picks[o] for o in out], writes
 
 
 def _trivial(compilations: Any) -> bool:
@@ -256,7 +258,11 @@ def plan_from(sources: Sequence[Optional[str]], example_inputs: Sequence[Any], c
 
 def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> Callable[..., tuple[Any, ...]]:
     """The step as a function of the step's arguments: the model's tensors bound now, the
-    arguments and their sizes per call."""
+    arguments and their sizes per call. A GPU engine's launcher (`launch.gpu_launcher`) is
+    called as it is (`bind_gpu`)."""
+    gpu = getattr(launch, "gpu_launcher", None)
+    if gpu is not None:
+        return bind_gpu(plan, gpu, model)
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     getters: list[Callable[[Sequence[Any]], Any]] = []
@@ -302,6 +308,49 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
         return tuple(out[k] for k in outputs)
 
     step.pinned = fast  # type: ignore[attr-defined]  # [the pinned launcher or None] once tried
+    return step
+
+
+def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[..., tuple[Any, ...]]:
+    """`bind` for the GPU engine's launcher (`backend/gpu_launcher.py`): the model's tensors
+    bound now, the arguments per call; the launcher checks every input itself (a call it does
+    not fit runs in PyTorch, as under Dynamo). Where AOTAutograd's write-back was taken out
+    (`launcher.aot_bumps_written`), the version bump AOTAutograd makes on an input the graph
+    writes, before the graph runs, is made here (`gpu_resident.bind` expects it)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    getters: list[Callable[[Sequence[Any]], Any]] = []
+    for item in plan.inputs:
+        if item[0] == "param":
+            if item[1] not in tensors:
+                raise KeyError(item[1])
+            t = tensors[item[1]].detach()
+            getters.append(lambda a, t=t: t)
+        elif item[0] == "arg":
+            getters.append(operator.itemgetter(item[1]))
+        elif item[0] == "size":
+            getters.append(lambda a, i=item[1], d=item[2]: a[i].size(d))
+        else:
+            getters.append(lambda a, i=item[1], d=item[2]: a[i].stride(d))
+    pick = [getters[i] for i in plan.launch_args]
+    bumped = [inp.position for inp in launcher.written] if launcher.aot_bumps_written else []
+    outputs, single, call = plan.outputs, plan.single, launcher.launch
+    writes = [(getters[i], k) for i, k in plan.writes]
+    increment = torch.autograd.graph.increment_version
+
+    def step(*args: Any) -> tuple[Any, ...]:
+        full = [g(args) for g in pick]
+        for i in bumped:
+            increment(full[i])
+        out = call(*full)
+        for target, k in writes:
+            t = target(args)
+            if out[k] is not t:
+                t.copy_(out[k])
+        if single:
+            return out[outputs[0]]
+        return tuple(out[k] for k in outputs)
+
     return step
 
 

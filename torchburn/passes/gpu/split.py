@@ -79,6 +79,12 @@ def _chunk(k: lp.Kernel, loop: lp.For, start: int, stop: int, name: str) -> lp.K
     return replace(sub, params=params, symbols=tuple(x for x in k.symbols if x.name in free))
 
 
+def bound_buffers(k: lp.Kernel) -> int:
+    """Storage buffers `k`'s shader binds: its parameters, and the fault flag when it checks
+    an index (`checked_index`: `codegen/wgsl/ops.py` sets the flag of an index out of range)."""
+    return len(k.params) + int(lp.checks_indices(k.body))
+
+
 @register_pass
 @dataclass(frozen=True)
 class GpuSplitWide(LoopPass):
@@ -102,7 +108,7 @@ class GpuSplitWide(LoopPass):
             raise PassError(f"gpu-split-wide: a kernel must be allowed at least one buffer, not {limit}")
         pieces: dict[str, list[lp.Kernel]] = {}
         for k in program.kernels:
-            split = self.split(k, limit) if len(k.params) > limit else None
+            split = self.split(k, limit) if bound_buffers(k) > limit else None
             if split is not None:
                 pieces[k.name] = split
         if not pieces:
@@ -132,12 +138,12 @@ class GpuSplitWide(LoopPass):
         a = 0
         while a < n:
             best = _chunk(k, loop, a, a + 1, f"{k.name}_{len(out)}")
-            if len(best.params) > limit:
+            if bound_buffers(best) > limit:
                 return None
             b = a + 1
             while b < n:
                 cand = _chunk(k, loop, a, b + 1, best.name)
-                if len(cand.params) > limit:
+                if bound_buffers(cand) > limit:
                     break
                 best, b = cand, b + 1
             out.append(best)
