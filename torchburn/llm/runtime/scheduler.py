@@ -189,6 +189,10 @@ class Scheduler:
         from .engine import PREFILL_BUCKETS
 
         entry, _ = self.prefixes.take([self.llm.pad_id] * 2)
+        # a prompt's last chunk of one token (a prefix-cache hit) is a batch-1 decode step on a
+        # prefix entry: another graph than the shared rows' (another cache, other strides)
+        self.llm.run_step(entry.cache, torch.full((1, 1), self.llm.pad_id, dtype=torch.long), 1,
+                          torch.zeros(1, dtype=torch.long))
         for n in PREFILL_BUCKETS:
             if n <= self.llm.max_context:
                 ids = torch.full((1, n), self.llm.pad_id, dtype=torch.long)
