@@ -182,7 +182,7 @@ def compile_phases(graph: object) -> dict[str, object]:
     from torchburn.compiler.engines import compile_in_parts
     from torchburn.compiler.kernel_cache import kernel_cache, run_loop_phase
     from torchburn.passes.base import PassManager
-    from torchburn.passes.dedup_kernels import DedupKernels
+    from torchburn.passes.loop.dedup_kernels import DedupKernels
     from torchburn.passes.pipeline import Pipeline
     from torchburn.runtime import jit
 

@@ -1,4 +1,4 @@
-"""LLM prefill (pp) and decode (tg) speed: TorchBurn vs llama.cpp vs transformers eager.
+"""LLM prefill (pp) and decode (tg) speed: TorchBurn vs llama.cpp and ik_llama.cpp vs transformers eager.
 
     python benchmarks/bench_llm.py --layers 2                # the default GGUF cut to 2 blocks
     python benchmarks/bench_llm.py --layers 0 --pp 512 --tg 128 --rounds 3 --json out.json
@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -109,28 +109,25 @@ class Ours(Contender):
         return time.perf_counter() - t0
 
 
-class LlamaCpp(Contender):
-    name = "llama.cpp"
+class Peer(Contender):
+    """llama.cpp or ik_llama.cpp on the file, in a process of its own (`llm/cli/peers.py`);
+    its CPU time per test is the child's."""
 
-    def __init__(self, gguf: Path, threads: int, context: int) -> None:
-        from llama_cpp import Llama
+    def __init__(self, name: str, gguf: Path, threads: int, context: int) -> None:
+        from torchburn.llm.cli.peers import PeerProcess
 
-        self.model = Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
-                           n_batch=512, verbose=False)
+        self.name = name
+        self.proc = PeerProcess(name, gguf, threads, context)
 
     def pp(self, n: int) -> float:
-        self.model.reset()
-        t0 = time.perf_counter()
-        self.model.eval(_prompt(n))
-        return time.perf_counter() - t0
+        return self.proc.pp(n)
 
     def tg(self, n: int) -> float:
-        self.model.reset()
-        self.model.eval([100])
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.model.eval([int(self.model.scores[self.model.n_tokens - 1].argmax())])
-        return time.perf_counter() - t0
+        return self.proc.tg(n)
+
+    @property
+    def last_cpu_s(self) -> float:
+        return self.proc.last_cpu_s
 
 
 class Transformers(Contender):
@@ -171,7 +168,8 @@ def run_rounds(contenders: list[Contender], pp: int, tg: int, rounds: int) -> di
             for test, n, run in ((f"pp{pp}", pp, c.pp), (f"tg{tg}", tg, c.tg)):
                 c0 = time.process_time()
                 results[c.name][test].append(n / run(n))
-                cpu[c.name][test].append((time.process_time() - c0) * 1e3 / n)
+                used = c.last_cpu_s if isinstance(c, Peer) else time.process_time() - c0
+                cpu[c.name][test].append(used * 1e3 / n)
     return {name: {test: {"mean": statistics.mean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0,
                           "median": statistics.median(v), "samples": v,
                           "cpu_ms_per_token": statistics.median(cpu[name][test])}
@@ -211,14 +209,6 @@ def float_checkpoint(gguf: Path, folder: Path) -> Path:
     return folder
 
 
-def _contender(make: Callable[[], Contender], skipped: list[str]) -> list[Contender]:
-    try:
-        return [make()]
-    except ImportError:
-        skipped.append(LLAMA_CPP_HINT)
-        return []
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gguf", default=None, help="GGUF file (default: the default model, SmolLM2-135M-Instruct Q4_1)")
@@ -250,7 +240,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.skip_gguf:
         print(f"GGUF comparison on {gguf.name}", flush=True)
         contenders: list[Contender] = [Ours(gguf, None, args.threads, context)]
-        contenders += _contender(lambda: LlamaCpp(gguf, args.threads, context), skipped)
+        from torchburn.llm.cli.peers import PEER_MODULES, available
+
+        have = available()
+        contenders += [Peer(name, gguf, args.threads, context) for name in have]
+        skipped += [f"{name}: {LLAMA_CPP_HINT if name == 'llama.cpp' else 'pip install ik-llama-cpp-python'}"
+                    for name in PEER_MODULES if name not in have]
         if not args.skip_transformers:
             hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                    dtype=torch.float32)

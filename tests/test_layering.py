@@ -110,6 +110,43 @@ def test_imports_follow_the_layers(name: str) -> None:
     assert pending - set(bad) == set(), f"{name}: PENDING_LAYER lists imports that are gone; remove them"
 
 
+#: The rooms of `torchburn.passes` (its __init__ registers them all, so it is in none) -> the rooms
+#: each may import. `framework` is the pass machinery at the root (base, pattern, pipeline);
+#: `lower_to_loops`, the pass between the levels, ties the rule rooms together.
+PASS_ROOMS: dict[str, set[str]] = {
+    "framework": set(),
+    "loop": {"framework"},
+    "loopgen": {"framework"},
+    "quant": {"framework", "loopgen"},
+    "tensor": {"framework", "loopgen"},
+    "lower_to_loops": {"framework", "loopgen", "quant"},
+    "gpu": {"framework", "loop", "loopgen", "tensor", "lower_to_loops"},
+}
+
+
+def _pass_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["torchburn", "passes"] or len(parts) == 2:
+        return None
+    if parts[2] in ("base", "pattern", "pipeline"):
+        return "framework"
+    return parts[2]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _pass_room(m)))
+def test_pass_rooms(name: str) -> None:
+    """Passes by level: a loop pass never reaches into tensor passes, the rules never into passes
+    that use them, and only the GPU room sees everything below it."""
+    room = _pass_room(name)
+    assert room in PASS_ROOMS, f"{name}: torchburn.passes has no room {room!r}; add it to PASS_ROOMS"
+    bad = []
+    for line, target in _imports(name, MODULES[name]):
+        other = _pass_room(_resolve(target, MODULES))
+        if other is not None and other != room and other not in PASS_ROOMS[room]:
+            bad.append(f"{MODULES[name].name}:{line} imports {target} ({other})")
+    assert not bad, f"{name} ({room}) may import only {sorted(PASS_ROOMS[room])} of the passes' rooms:\n" + "\n".join(bad)
+
+
 def test_no_import_cycles() -> None:
     """Function-local imports count (they only hide a cycle); type-only imports do not."""
     graph = {name: {_resolve(t, MODULES) for _, t in _imports(name, path, runtime_only=True)} - {name}

@@ -36,12 +36,13 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      stays PyTorch (reported by torchburn.explain)
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
   -> tensor passes: canonicalize, form-attention (hand-written            passes/
-     softmax(q k^T) v -> attention), fold-batch-norm, fuse (kernel roots
+     softmax(q k^T) v -> attention), fold-batch-norm, qlinear-to-gemm
+     (many-row quantized linears: dequantize + GEMM), fuse (kernel roots
      and inlined ops)
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
      (each distinct kernel root lowered once: loopgen/root_key.py;
      constant slices of buffers passed as views at an offset)
-  -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/dedup_kernels.py
+  -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/loop/dedup_kernels.py
   -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
      split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
      results kept across graphs; plan-memory (workspace offsets)

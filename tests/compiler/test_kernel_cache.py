@@ -204,7 +204,7 @@ class _Events:
 
 def _front(text: str) -> lp.Program:
     from torchburn.passes.base import PassManager
-    from torchburn.passes.dedup_kernels import DedupKernels
+    from torchburn.passes.loop.dedup_kernels import DedupKernels
 
     pipeline = Pipeline.default()
     return PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels()], target=driver.configured_target()).run(

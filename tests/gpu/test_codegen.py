@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from torchburn.codegen.wgsl import Caps, WgslUnsupported, emit_kernel, emit_program
-from torchburn.passes.gpu_map import GpuMap
+from torchburn.passes.gpu.map import GpuMap
 from tests.passes.util import as_program, kernel, matmul_kernel_text, run_pass
 
 ELEMENTWISE = """

@@ -1,4 +1,4 @@
-"""Row kernels on the GPU (`passes/gpu_rows.py`, `codegen/wgsl/rows.py`): softmax, LayerNorm,
+"""Row kernels on the GPU (`passes/gpu/rows.py`, `codegen/wgsl/rows.py`): softmax, LayerNorm,
 RMSNorm and plain row reductions in one pass per row; what the shader holds (register cache,
 vec4, tree or subgroup reductions, f16 storage behind `shader-f16`) and numerics on the device."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from torchburn.codegen.wgsl import Caps, emit_kernel
 from torchburn.ir import loop as lp
-from torchburn.passes.gpu_map import GpuMap
+from torchburn.passes.gpu.map import GpuMap
 from tests.gpu.conftest import check_gpu
 from tests.helpers import run_compiled
 from tests.passes.util import kernel, run_pass

@@ -392,8 +392,8 @@ def test_missing_ops() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from torchburn.passes import simplify  # noqa: E402
-from torchburn.passes.bounds import Bounds  # noqa: E402
+from torchburn.passes.loop import simplify# noqa: E402
+from torchburn.passes.loop.bounds import Bounds  # noqa: E402
 
 
 def int_values(d: DType) -> st.SearchStrategy[int]:

@@ -20,7 +20,7 @@ from torchburn.ir.ops import OpError, infer_types
 from torchburn.ir.tensor_type import TensorType
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
-from torchburn.passes.fusion import Fuse
+from torchburn.passes.tensor.fusion import Fuse
 from tests.helpers import engine, run_compiled, assert_fully_compiled
 from tests.passes.test_matmul import Compiled
 
@@ -218,7 +218,7 @@ def test_gpu_form_is_the_flash_kernel_nest() -> None:
     marked for WGSL's flash-attention kernel, which `gpu-map` leaves as it is."""
     from torchburn.codegen import host_target
     from torchburn.passes.base import PassManager, get_pass
-    from torchburn.passes import gpu_lower, gpu_map  # noqa: F401  (registers the passes)
+    from torchburn.passes.gpu import lower as gpu_lower, map as gpu_map  # noqa: F401  (registers the passes)
 
     p = PassManager([get_pass("fuse")(), get_pass("lower-to-loops-gpu")(), get_pass("gpu-map")()],
                     target=host_target()).run(parse_graph(GRAPH))

@@ -1,4 +1,4 @@
-"""The GPU loop nest of `attention` (`passes/loopgen/attention_gpu.py`): its accessor loops are
+"""The GPU loop nest of `attention` (`passes/gpu/attention.py`): its accessor loops are
 there for the WGSL flash kernel to find, it is marked so that `gpu-map` leaves it alone, and as
 a plain loop program (run here on the reference interpreter) it computes the op: causal,
 masked, grouped-query heads, two segments, odd head dims."""
@@ -11,8 +11,8 @@ import pytest
 
 from torchburn.ir import loop as lp
 from torchburn.ir.parser import parse_graph
-from torchburn.passes.gpu_lower import LowerToLoopsGpu
-from torchburn.passes.gpu_map import GpuMap
+from torchburn.passes.gpu.lower import LowerToLoopsGpu
+from torchburn.passes.gpu.map import GpuMap
 from torchburn.runtime.reference.entry import run_arrays
 from tests.passes.test_expand_attention import _arrays_and_reference, _graph
 
@@ -56,7 +56,7 @@ def test_nest_computes_the_op(q, segs, masks: list[Optional[str]], causal: bool,
 def test_nest_stores_through_views() -> None:
     """Returned through a permute and a reshape (`fuse` puts the op in the view's kernel), the
     nest's `out` accessor stores at the view's index: one kernel, the view's values."""
-    from torchburn.passes.fusion import Fuse
+    from torchburn.passes.tensor.fusion import Fuse
 
     q, segs, masks, causal, dv = CASES[1]
     text = _graph(q, segs, masks, causal, 0.3, dv).replace(

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torchburn.ir.expr import Const, Var
 from torchburn.ir.parser import parse_expr
 from torchburn.ir.printer import print_expr
-from torchburn.passes.bounds import Bounds, Interval
+from torchburn.passes.loop.bounds import Bounds, Interval
 
 
 def nest() -> Bounds:

@@ -10,7 +10,7 @@ from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_graph
 from torchburn.ir.verifier import verify
 from torchburn.passes.base import get_pass, parse_pipeline
-from torchburn.passes.canonicalize import Canonicalize, exact_conversion
+from torchburn.passes.tensor.canonicalize import Canonicalize, exact_conversion
 from torchburn.passes.pipeline import DEFAULT_TENSOR, Pipeline
 
 

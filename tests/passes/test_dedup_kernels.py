@@ -1,4 +1,4 @@
-"""`dedup-kernels` (passes/dedup_kernels.py): kernels equal up to names merge, anything else
+"""`dedup-kernels` (passes/loop/dedup_kernels.py): kernels equal up to names merge, anything else
 that changes the code keeps them apart."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from torchburn.ir import loop as lp
 from torchburn.ir.parser import parse_program
 from torchburn.ir.verifier import verify
-from torchburn.passes.dedup_kernels import DedupKernels
+from torchburn.passes.loop.dedup_kernels import DedupKernels
 
 
 def program(second: str, symbols: str = "") -> lp.Program:

@@ -1,4 +1,4 @@
-"""`expand-attention` (`passes/expand_attention.py`): the fused attention op rewritten as
+"""`expand-attention` (`passes/tensor/expand_attention.py`): the fused attention op rewritten as
 matrix products around one row softmax computes what the op computes (compiled here on the
 CPU, where the expanded graph runs through the ordinary pipeline), for grouped-query heads
 folded or repeated, two key segments with boolean and additive masks, causal prefill and
@@ -16,8 +16,8 @@ from torchburn.frontend.attention_op import attention
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
-from torchburn.passes import expand_attention
-from torchburn.passes.expand_attention import ExpandAttention
+from torchburn.passes.tensor import expand_attention
+from torchburn.passes.tensor.expand_attention import ExpandAttention
 
 
 def _docstring_graph(part: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from torchburn.ir.printer import print_kernel
-from torchburn.passes.expand_math import ExpandMath
-from torchburn.passes.vectorize import Vectorize
+from torchburn.passes.loop.expand_math import ExpandMath
+from torchburn.passes.loop.vectorize import Vectorize
 
 from .util import assert_ir, execute, kernel, run_pass
 

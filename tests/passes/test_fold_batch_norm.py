@@ -1,4 +1,4 @@
-"""`fold-batch-norm` (`passes/fold_batch_norm.py`): per-channel affine chains after a
+"""`fold-batch-norm` (`passes/tensor/fold_batch_norm.py`): per-channel affine chains after a
 convolution folded into its weight and bias, and left alone where that would be wrong."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from tests.passes.test_matmul import Compiled
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
-from torchburn.passes import fold_batch_norm
-from torchburn.passes.fold_batch_norm import FoldBatchNorm
+from torchburn.passes.tensor import fold_batch_norm
+from torchburn.passes.tensor.fold_batch_norm import FoldBatchNorm
 
 
 def _docstring_graph(part: str) -> str:

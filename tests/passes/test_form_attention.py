@@ -1,4 +1,4 @@
-"""`form-attention` (`passes/form_attention.py`): hand-written `softmax(q @ k^T * c + m) @ v`
+"""`form-attention` (`passes/tensor/form_attention.py`): hand-written `softmax(q @ k^T * c + m) @ v`
 becomes the one `attention` op, with the numbers eager computes, and is left alone where the
 rewrite would change what the graph returns."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ from torchburn.compiler import driver
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
-from torchburn.passes import form_attention
-from torchburn.passes.form_attention import FormAttention
+from torchburn.passes.tensor import form_attention
+from torchburn.passes.tensor.form_attention import FormAttention
 from torchburn.runtime import config
 
 

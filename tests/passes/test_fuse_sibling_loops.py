@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchburn.passes.fuse_sibling_loops import FuseSiblingLoops
+from torchburn.passes.loop.fuse_sibling_loops import FuseSiblingLoops
 from tests.helpers import run_compiled
 
 from .util import assert_ir, kernel, run_pass

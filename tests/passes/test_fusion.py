@@ -1,10 +1,10 @@
-"""`fuse` (passes/fusion.py): a residual stream is stored at each add, as its product's
+"""`fuse` (passes/tensor/fusion.py): a residual stream is stored at each add, as its product's
 epilogue, so every layer of a deep model gets the same kernels."""
 from __future__ import annotations
 
 from torchburn.ir.parser import parse_graph
 from torchburn.passes.base import get_pass
-from torchburn.passes.dedup_kernels import DedupKernels
+from torchburn.passes.loop.dedup_kernels import DedupKernels
 
 
 def residual_layers(n: int) -> str:

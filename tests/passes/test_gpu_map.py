@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from torchburn.passes.base import parse_pipeline
-from torchburn.passes.gpu_map import GpuMap
+from torchburn.passes.gpu.map import GpuMap
 from tests.passes.util import assert_ir, kernel, matmul_kernel_text, run_pass
 
 

@@ -1,8 +1,8 @@
-"""The GPU variant of the pipeline (`passes/gpu_pipeline.py`): what it keeps and drops."""
+"""The GPU variant of the pipeline (`passes/gpu/pipeline.py`): what it keeps and drops."""
 from __future__ import annotations
 
-from torchburn.passes.gpu_pipeline import gpu_pipeline
-from torchburn.passes.fusion import Fuse
+from torchburn.passes.gpu.pipeline import gpu_pipeline
+from torchburn.passes.tensor.fusion import Fuse
 from torchburn.passes.pipeline import Pipeline
 
 

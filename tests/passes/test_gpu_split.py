@@ -7,7 +7,7 @@ import torch
 
 from torchburn.ir.parser import parse_program
 from torchburn.ir.printer import print_program
-from torchburn.passes.gpu_split import GpuSplitWide
+from torchburn.passes.gpu.split import GpuSplitWide
 
 from tests.gpu.conftest import check_gpu, gpu  # noqa: F401  (the fixture)
 

@@ -9,7 +9,7 @@ import torch
 from torchburn.ir.parser import parse_program
 from torchburn.ir.printer import print_program
 from torchburn.passes.base import PassError
-from torchburn.passes.gpu_split_k import GpuSplitK
+from torchburn.passes.gpu.split_k import GpuSplitK
 
 from tests.gpu.conftest import check_gpu, gpu  # noqa: F401  (the fixture)
 

@@ -6,7 +6,7 @@ from torchburn.ir import loop as lp
 from torchburn.ir.expr import Const, Var
 from torchburn.ir.parser import parse_expr, parse_stmt
 from torchburn.ir.printer import print_expr, print_stmt
-from torchburn.passes.loop_utils import (
+from torchburn.passes.loop.loop_utils import (
     NameSupply,
     Poly,
     affine_coefficient,

@@ -17,8 +17,8 @@ from torchburn.ir.parser import parse_graph, parse_program
 from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
 from torchburn.passes.base import PassManager
-from torchburn.passes.dedup_kernels import DedupKernels
-from torchburn.passes.gpu_lower import LowerToLoopsGpu
+from torchburn.passes.loop.dedup_kernels import DedupKernels
+from torchburn.passes.gpu.lower import LowerToLoopsGpu
 from torchburn.passes.lower_to_loops import LowerToLoops
 from torchburn.passes.pipeline import Pipeline
 from torchburn.runtime import config

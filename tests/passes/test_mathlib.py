@@ -15,8 +15,8 @@ import pytest
 from scipy import special
 
 from torchburn.ir.printer import print_kernel
-from torchburn.passes.expand_math import ExpandMath
-from torchburn.passes.vectorize import Vectorize
+from torchburn.passes.loop.expand_math import ExpandMath
+from torchburn.passes.loop.vectorize import Vectorize
 
 from .util import execute, kernel, run_pass
 
@@ -111,7 +111,7 @@ def _operations(builder: Callable[..., object]) -> int:
     """Operations (not names or constants) in a 16-lane expansion: lets and result."""
     from torchburn.ir import dtypes as dt
     from torchburn.ir import expr as ex
-    from torchburn.passes.mathlib import LetSink
+    from torchburn.passes.loop.mathlib import LetSink
 
     sink = LetSink()
     out = builder(ex.Var("x", ex.ScalarType(dt.f32, 16)), sink)
@@ -122,7 +122,7 @@ def _operations(builder: Callable[..., object]) -> int:
 def test_erf_is_one_cheap_rational() -> None:
     """GELU's cost is erf's: one rational, cheaper than an exp (the two-branch form it
     replaced took an exp and two polynomials, 63 operations)."""
-    from torchburn.passes.mathlib import erf_f32, exp_f32
+    from torchburn.passes.loop.mathlib import erf_f32, exp_f32
 
     assert _operations(erf_f32) <= 22 < _operations(exp_f32)
 

@@ -24,7 +24,7 @@ from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
 from torchburn.ir.verifier import verify
 from torchburn.passes.base import PASSES, PassManager, get_pass
-from torchburn.passes.fusion import Fuse
+from torchburn.passes.tensor.fusion import Fuse
 from torchburn.ir.target import Target
 from torchburn.passes.loopgen.matmul import CpuInfo, plan_gemm
 from torchburn.passes.pipeline import DEFAULT_LOOP, Pipeline
@@ -39,10 +39,7 @@ def _loop_passes() -> list[Any]:
     import importlib
 
     for m in LOOP_MODULES:
-        try:
-            importlib.import_module("torchburn.passes." + m)
-        except ImportError:
-            pass
+        importlib.import_module("torchburn.passes.loop." + m)
     return [get_pass(n)() for n in DEFAULT_LOOP if n in PASSES]
 
 

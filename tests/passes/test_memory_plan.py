@@ -1,4 +1,4 @@
-"""`plan-memory` (passes/memory_plan.py): offsets of temporaries of symbolic size stay short."""
+"""`plan-memory` (passes/loop/memory_plan.py): offsets of temporaries of symbolic size stay short."""
 from __future__ import annotations
 
 from torchburn.ir import dtypes as dt
@@ -6,7 +6,7 @@ from torchburn.ir import expr as ex
 from torchburn.ir import loop as lp
 from torchburn.ir.expr import Const, Var
 from torchburn.ir.printer import print_expr
-from torchburn.passes.memory_plan import PlanMemory
+from torchburn.passes.loop.memory_plan import PlanMemory
 
 
 def chain(n: int) -> lp.Program:

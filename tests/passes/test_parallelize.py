@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchburn.passes.parallelize import Parallelize, estimated_work
-from torchburn.passes.vectorize import Vectorize
+from torchburn.passes.loop.parallelize import Parallelize, estimated_work
+from torchburn.passes.loop.vectorize import Vectorize
 
 from .util import assert_ir, execute, kernel, run_pass
 

@@ -1,4 +1,4 @@
-"""The `qlinear` IR op and its kernels (`passes/loopgen/qlinear.py`): text round trip and type
+"""The `qlinear` IR op and its kernels (`passes/quant/qlinear.py`): text round trip and type
 rules, results of the SIMD and the plain (GPU-form) kernels against a float64 reference on
 the layouts of `torchburn/quant/layouts.py`, the fused epilogue, and no access outside any
 buffer (guard pages)."""
@@ -103,8 +103,8 @@ def reference(x: np.ndarray, wd: np.ndarray, b: np.ndarray, epilogue: bool = Tru
     and the dequantized weight, then the epilogue."""
     xs = x.astype(np.float64)
     if plan is not None and "act=int8" in plan:
-        from torchburn.passes.loopgen.qlinear import QLinear
-        from torchburn.passes.loopgen.qlinear_i8 import activation_group
+        from torchburn.passes.quant.qlinear import QLinear
+        from torchburn.passes.quant.qlinear_i8 import activation_group
 
         fake = QLinear(None, None, None, None, kind, group, True)  # type: ignore[arg-type]
         xs = quantized_x(x, activation_group(fake))

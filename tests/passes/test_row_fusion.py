@@ -1,4 +1,4 @@
-"""Row fusion (`passes/row_fusion.py`, part of `fuse`) and the row kernels `lower-to-loops`
+"""Row fusion (`passes/tensor/row_fusion.py`, part of `fuse`) and the row kernels `lower-to-loops`
 builds from it: IR text in, IR text out, then softmax and norms through the compiler against
 eager (contiguous, strided, 3-D, symbolic rows, a reduction over a dim that is not last)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_graph, print_program
 from torchburn.ir.verifier import verify
-from torchburn.passes.fusion import Fuse
+from torchburn.passes.tensor.fusion import Fuse
 from torchburn.passes.lower_to_loops import LowerToLoops
 from tests.helpers import assert_fully_compiled, run_compiled
 

@@ -8,8 +8,8 @@ from torchburn.ir import dtypes as dt
 from torchburn.ir.expr import Binary, Const, ScalarType, Var
 from torchburn.ir.parser import parse_expr
 from torchburn.ir.printer import print_expr
-from torchburn.passes.bounds import Bounds
-from torchburn.passes.simplify import Simplify, simplify_expr
+from torchburn.passes.loop.bounds import Bounds
+from torchburn.passes.loop.simplify import Simplify, simplify_expr
 
 from .util import assert_ir, execute, kernel, run_pass
 
@@ -210,8 +210,8 @@ def test_simplified_forms_are_kept_per_scope() -> None:
     """`simplify_expr` keeps its results in the `Bounds` scope: asking again in the same scope
     is a hit (the same object back), an inner scope starts empty (its ranges differ)."""
     from torchburn.ir import expr as ex
-    from torchburn.passes.bounds import Bounds, Interval
-    from torchburn.passes.simplify import simplify_expr
+    from torchburn.passes.loop.bounds import Bounds, Interval
+    from torchburn.passes.loop.simplify import simplify_expr
 
     i = parse_expr("i")
     outer = Bounds()
@@ -228,8 +228,8 @@ def test_simplified_forms_are_kept_per_scope() -> None:
 def test_signed_zeros_are_different_constants() -> None:
     """-0.0 and 0.0 are not equal IR (a memo keyed on expressions must not swap them)."""
     from torchburn.ir import expr as ex
-    from torchburn.passes.bounds import Bounds
-    from torchburn.passes.simplify import simplify_expr
+    from torchburn.passes.loop.bounds import Bounds
+    from torchburn.passes.loop.simplify import simplify_expr
 
     f32 = ScalarType(dt.f32)
     neg, pos = ex.Const(-0.0, f32), ex.Const(0.0, f32)
@@ -238,3 +238,13 @@ def test_signed_zeros_are_different_constants() -> None:
     assert simplify_expr(pos, scope) == pos
     out = simplify_expr(neg, scope)
     assert out == neg and str(out.value) == "-0.0"
+
+
+@pytest.mark.parametrize("value, dtype, expected", [(5, dt.i32, -5), (-2**31, dt.i32, -2**31), (-2**63, dt.i64, -2**63)])
+def test_negating_an_integer_constant_folds_and_wraps(value: int, dtype: dt.DType, expected: int) -> None:
+    """`neg(c)` of an integer folds to `-c` wrapped to the type (two's complement: -INT_MIN is
+    INT_MIN), as the scalar semantics and the generated code compute it."""
+    from torchburn.ir import expr as ex
+    from torchburn.passes.loop.simplify import double_negation
+    folded = double_negation(ex.Call("neg", (Const(value, ScalarType(dtype)),), ScalarType(dtype)), Bounds({}))
+    assert isinstance(folded, Const) and folded.value == expected

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import parse_pipeline
-from torchburn.passes.simplify import Simplify
-from torchburn.passes.split_accumulators import SplitAccumulators
-from torchburn.passes.vectorize import Vectorize
+from torchburn.passes.loop.simplify import Simplify
+from torchburn.passes.loop.split_accumulators import SplitAccumulators
+from torchburn.passes.loop.vectorize import Vectorize
 from tests.helpers import run_compiled
 
 from .util import assert_ir, execute, kernel, run_pass

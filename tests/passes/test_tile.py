@@ -10,8 +10,8 @@ from tests.helpers import run_compiled
 from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import PassError, parse_pipeline
 from torchburn.passes.pipeline import Pipeline
-from torchburn.passes.simplify import Simplify
-from torchburn.passes.tile import Tile
+from torchburn.passes.loop.simplify import Simplify
+from torchburn.passes.loop.tile import Tile
 
 from .util import assert_ir, execute, kernel, run_pass
 

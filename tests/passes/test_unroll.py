@@ -6,8 +6,8 @@ import pytest
 
 from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import PassError
-from torchburn.passes.simplify import Simplify
-from torchburn.passes.unroll import Unroll
+from torchburn.passes.loop.simplify import Simplify
+from torchburn.passes.loop.unroll import Unroll
 
 from .util import assert_ir, execute, kernel, run_pass
 

@@ -6,7 +6,7 @@ import pytest
 
 from torchburn.ir.printer import print_kernel
 from torchburn.passes.base import PassError, parse_pipeline
-from torchburn.passes.vectorize import Vectorize
+from torchburn.passes.loop.vectorize import Vectorize
 
 from .util import as_program, assert_ir, execute, kernel, run_pass
 

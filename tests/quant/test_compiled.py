@@ -1,5 +1,5 @@
 """`torchburn::linear_int8` / `linear_int4` compiled by TorchBurn (the `qlinear` IR op and its
-dequantizing kernels, `torchburn/passes/loopgen/qlinear.py`) equal the ops' eager reference,
+dequantizing kernels, `torchburn/passes/quant/qlinear.py`) equal the ops' eager reference,
 and nothing falls back to PyTorch."""
 from __future__ import annotations
 

@@ -281,7 +281,7 @@ def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], 
     engine's `stream` (`engines.KernelStream`), each kernel goes to it as its passes finish."""
     from ..ir.loop import Program
     from ..passes.base import PassError, PassManager
-    from ..passes.dedup_kernels import DedupKernels
+    from ..passes.loop.dedup_kernels import DedupKernels
     from .kernel_cache import run_loop_phase
 
     front = PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels()], instruments, target=target)

@@ -240,7 +240,7 @@ class WgslEngine:
     disk = False
 
     def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
-        from ..passes.gpu_pipeline import gpu_pipeline
+        from ..passes.gpu.pipeline import gpu_pipeline
 
         return gpu_pipeline(pipeline)
 

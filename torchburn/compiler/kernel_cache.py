@@ -96,7 +96,7 @@ def loop_phase_key(passes: Sequence["Pass"], target: "Target") -> str:
 def kernel_key(kernel: "lp.Kernel", phase_key: str) -> str:
     """The key of one kernel's loop-pass result (see the module docstring)."""
     from ..ir.hashing import hash_key
-    from ..passes.dedup_kernels import kernel_identity
+    from ..passes.loop.dedup_kernels import kernel_identity
 
     structure, symbols = kernel_identity(kernel)
     return hash_key(structure, ",".join(symbols), phase_key)

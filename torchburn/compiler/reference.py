@@ -24,8 +24,8 @@ def reference_pipeline(p: "Pipeline") -> "Pipeline":
     """`p` for the reference engine (module docstring): built-in loop passes dropped, user
     loop passes kept, matrix products lowered as plain nests, epilogues at the product's index
     and row kernels kept apart (as the plain product nest needs, see `gpu_lower.py`)."""
-    from ..passes.fusion import Fuse
-    from ..passes.gpu_lower import LowerToLoopsGpu
+    from ..passes.tensor.fusion import Fuse
+    from ..passes.gpu.lower import LowerToLoopsGpu
     from ..passes.lower_to_loops import LowerToLoops
     from ..passes.pipeline import Pipeline, user_loop_passes
 

@@ -26,7 +26,7 @@ The products and sums are the ones gguf-py's `gguf.quants.dequantize` computes, 
 operation once gives its float32 values bit for bit.
 
 This module is data and expressions only (no torch): `ir/ops.py` reads the sizes,
-`passes/loopgen/qlinear_blocks.py` builds the kernels, `quant/blocks.py` the reference.
+`passes/quant/qlinear_blocks.py` builds the kernels, `quant/blocks.py` the reference.
 """
 from __future__ import annotations
 

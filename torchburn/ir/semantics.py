@@ -1,6 +1,6 @@
 """The meaning of every scalar operation of the IR, defined once, over NumPy.
 
-Constant folding (`expr.py`, `passes/simplify.py`), index evaluation, the bounds analysis, the
+Constant folding (`expr.py`, `passes/loop/simplify.py`), index evaluation, the bounds analysis, the
 launcher's size expressions and the reference interpreter all compute through `evaluate` and
 `cast_value`; the code generators (LLVM, WGSL) implement the same operations and are tested
 against this module (`tests/codegen/test_semantics_agreement.py`). `SCALAR_OPS` lists the

@@ -191,8 +191,8 @@ def discover_passes() -> dict[str, str]:
         import sys
 
         package = __name__.rsplit(".", 1)[0]
-        for info in pkgutil.iter_modules(sys.modules[package].__path__):
-            module = f"{package}.{info.name}"
+        for info in pkgutil.walk_packages(sys.modules[package].__path__, prefix=f"{package}."):
+            module = info.name
             if module in sys.modules:
                 continue
             try:

@@ -266,7 +266,7 @@ class LowerToLoops(Pass):
             body = build_attention(kb, attn[0], out, self.attention_block_q, self.attention_block_k,
                                    self.attention_rows, attn[1])
         elif qop is not None:  # (the convolution and quantized-product builders load when a graph has one)
-            from .loopgen.qlinear_forms import build_qlinear, plain_qlinear
+            from .quant.qlinear_forms import build_qlinear, plain_qlinear
 
             body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else plain_qlinear(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):

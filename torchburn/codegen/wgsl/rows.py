@@ -1,4 +1,4 @@
-"""WGSL for the `rows` mapping of `gpu-map` (`passes/gpu_rows.py`): a row kernel in one pass.
+"""WGSL for the `rows` mapping of `gpu-map` (`passes/gpu/rows.py`): a row kernel in one pass.
 
 One workgroup per row, or `W / R` rows per workgroup of `W` invocations when the row is short
 (`gpu_row_wg = R` invocations per row). Invocation `lane` of a row handles elements

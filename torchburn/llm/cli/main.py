@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt length of the pp test (default 512)")
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--peers", action="store_true",
+                       help="also time llama.cpp (llama-cpp-python) and ik_llama.cpp (ik-llama-cpp-python), "
+                            "where installed, on the same GGUF file, each in a process of its own")
     bench.add_argument("--profile", action="store_true",
                        help="then time a decode step kernel by kernel (also TORCHBURN_PROFILE=1)")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous "
@@ -144,8 +147,18 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     llm = _load(args)
+    peers: list[str] = []
+    gguf = None
+    if args.peers:
+        from .peers import available
+
+        gguf = _gguf_file(args.model)
+        peers = available()
+        if not peers:
+            print("torchburn: --peers: neither llama-cpp-python nor ik-llama-cpp-python is installed",
+                  file=sys.stderr)
     report = run_benchmark(llm, args.prompt_tokens, args.tokens or 128, args.repeats,
-                           args.threads, load_s=time.perf_counter() - t0)
+                           args.threads, load_s=time.perf_counter() - t0, peers=peers, gguf=gguf)
     print(report.table())
     if args.json:
         report.write_json(args.json)
@@ -154,6 +167,19 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
         print(profile_decode(llm).table())
     return 0
+
+
+def _gguf_file(model: Optional[str]) -> str:
+    """The GGUF file the peers run: ``--model``'s when it is one, else the default model's."""
+    from pathlib import Path
+
+    if model is None:
+        from ..model.source import default_model
+
+        return str(default_model())
+    if Path(model).is_file() and model.endswith(".gguf"):
+        return model
+    raise SystemExit(f"torchburn: --peers needs a GGUF file (llama.cpp reads only GGUF); got --model {model}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

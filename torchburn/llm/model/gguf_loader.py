@@ -1,7 +1,9 @@
 """Loading a GGUF file: configuration from its metadata, weights from its tensors.
 
 Every block type llama.cpp writes stays quantized: Q4_0, Q4_1 and Q8_0 linear weights become
-our INT4/INT8 layouts bit for bit (`torchburn.quant`), and every other type of the block table
+our INT4/INT8 layouts bit for bit (`torchburn.quant`), Q4_K ones INT4 with group 32 (the
+scale and min products rounded to float16: `import_gguf_q4_k`; its GEMV runs the int4 kernel
+with int8 activations, 5-10x the block table's f32 form), and every other type of the block table
 (`ir/qblocks.py`: Q5_0, Q5_1, Q2_K ... Q6_K), like any quantized token embedding other than
 Q8_0, is kept as the file's blocks (`BlockWeight`); F32/F16/BF16 are widened to float32
 (exactly). Other types (the i-quants IQ*, TQ*, MXFP4, types only forks write) are refused with
@@ -25,7 +27,7 @@ import torch
 
 from ...ir.qblocks import BLOCK_TYPES
 from ...quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
-                     import_gguf_q4_1, import_gguf_q8_0)
+                     import_gguf_q4_1, import_gguf_q4_k, import_gguf_q8_0)
 from .config import ConfigError, DecoderConfig, unsupported_message
 from .decoder import Decoder
 from .families import BY_GGUF_ARCH, Family, sliding_layers
@@ -381,7 +383,8 @@ def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfi
                                   "k_proj.bias")):
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         perm = unpermute_rows(shape[0], heads)
-    importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
+    importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1,
+                 Q.Q4_K: import_gguf_q4_k}
     embedding = name == "embed_tokens.weight"
     if kind in importers and len(shape) == 2 and (kind == Q.Q8_0 or not embedding):
         w = importers[kind](data, shape)

@@ -532,7 +532,7 @@ class KernelBuilder:
 
     def _holds_reduction(self, op: Op) -> bool:
         """Whether a reduction is computed inside this elementwise kernel (a row kernel, see
-        `passes/row_fusion.py`)."""
+        `passes/tensor/row_fusion.py`)."""
         if get_op(op.name).category == "reduction":
             return False
         stack, seen = list(op.operands), set()

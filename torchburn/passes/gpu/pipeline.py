@@ -1,0 +1,46 @@
+"""The pipeline the wgpu engine runs: the CPU pipeline's tensor passes and the user's loop
+passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
+
+    Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
+    gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse
+                         | lower-to-loops-gpu | gpu-split-wide, gpu-split-k, gpu-map
+
+The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
+"""
+from __future__ import annotations
+
+from ..tensor.expand_attention import ExpandAttention
+from ..tensor.fusion import Fuse
+from .lower import LowerToLoopsGpu
+from .map import GpuMap
+from .split import GpuSplitWide
+from .split_k import GpuSplitK
+from ..lower_to_loops import LowerToLoops
+from ..pipeline import Pipeline, user_loop_passes
+
+
+def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
+    """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
+    of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
+    nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
+    `gpu_split.py`), `gpu-split-k` (products with few output tiles, `gpu_split_k.py`) and
+    `gpu-map` last (unless the user placed them). Row fusion stays:
+    `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). A fused `attention`
+    op stays one kernel, the flash-attention shader (`codegen/wgsl/attention.py`), where that
+    covers it; `expand-attention{keep_flash}` expands the others into products and a softmax
+    before fusion (and all of them with `flash=False`)."""
+    loop = user_loop_passes(p)
+    if not any(x.name == GpuMap.name for x in loop):
+        loop.append(GpuMap())
+    if not any(x.name == GpuSplitWide.name for x in loop):
+        # before the mapping, so that each chunk is mapped on its own
+        loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitWide())
+    if not any(x.name == GpuSplitK.name for x in loop):
+        # before the mapping: the parts are a GEMM, their sum an elementwise kernel
+        loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitK())
+    lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
+    tensor = list(p.tensor)
+    if not any(x.name == ExpandAttention.name for x in tensor):
+        at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
+        tensor.insert(at, ExpandAttention(keep_flash=flash))
+    return Pipeline(tensor=tensor, lowering=lowering, loop=loop, final=[])

@@ -1,0 +1,67 @@
+"""Which loop form a `qlinear` kernel takes on a CPU: int8 activations (`qlinear_i8.py`), the
+f32 SIMD kernel (`qlinear.py`), or the plain per-element nest.
+
+Weights in ggml blocks (kind "blocks") take `qlinear_blocks`' forms, generated from the
+block table. The choice reads the op (K static, x and the weight streamable), M (known, or chosen at run
+time between the GEMV and the multi-row form) and the target (`CpuInfo`: vector width,
+threads, native byte dot products):
+
+    qlinear(%x: f32[1, 4096], %q: u8[4096, 2048], ...) {kind = "int4", group = 32}
+      -> M = 1 is static: one form; int8 activations where `dot4_u8i8_acc` is native (or asked
+         for), else the f32 GEMV of `QLinearBuilder`
+    qlinear(%x: f32[s0, 4096], ...)
+      -> if s0 <= 1 { GEMV form } else { multi-row form }
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from ...ir import expr as ex
+from ...ir import loop as lp
+from ...ir.expr import Const
+from ...ir.tensor import Op
+from ..loopgen.matmul import CpuInfo, static_int
+from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_plain, plan_qlinear
+from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
+from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
+
+if TYPE_CHECKING:
+    from ..loopgen.kernel_builder import KernelBuilder
+
+
+def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
+    """The per-element nest (GPUs, and operands the SIMD forms cannot stream): the block
+    table's for kind "blocks", else `build_qlinear_plain`."""
+    if qop.attrs["kind"] == "blocks":
+        return build_blocks_plain(kb, root, qop, out)
+    return build_qlinear_plain(kb, root, qop, out)
+
+
+def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
+                  cpu: CpuInfo, activations: Optional[str] = None) -> lp.Stmt:
+    """The CPU kernel computing `root` (a `qlinear`, or the last op of its epilogue) into
+    `out`: the SIMD nest when x and the weight can be streamed and K is static, else the
+    plain nest. With M known only at run time, the GEMV and the multi-row form are both
+    built and chosen by M. `activations` ("auto", "int8", "f32"; by default the op's attribute)
+    says when x is quantized to int8 (`qlinear_i8`)."""
+    ql = QLinear.of(qop)
+    choice = activations or ql.activations
+    probes = _probes(kb, ql) if static_int(ql.k) is not None else None
+    if probes is None:
+        return plain_qlinear(kb, root, qop, out)
+    x_load, q_load, row, k, n = probes
+
+    def form(m: Optional[int]) -> lp.Stmt:
+        if ql.kind == "blocks":
+            blocks_plan = plan_blocks(ql, m, cpu)
+            return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()
+        i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
+        if i8_plan is not None:
+            return build_qlinear_i8(kb, root, qop, out, i8_plan, (x_load, q_load, row, k, n))
+        plan = plan_qlinear(ql, m, cpu)
+        return QLinearBuilder(kb, root, qop, out, plan, x_load, q_load, row, k, n).build()
+
+    m = static_int(ql.m)
+    if m is not None:
+        return form(m)
+    return lp.If(ex.binary("le", ql.m, Const(1)), form(1), form(None))
