@@ -77,7 +77,7 @@ WEIGHT_SUFFIX = ".tbw"
 RECORD_SUFFIX = ".tbtune"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
-DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_BYTES = 16 << 30
 #: Temporary files older than this are leftovers of a writer that died.
 STALE_TEMP_SECONDS = 3600
 
@@ -447,9 +447,12 @@ def disk_cache(root: Optional[Path]) -> Optional[DiskCache]:
     """The cache for folder `root` (None: the disk cache is off)."""
     if root is None:
         return None
+    from .config import get_config
+
     cache = _caches.get(root)
     if cache is None:
         cache = _caches[root] = DiskCache(root)
+    cache.max_bytes = get_config().cache_max_bytes  # TORCHBURN_CACHE_MAX_GB
     return cache
 
 

@@ -186,14 +186,13 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[Opt
     return tuple(int(window) if s else None for s in slides)
 
 
-def _ids(value: Any, key: str) -> tuple[int, ...]:
-    """Token ids from a config value: none, one id or a list of ids (each a non-negative int)."""
+def _ids(value: Any) -> tuple[int, ...]:
+    """``eos_token_id``: an id, a list of ids, or none."""
     if value is None:
         return ()
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"{key} must be a token id or a list of token ids; got {value!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+        raise ConfigError(f"eos_token_id must be a token id or a list of token ids; got {value!r}")
     return tuple(items)
 
 
@@ -263,7 +262,7 @@ def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> DecoderCon
         qk_norm=fam.qk_norm,
         layer_windows=_layer_windows(cfg, fam, n_layers),
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=_ids(cfg.get("eos_token_id"), "eos_token_id"),
+        eos_token_ids=_ids(cfg.get("eos_token_id")),
         pad_token_id=cfg.get("pad_token_id"),
         hidden_act=_activation(cfg, fam),
         embed_scale=float(hidden) ** 0.5 if fam.scale_embedding else 1.0,
