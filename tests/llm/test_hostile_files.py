@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from torchburn.llm.model.config import ConfigError, from_hf_dict
@@ -324,6 +324,7 @@ _JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70),
 
 @settings(max_examples=150, deadline=None)
 @given(changes=st.dictionaries(st.sampled_from(_CONFIG_KEYS), _JSON, min_size=1, max_size=4))
+@example(changes={"eos_token_id": [None]})   # found by this test: int(None) was a TypeError
 def test_fuzzed_config_json_builds_or_raises_config_error(changes: dict[str, Any]) -> None:
     cfg = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=96,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,

@@ -184,13 +184,20 @@ def test_queue_bound_and_shutdown_end_every_request(tiny_checkpoint) -> None:
     assert b.finish.reason == "error"
 
 
-@pytest.mark.parametrize("compile", [True])
-def test_compiled_batched_decode_matches_alone(tiny_checkpoint, compile: bool) -> None:
-    """Through the compiled step (decode buckets 1, 2, 4 over views of the shared rows)."""
+def _signatures(llm: LLM) -> set:
+    return set(llm.steps.entries) if llm.steps is not None else set(llm._compiled_shapes)
+
+
+def test_compiled_batched_decode_matches_alone(tiny_checkpoint) -> None:
+    """Through the compiled step (decode buckets 1, 2, 4 over views of the shared rows): the
+    same greedy text alone and together; after `warm_up`, requests compile nothing more (a
+    prefix-cache hit's one-token prefill included)."""
     _, folder = tiny_checkpoint("llama")
-    llm = _llm(folder, compile=compile)
+    llm = _llm(folder, compile=True)
     prompts, n = PROMPTS[:4], 10
-    s = Scheduler(llm, parallel=4, prefix_cache=0)
+    s = Scheduler(llm, parallel=4, prefix_cache=4)
+    s.warm_up()
+    warm = _signatures(llm)
     s.start()
     try:
         alone = []
@@ -198,10 +205,13 @@ def test_compiled_batched_decode_matches_alone(tiny_checkpoint, compile: bool) -
             c = _submit(s, llm, p, n)[1]
             assert c.done.wait(600)
             alone.append(c.text)
-        together = [_submit(s, llm, p, n)[1] for p in prompts]
+        together = [_submit(s, llm, p, n)[1] for p in prompts]   # prefix hits: one-token prefills
         for c in together:
             assert c.done.wait(600)
     finally:
         s.stop()
     assert [c.text for c in together] == alone
+    assert alone == [llm.generate(p, max_new_tokens=n, temperature=0) for p in prompts]
     assert s.stats.decode_rows > s.stats.decode_steps
+    assert s.prefixes.reused_tokens > 0
+    assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"

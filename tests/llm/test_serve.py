@@ -275,6 +275,14 @@ def test_queue_limit_and_graceful_shutdown(folder: Path) -> None:
     try:   # long answers (greedy, no end of sequence before 2000 tokens): seconds each
         body = {"model": NAME, "prompt": "hello", "max_tokens": 2000, "temperature": 0,
                 "stream": True}
+        # a whole (not streamed) answer whose client gives up is cancelled too
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.url + "/v1/completions", json={**body, "stream": False}, timeout=1.0)
+        key = f'torchburn_requests_total{{model="{NAME}",finish_reason="cancelled"}}'
+        deadline = time.monotonic() + 30
+        while metrics(s)[key] < 1:
+            assert time.monotonic() < deadline, "the abandoned request was not cancelled"
+            time.sleep(0.1)
         with httpx.Client(base_url=s.url, timeout=120) as h:
             with h.stream("POST", "/v1/completions", json=body) as first:
                 lines = first.iter_lines()

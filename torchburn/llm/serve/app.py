@@ -32,6 +32,8 @@ log = logging.getLogger("torchburn")
 
 #: Request bodies larger than this are refused (413) before parsing.
 MAX_BODY = 8 << 20
+#: Seconds between checks that the client of a whole (not streamed) response is still there.
+DISCONNECT_POLL = 0.5
 
 
 class ServerState:
@@ -137,9 +139,20 @@ async def _whole(state: ServerState, req: protocol.GenerationRequest, job: GenRe
                  events: "asyncio.Queue[Event]", rid: str, created: int,
                  request: Request) -> Response:
     pieces: list[str] = []
+    loop = asyncio.get_running_loop()
+    check = loop.time() + DISCONNECT_POLL
     try:
         while True:
-            event = await events.get()
+            try:
+                event: Optional[Event] = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
+            except asyncio.TimeoutError:
+                event = None
+            if loop.time() >= check:
+                check = loop.time() + DISCONNECT_POLL
+                if await request.is_disconnected():   # nobody waits for the answer any more
+                    job.cancel()
+            if event is None:
+                continue
             if isinstance(event, Text):
                 pieces.append(event.text)
                 continue

@@ -1,5 +1,6 @@
 """Running the server: the scheduler's thread, uvicorn on the asyncio side, and a graceful stop.
 
+The model runs in the main thread (`Scheduler.run`), uvicorn's event loop in a second one.
 On SIGTERM or SIGINT the server stops accepting connections and takes no new requests
 (``/health`` answers 503); requests already running or waiting may finish for
 ``shutdown_timeout`` seconds, after which each ends with an error event (a stream) or a 503
@@ -55,28 +56,38 @@ def run_server(llm: "LLM", *, model_name: str, host: str = "127.0.0.1", port: in
         scheduler.warm_up()
     state = ServerState(llm, scheduler, model_name, api_key)
     app = create_app(state)
-    scheduler.start()
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if not state.draining:
-                log.info("torchburn: shutting down; running requests have %.0f s to finish",
-                         shutdown_timeout)
-                state.draining = True
-                scheduler.drain(shutdown_timeout)
-            super().handle_exit(sig, frame)
-
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
                             timeout_graceful_shutdown=int(shutdown_timeout) + 5,
                             access_log=log_level == "debug")
-    server = Server(config)
-    # uvicorn raises the signal again after its graceful shutdown, with the handler it found:
-    # a SIGTERM that was handled (every request ended) then ends the process with status 0
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda sig, frame: None) if main else None
+    server = uvicorn.Server(config)
+    # HTTP in a thread, the model in the main thread (`Scheduler.run` says why); so the
+    # signals are ours: drain the scheduler, then let uvicorn close its connections
+    def serve_http() -> None:
+        try:
+            server.run()
+        finally:  # uvicorn ended (after a signal, or it could not start): so does the loop
+            state.draining = True
+            scheduler.drain(0.0)
+
+    http = threading.Thread(target=serve_http, name="torchburn-http", daemon=True)
+
+    def on_signal(sig: int, frame: Any) -> None:
+        if state.draining and sig == signal.SIGINT:
+            server.force_exit = True
+        if not state.draining:
+            log.info("torchburn: shutting down; running requests have %.0f s to finish",
+                     shutdown_timeout)
+            state.draining = True
+            scheduler.drain(shutdown_timeout)
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    http.start()
     try:
-        server.run()
+        scheduler.run()
+        http.join()
     finally:
+        server.should_exit = True
         scheduler.stop()
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
