@@ -52,13 +52,11 @@ MIN_MACS = 1 << 21
 CUT_FIXED_S = 100e-6
 CUT_SECONDS_PER_BYTE = 2 / 8e9
 #: Where the tuner's budget is spent before a convolution is measured, the library call is the
-#: safe guess only for an ungrouped convolution with a window (not 1x1) of at least this many
-#: multiply-adds (oneDNN's blocked kernels were 1.5-2x ours on ResNet's 3x3 layers); a grouped
-#: one (depthwise: one thread, 32 channels at 112x112, ours 0.68 ms, ATen 2.5 ms), a pointwise
-#: one (its batch norm and activation stay fused in ours) or a smaller one, where the cut costs
-#: as much as the kernel, stays ours. EfficientNet-B0's forward spent the 30 s budget after 6
-#: of its 41 convolutions: with every later one ATen's it ran at 1.18x eager's time; with the
-#: two last 1x1 layers ATen's (7x7, 1152-320-1280 channels), 1.09x; all ours, 0.98x.
+#: safe guess only for an ungrouped convolution of at least this many multiply-adds (oneDNN's
+#: blocked kernels were 1.5-2x ours on ResNet's 3x3 layers); a grouped one (depthwise: one
+#: thread, 32 channels at 112x112, ours 0.68 ms, ATen 2.5 ms) or a smaller one, where the cut
+#: costs as much as the kernel, stays ours. EfficientNet-B0's forward spent the 30 s budget
+#: after 6 of its 41 convolutions; with every other one ATen's, it ran at 1.18x eager's time.
 SAFE_LIBRARY_MACS = 1 << 24
 
 
@@ -201,9 +199,7 @@ def _groups(node: torch.fx.Node) -> int:
 
 def library_is_safe(node: torch.fx.Node) -> bool:
     """Whether the library call is the better guess for `node` unmeasured (`SAFE_LIBRARY_MACS`)."""
-    w = node.args[1] if node.target is aten.convolution.default else node.args[2]
-    window = math.prod(int(k) for k in w.meta["val"].shape[2:])
-    return _groups(node) == 1 and window > 1 and _macs(node) >= SAFE_LIBRARY_MACS
+    return _groups(node) == 1 and _macs(node) >= SAFE_LIBRARY_MACS
 
 
 def cut_overhead(node: torch.fx.Node) -> float:

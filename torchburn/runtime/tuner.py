@@ -20,7 +20,7 @@ Modes (`TORCHBURN_TUNE`, or the `tune` option of `torch.compile`):
 - ``cached``: a record found in memory or on disk is applied; else the default;
 - ``search``: a record is applied; else the candidates are measured while the graph's budget
   (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the `safe` candidate is used
-  (the one least likely to be slow: for a large convolution with a window, the library call;
+  (the one least likely to be slow: for a large ungrouped convolution, the library call;
   `backend/library_calls.library_is_safe`).
 
 A candidate may carry an `overhead_s`: a cost of choosing it that its own run does not show
