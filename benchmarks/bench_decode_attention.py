@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from torchburn.llm import LLM
-    from torchburn.llm.profile import profile_decode
+    from torchburn.llm.cli.profile import profile_decode
 
     with tempfile.TemporaryDirectory() as tmp:
         make_checkpoint(Path(tmp))

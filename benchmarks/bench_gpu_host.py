@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchburn.backend import gpu_launcher as gl
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
     from torchburn.runtime.gpu import get_device
     from torchburn.runtime.gpu_calls import count_calls
 

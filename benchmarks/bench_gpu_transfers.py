@@ -9,7 +9,7 @@ lists no program.
 """
 import sys, time
 from torchburn.llm import LLM
-from torchburn.llm.sampling import SamplingParams
+from torchburn.llm.runtime.sampling import SamplingParams
 from torchburn.backend import gpu_launcher as gl
 llm = LLM.from_pretrained(sys.argv[1] if len(sys.argv) > 1 else None, device="gpu", max_context=512)
 llm.eos_ids = frozenset()

@@ -64,7 +64,7 @@ def bench_decode(tokens: int, threads: int) -> tuple[float, float]:
     import transformers
 
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408,

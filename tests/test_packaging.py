@@ -37,7 +37,7 @@ def test_wheel_holds_every_module_and_the_entry_points(wheel: Path) -> None:
     (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry).decode()
     for line in ("torchburn = torchburn.backend:torchburn_backend", "torchburn-opt = torchburn.cli.opt:main",
-                 "torchburn = torchburn.llm.cli:run"):
+                 "torchburn = torchburn.llm.cli.main:run"):
         assert line in text, f"entry point {line!r} missing"
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     meta = zipfile.ZipFile(wheel).read(metadata).decode()

@@ -5,7 +5,7 @@
 
 Eager is profiled with `torch.profiler` (self CPU time per ATen op). The TorchBurn step is
 compiled, then each compiled graph's native call is swapped for its kernels called one by one
-and timed (`torchburn.llm.profile.StepProfiler`: the same code on the same memory, ~2 us of
+and timed (`torchburn.llm.cli.profile.StepProfiler`: the same code on the same memory, ~2 us of
 ctypes added per kernel); `torch.profiler` over the compiled step shows what ran outside our
 kernels (ops left to PyTorch, autograd's own work). Kernels are named by the ATen ops fused
 into them; the totals by op group say which family (convolution forward, its input and
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.bench_models import _step
     from tests.models import conv_zoo
-    from torchburn.llm.profile import StepProfiler, capture_launchers
+    from torchburn.llm.cli.profile import StepProfiler, capture_launchers
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchburn.llm.profile import capture_launchers
+from torchburn.llm.cli.profile import capture_launchers
 
 
 def _attention_block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from torchburn.frontend.partition import COLLECTIVE_REASON  # noqa: E402
-from torchburn.llm.tensor_parallel import TensorParallelError, _columns, _rows  # noqa: E402
+from torchburn.llm.runtime.tensor_parallel import TensorParallelError, _columns, _rows  # noqa: E402
 
 from .launch import run_ranks  # noqa: E402
 from .tp_worker import NEW_TOKENS, PROMPT, greedy_ids, tp_generate  # noqa: E402

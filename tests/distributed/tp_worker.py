@@ -12,11 +12,11 @@ NEW_TOKENS = 8
 
 def greedy_ids(folder: str, quant: Optional[str], compile: bool, tp: Optional[int]) -> list[int]:
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     llm = LLM.from_pretrained(folder, quant=quant, device="cpu", compile=compile)
     if tp:
-        from torchburn.llm.tensor_parallel import shard_llm
+        from torchburn.llm.runtime.tensor_parallel import shard_llm
 
         shard_llm(llm, tp)
     rows = [llm.encode_prompt(PROMPT)]

@@ -122,7 +122,7 @@ def test_additive_mask_prefill(gpu) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_decode_two_segments_gqa(gpu) -> None:  # type: ignore[no-untyped-def]
-    """As `llm/model.py` calls it: the cache and the step's key as two segments, with masks."""
+    """As `llm/model/decoder.py` calls it: the cache and the step's key as two segments, with masks."""
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 4, 1, 16, generator=g)
     kp, vp = torch.randn(1, 2, 13, 16, generator=g), torch.randn(1, 2, 13, 16, generator=g)

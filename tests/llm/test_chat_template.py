@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchburn.llm.chat_template import ChatTemplateError, render_chat
-from torchburn.llm.tokenizer import tokenizer_from_folder
+from torchburn.llm.model.chat_template import ChatTemplateError, render_chat
+from torchburn.llm.model.tokenizer import tokenizer_from_folder
 
 from .conftest import smollm_gguf, smollm_missing, transformers
 
@@ -33,7 +33,7 @@ def gguf_templates():  # type: ignore[no-untyped-def]
     path = smollm_gguf()
     if path is None:
         pytest.skip(smollm_missing())
-    from torchburn.llm.gguf_loader import field, open_gguf
+    from torchburn.llm.model.gguf_loader import field, open_gguf
 
     template = field(open_gguf(path), "tokenizer.chat_template")
     return template, transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -110,7 +110,7 @@ def test_hostile_templates_fail_fast_with_a_named_cause(name: str) -> None:
 def test_limits_can_be_raised_and_real_templates_are_far_below_them() -> None:
     import time
 
-    from torchburn.llm.chat_template import TemplateLimits
+    from torchburn.llm.model.chat_template import TemplateLimits
 
     loop = "{% for i in range(200000) %}x{% endfor %}"
     with pytest.raises(ChatTemplateError, match="max_range"):

@@ -55,7 +55,7 @@ def test_the_command_freezes_what_imports_made() -> None:
     """`run` (the `torchburn` command, `python -m torchburn.llm`) moves the objects alive at
     start out of the cyclic collector's reach (`gc.freeze`): full collections over torch's
     ~1M objects had cost ~0.1 s each before the first token."""
-    code = ("import gc, torchburn.llm.cli as c\n"
+    code = ("import gc, torchburn.llm.cli.main as c\n"
             "c.main = lambda: print('frozen', gc.get_freeze_count()) or 0\n"
             "c.run()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

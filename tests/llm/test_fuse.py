@@ -1,4 +1,4 @@
-"""`torchburn.llm.fuse`: q/k/v and gate/up as one linear each once loaded, for every family
+"""`torchburn.llm.model.fuse`: q/k/v and gate/up as one linear each once loaded, for every family
 and weight kind, the same logits as the separate projections; alike linears only."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from torchburn.llm import LLM
-from torchburn.llm.fuse import can_fuse, fuse_projections, split_linear, stack_linears, unfuse_projections
+from torchburn.llm.model.fuse import can_fuse, fuse_projections, split_linear, stack_linears, unfuse_projections
 from torchburn.quant import QuantizedLinear
 
 

@@ -120,7 +120,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tup
 
 
 def test_each_tensor_keeps_its_type(mixed: Any) -> None:
-    from torchburn.llm.gguf_loader import load_gguf_model
+    from torchburn.llm.model.gguf_loader import load_gguf_model
 
     path, dense = mixed
     model, _ = load_gguf_model(path, None)
@@ -129,7 +129,8 @@ def test_each_tensor_keeps_its_type(mixed: Any) -> None:
     assert isinstance(head, QuantizedLinear) and head.block_type == "Q6_K"
     assert head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr(), "the tied head reads the embedding's bytes"
     first, second = model.layers
-    assert first.self_attn.qkv_proj.block_type == "Q4_K"            # alike: fused
+    qkv = first.self_attn.qkv_proj                                   # Q4_K, alike: fused
+    assert (qkv.quant_type, qkv.group_size) == ("int4", 32)          # imported as int4 (import_gguf_q4_k)
     assert first.mlp.gate_up_proj is None                            # Q3_K and Q2_K: apart
     assert (first.mlp.gate_proj.block_type, first.mlp.up_proj.block_type) == ("Q3_K", "Q2_K")
     assert first.self_attn.o_proj.block_type == "Q5_0" and first.mlp.down_proj.block_type == "Q5_1"
@@ -143,7 +144,7 @@ def test_each_tensor_keeps_its_type(mixed: Any) -> None:
 
 
 def test_logits_equal_the_float_twin(mixed: Any) -> None:
-    from torchburn.llm.gguf_loader import load_gguf_model
+    from torchburn.llm.model.gguf_loader import load_gguf_model
 
     path, _ = mixed
     model, _ = load_gguf_model(path, None)
@@ -157,7 +158,7 @@ def test_logits_equal_the_float_twin(mixed: Any) -> None:
 
 def test_weight_cache_maps_the_blocks_back(mixed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchburn.llm import LLM
-    from torchburn.llm import weight_cache as wc
+    from torchburn.llm.model import weight_cache as wc
     from torchburn.runtime import config
 
     path, _ = mixed
@@ -172,9 +173,9 @@ def test_weight_cache_maps_the_blocks_back(mixed: Any, tmp_path: Path, monkeypat
         monkeypatch.undo()
         config.reload_config()
     assert isinstance(second.model.embed_tokens, BlockEmbedding)
-    blocks = second.model.layers[0].self_attn.qkv_proj.blocks
+    blocks = second.model.layers[0].mlp.gate_proj.blocks  # Q3_K: kept as the file's blocks
     assert not blocks.untyped_storage().resizable(), "mapped from the cache file, not copied"
-    assert torch.equal(blocks, first.model.layers[0].self_attn.qkv_proj.blocks)
+    assert torch.equal(blocks, first.model.layers[0].mlp.gate_proj.blocks)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(full_logits(second.model, ids), full_logits(first.model, ids), rtol=0, atol=0)

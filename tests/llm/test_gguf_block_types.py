@@ -117,7 +117,7 @@ def test_agrees_with_ik_llama_cpp(fixtures_dir: dict[str, Any], name: str) -> No
 def test_i_quants_and_fork_types_are_refused(fixtures_dir: dict[str, Any]) -> None:
     """An i-quant (IQ4_XS, mainline) and a type only ik_llama.cpp writes (Q6_0): errors that
     name the type and the tensor."""
-    from torchburn.llm.gguf_loader import GGUFError, load_gguf_model
+    from torchburn.llm.model.gguf_loader import GGUFError, load_gguf_model
 
     base = fixtures_dir["base"][False]
     iq = ik.quantize(base, fixtures_dir["dir"] / "iq4xs.gguf", "IQ4_XS", ("--pure",))

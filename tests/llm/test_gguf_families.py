@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchburn.llm.config import ConfigError
-from torchburn.llm.gguf_loader import load_gguf_model
+from torchburn.llm.model.config import ConfigError
+from torchburn.llm.model.gguf_loader import load_gguf_model
 
 from .conftest import assert_same_logits, hf_logits, our_logits, transformers
 from .gguf_fixtures import write_gguf
@@ -52,7 +52,7 @@ def test_llama3_rope_freqs_are_applied(gguf_file) -> None:
     assert ours.config.rope_type == "freq_factors"
     rows, steps = BATCHES[1], _decode_tokens(1)
     ref = hf_logits(hf, rows, steps)
-    from torchburn.llm.rope import _base_inv_freq
+    from torchburn.llm.model.rope import _base_inv_freq
 
     ours.inv_freq = _base_inv_freq(ours.config.rope_theta, ours.config.head_dim)
     with pytest.raises(AssertionError):
@@ -93,7 +93,7 @@ def test_llm_runs_a_gguf_file_with_its_sentencepiece_tokenizer(tmp_path, arch: s
     encoded and the chat template rendered as transformers does, and the compiled model's
     greedy tokens are transformers' on the same checkpoint."""
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     from .conftest import hf_config
     from .tokenizer_fixtures import sentencepiece_folder, sentencepiece_gguf_metadata

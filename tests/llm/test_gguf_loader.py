@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchburn.llm.gguf_loader import GGUFError, load_gguf_model, unpermute_rows
+from torchburn.llm.model.gguf_loader import GGUFError, load_gguf_model, unpermute_rows
 from torchburn.quant import Int4Weight, QuantizedLinear, dequantize_int4
 
 from .conftest import full_logits, smollm_gguf, smollm_missing, transformers
@@ -89,7 +89,7 @@ def test_greedy_tokens_match_transformers_on_the_same_gguf(smollm) -> None:
     model = float_copy(smollm.model)
     smollm.model = model
     smollm.eos_ids = frozenset()
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     got = [s[0] for s in smollm.generate_ids([ids], 32, SamplingParams(temperature=0.0))]
     assert got == expected
@@ -105,7 +105,7 @@ def test_default_activations_agree_with_float_over_256_steps() -> None:
     """Compiled with the default quantized kernels (int8 activations where the CPU has VNNI):
     top-1 agreement with float greedy decoding over 256 steps stays above 95%."""
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     fast = LLM.from_pretrained(GGUF, device="cpu", max_context=320)
     fast.eos_ids = frozenset()
@@ -179,7 +179,7 @@ def test_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_gguf_tensor_disagreeing_with_config_is_a_clear_error(tmp_path: Path) -> None:
-    from torchburn.llm.weights import WeightError
+    from torchburn.llm.model.weights import WeightError
 
     with pytest.raises(WeightError, match=r"self_attn.q_proj.weight.*\[32, 64\].*\[64, 64\]"):
         load_gguf_model(_small_gguf(tmp_path / "bad.gguf", q_rows=32), None)

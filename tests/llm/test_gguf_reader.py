@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchburn.llm.gguf_reader import FastGGUFReader, GGUFFormatError
+from torchburn.llm.model.gguf_reader import FastGGUFReader, GGUFFormatError
 
 from .conftest import smollm_gguf, smollm_missing
 from .test_gguf_loader import _small_gguf

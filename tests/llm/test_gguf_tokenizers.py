@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from torchburn.llm.chat_template import render_chat
-from torchburn.llm.gguf_loader import metadata, open_gguf
-from torchburn.llm.tokenizer import tokenizer_from_gguf
+from torchburn.llm.model.chat_template import render_chat
+from torchburn.llm.model.gguf_loader import metadata, open_gguf
+from torchburn.llm.model.tokenizer import tokenizer_from_gguf
 
 from .conftest import transformers
 from .gguf_fixtures import add_tokenizer_metadata

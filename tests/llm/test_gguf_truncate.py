@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchburn.llm.gguf_loader import GGUFError, field, open_gguf
-from torchburn.llm.gguf_truncate import truncate_gguf
+from torchburn.llm.model.gguf_loader import GGUFError, field, open_gguf
+from torchburn.llm.model.gguf_truncate import truncate_gguf
 
 from .conftest import smollm_gguf, smollm_missing
 

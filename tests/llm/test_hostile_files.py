@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchburn.llm.config import ConfigError, from_hf_dict
-from torchburn.llm.gguf_loader import GGUFError, load_gguf_model
-from torchburn.llm.safetensors_loader import load_safetensors_model, read_json
-from torchburn.llm.weights import WeightError
+from torchburn.llm.model.config import ConfigError, from_hf_dict
+from torchburn.llm.model.gguf_loader import GGUFError, load_gguf_model
+from torchburn.llm.model.safetensors_loader import load_safetensors_model, read_json
+from torchburn.llm.model.weights import WeightError
 
 OURS = (ConfigError, GGUFError, WeightError)  # all ValueError: the project's own errors
 
@@ -231,8 +231,8 @@ _MEMORY_SCRIPT = r"""
 import json, resource, sys, tracemalloc
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from torchburn.llm.gguf_loader import load_gguf_model
-from torchburn.llm.safetensors_loader import load_safetensors_model
+from torchburn.llm.model.gguf_loader import load_gguf_model
+from torchburn.llm.model.safetensors_loader import load_safetensors_model
 from tests.llm.test_hostile_files import llama_kvs, llama_tensors, write_gguf
 tmp, folder = Path(sys.argv[2]), Path(sys.argv[3])
 cases = []

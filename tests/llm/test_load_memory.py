@@ -27,8 +27,8 @@ SHAPES = dict(hidden=512, inter=1376, layers=3, vocab=8192, heads=8, kv=4)
 MEASURE = r"""
 import json, re, sys
 from pathlib import Path
-from torchburn.llm.engine import model_size_bytes
-from torchburn.llm.safetensors_loader import load_safetensors_model
+from torchburn.llm.runtime.engine import model_size_bytes
+from torchburn.llm.model.safetensors_loader import load_safetensors_model
 
 def status(key):
     text = Path("/proc/self/status").read_text()
@@ -99,9 +99,9 @@ def test_peak_rss_while_loading_is_under_1_5x_the_model(checkpoints, quant: str)
 GGUF_MEASURE = r"""
 import json, re
 from pathlib import Path
-from torchburn.llm.engine import model_size_bytes
-from torchburn.llm.gguf_loader import load_gguf_model
-from torchburn.llm.source import default_model
+from torchburn.llm.runtime.engine import model_size_bytes
+from torchburn.llm.model.gguf_loader import load_gguf_model
+from torchburn.llm.model.source import default_model
 
 def status(key):
     text = Path("/proc/self/status").read_text()

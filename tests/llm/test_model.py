@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from torchburn.llm.safetensors_loader import load_safetensors_model
+from torchburn.llm.model.safetensors_loader import load_safetensors_model
 
 from .conftest import VOCAB, assert_same_logits, hf_logits, our_logits
 
@@ -174,7 +174,7 @@ def test_decode_step_has_one_attention_kernel_per_layer(tiny_checkpoint) -> None
     """The decode step's attention (cache + new key, GQA, masks) is one kernel per layer: no
     matmul, softmax or reduction kernel comes from `Attention.forward` besides it."""
     from torchburn.llm import LLM
-    from torchburn.llm.profile import profile_decode
+    from torchburn.llm.cli.profile import profile_decode
 
     _, folder = tiny_checkpoint("llama")
     llm = LLM.from_pretrained(folder, device="cpu", max_context=64)

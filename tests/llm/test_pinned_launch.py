@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from torchburn.backend import torchburn_backend
-from torchburn.llm.pinned_launch import pin
-from torchburn.llm.profile import capture_launchers
+from torchburn.llm.runtime.pinned_launch import pin
+from torchburn.llm.cli.profile import capture_launchers
 
 
 def _launcher(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -45,7 +45,7 @@ def test_pin_refuses_a_tensor_its_guard_rejects() -> None:
 
 def test_llm_decode_step_runs_pinned(tiny_checkpoint) -> None:
     from torchburn.llm import LLM
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     _, folder = tiny_checkpoint("llama")
     rows = [[5, 17, 99, 250, 3, 41, 7]]

@@ -1,4 +1,4 @@
-"""`torchburn.llm.profile`: a compiled decode step timed kernel by kernel."""
+"""`torchburn.llm.cli.profile`: a compiled decode step timed kernel by kernel."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,7 @@ from torchburn.llm import LLM
 
 
 def test_profile_times_every_kernel_and_keeps_the_results(tiny_checkpoint) -> None:
-    from torchburn.llm.profile import profile_decode
+    from torchburn.llm.cli.profile import profile_decode
 
     _, folder = tiny_checkpoint("llama")
     llm = LLM.from_pretrained(folder, device="cpu", max_context=96)
@@ -25,4 +25,4 @@ def test_profile_times_every_kernel_and_keeps_the_results(tiny_checkpoint) -> No
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     table = prof.table()
     assert "decode step:" in table and "model.lm_head" in table
-    assert "llm/model.py:" in table and "Attention.forward" in table
+    assert "llm/model/decoder.py:" in table and "Attention.forward" in table

@@ -1,4 +1,4 @@
-"""Progress the user can see (`torchburn.llm.progress`): slow steps announced through logging,
+"""Progress the user can see (`torchburn.llm.model.progress`): slow steps announced through logging,
 fast ones silent, the command's ``--quiet``."""
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import time
 import pytest
 import torch
 
-from torchburn.llm import cli, progress
+from torchburn.llm.cli import main as cli
+
+from torchburn.llm.model import progress
 
 
 @pytest.fixture

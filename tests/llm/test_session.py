@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from torchburn.llm import LLM
-from torchburn.llm.chat import run_chat
-from torchburn.llm.sampling import SamplingParams
-from torchburn.llm.session import ChatSession, common_prefix
+from torchburn.llm.runtime.chat import run_chat
+from torchburn.llm.runtime.sampling import SamplingParams
+from torchburn.llm.runtime.session import ChatSession, common_prefix
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from torchburn.llm import LLM
-from torchburn.llm.sampling import SamplingParams
+from torchburn.llm.runtime.sampling import SamplingParams
 
 PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog, hello there",
            "def add(a, b):", "Grüße", "hello", "the lazy dog jumps over the quick brown fox " * 3,

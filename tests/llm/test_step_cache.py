@@ -12,8 +12,8 @@ import torch
 from torchburn.backend import report
 from torchburn.compiler import driver
 from torchburn.llm import LLM
-from torchburn.llm import step_cache as sc
-from torchburn.llm.sampling import SamplingParams
+from torchburn.llm.runtime import step_cache as sc
+from torchburn.llm.runtime.sampling import SamplingParams
 from torchburn.runtime import config
 
 ROWS = [[5, 17, 99, 250, 3, 41, 7]]

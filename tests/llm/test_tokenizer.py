@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchburn.llm.tokenizer import StreamDecoder, tokenizer_from_folder
+from torchburn.llm.model.tokenizer import StreamDecoder, tokenizer_from_folder
 
 from .conftest import smollm_gguf, smollm_missing, transformers
 
@@ -25,8 +25,8 @@ def gguf_pair():  # type: ignore[no-untyped-def]
     path = smollm_gguf()
     if path is None:
         pytest.skip(smollm_missing())
-    from torchburn.llm.gguf_loader import open_gguf
-    from torchburn.llm.tokenizer import tokenizer_from_gguf
+    from torchburn.llm.model.gguf_loader import open_gguf
+    from torchburn.llm.model.tokenizer import tokenizer_from_gguf
 
     ours = tokenizer_from_gguf(open_gguf(path))
     ref = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

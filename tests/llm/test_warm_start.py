@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, sys
 from torchburn.llm import LLM
-from torchburn.llm import weight_cache
-from torchburn.llm.sampling import SamplingParams
+from torchburn.llm.model import weight_cache
+from torchburn.llm.runtime.sampling import SamplingParams
 from torchburn.compiler import driver
 
 llm = LLM.from_pretrained(sys.argv[1], quant="int4", device="cpu", max_context=64)

@@ -3,6 +3,7 @@ step-cache fingerprint), its key follows the source's metadata and `quant`, and 
 foreign entry is deleted and the source loaded again."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from torchburn.llm import LLM
-from torchburn.llm import step_cache as sc
-from torchburn.llm import weight_cache as wc
+from torchburn.llm.runtime import step_cache as sc
+from torchburn.llm.model import weight_cache as wc
 from torchburn.runtime import config
 
 from .test_gguf_loader import _small_gguf
@@ -72,7 +73,7 @@ def test_quantized_safetensors_second_load_comes_from_the_cache(disk: Path, tiny
     second = _load(folder, "int4")
     assert wc.STATS.hits == hits + 1
     _same_model(first.model, second.model)
-    from torchburn.llm.sampling import SamplingParams
+    from torchburn.llm.runtime.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
     rows = [[5, 17, 99, 250, 3]]
@@ -148,3 +149,20 @@ def test_no_cache_folder_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     finally:
         monkeypatch.undo()
         config.reload_config()
+
+
+def test_a_config_dict_in_its_own_key_order_reads_back_the_same(disk: Path, tmp_path: Path) -> None:
+    """Llama 3 files give ``rope_scaling = {"rope_type": ..., "freq_factors": [...]}``: with the
+    header's keys sorted it read back reordered, failed the configuration check and every such
+    file was loaded from the source again (and deleted from the cache) in every process."""
+    from torchburn.llm.model.config import DecoderConfig
+
+    gguf = _small_gguf(tmp_path / "m.gguf")
+    model = _load(gguf).model
+    scaling = {"rope_type": "freq_factors", "freq_factors": [1.0] * (model.config.head_dim // 2)}
+    config = dataclasses.replace(model.config, rope_scaling=scaling)
+    assert isinstance(config, DecoderConfig)
+    key = wc.source_key(gguf, "llama3-order")
+    assert wc.store(key, config, [], {}) is not None
+    hit = wc.load(key)
+    assert hit is not None and repr(hit[0]) == repr(config)

@@ -16,6 +16,9 @@ def test_gpu_pipeline_keeps_row_fusion_and_maps_last() -> None:
     assert p.loop[-1].name == "gpu-map"
     cpu_only = {"parallelize", "vectorize", "unroll", "split-accumulators", "fuse-sibling-loops"}
     assert not cpu_only & {x.name for x in p.loop}
+    # quantized products stay one kernel (no f32 copy of the weight in GPU memory)
+    assert "qlinear-to-gemm" in [x.name for x in Pipeline.default().tensor]
+    assert "qlinear-to-gemm" not in [x.name for x in p.tensor]
 
 
 def test_gpu_pipeline_expands_attention_before_fusion() -> None:

@@ -39,10 +39,7 @@ def _loop_passes() -> list[Any]:
     import importlib
 
     for m in LOOP_MODULES:
-        try:
-            importlib.import_module("torchburn.passes." + m)
-        except ImportError:
-            pass
+        importlib.import_module("torchburn.passes.loop." + m)
     return [get_pass(n)() for n in DEFAULT_LOOP if n in PASSES]
 
 

@@ -61,3 +61,40 @@ def test_import_owns_its_memory():
 def test_bad_input_raises_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_q4_k_import_is_within_half_precision_of_the_sub_block(seed: int) -> None:
+    """Q4_K -> int4 group 32 with mins: every weight equals gguf-py's within 2^-10 of its
+    sub-block's range (the scale and min products rounded to float16; subnormal ones to half
+    an ulp of 2^-24), through the int4
+    dequantizer, and the codes are exactly the file's."""
+    gguf = pytest.importorskip("gguf")
+    from tests.quant.test_block_types import random_blocks
+    from torchburn.quant import dequantize_int4, import_gguf_q4_k
+
+    rows, nb = 5, 3
+    raw = random_blocks("Q4_K", rows, nb, seed)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
+    w = import_gguf_q4_k(raw.reshape(-1), (rows, nb * 256))
+    assert (w.group_size, w.packed.shape, w.scales.shape, w.mins.shape) == (32, (rows, nb * 128), (rows, nb * 8), (rows, nb * 8))
+    got = dequantize_int4(w).double().numpy()
+    spread = np.maximum(15 * np.abs(w.scales.double().numpy()), np.abs(w.mins.double().numpy()))
+    err = np.abs(got - ref).reshape(rows, nb * 8, 32).max(-1)
+    # float16 rounding: half an ulp, 2^-11 relative, or 2^-25 below the normal range
+    assert np.all(err <= 2 * spread * 2.0 ** -11 + 16 * 2.0 ** -25)  # the scale's and the min's
+    # the codes: the file's nibbles, moved to our order
+    qs = raw.reshape(rows, nb, 144)[:, :, 16:].reshape(rows, nb, 4, 32)
+    file_codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(rows, nb * 256)
+    packed = w.packed.numpy().reshape(rows, nb * 8, 16)
+    ours = np.concatenate([packed & 15, packed >> 4], axis=-1).reshape(rows, nb * 256)
+    np.testing.assert_array_equal(ours, file_codes)
+
+
+def test_q4_k_import_rejects_bad_sizes() -> None:
+    from torchburn.quant import import_gguf_q4_k
+
+    with pytest.raises(ValueError, match="multiple of the block size 256"):
+        import_gguf_q4_k(np.zeros(144, np.uint8), (1, 128))
+    with pytest.raises(ValueError, match="needs 288"):
+        import_gguf_q4_k(np.zeros(144, np.uint8), (1, 512))

@@ -21,6 +21,7 @@ EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
     "TORCHBURN_WGPU_BACKEND": ("vulkan", "wgpu_backend", "vulkan", "directx9"),
     "TORCHBURN_CACHE_SIZE": ("7", "cache_size", 7, "0"),
     "TORCHBURN_CACHE_DIR": ("off", "cache_dir", None, None),
+    "TORCHBURN_CACHE_MAX_GB": ("0.5", "cache_max_bytes", 1 << 29, "-1"),
     "TORCHBURN_NUM_THREADS": ("3", "num_threads", 3, "-2"),
     "TORCHBURN_DEBUG": ("1", "debug", True, None),
     "TORCHBURN_DUMP": ("/tmp/tb-dump", "dump_dir", Path("/tmp/tb-dump"), None),

@@ -68,7 +68,7 @@ def observing(callback: Callable[..., None]) -> Iterator[None]:
     """Within the block, every Dynamo graph this backend compiles on this thread is reported
     as ``callback(sources, example_inputs, compilations, modules)``: `sources` name each graph
     input as Dynamo does (``L['x']``, ``L['x'].size()[0]``; None when unknown), `modules` are the final
-    forward modules (launchers installed). The LLM engine's step cache (`llm/step_cache.py`)
+    forward modules (launchers installed). The LLM engine's step cache (`llm/runtime/step_cache.py`)
     learns from it how to call a compiled step without Dynamo."""
     _observers.stack.append(callback)
     try:

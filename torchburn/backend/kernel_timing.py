@@ -1,5 +1,5 @@
 """Per-kernel time of a compiled subgraph, for `explain(..., html=...)` and the LLM engine's
-``--profile`` (`llm/profile.py`).
+``--profile`` (`llm/cli/profile.py`).
 
 A compiled subgraph is one native call that runs its kernels in order. To time them one by
 one, each kernel call of its program is built again as a program of its own (same buffers,

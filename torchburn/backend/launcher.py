@@ -93,7 +93,7 @@ class Launcher:
         #: The generated function; call it directly on hot paths.
         self.launch: Callable[..., tuple[Any, ...]] = namespace["launch"]
         self.launch.n_results = spec.n_results  # type: ignore[attr-defined]  # for backend._direct
-        self.launch.launcher = self  # type: ignore[attr-defined]  # for llm/step_cache.py
+        self.launch.launcher = self  # type: ignore[attr-defined]  # for llm/runtime/step_cache.py
         #: The same function taking one list of arguments (AOTAutograd's boxed convention).
         self.launch_boxed: Callable[[list[Any]], tuple[Any, ...]] = namespace["launch_boxed"]
         self.launch_boxed._boxed_call = True  # type: ignore[attr-defined]

@@ -351,6 +351,39 @@ def _qlinear_blocks(types: list[TensorType], attrs: dict[str, Any]) -> list[Tens
     return [TensorType(dt.f32, (*x.shape[:-1], q.shape[0]))]
 
 
+@define("dequantize", "data", -1, """
+A quantized weight as f32: `W[n, k]`, element for element the weight `qlinear` multiplies by
+(same operands after x, same attributes). The product of many rows of x runs faster as this
+followed by a float `matmul` (pass `qlinear-to-gemm`) than as a `qlinear` that decodes every
+weight once per tile of rows.
+
+    %1 = dequantize(%q, %s) {kind = "int4", group_size = 32, symmetric = true} : f32[64, 128]
+    # %q: u8[64, 64], %s: f16[64, 4]
+    %1 = dequantize(%q) {kind = "blocks", block_type = "Q4_K", group_size = 256, symmetric = true} : f32[8, 512]
+    # %q: u8[8, 288]
+""")
+def _dequantize(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    if not types:
+        raise OpError("dequantize: expected the quantized weight (and its scales, mins)")
+    q = types[0]
+    kind = attrs.get("kind")
+    if q.rank != 2:
+        raise OpError(f"dequantize: the quantized weight must have rank 2, got {q}")
+    cols = q.shape[1]
+    if kind == "blocks":
+        bt = BLOCK_TYPES.get(attrs.get("block_type")) if isinstance(attrs.get("block_type"), str) else None
+        if bt is None:
+            raise OpError(f"dequantize: block_type must be one of {tuple(BLOCK_TYPES)}, got {attrs.get('block_type')!r}")
+        if isinstance(cols, Const) and int(cols.value) % bt.nbytes:
+            raise OpError(f"dequantize: {bt.name} rows of {cols} bytes are not whole blocks of {bt.nbytes}")
+        k = mul(floordiv(cols, as_expr(bt.nbytes)), as_expr(bt.block))
+    else:
+        k = cols if kind == "int8" else mul(cols, as_expr(2))
+    # the operands and attributes are qlinear's after x: let it check them
+    _qlinear([TensorType(dt.f32, (k,)), *types], attrs)
+    return [TensorType(dt.f32, (q.shape[0], k))]
+
+
 def _static_equal(what: str, a: Expr, b: Expr) -> None:
     """Raise when two sizes are both known and differ (symbolic sizes are checked at run time
     by the caller's guards)."""

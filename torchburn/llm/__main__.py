@@ -1,4 +1,4 @@
-"""``python -m torchburn.llm``: see `torchburn.llm.cli`."""
-from .cli import run
+"""``python -m torchburn.llm``: see `torchburn.llm.cli.main`."""
+from .cli.main import run
 
 run()

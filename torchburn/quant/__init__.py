@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .blocks import BlockWeight, dequantize_block_rows, dequantize_blocks
 from .embedding import BlockEmbedding
-from .gguf_blocks import import_gguf_q4_0, import_gguf_q4_1, import_gguf_q8_0
+from .gguf_blocks import import_gguf_q4_0, import_gguf_q4_1, import_gguf_q4_k, import_gguf_q8_0
 from .layouts import (
     Int4Weight,
     Int8Weight,
@@ -41,6 +41,7 @@ __all__ = [
     "dequantize_int8",
     "import_gguf_q4_0",
     "import_gguf_q4_1",
+    "import_gguf_q4_k",
     "import_gguf_q8_0",
     "linear_blocks",
     "linear_int4",

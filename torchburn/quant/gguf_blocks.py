@@ -34,9 +34,13 @@ GGML_BLOCK_SIZE = 32
 Q8_0_BLOCK_BYTES = 2 + 32
 Q4_0_BLOCK_BYTES = 2 + 16
 Q4_1_BLOCK_BYTES = 2 + 2 + 16
+#: Q4_K: a 256-weight super-block of eight 32-weight sub-blocks.
+Q4_K_BLOCK = 256
+Q4_K_BLOCK_BYTES = 2 + 2 + 12 + 128
 
 
-def _blocks(data: np.ndarray, shape: Sequence[int], block_bytes: int, fmt: str) -> np.ndarray:
+def _blocks(data: np.ndarray, shape: Sequence[int], block_bytes: int, fmt: str,
+            block: int = GGML_BLOCK_SIZE) -> np.ndarray:
     """Check ``data`` against ``shape`` and view it as ``[out, blocks_per_row, block_bytes]``."""
     if not isinstance(data, np.ndarray):
         raise ValueError(f"{fmt} data must be a numpy array; got {type(data).__name__}")
@@ -47,12 +51,9 @@ def _blocks(data: np.ndarray, shape: Sequence[int], block_bytes: int, fmt: str) 
     out_features, in_features = (int(s) for s in shape)
     if out_features < 1 or in_features < 1:
         raise ValueError(f"{fmt} shape must be positive; got {tuple(shape)}")
-    if in_features % GGML_BLOCK_SIZE != 0:
-        raise ValueError(
-            f"{fmt} in_features={in_features} is not a multiple of the block size "
-            f"{GGML_BLOCK_SIZE}"
-        )
-    blocks_per_row = in_features // GGML_BLOCK_SIZE
+    if in_features % block != 0:
+        raise ValueError(f"{fmt} in_features={in_features} is not a multiple of the block size {block}")
+    blocks_per_row = in_features // block
     expected = out_features * blocks_per_row * block_bytes
     if data.size != expected:
         raise ValueError(
@@ -100,3 +101,45 @@ def import_gguf_q4_1(data: np.ndarray, shape: Sequence[int]) -> Int4Weight:
         mins=_f16_field(blocks, 2),
         group_size=GGML_BLOCK_SIZE,
     )
+
+
+def _q4_k_scales_mins(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins of each Q4_K super-block from its 12-byte table
+    ``[..., 12]``: numbers 0-3 are the low six bits of bytes 0-3 (scales) and 4-7 (mins);
+    numbers 4-7 take their low four bits from the nibbles of bytes 8-11 and their top two
+    from the top bits of bytes 0-3 (scales) and 4-7 (mins)."""
+    t = table.astype(np.uint8)
+    low, high = t[..., 0:4], t[..., 4:8]
+    tail = t[..., 8:12]
+    scales = np.concatenate([low & 63, (tail & 15) | ((low >> 6) << 4)], axis=-1)
+    mins = np.concatenate([high & 63, (tail >> 4) | ((high >> 6) << 4)], axis=-1)
+    return scales, mins
+
+
+def import_gguf_q4_k(data: np.ndarray, shape: Sequence[int]) -> Int4Weight:
+    """GGUF Q4_K bytes -> asymmetric `Int4Weight` (group 32, float16 scales and mins), so
+    Q4_K weights run the int4 kernels (int8 activations, byte dot products) instead of the
+    block table's f32 form.
+
+    A Q4_K super-block is eight sub-blocks of 32 weights, ``w = d sc_j q - dmin m_j`` with
+    float16 ``d``, ``dmin`` and 6-bit ``sc_j``, ``m_j``: an `Int4Weight` of group 32 with
+    scale ``d sc_j`` and min ``-dmin m_j``. The codes move: Q4_K keeps sub-blocks 2c and
+    2c + 1 in the low and high nibbles of the same 32 bytes, our INT4 order keeps a group's
+    first and second 16 weights in the low and high nibbles of its own 16 bytes. The one
+    approximation is the products ``d sc_j`` and ``dmin m_j`` rounded to float16 (each off by
+    at most 2^-11 of itself, so a weight by at most 2^-10 of its sub-block's range, against
+    the 4-bit code's steps of 1/15 of it); the bytes
+    are 0.625 per weight against Q4_K's 0.5625."""
+    blocks = _blocks(data, shape, Q4_K_BLOCK_BYTES, "Q4_K", Q4_K_BLOCK)
+    out_features, nb = blocks.shape[:2]
+    d = blocks[:, :, 0:2].copy().view("<f2").astype(np.float32)  # [out, nb, 1]
+    dmin = blocks[:, :, 2:4].copy().view("<f2").astype(np.float32)
+    sc, mn = _q4_k_scales_mins(blocks[:, :, 4:16])
+    scales = (d * sc.astype(np.float32)).astype(np.float16).reshape(out_features, nb * 8)
+    mins = (-(dmin * mn.astype(np.float32))).astype(np.float16).reshape(out_features, nb * 8)
+    qs = blocks[:, :, 16:].reshape(out_features, nb, 4, 1, 32)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(out_features, nb, 8, 32)
+    packed = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(out_features, nb * 128)
+    return Int4Weight(packed=torch.from_numpy(np.ascontiguousarray(packed)),
+                      scales=torch.from_numpy(np.ascontiguousarray(scales)),
+                      mins=torch.from_numpy(np.ascontiguousarray(mins)), group_size=GGML_BLOCK_SIZE)

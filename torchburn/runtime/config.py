@@ -7,6 +7,7 @@
 | TORCHBURN_WGPU_BACKEND | vulkan, metal, dx12 or gl | (wgpu's choice) |
 | TORCHBURN_CACHE_SIZE | compiled modules kept in memory (LRU) | 256 |
 | TORCHBURN_CACHE_DIR | on-disk cache folder; "off" disables it | user cache dir |
+| TORCHBURN_CACHE_MAX_GB | bound of the on-disk cache folder in GiB (least recently used entries go first; a model's weight cache entry may take half) | 16 |
 | TORCHBURN_NUM_THREADS | threads of generated parallel loops (0: OpenMP's default; runtime/threads.py) | 0 |
 | TORCHBURN_DEBUG | 1 turns on diagnostic logging (and raises internal compiler errors, as STRICT); bounds makes generated code check every load and store against its buffer (runtime/faults.py); both: 1,bounds | 0 |
 | TORCHBURN_STRICT | 1: an internal compiler error raises instead of falling back to PyTorch (the test suite runs so) | 0 |
@@ -84,6 +85,20 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _gib(env: Mapping[str, str], name: str, default: float) -> int:
+    """A size in GiB (a positive, finite number; fractions allowed) as bytes."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return int(default * (1 << 30))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number of GiB") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: expected a finite number of GiB > 0")
+    return int(value * (1 << 30))
+
+
 #: `TORCHBURN_TUNE`'s values (`runtime/tuner.py`).
 TUNE_MODES: tuple[str, ...] = ("off", "cached", "search")
 
@@ -131,6 +146,8 @@ class Config:
     wgpu_backend: Optional[str]
     cache_size: int
     cache_dir: Optional[Path]
+    #: `TORCHBURN_CACHE_MAX_GB` in bytes: the disk cache's bound.
+    cache_max_bytes: int
     num_threads: int
     debug: bool
     dump_dir: Optional[Path]
@@ -177,6 +194,7 @@ class Config:
             wgpu_backend=backend,
             cache_size=_int(env, "TORCHBURN_CACHE_SIZE", 256, minimum=1),
             cache_dir=cache_dir,
+            cache_max_bytes=_gib(env, "TORCHBURN_CACHE_MAX_GB", 16.0),
             num_threads=_int(env, "TORCHBURN_NUM_THREADS", 0),
             debug=debug,
             dump_dir=Path(dump) if dump else None,

@@ -15,7 +15,7 @@ process goes from the ATen graph straight to loaded code, without importing the 
 
     b"TBGRAPH1" | manifest (JSON) | BLAKE3 digest
 
-and one per loaded model (`<key>.tbw`, see `llm/weight_cache.py`): its tensors after
+and one per loaded model (`<key>.tbw`, see `llm/model/weight_cache.py`): its tensors after
 conversion and quantization, mapped by a warm process instead of converting them again.
 
 The program text is the final loop IR as printed (`program.tbir`); on load its signature (buffers,
@@ -69,7 +69,7 @@ FORMAT = "v1"
 SUFFIX = ".tbc"
 GRAPH_MAGIC = b"TBGRAPH1"
 GRAPH_SUFFIX = ".tbfx"
-#: A loaded model's tensors (`llm/weight_cache.py` writes and reads them); pruned and
+#: A loaded model's tensors (`llm/model/weight_cache.py` writes and reads them); pruned and
 #: cleared with the rest.
 WEIGHT_SUFFIX = ".tbw"
 #: A tuning record (`runtime/tuner.py`): which candidate won for a workload on this target,
@@ -77,7 +77,7 @@ WEIGHT_SUFFIX = ".tbw"
 RECORD_SUFFIX = ".tbtune"
 DIGEST_BYTES = 32
 #: Default bound on the cache folder's size.
-DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_BYTES = 16 << 30
 #: Temporary files older than this are leftovers of a writer that died.
 STALE_TEMP_SECONDS = 3600
 
@@ -447,9 +447,12 @@ def disk_cache(root: Optional[Path]) -> Optional[DiskCache]:
     """The cache for folder `root` (None: the disk cache is off)."""
     if root is None:
         return None
+    from .config import get_config
+
     cache = _caches.get(root)
     if cache is None:
         cache = _caches[root] = DiskCache(root)
+    cache.max_bytes = get_config().cache_max_bytes  # TORCHBURN_CACHE_MAX_GB
     return cache
 
 

@@ -3,6 +3,7 @@ passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
     gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse
+                         (no qlinear-to-gemm: a quantized product stays one kernel on the GPU)
                          | lower-to-loops-gpu | gpu-split-wide, gpu-split-k, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
@@ -39,7 +40,10 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
         # before the mapping: the parts are a GEMM, their sum an elementwise kernel
         loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitK())
     lowering = LowerToLoopsGpu() if type(p.lowering) is LowerToLoops else p.lowering
-    tensor = list(p.tensor)
+    # The CPU's dequantize + GEMM form of many-row quantized products would write the weight
+    # as f32 in GPU memory; the GPU keeps the quantized product (its plain nest is one
+    # invocation per output element, which `gpu-map` maps as any element nest).
+    tensor = [x for x in p.tensor if x.name != "qlinear-to-gemm"]
     if not any(x.name == ExpandAttention.name for x in tensor):
         at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
         tensor.insert(at, ExpandAttention(keep_flash=flash))

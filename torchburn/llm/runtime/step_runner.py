@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from . import step_cache as sc
-from .kv_cache import MIN_VIEW, KVCache
-from .progress import Step
+from ..model.kv_cache import MIN_VIEW, KVCache
+from ..model.progress import Step
 
 if TYPE_CHECKING:
     from .engine import LLM
@@ -44,7 +44,7 @@ def step_label(ids: torch.Tensor, layers: int) -> str:
 @contextmanager
 def compiling(ids: torch.Tensor, layers: int) -> Iterator[Step]:
     """A `progress.Step` around a step's compilation, its note the graphs and kernels made."""
-    from ..backend import report as rep
+    from ...backend import report as rep
 
     point = rep.mark()
     with Step(f"compiling the {step_label(ids, layers)}") as step:
@@ -68,7 +68,7 @@ class _LazyCompile:
         if self.compiled is None:
             # the backend itself, not its registered name: a checkout run from its source tree
             # (PYTHONPATH, no installed entry point) has no "torchburn" backend name
-            from ..backend import torchburn_backend
+            from ...backend import torchburn_backend
 
             self.compiled = torch.compile(self.fn, backend=torchburn_backend, dynamic=False)
         return self.compiled(*args)
@@ -133,7 +133,7 @@ class StepCache:
     def _record(self, cache: KVCache, sig: str, args: Sequence[Any]) -> Any:
         """Run the step through Dynamo, learning it when Dynamo compiles it into one native
         call; the learned step must give the same result before it is kept."""
-        from ..backend.entry import observing
+        from ...backend.entry import observing
 
         seen: list[tuple[Any, ...]] = []
         with observing(lambda *graph: seen.append(graph)):

@@ -25,11 +25,12 @@ from typing import Callable, Optional, Union
 import torch
 from torch import nn
 
-from ..quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, QuantizedLinear
-from ..quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
+from ...quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, QuantizedLinear
+from ...quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
 from . import fuse
 from .config import DecoderConfig
-from .model import Decoder, QuantizedEmbedding, RMSNorm
+from .decoder import Decoder, QuantizedEmbedding, RMSNorm
+from .mapped import release
 
 QUANT_CHOICES = (None, "int8", "int4")
 GROUP = 32
@@ -100,9 +101,34 @@ class WeightSink:
     def wants(self, name: str) -> bool:
         return name in self.expected or self._fused_shape(name) is not None
 
+    def keeps(self, name: str) -> bool:
+        """Whether a float32 tensor ``name`` goes in as it is (no quantizing, no norm offset):
+        then `put` keeps the tensor given, so a view of a mapped file stays one."""
+        return self.wants(name) and self._plan(name) == (None, 0.0)
+
     def put(self, name: str, tensor: torch.Tensor) -> None:
-        """A float tensor, quantized here if ``quant`` asks for it."""
+        """A float tensor, quantized here if ``quant`` asks for it. A contiguous float32
+        tensor that needs no change is kept as it is (`keeps`)."""
+        if tensor.dtype == torch.float32 and tensor.is_contiguous() and self.keeps(name):
+            self._check_shape(name, tuple(tensor.shape))
+            self.put_float(name, tensor)
+            return
         self.put_rows(name, tuple(tensor.shape), lambda a, b: tensor[a:b])
+
+    def _plan(self, name: str) -> tuple[Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight]]], float]:
+        """(the quantizer ``name`` goes through or None, what is added to it: a norm offset)."""
+        module_name, attr = _split(name)
+        fused = name not in self.expected
+        module = None if fused else self.model.get_submodule(module_name)
+        offset = self.norm_offset if attr == "weight" and isinstance(module, RMSNorm) else 0.0
+        quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight]]] = None
+        if attr == "weight" and self.quant and (module_name == "embed_tokens" or fused
+                                                or isinstance(module, nn.Linear)):
+            if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
+                quantizer = _int8
+            else:
+                quantizer = _int4
+        return quantizer, offset
 
     def put_rows(self, name: str, shape: tuple[int, ...], rows: RowReader) -> None:
         """A float tensor of ``shape`` read a chunk of rows at a time through ``rows``: each
@@ -111,20 +137,10 @@ class WeightSink:
         if not self.wants(name):
             return
         self._check_shape(name, shape)
-        module_name, attr = _split(name)
-        fused = name not in self.expected
-        module = None if fused else self.model.get_submodule(module_name)
-        offset = self.norm_offset if attr == "weight" and isinstance(module, RMSNorm) else 0.0
+        quantizer, offset = self._plan(name)
         width = max(1, _prod(shape[1:]))
         step = max(1, CHUNK_BYTES // (4 * width))
         chunks = [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)] if shape else []
-        quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight, BlockWeight]]] = None
-        if attr == "weight" and self.quant and (module_name == "embed_tokens" or fused
-                                                or isinstance(module, nn.Linear)):
-            if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
-                quantizer = _int8
-            else:
-                quantizer = _int4
         if quantizer is None:
             value = torch.empty(shape, dtype=torch.float32)
             if not shape:
@@ -237,8 +253,13 @@ class WeightSink:
             if param.is_meta:
                 raise WeightError(f"tensor {name!r} was never loaded")
         for i, layer in enumerate(model.layers):
+            parts = list(layer.parameters()) + list(layer.buffers())
             for fused in fuse.fuse_layer(layer):
                 self._record_fused(f"layers.{i}.{fused}")
+            kept = {id(t) for t in list(layer.parameters()) + list(layer.buffers())}
+            for t in parts:  # stacked into a fused linear: a mapped part's pages go back
+                if id(t) not in kept:
+                    release(t)
         if self.record is not None:
             for name, value in self._put.items():
                 self.record(name, value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from .kv_cache import KVCache
+from ..model.kv_cache import KVCache
 
 
 class KVPool:

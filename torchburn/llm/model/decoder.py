@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..frontend.attention_op import attention
+from ...frontend.attention_op import attention
 from .config import DecoderConfig
 from .kv_cache import KVCache
 from .rope import (apply_rope, cos_sin, dynamic_inv_freq, local_inv_freq, longrope_inv_freq,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 if TYPE_CHECKING:
     from .engine import LLM
-    from .kv_cache import KVCache
+    from ..model.kv_cache import KVCache
     from .sampling import SamplingParams
 
 

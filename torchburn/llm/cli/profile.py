@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backend.kernel_timing import KernelTime, KernelTimer, capture_launchers
+from ...backend.kernel_timing import KernelTime, KernelTimer, capture_launchers
 
 __all__ = ["KernelTime", "StepProfiler", "capture_launchers", "profile_decode"]
 
@@ -87,7 +87,7 @@ def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[s
             in_features = cols * 2 if kind == "int4" else cols
             block = re.search(r"block=(\w+)", attrs["qlinear"])
             if block is not None:  # ggml blocks (`ir/qblocks.py`): the type names the layout
-                from ..ir.qblocks import BLOCK_TYPES
+                from ...ir.qblocks import BLOCK_TYPES
 
                 kind = block.group(1)
                 in_features = cols // BLOCK_TYPES[kind].nbytes * BLOCK_TYPES[kind].block
@@ -123,7 +123,7 @@ def _source_line(model: nn.Module, path: str, cls: str) -> str:
 
 
 def _linear_source(model: nn.Module, rows: int, in_features: int) -> str:
-    from ..quant import QuantizedLinear
+    from ...quant import QuantizedLinear
 
     names = sorted({_generic("model." + n).split(".")[-1] for n, m in model.named_modules()
                     if isinstance(m, QuantizedLinear) and m.out_features == rows

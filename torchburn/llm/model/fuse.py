@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..quant import QuantizedLinear
+from ...quant import QuantizedLinear
 
 Linear = Union[nn.Linear, QuantizedLinear]
 

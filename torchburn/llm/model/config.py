@@ -187,11 +187,13 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[Opt
 
 
 def _ids(value: Any) -> tuple[int, ...]:
+    """``eos_token_id``: an id, a list of ids, or none."""
     if value is None:
         return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+        raise ConfigError(f"eos_token_id must be a token id or a list of token ids; got {value!r}")
+    return tuple(items)
 
 
 def _phi3_rope(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:

@@ -22,14 +22,15 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
-from .kv_cache import KVCache
+from ..model.chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
+from ..model.decoder import Decoder
+from ..model.kv_cache import KVCache
+from ..model.progress import Step
+from ..model.tokenizer import Tokenizer
 from .kv_pool import KVPool
-from .model import Decoder
-from .progress import Step
 from .sampling import SamplingParams, next_tokens
 from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
-from .tokenizer import StreamDecoder, Tokenizer
+from .text_stream import TextStream, cut_at_stop
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
 PREFILL_BUCKETS = (16, 64, 256)
@@ -160,11 +161,11 @@ class LLM:
         ``quant``: None keeps the checkpoint's weights (GGUF block types stay quantized),
         "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
         """
-        from ..runtime.gc_pause import gc_paused
+        from ...runtime.gc_pause import gc_paused
         from .device import select_device
-        from .source import resolve
-        from .weight_cache import cached_load
-        from .weights import QUANT_CHOICES
+        from ..model.source import resolve
+        from ..model.weight_cache import cached_load
+        from ..model.weights import QUANT_CHOICES
 
         if quant not in QUANT_CHOICES:
             raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
@@ -174,8 +175,8 @@ class LLM:
         # mapping the weight cache makes ~100k small objects: no full collections meanwhile
         with gc_paused():
             if path.is_file():
-                from .gguf_loader import GGUFError
-                from .tokenizer import tokenizer_from_gguf
+                from ..model.gguf_loader import GGUFError
+                from ..model.tokenizer import tokenizer_from_gguf
 
                 if path.suffix != ".gguf":
                     raise GGUFError(f"{path} is a file but not a .gguf file")
@@ -183,8 +184,8 @@ class LLM:
                 tokenizer = tokenizer_from_gguf(meta)
                 del meta
             else:
-                from .safetensors_loader import load_safetensors_model, read_json
-                from .tokenizer import tokenizer_from_folder
+                from ..model.safetensors_loader import load_safetensors_model, read_json
+                from ..model.tokenizer import tokenizer_from_folder
 
                 def build(record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
                     with Step(f"loading the weights of {path.name}" + (f" ({quant})" if quant else "")):
@@ -213,7 +214,7 @@ class LLM:
     def _new_cache(self, batch: int) -> KVCache:
         cache = self.model.new_cache(batch, self.max_context)
         if self.device == "gpu":  # the GPU owns its values: nothing comes down per step
-            from ..backend.gpu_resident import keep_on_gpu
+            from ...backend.gpu_resident import keep_on_gpu
 
             keep_on_gpu(cache.tensor)
         return cache
@@ -377,9 +378,9 @@ class LLM:
             for b, t in enumerate(step):
                 if t is not None:
                     ids[b].append(t)
-            if stops and all(_cut(self.tokenizer.decode(i, True), stops)[1] for i in ids):
+            if stops and all(cut_at_stop(self.tokenizer.decode(i, True), stops)[1] for i in ids):
                 break
-        texts = [_cut(self.tokenizer.decode(i, skip_special_tokens=True), stops)[0] for i in ids]
+        texts = [cut_at_stop(self.tokenizer.decode(i, skip_special_tokens=True), stops)[0] for i in ids]
         return texts[0] if single else texts
 
     def stream(
@@ -411,29 +412,18 @@ class LLM:
                       stop: Optional[Sequence[str]]) -> Iterator[str]:
         """Text pieces of a stream of token ids (None ends it), held back at stop strings and
         incomplete UTF-8."""
-        decoder = StreamDecoder(self.tokenizer)
-        stops = [s for s in (stop or []) if s]
-        hold = max((len(s) for s in stops), default=1) - 1
-        text = ""      # generated text not yet yielded
+        text = TextStream(self.tokenizer, stop or ())
         for t in tokens:
             if t is None:
                 break
-            text += decoder.push(t)
-            if stops:
-                cut, hit = _cut(text, stops)
-                if hit:
-                    if cut:
-                        yield cut
-                    return
-            ready = text[:len(text) - hold] if hold else text
-            if ready:
-                yield ready
-                text = text[len(ready):]
-        text += decoder.flush()
-        if stops:
-            text = _cut(text, stops)[0]
-        if text:
-            yield text
+            piece = text.push(t)
+            if piece:
+                yield piece
+            if text.stopped:
+                return
+        rest = text.finish()
+        if rest:
+            yield rest
 
     def chat(self, system_prompt: Optional[str] = None, **kwargs: Any) -> None:
         """An interactive multi-turn chat on the terminal (``/reset``, ``/exit``, Ctrl-C stops
@@ -452,7 +442,7 @@ def _gguf_for_cache(path: Path, quant: Optional[str],
                     record: Callable[[str, Any], None]) -> tuple[Decoder, dict[str, Any]]:
     """A GGUF load for `weight_cache.cached_load`: the model, and of its metadata what the
     tokenizer and chat template read (``tokenizer.*``, kept in the cache entry)."""
-    from .gguf_loader import load_gguf_model
+    from ..model.gguf_loader import load_gguf_model
 
     with Step(f"loading the weights of {path.name}"):
         model, meta = load_gguf_model(path, quant, record)
@@ -469,14 +459,6 @@ def _as_batch(prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[Prompt], bo
     if isinstance(items[0], dict):  # one conversation
         return [items], True
     return items, False
-
-
-def _cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop string, and whether one occurred."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    if not found:
-        return text, False
-    return text[:min(found)], True
 
 
 def model_size_bytes(model: torch.nn.Module) -> int:

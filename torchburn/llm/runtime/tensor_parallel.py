@@ -28,9 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..quant import QuantizedLinear
-from .fuse import fuse_projections, unfuse_projections
-from .model import Decoder
+from ...quant import QuantizedLinear
+from ..model.decoder import Decoder
+from ..model.fuse import fuse_projections, unfuse_projections
 
 Linear = Union[nn.Linear, QuantizedLinear]
 

@@ -13,15 +13,16 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 
-from .sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 
 #: Bytes of the buffer `read_bandwidth` sums (well past any cache).
-BANDWIDTH_BYTES = 256 << 20
+BANDWIDTH_BYTES = 1 << 30
 
 
 @dataclass
@@ -30,6 +31,8 @@ class TestResult:
 
     test: str
     tokens_per_s: list[float]
+    #: The engine of this row when it is not the report's own (a peer: "llama.cpp", ...).
+    engine: Optional[str] = None
 
     @property
     def mean(self) -> float:
@@ -69,8 +72,13 @@ class BenchReport:
         lines = [head, "|---|---:|---:|---|---|---:|---|---:|"]
         for r in self.results:
             lines.append(f"| {self.model} | {self.size_bytes / 2**20:.2f} MiB | "
-                         f"{self.params / 1e6:.2f} M | {self.quant} | {self.engine} | "
+                         f"{self.params / 1e6:.2f} M | {self.quant} | {r.engine or self.engine} | "
                          f"{self.threads} | {r.test} | {r.mean:.2f} +- {r.std:.2f} |")
+        for test in sorted({r.test for r in self.results if r.engine}):
+            ours = [r.mean for r in self.results if r.test == test and not r.engine]
+            best = max((r for r in self.results if r.test == test and r.engine), key=lambda r: r.mean)
+            if ours and best.mean > 0:
+                lines.append(f"{test}: {ours[0] / best.mean:.2f}x the faster peer ({best.engine})")
         if self.time_to_first_token_s:
             lines.append(f"time to first token ({self.results[0].test} prompt): "
                          f"{statistics.mean(self.time_to_first_token_s) * 1e3:.1f} ms")
@@ -84,8 +92,8 @@ class BenchReport:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["results"] = [dict(test=r.test, tokens_per_s=r.tokens_per_s, mean=r.mean, std=r.std)
-                        for r in self.results]
+        d["results"] = [dict(test=r.test, engine=r.engine or self.engine, tokens_per_s=r.tokens_per_s,
+                             mean=r.mean, std=r.std) for r in self.results]
         d["decode_gbs"] = self.decode_gbs()
         return d
 
@@ -110,7 +118,7 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def parameter_count(model: nn.Module) -> int:
     """Weights counted as elements of the float model (packed INT4 bytes count twice)."""
-    from ..quant import QuantizedLinear
+    from ...quant import QuantizedLinear
 
     total = 0
     for m in model.modules():
@@ -151,28 +159,41 @@ def decode_weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def read_bandwidth(threads: int, repeats: int = 5) -> float:
-    """GB/s of a float32 sum over `BANDWIDTH_BYTES` with ``threads`` threads (best of
-    ``repeats``): what the memory gives a streaming read here, now."""
+def read_bandwidth(threads: int, repeats: int = 3) -> float:
+    """GB/s of a streaming read with ``threads`` threads, here and now: the higher of a numpy
+    sum and a float32 sum compiled by TorchBurn (a generated, parallel reduction), each over
+    `BANDWIDTH_BYTES` (best of ``repeats``). A numpy sum alone underestimates what a tuned
+    reader gets (one thread, and pairwise summation)."""
+    import numpy as np
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         buf = torch.ones(BANDWIDTH_BYTES // 4)
+        arr = buf.numpy()
+        from ...backend import torchburn_backend
+
+        compiled = torch.compile(lambda t: t.sum(), backend=torchburn_backend, dynamic=False)
         best = float("inf")
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            buf.sum()
-            best = min(best, time.perf_counter() - t0)
+        for run in (lambda: np.add.reduce(arr), lambda: compiled(buf)):
+            run()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - t0)
         return BANDWIDTH_BYTES / best / 1e9
     finally:
         torch.set_num_threads(before)
 
 
 def run_benchmark(llm: Any, prompt_tokens: int = 512, gen_tokens: int = 128, repeats: int = 3,
-                  threads: Optional[int] = None, load_s: float = 0.0) -> BenchReport:
+                  threads: Optional[int] = None, load_s: float = 0.0, peers: Sequence[str] = (),
+                  gguf: Optional[str] = None) -> BenchReport:
     """Time ``pp<prompt_tokens>`` and ``tg<gen_tokens>`` on a loaded `LLM` (greedy, EOS
-    ignored so every run makes exactly the tokens asked)."""
-    from .engine import model_size_bytes
+    ignored so every run makes exactly the tokens asked). ``peers`` (names of `peers.PEER_MODULES`)
+    run the same tests on the same ``gguf`` file, each in a process of its own, in the same
+    rounds (ours, then each peer, every round), with the same thread count."""
+    from ..runtime.engine import model_size_bytes
 
     greedy = SamplingParams(temperature=0.0)
     llm.eos_ids = frozenset()
@@ -186,8 +207,23 @@ def run_benchmark(llm: Any, prompt_tokens: int = 512, gen_tokens: int = 128, rep
     for _ in llm.generate_ids([prompt[:1]], 2, greedy):
         pass
     warmup_s = time.perf_counter() - t0
+    used = threads or torch.get_num_threads()
+    contenders = []
+    if peers:
+        from .peers import PeerProcess
+
+        if gguf is None:
+            raise ValueError("peers run on a GGUF file: give --model a .gguf path")
+        context = max(prompt_tokens, gen_tokens) + 16
+        contenders = [PeerProcess(name, Path(gguf), used, context) for name in peers]
+        for peer in contenders:  # warm-up
+            peer.pp(prompt_tokens), peer.tg(4)
+    peer_rows = {p.name: ([], []) for p in contenders}
     pp, ttft, tg = [], [], []
     for _ in range(max(1, repeats)):
+        for peer in contenders:
+            peer_rows[peer.name][0].append(prompt_tokens / peer.pp(prompt_tokens))
+            peer_rows[peer.name][1].append(gen_tokens / peer.tg(gen_tokens))
         t0 = time.perf_counter()
         steps = llm.generate_ids([prompt], 1, greedy)
         next(steps)
@@ -200,14 +236,17 @@ def run_benchmark(llm: Any, prompt_tokens: int = 512, gen_tokens: int = 128, rep
         t0 = time.perf_counter()
         count = sum(1 for _ in steps)
         tg.append(count / (time.perf_counter() - t0))
+    for peer in contenders:
+        peer.close()
     c = llm.config
-    used = threads or torch.get_num_threads()
     engine = f"torchburn {llm.device}" + ("" if llm.compiled else " eager")
     return BenchReport(
         model=f"{llm.name} ({c.architecture}, {c.num_hidden_layers} layers)",
         size_bytes=model_size_bytes(llm.model), params=parameter_count(llm.model),
         quant=llm.quant or "as stored", engine=engine, threads=used,
-        results=[TestResult(f"pp{prompt_tokens}", pp), TestResult(f"tg{gen_tokens}", tg)],
+        results=[TestResult(f"pp{prompt_tokens}", pp), TestResult(f"tg{gen_tokens}", tg)]
+        + [TestResult(test, rows[i], name) for name, rows in peer_rows.items()
+           for i, test in enumerate((f"pp{prompt_tokens}", f"tg{gen_tokens}"))],
         load_s=load_s, warmup_s=warmup_s, time_to_first_token_s=ttft,
         decode_weight_bytes=decode_weight_bytes(llm.model),
         read_bandwidth_gbs=read_bandwidth(used))

@@ -15,6 +15,14 @@ A later load maps the file copy-on-write and builds each tensor as a view of the
 read, no copy; pages come in as the first step touches them) and replays the records into a
 new sink, so the model is built by the same code as on a miss.
 
+**Views of the source are not copied**: a tensor the loader left as a view of the mapped
+source file (`mapped.py`: GGUF blocks the kernels read as they are) is recorded as its offset
+in that file (a part spec ``[dtype, shape, offset, nbytes, source]``, ``source`` indexing the
+header's ``sources``), and the warm load maps the source again. So an entry holds only what
+was converted, the model is mapped from the two files, and nothing is copied into process
+memory. The first load, once it has written the entry, rebuilds its model from it the same
+way, so the converted tensors it made in anonymous memory are dropped for mapped ones.
+
 **The key** (BLAKE3, ``w`` + hex) covers the source's *metadata*, not its bytes (hashing a
 100 MB file would cost a warm start ~0.2 s): the resolved path, then for the file (GGUF) or
 for every file of the folder (safetensors) its name, size and modification time in
@@ -26,15 +34,14 @@ rewrite that keeps size and nanosecond mtime would hide (as for `disk_cache.sour
 the disk cache (`DiskCache.secret`): a file not written by this user's torchburn, or written
 for another key, is deleted and the model is loaded from the source. The tensor bytes are not
 hashed (again ~0.2 s): they are data, never executed or used as indices, the file is written
-atomically in the private cache folder, and its size must match the header exactly. A
-model larger than a quarter of the cache's size bound is not cached.
+atomically in the private cache folder, and its size must match the header exactly. An
+entry larger than half the cache's size bound (`TORCHBURN_CACHE_MAX_GB`) is not written.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -43,9 +50,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from blake3 import blake3
 
-from ..quant import BlockWeight, Int4Weight, Int8Weight
-from ..runtime.config import get_config
+from ...quant import BlockWeight, Int4Weight, Int8Weight
+from ...runtime.config import get_config
 from .config import DecoderConfig
+from .mapped import MappedFile, locate, trim_heap
 from .progress import Step
 
 log = logging.getLogger("torchburn")
@@ -53,7 +61,7 @@ log = logging.getLogger("torchburn")
 MAGIC = b"TBWEIGHT"
 SUFFIX = ".tbw"
 #: Bump when the file layout or the key's recipe changes.
-FORMAT = "weights1"
+FORMAT = "weights2"
 ALIGN = 64
 DIGEST_BYTES = 32
 
@@ -83,11 +91,11 @@ STATS = WeightCacheStats()
 
 def source_key(path: Path, quant: Optional[str]) -> str:
     """The cache key of loading `path` with `quant` (see the module docstring)."""
-    from ..runtime.disk_cache import source_digest
+    from ...runtime.disk_cache import source_digest
 
     path = path.resolve()
     h = blake3()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    files = source_files(path)
     for part in (FORMAT, f"torch={torch.__version__}", source_digest(), f"quant={quant}", str(path)):
         h.update(part.encode("utf-8") + b"\0")
     for f in files:
@@ -101,13 +109,13 @@ def cache_path(key: str) -> Optional[Path]:
     root = get_config().cache_dir
     if root is None:
         return None
-    from ..runtime.disk_cache import FORMAT as DISK_FORMAT
+    from ...runtime.disk_cache import FORMAT as DISK_FORMAT
 
     return Path(root) / DISK_FORMAT / key[:2] / f"{key}{SUFFIX}"
 
 
 def _secret() -> Optional[bytes]:
-    from ..runtime.disk_cache import disk_cache
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
     return None if disk is None else disk.secret()
@@ -143,35 +151,52 @@ def _parts(value: Union[Int8Weight, Int4Weight, BlockWeight, torch.Tensor]) -> t
     return "float", {}, {"value": value}
 
 
-def store(key: str, config: DecoderConfig, records: list[Record], meta: dict[str, Any]) -> Optional[Path]:
+def source_files(path: Path) -> list[Path]:
+    """The files a load of `path` reads (the GGUF file, or a folder's files), resolved."""
+    path = path.resolve()
+    return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+
+
+def store(key: str, config: DecoderConfig, records: list[Record], meta: dict[str, Any],
+          sources: tuple[Path, ...] = ()) -> Optional[Path]:
     """Write the entry (atomically: a temporary file renamed into place); None when the cache
-    is off, untrusted, too small for the model, or not writable (logged)."""
+    is off, untrusted, too small for the model, or not writable (logged). A tensor that is a
+    view of a mapped file of ``sources`` is recorded as its place in that file."""
     path, secret = cache_path(key), _secret()
     if path is None or secret is None:
         return None
     entries, blobs, offset = [], [], 0
+    names = [str(p) for p in sources]
     for name, value in records:
         kind, attrs, parts = _parts(value)
         layout = {}
         for part, t in parts.items():
-            t = t.detach().contiguous()
+            t = t.detach()
             if str(t.dtype) not in _DTYPES:
                 return None
             nbytes = t.numel() * t.element_size()
+            where = locate(t)
+            if where is not None and str(where[0]) in names:
+                layout[part] = [str(t.dtype), list(t.shape), where[1], nbytes, names.index(str(where[0]))]
+                continue
+            t = t.contiguous()
             layout[part] = [str(t.dtype), list(t.shape), offset, nbytes]
             blobs.append((offset, t))
             offset += -(-nbytes // ALIGN) * ALIGN
         entries.append({"name": name, "kind": kind, "attrs": attrs, "parts": layout})
-    from ..runtime.disk_cache import disk_cache
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
-    if disk is not None and disk.max_bytes > 0 and offset > disk.max_bytes // 4:
-        log.info("torchburn: the model (%d bytes) is too large for the weight cache", offset)
+    if disk is not None and disk.max_bytes > 0 and offset > disk.max_bytes // 2:
+        log.info("torchburn: the converted weights (%d bytes) are too large for the weight cache "
+                 "(TORCHBURN_CACHE_MAX_GB)", offset)
         return None
     try:
+        # keys in their order, not sorted: a dict of the config (Llama 3's rope_scaling) must
+        # read back with the same repr (checked on load; the step cache keys on it)
         header = json.dumps({"key": key, "config": config_to_json(config), "config_repr": repr(config),
-                             "entries": entries, "meta": meta, "data_bytes": offset},
-                            sort_keys=True).encode("utf-8")
+                             "entries": entries, "meta": meta, "data_bytes": offset,
+                             "sources": names}).encode("utf-8")
     except (TypeError, ValueError) as err:  # metadata that is not plain JSON: not cached
         log.info("torchburn: the weight cache skips this model (%s)", err)
         return None
@@ -223,7 +248,16 @@ def _read_header(data: Any, key: str, secret: bytes) -> tuple[dict[str, Any], in
     return header, start
 
 
-def _view(buf: Any, start: int, spec: list[Any], limit: int) -> torch.Tensor:
+def _view(buf: Any, start: int, spec: list[Any], limit: int, sources: list[MappedFile]) -> torch.Tensor:
+    if len(spec) == 5:  # a view of a source file
+        dtype_name, shape, offset, nbytes, which = spec
+        if not 0 <= int(which) < len(sources):
+            raise WeightCacheError("a tensor names a source file the entry does not list")
+        try:
+            return sources[int(which)].tensor(int(offset), int(nbytes), _DTYPES[str(dtype_name)],
+                                              tuple(int(s) for s in shape))
+        except (ValueError, RuntimeError) as err:
+            raise WeightCacheError(f"a view of the source does not fit it ({err})") from None
     dtype_name, shape, offset, nbytes = spec
     dtype = _DTYPES[str(dtype_name)]
     shape = tuple(int(s) for s in shape)
@@ -238,8 +272,8 @@ def _view(buf: Any, start: int, spec: list[Any], limit: int) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype, count=count, offset=start + int(offset)).view(shape)
 
 
-def _record(entry: dict[str, Any], buf: Any, start: int, limit: int) -> Record:
-    parts = {p: _view(buf, start, spec, limit) for p, spec in entry["parts"].items()}
+def _record(entry: dict[str, Any], buf: Any, start: int, limit: int, sources: list[MappedFile]) -> Record:
+    parts = {p: _view(buf, start, spec, limit, sources) for p, spec in entry["parts"].items()}
     kind = entry["kind"]
     if kind == "int8":
         return entry["name"], Int8Weight(qweight=parts["qweight"], scales=parts["scales"])
@@ -260,11 +294,9 @@ def load(key: str) -> Optional[tuple[DecoderConfig, list[Record], dict[str, Any]
     if path is None or secret is None:
         return None
     try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise WeightCacheError("empty file")
-            buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        buf = MappedFile(path).buffer  # registered: `mapped.locate` finds its views
+        if buf is None:
+            raise WeightCacheError("empty file")
     except FileNotFoundError:
         return None
     except (OSError, WeightCacheError) as err:
@@ -276,7 +308,11 @@ def load(key: str) -> Optional[tuple[DecoderConfig, list[Record], dict[str, Any]
         if repr(config) != header.get("config_repr"):
             raise WeightCacheError("the configuration does not read back the same")
         limit = int(header["data_bytes"])
-        records = [_record(e, buf, start, limit) for e in header["entries"]]
+        try:
+            sources = [MappedFile(Path(p)) for p in header.get("sources", [])]
+        except OSError as err:
+            raise WeightCacheError(f"cannot map a source file ({err})") from None
+        records = [_record(e, buf, start, limit, sources) for e in header["entries"]]
         meta = header.get("meta") or {}
     except (WeightCacheError, KeyError, TypeError, ValueError) as err:
         log.warning("torchburn: weight cache entry %s is corrupt (%s); deleting it and loading "
@@ -319,6 +355,14 @@ def cached_load(path: Path, quant: Optional[str],
         STATS.misses += 1
     records: list[Record] = []
     model, meta = build(lambda name, value: records.append((name, value)))
-    if key is not None and store(key, model.config, records, meta) is not None:
+    if key is not None and store(key, model.config, records, meta, tuple(source_files(path))) is not None:
         STATS.stores += 1
+        # the converted tensors are in anonymous memory: the same model mapped from the entry
+        # just written (and the source) holds none
+        del records
+        hit = load(key)
+        if hit is not None:
+            config, cached, _ = hit
+            model = replay(config, cached, quant)
+    trim_heap()  # the conversion's freed temporaries
     return model, meta

@@ -19,7 +19,8 @@ from typing import Any, BinaryIO, Callable, Optional
 import torch
 
 from .config import ConfigError, DecoderConfig, from_hf_dict
-from .model import Decoder
+from .decoder import Decoder
+from .mapped import MappedFile
 from .progress import progress
 from .validate import check_layers_present, loads_bounded
 from .weights import WeightError, WeightSink, meta_decoder
@@ -88,6 +89,22 @@ class TensorFile:
         self.base = 8 + size
         self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
         self._file: Optional[BinaryIO] = None
+        self._map: Optional[MappedFile] = None
+
+    def view(self, key: str) -> Optional[torch.Tensor]:
+        """Tensor ``key`` as a view of the mapped file when it is float32 and aligned, else
+        None (`rows` reads it)."""
+        entry = self.entries[key]
+        begin, end = (int(x) for x in entry["data_offsets"])
+        shape = self.shape(key)
+        n = 1
+        for d in shape:
+            n *= d
+        if entry["dtype"] != "F32" or (self.base + begin) % 4 or end - begin != 4 * n:
+            return None
+        if self._map is None:
+            self._map = MappedFile(self.path)
+        return self._map.tensor(self.base + begin, end - begin, torch.float32, shape)
 
     def __enter__(self) -> "TensorFile":
         self._file = self.path.open("rb", buffering=0)
@@ -172,6 +189,10 @@ def load_safetensors_model(folder: Path, quant: Optional[str],
                 name = our_name(key)
                 if sink.wants(name):
                     next(bar, None)
+                    view = table.view(key) if sink.keeps(name) else None
+                    if view is not None:
+                        sink.put(name, view)
+                        continue
                     sink.put_rows(name, table.shape(key),
                                   lambda a, b, t=table, k=key: t.rows(k, a, b))
     next(bar, None)

@@ -1,7 +1,9 @@
 """Loading a GGUF file: configuration from its metadata, weights from its tensors.
 
 Every block type llama.cpp writes stays quantized: Q4_0, Q4_1 and Q8_0 linear weights become
-our INT4/INT8 layouts bit for bit (`torchburn.quant`), and every other type of the block table
+our INT4/INT8 layouts bit for bit (`torchburn.quant`), Q4_K ones INT4 with group 32 (the
+scale and min products rounded to float16: `import_gguf_q4_k`; its GEMV runs the int4 kernel
+with int8 activations, 5-10x the block table's f32 form), and every other type of the block table
 (`ir/qblocks.py`: Q5_0, Q5_1, Q2_K ... Q6_K), like any quantized token embedding other than
 Q8_0, is kept as the file's blocks (`BlockWeight`); F32/F16/BF16 are widened to float32
 (exactly). Other types (the i-quants IQ*, TQ*, MXFP4, types only forks write) are refused with
@@ -9,11 +11,16 @@ an error naming the type and the tensor.  llama.cpp's converter permutes the row
 Llama-family models for its interleaved rope; we undo that permutation, which moves whole
 rows (codes and scales together) and so stays lossless.
 
-Memory: the ``gguf`` reader holds every metadata array element as its own numpy array (about
-160 MB for a 49k-token vocabulary) and maps the whole file.  So the loader takes from it what
-it needs -- the configuration, the metadata as plain Python values, and each tensor's offset,
-type and shape -- and drops it before reading any tensor; the tensors are then read one at a
-time with positioned reads (mapped pages would count in resident memory until unmapped).
+Memory: weights are memory-mapped, as llama.cpp maps them (`mapped.py`). Every tensor's data
+is a view of one copy-on-write map of the file; a tensor the kernels read as it is -- blocks
+of any type in `ir/qblocks.py` whose rows need no permutation, F32 tensors -- stays that
+view, so loading reads none of it and the pages come in (file-backed, shared with the page
+cache) as the first step touches them. A tensor that is converted (Q4_0/Q4_1/Q8_0 into our
+layouts, Q/K rows unpermuted, F16/BF16 widened, sibling projections stacked) is read through
+the map and its pages released once converted (`mapped.release`); the converted tensors go
+to the weight cache, which maps them back in later processes. The metadata comes from our
+reader (`gguf_reader.py`: plain values, no per-entry arrays), dropped before any tensor is
+touched.
 """
 from __future__ import annotations
 
@@ -23,12 +30,13 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from ..ir.qblocks import BLOCK_TYPES
-from ..quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
-                     import_gguf_q4_1, import_gguf_q8_0)
+from ...ir.qblocks import BLOCK_TYPES
+from ...quant import (BlockWeight, Int4Weight, Int8Weight, dequantize_block_rows, import_gguf_q4_0,
+                     import_gguf_q4_1, import_gguf_q4_k, import_gguf_q8_0)
 from .config import ConfigError, DecoderConfig, unsupported_message
+from .decoder import Decoder
 from .families import BY_GGUF_ARCH, Family, sliding_layers
-from .model import Decoder
+from .mapped import MappedFile, release
 from .progress import progress
 from .validate import check_gguf_metadata, check_layers_present
 from .weights import WeightError, WeightSink, meta_decoder
@@ -307,19 +315,6 @@ def metadata(reader: Any) -> dict[str, Any]:
     return {key: field(reader, key) for key in reader.fields}
 
 
-def _read_data(f: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-    raw = np.empty(nbytes, dtype=np.uint8)
-    f.seek(offset)
-    view = memoryview(raw)
-    got = 0
-    while got < nbytes:
-        n = f.readinto(view[got:])
-        if not n:
-            raise GGUFError(f"{f.name} ends inside a tensor's data (truncated)")
-        got += n
-    return raw.view(dtype).reshape(shape)
-
-
 def load_gguf_model(path: Path, quant: Optional[str],
                     record: Optional[Callable[[str, Any], None]] = None) -> tuple[Decoder, dict[str, Any]]:
     """(model, metadata): the metadata (a dict, `field` reads it) is kept for the tokenizer and
@@ -347,11 +342,11 @@ def load_gguf_model(path: Path, quant: Optional[str],
                         t.data.dtype, tuple(t.data.shape), name, shape))
     _check_extents(path, [(t.name, int(t.data_offset), int(t.data.nbytes)) for t in reader.tensors])
     meta = metadata(reader)
-    del reader  # its metadata arrays and its map of the whole file
-    with path.open("rb", buffering=0) as f:
-        for item in progress(tensors, desc=f"loading {path.name}",
-                             total=sum(t[3] for t in tensors), size=lambda t: t[3]):
-            _load_tensor(f, path, item, config, sink, permute)
+    del reader  # its metadata and its own map of the file
+    mapped = MappedFile(path)
+    for item in progress(tensors, desc=f"loading {path.name}",
+                         total=sum(t[3] for t in tensors), size=lambda t: t[3]):
+        _load_tensor(mapped, item, config, sink, permute)
     return sink.finish(), meta
 
 
@@ -369,19 +364,36 @@ def _check_extents(path: Path, extents: list[tuple[str, int, int]]) -> None:
                 f"disagrees with the data (the file is truncated or corrupt)")
 
 
-def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfig,
+def _load_tensor(mapped: MappedFile, item: tuple[Any, ...], config: DecoderConfig,
                  sink: WeightSink, permute: bool) -> None:
-    """Read one tensor's data and hand it to the sink, quantized or as float."""
+    """Hand one tensor to the sink: a view of the map where the kernels read it as it is,
+    else converted (and its pages of the map released)."""
     from gguf import GGMLQuantizationType as Q
 
     gguf_name, kind, offset, nbytes, dtype, data_shape, name, shape = item
-    data = _read_data(f, offset, nbytes, dtype, data_shape)
+    assert mapped.array is not None  # the file holds this tensor's bytes (`_check_extents`)
+    source = mapped.array[offset:offset + nbytes]
+    if offset % np.dtype(dtype).itemsize:
+        # misaligned elements (an alignment below 4 with an odd metadata size): read a copy
+        source = source.copy()
+    data = source.view(dtype).reshape(data_shape)
+    try:
+        _put_tensor(data, kind, gguf_name, name, shape, config, sink, permute)
+    finally:
+        release(torch.from_numpy(source))
+
+
+def _put_tensor(data: np.ndarray, kind: Any, gguf_name: str, name: str, shape: tuple[int, ...],
+                config: DecoderConfig, sink: WeightSink, permute: bool) -> None:
+    from gguf import GGMLQuantizationType as Q
+
     perm = None
     if permute and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
                                   "k_proj.bias")):
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         perm = unpermute_rows(shape[0], heads)
-    importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1}
+    importers = {Q.Q8_0: import_gguf_q8_0, Q.Q4_0: import_gguf_q4_0, Q.Q4_1: import_gguf_q4_1,
+                 Q.Q4_K: import_gguf_q4_k}
     embedding = name == "embed_tokens.weight"
     if kind in importers and len(shape) == 2 and (kind == Q.Q8_0 or not embedding):
         w = importers[kind](data, shape)
@@ -394,11 +406,10 @@ def _load_tensor(f: Any, path: Path, item: tuple[Any, ...], config: DecoderConfi
             return
         value = dequantize_block_rows(blocks, kind.name)  # a quantized vector (a few KB)
     elif kind in (Q.F32, Q.F16, Q.BF16):
-        array = data
         if kind == Q.BF16:
-            value = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+            value = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
         else:
-            value = torch.from_numpy(array)
+            value = torch.from_numpy(data)
     else:  # `_check_type` refused it before any tensor was read
         raise AssertionError(f"{gguf_name}: ggml type {kind.name} reached the tensor reader")
     sink.put(name, _permute(value.reshape(shape), perm))

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from blake3 import blake3
 
-from ..runtime.config import get_config
+from ...runtime.config import get_config
 
 log = logging.getLogger("torchburn")
 
@@ -106,8 +106,8 @@ def signature(args: Sequence[Any]) -> str:
 
 def step_key(model_part: str, context: int, sig: str) -> Optional[str]:
     """The disk key of a step, or None when the disk cache (or the CPU engine) is off."""
-    from ..backend import fx_cache
-    from ..runtime.disk_cache import source_digest
+    from ...backend import fx_cache
+    from ...runtime.disk_cache import source_digest
 
     config = get_config()
     if not fx_cache.enabled(config):
@@ -208,7 +208,7 @@ def _launcher_of(module: torch.fx.GraphModule
 
 def _trivial(compilations: Any) -> bool:
     """One forward, no backward, nothing for AOTAutograd's runtime wrapper to do."""
-    from ..backend import inference_path
+    from ...backend import inference_path
 
     if compilations.backward or len(compilations.forward) != 1:
         return False
@@ -287,7 +287,7 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
         else:
             full = [g(args) for g in pick]
             if not fast:
-                from ..runtime.gc_pause import gc_paused
+                from ...runtime.gc_pause import gc_paused
                 from .pinned_launch import pin
 
                 with gc_paused():  # parsing the launcher's source: ~100k AST nodes
@@ -312,8 +312,8 @@ def _refuse(*_args: Any) -> Any:
 def load(key: str, model: torch.nn.Module) -> Optional[Callable[..., tuple[Any, ...]]]:
     """The step stored under `key`, bound to `model`, or None (missing, malformed, its program
     gone)."""
-    from ..backend.launcher import Launcher, LauncherSpec
-    from ..runtime.disk_cache import disk_cache
+    from ...backend.launcher import Launcher, LauncherSpec
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
     raw = None if disk is None else disk.load_graph(key)
@@ -326,7 +326,7 @@ def load(key: str, model: torch.nn.Module) -> Optional[Callable[..., tuple[Any, 
     except (KeyError, TypeError, ValueError, IndexError) as err:
         log.warning("torchburn: step cache entry %s is malformed (%s); compiling again", key[:16], err)
         return None
-    from ..compiler.driver import load_program
+    from ...compiler.driver import load_program
 
     compiled = load_program(program)
     if compiled is None:
@@ -341,7 +341,7 @@ def load(key: str, model: torch.nn.Module) -> Optional[Callable[..., tuple[Any, 
 
 def store(key: str, plan: StepPlan, launcher: Any) -> bool:
     """Write the step's record when its program is on disk (else a later hit would miss)."""
-    from ..runtime.disk_cache import disk_cache
+    from ...runtime.disk_cache import disk_cache
 
     disk = disk_cache(get_config().cache_dir)
     program = getattr(getattr(launcher, "keepalive", None), "key", None)

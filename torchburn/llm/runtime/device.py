@@ -25,7 +25,7 @@ def _no_gpu_device_files() -> bool:
 def real_gpu_present() -> bool:
     if _no_gpu_device_files():
         return False
-    from ..runtime.gpu import gpu_info
+    from ...runtime.gpu import gpu_info
 
     info = gpu_info()
     return info is not None and str(info.get("device_type", "")).lower() not in ("cpu", "")
@@ -33,7 +33,7 @@ def real_gpu_present() -> bool:
 
 def select_device(device: str, threads: Optional[int]) -> str:
     """Apply ``device`` and ``threads`` to the configuration; returns "cpu" or "gpu"."""
-    from ..runtime.config import reload_config
+    from ...runtime.config import reload_config
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
@@ -48,7 +48,7 @@ def select_device(device: str, threads: Optional[int]) -> str:
     if device == "auto":
         chosen = "gpu" if real_gpu_present() else "cpu"
     if chosen == "gpu":  # imported only then: it brings the WGSL code generator
-        from ..runtime.gpu import gpu_available, gpu_unavailable_reason
+        from ...runtime.gpu import gpu_available, gpu_unavailable_reason
 
         if not gpu_available():
             raise RuntimeError(f"device='gpu' but no GPU adapter is usable: {gpu_unavailable_reason()}")

@@ -1,0 +1,142 @@
+"""Many-row quantized linears (prefill): the `qlinear` kernel against `qlinear-to-gemm`
+(dequantize + float GEMM), per weight layout, and eager PyTorch on the dequantized weight.
+
+    python benchmarks/bench_qlinear_gemm.py                      # 512 x 2048 -> 8192, 1 thread
+    python benchmarks/bench_qlinear_gemm.py --rows 64 --threads 2 --types Q4_K,Q6_K,int4
+
+Each layout's graph (`qlinear` plus a bias) is compiled twice through the default pipeline,
+once with `qlinear-to-gemm` and once without it, and both run interleaved on the same arrays
+(`--rounds` rounds, median and range of the process's CPU time, or wall time with
+`--clock wall`); eager is `x @ w.T + b` in PyTorch on the f32 weight, same threads. GFLOP/s
+count 2 M N K. The load average is printed: on a shared machine read CPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _graph(kind: str, m: int, n: int, k: int) -> str:
+    from torchburn.ir.qblocks import BLOCK_TYPES
+
+    if kind in BLOCK_TYPES:
+        bt = BLOCK_TYPES[kind]
+        ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // bt.block * bt.nbytes}], %b: f32[{n}]"
+        call = f'qlinear(%x, %q) {{kind = "blocks", block_type = "{kind}", group_size = {bt.block}, symmetric = true}}'
+    else:  # int4 with mins (Q4_1's form), group 32
+        ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // 2}], %s: f16[{n}, {k // 32}], %mn: f16[{n}, {k // 32}], %b: f32[{n}]"
+        call = 'qlinear(%x, %q, %s, %mn) {kind = "int4", group_size = 32, symmetric = false}'
+    return (f"graph @main({ins}) {{\n  %0 = {call} : f32[{m}, {n}]\n"
+            f"  %1 = expand(%b) {{shape = [{m}, {n}]}} : f32[{m}, {n}]\n  %2 = add(%0, %1) : f32[{m}, {n}]\n"
+            f"  return %2\n}}")
+
+
+def _arrays(kind: str, m: int, n: int, k: int) -> dict[str, np.ndarray]:
+    from torchburn.ir.qblocks import BLOCK_TYPES, f16_offsets
+
+    rng = np.random.default_rng(0)
+    out = {"x": rng.standard_normal((m, k)).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32),
+           "out0": np.zeros((m, n), np.float32)}
+    if kind in BLOCK_TYPES:
+        bt = BLOCK_TYPES[kind]
+        raw = rng.integers(0, 256, (n, k // bt.block, bt.nbytes), dtype=np.uint8)
+        for o in f16_offsets(bt):
+            raw[:, :, o:o + 2] = np.full((n, k // bt.block), 0.01, np.float16).view(np.uint8).reshape(n, -1, 2)
+        out["q"] = raw.reshape(n, -1)
+    else:
+        out["q"] = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+        out["s"] = np.full((n, k // 32), 0.01, np.float16)
+        out["mn"] = np.full((n, k // 32), -0.08, np.float16)
+    return out
+
+
+class Compiled:
+    """The graph through the default pipeline (less `without`), callable on the arrays."""
+
+    def __init__(self, text: str, without: tuple[str, ...]) -> None:
+        from torchburn.codegen import emit_program, entry_name, host_target
+        from torchburn.ir.parser import parse_graph
+        from torchburn.passes.base import PassManager
+        from torchburn.passes.pipeline import Pipeline
+        from torchburn.runtime import jit
+
+        pipeline = Pipeline.default()
+        pipeline.tensor = [p for p in pipeline.tensor if p.name not in without]
+        target = host_target()
+        self.program = PassManager(pipeline.passes(), target=target).run(parse_graph(text))
+        self.native = jit.load_object(jit.compile_llvm_ir(emit_program(self.program, target), target))
+        self.entry = self.native.entry(entry_name(self.program))
+        size = int(getattr(self.program.workspace_bytes, "value", 0))
+        self.ws = np.zeros(size + 64, np.uint8) if size else None
+
+    def bind(self, arrays: dict[str, np.ndarray]) -> Callable[[], None]:
+        names = [b.name for b in (*self.program.inputs, *self.program.outputs)]
+        ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
+        syms = (ctypes.c_int64 * 1)()
+        ws = None if self.ws is None else self.ws.ctypes.data
+        return lambda: self.entry(ctypes.addressof(ptrs), ctypes.addressof(syms), ws)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=512)
+    p.add_argument("--k", type=int, default=2048)
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0,int4")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    args = p.parse_args(argv)
+    os.environ["TORCHBURN_THREADS"] = str(args.threads)
+    os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
+    import torch
+
+    from torchburn.quant.blocks import dequantize_block_rows
+
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    m, n, k = args.rows, args.n, args.k
+    flops = 2.0 * m * n * k
+    print(f"| weight | M x K -> N | qlinear kernel ms | dequantize + GEMM ms | eager (f32 weight) ms | GEMM form vs kernel |")
+    print("|---|---|---:|---:|---:|---:|")
+    for kind in args.types.split(","):
+        arrays = _arrays(kind, m, n, k)
+        kernel = Compiled(_graph(kind, m, n, k), ("qlinear-to-gemm",)).bind(arrays)
+        gemm = Compiled(_graph(kind, m, n, k), ()).bind(arrays)
+        if kind == "int4":
+            codes = np.concatenate([arrays["q"].reshape(n, -1, 16) & 15, arrays["q"].reshape(n, -1, 16) >> 4], -1)
+            w = torch.from_numpy((codes * arrays["s"][:, :, None].astype(np.float32)
+                                  + arrays["mn"][:, :, None].astype(np.float32)).reshape(n, k).astype(np.float32))
+        else:
+            w = dequantize_block_rows(torch.from_numpy(arrays["q"]), kind)
+        x, b = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["b"])
+        contenders = {"kernel": kernel, "gemm": gemm, "eager": lambda: torch.addmm(b, x, w.T)}
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for f in contenders.values():
+            f()
+        for r in range(args.rounds):
+            for name in (contenders if r % 2 == 0 else reversed(list(contenders))):
+                t0 = clock()
+                contenders[name]()
+                times[name].append(clock() - t0)
+        med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        spread = {name: f"{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}" for name, t in times.items()}
+        print(f"| {kind} | {m} x {k} -> {n} | {med['kernel']:.1f} ({spread['kernel']}; {flops / med['kernel'] / 1e6:.0f} GFLOP/s) "
+              f"| {med['gemm']:.1f} ({spread['gemm']}; {flops / med['gemm'] / 1e6:.0f} GFLOP/s) "
+              f"| {med['eager']:.1f} | {med['kernel'] / med['gemm']:.2f}x |", flush=True)
+    print(f"threads {args.threads}, {args.clock} time, median (range) of {args.rounds}; load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

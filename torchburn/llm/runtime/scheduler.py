@@ -1,0 +1,317 @@
+"""`Scheduler`: continuous batching of many requests over one `LLM`.
+
+One thread owns the model.  Each turn of its loop it
+1. admits waiting requests while rows are free: prefills each prompt (from the longest prefix
+   the `PrefixCache` holds), samples its first token and places its keys and values in a row of
+   the shared `BatchCache`;
+2. runs one decode step for every running request at once (one compiled graph per bucket of
+   rows), samples each row's next token with that request's own parameters and generator, and
+   hands each request its text;
+3. frees the rows of requests that ended: end of sequence, a stop string, their token budget,
+   a cancel (a client that went away) or shutdown.
+
+Requests join and leave at token boundaries; nobody waits for a batch to finish.  Every request
+ends with exactly one `Finish` event (its reason and token counts), so none is lost silently.
+Callers get events through the ``emit`` callback they pass, called on the scheduler's thread.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+import torch
+
+from .batch_cache import BatchCache
+from .prefix_cache import PrefixCache
+from .sampling import SamplingParams, greedy_tokens, next_tokens
+from .text_stream import TextStream
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+log = logging.getLogger("torchburn")
+
+
+class QueueFull(RuntimeError):
+    """More requests wait than the scheduler's ``max_queue``."""
+
+
+class ShuttingDown(RuntimeError):
+    """The scheduler is stopping and takes no new requests."""
+
+
+@dataclass
+class Text:
+    """A piece of generated text of one request."""
+
+    text: str
+
+
+@dataclass
+class Finish:
+    """The end of a request: ``reason`` is "stop" (end of sequence or a stop string), "length"
+    (``max_tokens`` or the context), "cancelled" or "error" (``error`` says why)."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    error: Optional[str] = None
+
+
+Event = Union[Text, Finish]
+
+
+@dataclass
+class Request:
+    """One generation: prompt ids, budget and sampling, and where its events go."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    emit: Callable[[Event], None]
+    seed: Optional[int] = None
+    stop: Sequence[str] = ()
+    cancelled: bool = False                     # set by the caller: freed at the next step
+    # set by the scheduler
+    row: int = -1
+    generated: int = 0
+    pending: int = -1                            # the sampled token not yet in the cache
+    budget: int = 0
+    text: Optional[TextStream] = None
+    generator: Optional[torch.Generator] = None
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: Optional[float] = None
+
+    def cancel(self) -> None:
+        """Stop generating (the row is freed at the next step; a `Finish` "cancelled" follows)."""
+        self.cancelled = True
+
+
+@dataclass
+class Stats:
+    """Counters for /metrics (read without a lock: each is one int or float)."""
+
+    requests: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefilled_tokens: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+    #: (time, completion tokens so far) of recent steps, for a tokens/s over a short window.
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
+
+    def tokens_per_second(self, window: float = 10.0) -> float:
+        now = time.perf_counter()
+        points = [p for p in list(self.recent) if now - p[0] <= window]
+        if len(points) < 2 or points[-1][0] <= points[0][0]:
+            return 0.0
+        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+class Scheduler:
+    """Runs requests on ``llm`` in a batch of up to ``parallel`` rows, ``max_queue`` waiting."""
+
+    def __init__(self, llm: "LLM", parallel: int = 4, max_queue: int = 64,
+                 prefix_cache: int = 4) -> None:
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1; got {parallel}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0; got {max_queue}")
+        self.llm = llm
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self.rows = BatchCache(llm._new_cache(parallel))
+        self.prefixes = PrefixCache(lambda: llm._new_cache(1), prefix_cache)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: dict[int, Request] = {}
+        self.stats = Stats()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._deadline: Optional[float] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="torchburn-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request``; raises `QueueFull` or `ShuttingDown` instead of queueing."""
+        if len(request.prompt_ids) == 0:
+            raise ValueError("the prompt has no tokens")
+        if len(request.prompt_ids) >= self.llm.max_context:
+            raise ValueError(f"the prompt has {len(request.prompt_ids)} tokens; the context "
+                             f"holds {self.llm.max_context} (at least one for the answer)")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1; got {request.max_tokens}")
+        with self._wake:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self.waiting) >= self.max_queue + self.rows.free_rows():
+                raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue "
+                                f"{self.max_queue}); try again later")
+            self.waiting.append(request)
+            self._wake.notify()
+
+    def drain(self, timeout: float) -> None:
+        """Take no new requests; those running or waiting may finish for ``timeout`` seconds,
+        then end with an error event."""
+        with self._wake:
+            self._stopping = True
+            self._deadline = time.perf_counter() + timeout
+            self._wake.notify()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End every request now and the thread with them."""
+        self.drain(0.0)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def warm_up(self) -> None:
+        """Run (and so compile) the decode step of every batch bucket and the prefill chunks
+        once, before the first request (each compiled graph is seconds to minutes)."""
+        from .batch_cache import bucket_for
+
+        sizes = sorted({bucket_for(n, self.parallel) for n in range(1, self.parallel + 1)})
+        for b in sizes:
+            view = self.rows.view(b)
+            ids = torch.full((b, 1), self.llm.pad_id, dtype=torch.long)
+            self.llm.run_step(view, ids, 1, torch.zeros(b, dtype=torch.long))
+        from .engine import PREFILL_BUCKETS
+
+        entry, _ = self.prefixes.take([self.llm.pad_id] * 2)
+        for n in PREFILL_BUCKETS:
+            if n <= self.llm.max_context:
+                ids = torch.full((1, n), self.llm.pad_id, dtype=torch.long)
+                self.llm.run_step(entry.cache, ids, 0, torch.zeros(1, dtype=torch.long),
+                                  torch.tensor([n - 1]))
+        self.prefixes.filled(entry, [])
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.waiting and not self.running:
+                    self._wake.wait()
+                past_deadline = self._stopping and time.perf_counter() >= (self._deadline or 0.0)
+                if self._stopping and (past_deadline or self.idle):
+                    break
+            try:
+                self._admit()
+                if self.running:
+                    self._decode()
+            except Exception as err:  # noqa: BLE001 - every request gets an error event, not a hang
+                log.exception("torchburn: the scheduler's step failed")
+                self._fail_all(f"internal error: {type(err).__name__}: {err}")
+        self._fail_all("the server is shutting down")
+
+    def _fail_all(self, message: str) -> None:
+        with self._wake:
+            waiting = list(self.waiting)
+            self.waiting.clear()
+        for r in waiting:
+            self._finish(r, "error", message)
+        for r in list(self.running.values()):
+            self._finish(r, "error", message)
+
+    def _admit(self) -> None:
+        while self.rows.free_rows():
+            with self._wake:
+                if not self.waiting:
+                    return
+                r = self.waiting.popleft()
+            if r.cancelled:
+                self._finish(r, "cancelled")
+                continue
+            try:
+                self._start(r)
+            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
+                log.exception("torchburn: a request's prefill failed")
+                self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
+
+    def _start(self, r: Request) -> None:
+        llm = self.llm
+        ids = r.prompt_ids
+        r.text = TextStream(llm.tokenizer, r.stop)
+        r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None
+                                                    else random.getrandbits(63))
+        r.budget = min(r.max_tokens, llm.max_context - len(ids))
+        entry, cached = self.prefixes.take(ids)
+        logits = llm._prefill([ids], entry.cache, torch.zeros(1, dtype=torch.long), cached)
+        self.prefixes.filled(entry, ids)
+        self.stats.prompt_tokens += len(ids)
+        self.stats.prefilled_tokens += len(ids) - cached
+        with torch.no_grad():
+            token = int(next_tokens(logits, r.params, r.generator)[0])
+        if self._accept(r, token):
+            r.row = self.rows.join(entry.cache, len(ids))
+            self.running[r.row] = r
+
+    def _decode(self) -> None:
+        for row, r in list(self.running.items()):
+            if r.cancelled:
+                self._finish(r, "cancelled")
+        if not self.running:
+            return
+        self.rows.make_room()
+        batch = self.rows.bucket()
+        ids = torch.full((batch, 1), self.llm.pad_id, dtype=torch.long)
+        for row, r in self.running.items():
+            ids[row, 0] = r.pending
+        starts = self.rows.row_starts(batch)
+        logits = self.llm.run_step(self.rows.view(batch), ids, self.rows.end, starts)[:, -1]
+        self.rows.end += 1
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += len(self.running)
+        with torch.no_grad():
+            greedy = greedy_tokens(logits.float())
+            for row, r in list(self.running.items()):
+                if r.params.greedy:
+                    token = int(greedy[row])
+                else:
+                    token = int(next_tokens(logits[row:row + 1], r.params, r.generator)[0])
+                self._accept(r, token)
+        self.stats.recent.append((time.perf_counter(), self.stats.completion_tokens))
+
+    def _accept(self, r: Request, token: int) -> bool:
+        """Take ``token`` as ``r``'s next; False when ``r`` ended with it (finished here)."""
+        assert r.text is not None
+        if r.first_token_at is None:
+            r.first_token_at = time.perf_counter()
+        if token in self.llm.eos_ids:
+            self._finish(r, "stop")
+            return False
+        r.generated += 1
+        self.stats.completion_tokens += 1
+        piece = r.text.push(token)
+        if piece:
+            r.emit(Text(piece))
+        if r.text.stopped:
+            self._finish(r, "stop")
+            return False
+        if r.generated >= r.budget:
+            self._finish(r, "length")
+            return False
+        r.pending = token
+        return True
+
+    def _finish(self, r: Request, reason: str, error: Optional[str] = None) -> None:
+        if r.row >= 0 and self.running.get(r.row) is r:
+            del self.running[r.row]
+            self.rows.leave(r.row)
+        r.row = -1
+        if reason in ("stop", "length") and r.text is not None:
+            rest = r.text.finish()
+            if rest:
+                r.emit(Text(rest))
+        self.stats.requests[reason] += 1
+        r.emit(Finish(reason, len(r.prompt_ids), r.generated, error))
