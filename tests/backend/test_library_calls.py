@@ -250,3 +250,21 @@ def test_a_library_call_is_charged_for_the_cut() -> None:
     (aten_candidate,) = [c for c in library_calls.candidates(node, torch.Generator(), lambda g: None)
                          if c.name == "aten"]
     assert aten_candidate.overhead_s == pytest.approx(expected) and aten_candidate.kind == "library"
+
+
+@pytest.mark.parametrize("cin,cout,size,groups,safe", [
+    (64, 64, 56, 1, True),      # 115M multiply-adds, ungrouped: oneDNN's blocked kernel
+    (144, 144, 56, 144, False),  # depthwise: ours, whatever the size
+    (16, 16, 12, 1, False),      # small: the cut costs as much as the kernel
+])
+def test_a_spent_budget_leaves_only_large_ungrouped_convolutions_to_the_library(
+        cin: int, cout: int, size: int, groups: int, safe: bool) -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+    gm = make_fx(conv, tracing_mode="fake")(torch.randn(1, cin, size, size), torch.randn(cout, cin // groups, 3, 3))
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert library_calls.library_is_safe(node) is safe
+    by_name = {c.name: c for c in library_calls.candidates(node, torch.Generator(), lambda g: None)}
+    assert by_name["aten"].safe is safe and by_name["ours"].safe is not safe

@@ -116,6 +116,10 @@ TABLE = [
     (1, 4, 8, (6, 10), (3, 3), (1, 1), (1, 1), (1, 1), 4, True, "width"),       # channel multiplier 2
     (1, 5, 3, (6, 17), (3, 3), (1, 1), (1, 1), (1, 1), 1, True, "width"),       # few output channels
     (1, 8, 8, (5, 3), (3, 3), (1, 1), (1, 1), (1, 1), 8, True, "width"),        # width 3: 2-lane vectors
+    (1, 12, 12, (7, 37), (3, 3), (2, 2), (1, 1), (1, 1), 12, False, "width"),   # depthwise s2: phases of the stride
+    (1, 6, 6, (5, 29), (5, 5), (3, 3), (2, 3), (2, 2), 6, True, "width"),       # s3, dilated, padded copy
+    (2, 8, 8, (3, 40), (3, 3), (1, 2), (0, 0), (1, 1), 8, False, "width"),      # strided, no padding
+    (1, 12, 40, (3, 35), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "width"),     # pointwise over long rows
     (2, 32, 32, (23,), (3,), (2,), (0,), (1,), 1, True, "channels"),
     (1, 1, 32, (100,), (10,), (5,), (0,), (1,), 1, False, "channels"),
     (2, 64, 64, (17,), (5,), (1,), (2,), (1,), 64, False, "width"),

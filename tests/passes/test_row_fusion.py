@@ -287,3 +287,23 @@ def test_gather_masked_softmax_compiles_and_matches_eager() -> None:
     out, reports = run_compiled(fn, x, pos)
     torch.testing.assert_close(out, fn(x, pos))
     assert_fully_compiled(reports)
+
+
+def test_a_reduction_behind_a_value_inlined_elsewhere_keeps_its_kernel() -> None:
+    """`%2 = x - sum(x)` is cheap, so the plain rules inline it into both of its readers (the
+    row kernel of `%3` and the kernel of `%4`, a permuted copy). Joined into `%3`'s kernel, the
+    row sum would also be computed inside `%4`'s, once per element (a layer norm's backward
+    seen by a convolution's epilogue in ConvNeXt-T: 384 channels summed per element): it keeps
+    its own kernel."""
+    printed = fuse("""
+        graph @main(%x: f32[8, 16]) {
+          %0 = reduce_sum(%x) {dims = [1], keepdim = true} : f32[8, 1]
+          %1 = expand(%0) {shape = [8, 16]} : f32[8, 16]
+          %2 = sub(%x, %1) : f32[8, 16]
+          %3 = exp(%2) : f32[8, 16]
+          %4 = permute(%2) {dims = [1, 0]} : f32[16, 8]
+          %5 = neg(%4) : f32[16, 8]
+          return %3, %5
+        }""")
+    lines = [line for line in printed.splitlines() if "reduce_sum" in line]
+    assert len(lines) == 1 and "kernel = " in lines[0], printed

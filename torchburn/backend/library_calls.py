@@ -51,6 +51,13 @@ MIN_MACS = 1 << 21
 #: milliseconds of the layers where oneDNN wins (ResNet-18's, the U-Net's).
 CUT_FIXED_S = 100e-6
 CUT_SECONDS_PER_BYTE = 2 / 8e9
+#: Where the tuner's budget is spent before a convolution is measured, the library call is the
+#: safe guess only for an ungrouped convolution of at least this many multiply-adds (oneDNN's
+#: blocked kernels were 1.5-2x ours on ResNet's 3x3 layers); a grouped one (depthwise: one
+#: thread, 32 channels at 112x112, ours 0.68 ms, ATen 2.5 ms) or a smaller one, where the cut
+#: costs as much as the kernel, stays ours. EfficientNet-B0's forward spent the 30 s budget
+#: after 6 of its 41 convolutions; with every other one ATen's, it ran at 1.18x eager's time.
+SAFE_LIBRARY_MACS = 1 << 24
 
 
 def _concrete_shape(val: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
@@ -160,7 +167,8 @@ CompileAlone = Callable[[torch.fx.GraphModule], Callable[..., Any]]
 def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone) -> list[Candidate]:
     """`ours` (the direct kernel: the default, what the compiler does without a tuner), for an
     ungrouped forward convolution `ours-gemm` (im2col and our GEMM, `nn._conv_gemm`), and
-    `aten` (the safe one)."""
+    `aten`; the safe one (what a spent budget uses) is `aten` where `library_is_safe`, else
+    `ours`."""
     inputs = _Inputs(node, gen)
 
     def ours(meta: Optional[dict[str, Any]] = None) -> Callable[[], Callable[[], Any]]:
@@ -177,11 +185,21 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
         op = node.target
         return lambda: op(*args, **kwargs)
 
-    out = [Candidate("ours", "generated", ours(), default=True)]
+    library_safe = library_is_safe(node)
+    out = [Candidate("ours", "generated", ours(), default=True, safe=not library_safe)]
     if _gemm_form_plausible(node):
         out.append(Candidate("ours-gemm", "generated", ours({CONV_FORM: "gemm"})))
-    out.append(Candidate("aten", "library", library, safe=True, overhead_s=cut_overhead(node)))
+    out.append(Candidate("aten", "library", library, safe=library_safe, overhead_s=cut_overhead(node)))
     return out
+
+
+def _groups(node: torch.fx.Node) -> int:
+    return int(node.args[8] if node.target is aten.convolution.default else node.args[9])
+
+
+def library_is_safe(node: torch.fx.Node) -> bool:
+    """Whether the library call is the better guess for `node` unmeasured (`SAFE_LIBRARY_MACS`)."""
+    return _groups(node) == 1 and _macs(node) >= SAFE_LIBRARY_MACS
 
 
 def cut_overhead(node: torch.fx.Node) -> float:

@@ -4,7 +4,10 @@ Where a kernel has several implementations (a generated kernel and a library cal
 ATen's convolution; later tiles, layouts, vector widths and thread splits of generated kernels),
 the code that knows the kernel proposes them as `Candidate`s and asks `Tuner.choose`. The tuner
 never knows what a candidate is: it prepares each (a compile, an allocation), runs them
-interleaved on the real shapes, and keeps the fastest median. The result is a `Choice`, stored
+interleaved on the real shapes, and keeps the one of the fastest best round (the minimum: on a
+loaded machine a round the scheduler preempted takes ten or twenty times as long, and with
+three rounds the median can be such a round; the fastest round is the kernel's own time,
+which only the kernel can shorten). The result is a `Choice`, stored
 as a tuning record under a key of the workload, the target and the tuning context (thread
 count, torchburn's source, torch's version), in memory and in the disk cache's private, keyed
 folder, so a second process applies it without measuring again (as TVM MetaSchedule's
@@ -17,10 +20,11 @@ Modes (`TORCHBURN_TUNE`, or the `tune` option of `torch.compile`):
 - ``cached``: a record found in memory or on disk is applied; else the default;
 - ``search``: a record is applied; else the candidates are measured while the graph's budget
   (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the `safe` candidate is used
-  (the one least likely to be slow: for a convolution, the library call).
+  (the one least likely to be slow: for a large ungrouped convolution, the library call;
+  `backend/library_calls.library_is_safe`).
 
 A candidate may carry an `overhead_s`: a cost of choosing it that its own run does not show
-(a library call splits the fused graph around it); the ranking adds it to the median.
+(a library call splits the fused graph around it); the ranking adds it to the best round.
 
 A search is bounded twice: by the budget, checked before each workload (a workload started
 finishes: its candidates are measured together), and per candidate by `max_rounds` and a
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchburn")
 
 #: Bumped when the record's layout or the way candidates are measured changes.
-RECORD_FORMAT = "tune-2"
+RECORD_FORMAT = "tune-3"
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class Choice:
     #: "measured" (this process), "record" (memory or disk), "default" (off/cached without a
     #: record), "budget" (search mode, budget spent: the safe candidate).
     source: str
-    #: Median seconds per candidate measured (empty unless measured or read from a record).
+    #: Seconds of each candidate's best round (empty unless measured or read from a record).
     times: dict[str, float] = field(default_factory=dict)
     #: Candidates that could not be prepared or run, with the error.
     failed: dict[str, str] = field(default_factory=dict)
@@ -266,7 +269,7 @@ class Tuner:
             rounds += 1
             if rounds >= self.options.min_rounds and self.clock() - measuring_started > self.options.workload_cap_s:
                 break
-        times = {n: statistics.median(s) for n, s in samples.items() if s}
+        times = {n: min(s) for n, s in samples.items() if s}
         overheads = {c.name: c.overhead_s for c in candidates if c.overhead_s}
         chosen = min(times, key=lambda n: times[n] + overheads.get(n, 0.0)) if times else default.name
         cost = self.clock() - start

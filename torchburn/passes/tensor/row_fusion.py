@@ -21,7 +21,8 @@ Rules, for an elementwise kernel root `K` of shape `(*rows, *cols)`:
   each loop that reads it (the sum's and the final one), a recomputation bounded by
   `max_row_recompute_cost` per extra use, far cheaper than the memory round trip it replaces;
 - nothing joins a kernel that holds a matrix product (a GEMM with an epilogue), and no value
-  is computed in two kernels: whatever has a user outside `K` stays as it was.
+  is computed in two kernels: whatever has a user outside `K` stays as it was, and so does
+  what would join behind a value the plain rules inline into another kernel as well.
 
 Sibling reductions over the same input (`sum(x)` and `sum(x * x)`) land in the same kernel,
 and each reads the row while it is in the cache.
@@ -139,6 +140,22 @@ def _indexed_by_row(root: Op, members: set[Op], joining: set[Op], order: dict[Op
     return True
 
 
+def _joining_behind(op: Op, members: set[Op], joining: set[Op]) -> set[Op]:
+    """The joining roots `op` reads, through members of the kernel."""
+    found: set[Op] = set()
+    seen: set[Op] = set()
+    stack = [v.producer for v in op.operands]
+    while stack:
+        p = stack.pop()
+        if p is None or p in seen or p not in members:
+            continue
+        seen.add(p)
+        if p in joining:
+            found.add(p)
+        stack.extend(v.producer for v in p.operands)
+    return found
+
+
 def _group(root: Op, users: dict[Value, list[Op]], outputs: set[Value], inlined: set[Op],
            too_costly: Callable[[Op, set[Op], int, int], bool], max_cost: int,
            order: dict[Op, int]) -> Optional[set[Op]]:
@@ -156,6 +173,12 @@ def _group(root: Op, users: dict[Value, list[Op]], outputs: set[Value], inlined:
                 bad.add(p)
             elif _category(p) == "elementwise" and too_costly(p, both, len(uses), max_cost):
                 bad.add(p)
+        # A value the plain rules already inline into another kernel as well takes whatever
+        # joins behind it there too: a row reduction would run once per element of that
+        # kernel. What joins behind such a value stays out.
+        for p in members - joining:
+            if any(u not in inside for u in users.get(p.result, [])):
+                bad |= _joining_behind(p, members, joining)
         if not bad:
             break
         excluded |= bad
