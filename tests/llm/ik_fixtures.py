@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from tools.make_gguf_models import byte_tokens  # GPT-2's 256 byte tokens
+
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, CONTEXT = 256, 512, 2, 4, 2, 128
 #: 256 byte tokens, merges, one special token.
 N_MERGES = 63
@@ -33,19 +35,6 @@ def ik_available() -> Optional[str]:
     return None
 
 
-def _byte_tokens() -> list[str]:
-    """GPT-2's byte-to-unicode table: the 256 byte tokens of a byte-level BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def write_base(path: Path, tied: bool, seed: int = 0) -> Path:
     """A float32 Llama GGUF (gguf-py's writer) with a byte-level BPE tokenizer."""
     import gguf
@@ -61,7 +50,7 @@ def write_base(path: Path, tied: bool, seed: int = 0) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)
-    tokens = _byte_tokens()
+    tokens = byte_tokens()
     letters = "etaoinshrdlu"
     merges = []
     for a in letters:

@@ -256,13 +256,9 @@ def plan_from(sources: Sequence[Optional[str]], example_inputs: Sequence[Any], c
 
 # ---- running a plan ---------------------------------------------------------------------------------
 
-def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> Callable[..., tuple[Any, ...]]:
-    """The step as a function of the step's arguments: the model's tensors bound now, the
-    arguments and their sizes per call. A GPU engine's launcher (`launch.gpu_launcher`) is
-    called as it is (`bind_gpu`)."""
-    gpu = getattr(launch, "gpu_launcher", None)
-    if gpu is not None:
-        return bind_gpu(plan, gpu, model)
+def _getters(plan: StepPlan, model: torch.nn.Module) -> list[Callable[[Sequence[Any]], Any]]:
+    """One getter per plan input, from the step's arguments: a model tensor (bound now), an
+    argument, or an argument's size or stride."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     getters: list[Callable[[Sequence[Any]], Any]] = []
@@ -278,6 +274,17 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
             getters.append(lambda a, i=item[1], d=item[2]: a[i].size(d))
         else:
             getters.append(lambda a, i=item[1], d=item[2]: a[i].stride(d))
+    return getters
+
+
+def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> Callable[..., tuple[Any, ...]]:
+    """The step as a function of the step's arguments: the model's tensors bound now, the
+    arguments and their sizes per call. A GPU engine's launcher (`launch.gpu_launcher`) is
+    called as it is (`bind_gpu`)."""
+    gpu = getattr(launch, "gpu_launcher", None)
+    if gpu is not None:
+        return bind_gpu(plan, gpu, model)
+    getters = _getters(plan, model)
     pick = [getters[i] for i in plan.launch_args]
     outputs = plan.outputs
     writes = [(getters[i], k) for i, k in plan.writes]
@@ -317,21 +324,7 @@ def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[
     not fit runs in PyTorch, as under Dynamo). Where AOTAutograd's write-back was taken out
     (`launcher.aot_bumps_written`), the version bump AOTAutograd makes on an input the graph
     writes, before the graph runs, is made here (`gpu_resident.bind` expects it)."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
-    getters: list[Callable[[Sequence[Any]], Any]] = []
-    for item in plan.inputs:
-        if item[0] == "param":
-            if item[1] not in tensors:
-                raise KeyError(item[1])
-            t = tensors[item[1]].detach()
-            getters.append(lambda a, t=t: t)
-        elif item[0] == "arg":
-            getters.append(operator.itemgetter(item[1]))
-        elif item[0] == "size":
-            getters.append(lambda a, i=item[1], d=item[2]: a[i].size(d))
-        else:
-            getters.append(lambda a, i=item[1], d=item[2]: a[i].stride(d))
+    getters = _getters(plan, model)
     pick = [getters[i] for i in plan.launch_args]
     bumped = [inp.position for inp in launcher.written] if launcher.aot_bumps_written else []
     outputs, single, call = plan.outputs, plan.single, launcher.launch
