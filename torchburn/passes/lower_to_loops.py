@@ -8,7 +8,8 @@ and `gemm_dot` (the dot-product form for a few rows), as in
 `lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
 and their weight gradients become the register-blocked kernels of `loopgen/conv.py` and
 `loopgen/conv_grad_weight.py`; an `attention` op becomes one flash-attention kernel
-(`loopgen/attention.py`);
+(`loopgen/attention.py`; with many query rows its tile form, `loopgen/attention_tiles.py`,
+which `lower-to-loops{attention_tiles=false}` turns off);
 `lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
@@ -141,11 +142,11 @@ class LowerToLoops(Pass):
     #: before calls the kernel lowered for it with its own buffers; false lowers every root
     #: (`dedup-kernels` merges the copies afterwards, to the same program).
     dedup: bool = True
-    #: Query rows per parallel task and keys per score block of the attention kernel
-    #: (`loopgen/attention.py`).
+    #: Query rows per parallel task and keys per score block of the attention kernel's row
+    #: form (`loopgen/attention.py`).
     attention_block_q: int = 8
     attention_block_k: int = 32
-    #: Query rows an attention task computes together, sharing each key and value load.
+    #: Query rows a task of the row form computes together, sharing each key and value load.
     attention_rows: int = 4
     #: Steps of many query rows (prefill) take the attention kernel's tile form, query rows
     #: along the vector lanes (`loopgen/attention_tiles.py`); false keeps the row form.

@@ -33,6 +33,11 @@ causal mask, the blocks entirely above the diagonal are never visited. Grouped-q
 read key/value head `h / (Hq / Hk)`; segments (a cache and the step's new keys) run one after
 the other with the same running state. Sizes may be symbolic; head dims must be constants (the
 accumulator is a local array).
+
+This row form serves decode (one query row) and short steps. On a CPU target a step of many
+query rows (prefill: `Tq` of 8 or more, or symbolic) takes the tile form of
+`attention_tiles.py` instead: query rows along the vector lanes, the scores and P @ V as two
+register-tiled products with vector FMAs, no horizontal sum per score.
 """
 from __future__ import annotations
 

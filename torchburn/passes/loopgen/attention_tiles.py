@@ -46,7 +46,7 @@ a probability vector and a broadcast. Loads stay at one per FMA (broadcasts fold
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
@@ -54,6 +54,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .kernel_builder import KernelBuilder
+from .views import Index
 
 F32 = ScalarType(dt.f32)
 #: A mask value at or below this is dead (masked out); the LLM engine masks with f32's lowest.
@@ -81,9 +82,12 @@ class TilePlan:
         return self.lanes * self.row_vectors
 
 
-def tile_plan(lanes: int, registers: int, block_k: int) -> TilePlan:
+def tile_plan(lanes: int, registers: int, block_k: int) -> Optional[TilePlan]:
     """Accumulators for `registers` SIMD registers, three kept free (the query or probability
-    vectors, a broadcast): `BK x RV` scores and `CC x RV` output columns."""
+    vectors, a broadcast): `BK x RV` scores and `CC x RV` output columns. None without
+    vectors of at least 4 f32 lanes (the row form serves such targets)."""
+    if lanes < 4:
+        return None
     budget = max(registers - 3, 4)
     sk = max(1, min(block_k, budget))
     return TilePlan(lanes, 1, block_k // sk * sk, min(16, budget), sk)
@@ -99,8 +103,9 @@ def tiles_apply(op: Op) -> bool:
 class _Tiles:
     """Builds the nest of the module docstring into `kb`."""
 
-    def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, plan: TilePlan, out_index) -> None:
-        self.kb, self.op, self.out, self.plan = kb, op, out, plan
+    def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, plan: TilePlan,
+                 out_index: Callable[[Index], Index]) -> None:
+        self.kb, self.out, self.plan = kb, out, plan
         self.out_index = out_index
         self.w = plan.lanes
         self.vt = ScalarType(dt.f32, self.w)
@@ -397,7 +402,7 @@ class _Task:
     acc: lp.Buffer
 
 
-def build_tiles(kb: KernelBuilder, op: Op, out: lp.Buffer, plan: TilePlan, out_index,
+def build_tiles(kb: KernelBuilder, op: Op, out: lp.Buffer, plan: TilePlan, out_index: Callable[[Index], Index],
                 annotations: tuple[tuple[str, str], ...]) -> None:
     """Emit the tile form of `op` (module docstring) into `kb`'s current scope, storing into
     `out` at `out_index(b.., h, i, c)`."""
