@@ -13,10 +13,12 @@ Forms:
   against sdpa on the concatenated keys with the concatenated mask;
 - `decode`: one query row over a cache of T filled slots (the engine's decode step).
 
-Each graph goes through the default pipeline and is called on numpy arrays; both contenders
-run in interleaved rounds (`--rounds`), each timed by `--clock` (`cpu`: process CPU time,
-which on a shared machine leaves out time spent descheduled), summarized by the median and
-the range. The load average is printed.
+Each graph goes through the default pipeline and is called on numpy arrays, once as it is and
+once with `lower-to-loops{attention_tiles=false}` (the row form: one dot product and one
+horizontal sum per score, the kernel before the tile form); the three contenders run in
+interleaved rounds (`--rounds`), each timed by `--clock` (`cpu`: process CPU time, which on a
+shared machine leaves out time spent descheduled), summarized by the median and the range.
+The load average is printed.
 """
 from __future__ import annotations
 
@@ -77,15 +79,18 @@ def _arrays(form: str, t: int, past: int, filled: int) -> dict[str, np.ndarray]:
 class Compiled:
     """The graph through the default pipeline, callable on the arrays."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, tiles: bool = True) -> None:
         from torchburn.codegen import emit_program, entry_name, host_target
         from torchburn.ir.parser import parse_graph
         from torchburn.passes.base import PassManager
+        from torchburn.passes.lower_to_loops import LowerToLoops
         from torchburn.passes.pipeline import Pipeline
         from torchburn.runtime import jit
 
         target = host_target()
-        self.program = PassManager(Pipeline.default().passes(), target=target).run(parse_graph(text))
+        pipeline = Pipeline.default()
+        pipeline.lowering = LowerToLoops(attention_tiles=tiles)
+        self.program = PassManager(pipeline.passes(), target=target).run(parse_graph(text))
         self.native = jit.load_object(jit.compile_llvm_ir(emit_program(self.program, target), target))
         self.entry = self.native.entry(entry_name(self.program))
         size = int(getattr(self.program.workspace_bytes, "value", 0))
@@ -129,20 +134,23 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    print("| form | T | keys | torchburn ms | eager sdpa ms | torchburn / eager |")
-    print("|---|---:|---|---:|---:|---:|")
+    print("| form | T | keys | torchburn ms | row form ms | eager sdpa ms | torchburn / eager | row form / eager |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for form in args.forms.split(","):
         for t in (int(x) for x in args.lengths.split(",")):
             past = args.filled + t
             arrays = _arrays(form, t, past, args.filled)
             ours = Compiled(_graph(form, t, past)).bind(arrays)
+            rows = Compiled(_graph(form, t, past), tiles=False).bind(arrays)
             eager = _eager(form, arrays)
-            ours()
             expected = eager().numpy()
-            err = float(np.abs(arrays["out0"] - expected).max())
-            if err > 1e-3:
-                raise SystemExit(f"{form} T={t}: torchburn differs from eager by {err}")
-            contenders = {"ours": ours, "eager": eager}
+            for name, fn in (("torchburn", ours), ("the row form", rows)):
+                arrays["out0"][...] = np.nan
+                fn()
+                err = float(np.abs(arrays["out0"] - expected).max())
+                if not err <= 1e-3:
+                    raise SystemExit(f"{form} T={t}: {name} differs from eager by {err}")
+            contenders = {"ours": ours, "rows": rows, "eager": eager}
             times: dict[str, list[float]] = {name: [] for name in contenders}
             reps = max(1, int(2e7 / (t * max(t, 64) * HQ * D)))  # ~ the same work per timed batch
             for r in range(args.rounds):
@@ -156,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             rng = {n: f"{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}" for n, v in times.items()}
             keys = {"causal": f"{t} causal", "engine": f"{past} past ({args.filled} filled) + {t} own",
                     "decode": f"{t} filled"}[form]
-            print(f"| {form} | {t} | {keys} | {med['ours']:.3f} ({rng['ours']}) | {med['eager']:.3f} "
-                  f"({rng['eager']}) | {med['ours'] / med['eager']:.2f}x |", flush=True)
+            print(f"| {form} | {t} | {keys} | {med['ours']:.3f} ({rng['ours']}) | {med['rows']:.3f} ({rng['rows']}) "
+                  f"| {med['eager']:.3f} ({rng['eager']}) | {med['ours'] / med['eager']:.2f}x "
+                  f"| {med['rows'] / med['eager']:.2f}x |", flush=True)
     print(f"threads {args.threads}, {args.clock} time, median (range) of {args.rounds} interleaved rounds; "
           f"load average {os.getloadavg()[0]:.1f}")
     return 0
