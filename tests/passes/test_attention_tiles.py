@@ -163,3 +163,22 @@ def test_reference_engine_runs_the_tile_form() -> None:
     assert_fully_compiled(reports)
     assert {s.engine for r in reports for s in r.subgraphs if s.compiled} == {"reference"}
     torch.testing.assert_close(out, _eager_engine(q, kp, vp, k, v, old_ok, new_ok), rtol=2e-5, atol=2e-5)
+
+
+def test_symbolic_length_takes_the_tile_form() -> None:
+    """A symbolic query length (a dynamic sequence) takes the tile form; one program serves a
+    length below one tile and one across three."""
+    text = """graph @main(%q: f32[1, 4, s0, 32], %k: f32[1, 2, s0, 32], %v: f32[1, 2, s0, 32]) {
+  %0 = attention(%q, %k, %v) {scale = 0.25, causal = true, masked = false, segments = 1} : f32[1, 4, s0, 32]
+  return %0
+}"""
+    c = Compiled(text)
+    assert "alloc %qt" in print_ir(c.program.kernels[0])
+    for t in (5, 37):
+        g = torch.Generator().manual_seed(t)
+        q = torch.randn(1, 4, t, 32, generator=g)
+        k, v = (torch.randn(1, 2, t, 32, generator=g) for _ in range(2))
+        out = np.full((1, 4, t, 32), np.nan, np.float32)
+        c({"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), c.program.outputs[0].name: out}, [t])
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
+        torch.testing.assert_close(torch.from_numpy(out), want, rtol=2e-5, atol=2e-5)
