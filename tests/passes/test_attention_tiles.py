@@ -182,3 +182,24 @@ def test_symbolic_length_takes_the_tile_form() -> None:
         c({"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), c.program.outputs[0].name: out}, [t])
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
         torch.testing.assert_close(torch.from_numpy(out), want, rtol=2e-5, atol=2e-5)
+
+
+def test_output_through_views_in_the_tile_form() -> None:
+    """The tile form stores at the index of the permute and reshape computed in its kernel
+    (heads merged into `[B, T, H*D]`, as a model's attention block returns them)."""
+    text = """graph @main(%q: f32[2, 4, 40, 16], %k: f32[2, 2, 40, 16], %v: f32[2, 2, 40, 16]) {
+  %0 = attention(%q, %k, %v) {scale = 0.3, causal = true, masked = false, segments = 1} : f32[2, 4, 40, 16]
+  %1 = permute(%0) {dims = [0, 2, 1, 3]} : f32[2, 40, 4, 16]
+  %2 = reshape(%1) {shape = [2, 40, 64]} : f32[2, 40, 64]
+  return %2
+}"""
+    c = Compiled(text)
+    assert len(c.program.kernels) == 1 and not c.program.temps
+    assert "alloc %qt" in print_ir(c.program.kernels[0])
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 40, 16, generator=g)
+    k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
+    out = np.full((2, 40, 64), np.nan, np.float32)
+    c({"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), c.program.outputs[0].name: out})
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(torch.from_numpy(out), want.transpose(1, 2).reshape(2, 40, 64), rtol=2e-5, atol=2e-5)
