@@ -203,3 +203,16 @@ def test_output_through_views_in_the_tile_form() -> None:
     c({"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), c.program.outputs[0].name: out})
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
     torch.testing.assert_close(torch.from_numpy(out), want.transpose(1, 2).reshape(2, 40, 64), rtol=2e-5, atol=2e-5)
+
+
+def test_the_option_keeps_the_row_form() -> None:
+    """`lower-to-loops{attention_tiles=false}` parses, changes the cache key and keeps the row
+    form for a prefill step."""
+    from torchburn.passes import parse_pipeline
+    from torchburn.passes.lower_to_loops import LowerToLoops
+
+    (rows,) = parse_pipeline("lower-to-loops{attention_tiles=false}")
+    assert rows == LowerToLoops(attention_tiles=False) and rows.uuid() != LowerToLoops().uuid()
+    text = _causal_graph(4, 2, 40, 40, 32, True, 0.25)
+    assert "alloc %qt" not in print_ir(Compiled(text, lowering=rows).program.kernels[0])
+    assert "alloc %qt" in print_ir(Compiled(text).program.kernels[0])
