@@ -148,8 +148,9 @@ class _Tiles:
     def fconst(self, x: float) -> Expr:
         return ex.Broadcast(Const(x, F32), self.vt)
 
-    def loop(self, prefix: str, extent: Expr, body, kind: str = "serial",
+    def loop(self, prefix: str, extent: Expr, body: Callable[[Var], object], kind: str = "serial",
              annotations: tuple[tuple[str, str], ...] = ()) -> None:
+        """`for v in 0..extent { body(v) }`, the body built in a scope of its own."""
         v = Var(self.kb.fresh(prefix))
         self.kb.push((v,))
         body(v)
@@ -184,6 +185,7 @@ class _Tiles:
         self.loop("r", tasks, per_task, "parallel", annotations)
 
     def task(self, bidx: tuple[Expr, ...], h: Expr, i0: Expr) -> None:
+        """One tile: rows `i0..i0+TR` of head `h`, every segment, then the stores."""
         kb, plan, w = self.kb, self.plan, self.w
         last = kb.bind(ex.sub(self.tq, 1), "tl")
         # each lane's row, clamped into range (rows past Tq compute row Tq - 1 and store nothing)
@@ -202,8 +204,12 @@ class _Tiles:
         for v in range(plan.row_vectors):
             self.vstore(t.m, self.fconst(float("-inf")), Const(v * w))
             self.vstore(t.l, self.fconst(0.0), Const(v * w))
-        self.loop("c", Const(self.dv), lambda c: [self.vstore(t.acc, self.fconst(0.0), c, Const(v * w))
-                                                   for v in range(plan.row_vectors)])
+
+        def zero_acc(c: Var) -> None:
+            for v in range(plan.row_vectors):
+                self.vstore(t.acc, self.fconst(0.0), c, Const(v * w))
+
+        self.loop("c", Const(self.dv), zero_acc)
         hk = self.keys[0].shape[-3]
         if hk != self.hq:
             t.kvh = kb.bind(ex.floordiv(h, ex.floordiv(self.hq, hk)), "hk")
