@@ -219,3 +219,31 @@ def test_quantized_linear_module_through_torch_compile(quant: str) -> None:
     err = (out - expected).abs()
     assert torch.all(err <= bound), float((err / bound).max())
     assert float(err.max()) > 0, "int8 activations were expected (a bit-exact result means f32 ones ran)"
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_block_types(name: str) -> None:
+    """Every ggml block type through the block table into the panel (codes offset by 128),
+    against gguf-py's weights times x quantized per run as the kernel does."""
+    from tests.passes.test_qlinear import quantized_x
+    from tests.quant.test_block_types import blocks_graph, gguf_reference, random_blocks
+    from torchburn.codegen import host_target
+    from torchburn.ir.qblocks import BLOCK_TYPES
+
+    if not host_target().has_feature("avx512vnni"):
+        pytest.skip("ggml blocks take the panel kernel only with VNNI")
+    bt = BLOCK_TYPES[name]
+    m, n, k = 37, 35, 2 * max(bt.block, 128)
+    c = Compiled(blocks_graph(m, n, k, name).replace('symmetric = true', 'symmetric = true, activations = "auto"'))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert plan.startswith("qgemm"), plan
+    raw = random_blocks(name, n, k // bt.block, 5)
+    w = gguf_reference(raw, name).astype(np.float64)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({"x": x, "q": np.ascontiguousarray(raw), "b": b, "out0": out})
+    expected = quantized_x(x, bt.run) @ w.T + b
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T + 1
+    assert np.all(np.abs(out - expected) <= 2e-6 * scale), np.max(np.abs(out - expected) / scale)

@@ -65,7 +65,9 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, static_int
 from .qlinear import QLinear
+from .qlinear_blocks import BlocksBuilder, instantiate, layout
 from .qlinear_i8 import Q8Builder, _dot4, activation_group
+from ...ir.qblocks import block_type
 
 if TYPE_CHECKING:
     from ...ir.tensor import Op
@@ -121,20 +123,24 @@ def _tile(cpu: CpuInfo) -> tuple[int, int]:
 
 
 def plan_qgemm_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[QGemmPlan]:
-    """The plan, or None where this kernel does not apply: activations "f32", M unknown or
-    below QGEMM_MIN_ROWS, kinds other than int4 and int8, K or a group not a multiple of 4
+    """The plan, or None where this kernel does not apply: a `form` other than "auto" and
+    "panel", activations "f32", M unknown or (form "auto") below QGEMM_MIN_ROWS, kinds other than int4 and int8, K or a group not a multiple of 4
     (int4: of 8), no byte dot product on the target ("auto"), a panel too large."""
     k, n = static_int(ql.k), static_int(ql.n)
-    if choice == "f32" or m is None or m < QGEMM_MIN_ROWS or k is None or ql.kind not in ("int4", "int8"):
+    least = 1 if ql.form == "panel" else QGEMM_MIN_ROWS
+    if ql.form in ("rows", "gemm") or choice == "f32" or m is None or m < least or k is None \
+            or ql.kind not in ("int4", "int8", "blocks"):
         return None
-    agroup = activation_group(ql)
+    agroup = block_type(ql.block_type).run if ql.kind == "blocks" else activation_group(ql)
     if k % 4 or agroup % 4 or (ql.kind == "int4" and ql.group % 8):
         return None
     native = sorted(cpu.dot4_lanes, reverse=True)
+    if ql.kind == "blocks" and not native:
+        return None  # codes offset by 128 need the unsigned operand of `vpdpbusd` (see `pack_blocks`)
     short = sorted(cpu.small_dot4_lanes, reverse=True)
     widest = max(4, cpu.vector_bits // 32)
     if native:
-        lanes, shift = min(native[0], widest), ql.kind == "int8"
+        lanes, shift = min(native[0], widest), ql.kind in ("int8", "blocks")
     elif short and (ql.kind == "int4" or choice == "int8"):  # "auto": int8 weights want VNNI (as `qlinear_i8`)
         lanes, shift = min(short[0], widest), False
     elif choice == "int8":
@@ -161,10 +167,13 @@ class QGemmBuilder(Q8Builder):
     """Builds the nest of the module docstring for one `QGemmPlan`."""
 
     plan: QGemmPlan  # type: ignore[assignment]
+    #: ggml blocks read through the block table as `BlocksBuilder` reads them.
+    byte_at = BlocksBuilder.byte_at
+    _lanes = BlocksBuilder._lanes
 
     @property
     def offsets(self) -> bool:
-        """Whether weights carry an offset per group (`o`): int4, and int8 offset by 128."""
+        """Whether weights carry an offset per group (`o`): int4, and codes offset by 128."""
         return self.ql.kind == "int4" or self.plan.shift
 
     def build(self) -> lp.Stmt:
@@ -236,6 +245,10 @@ class QGemmBuilder(Q8Builder):
             kb.emit(lp.Store(panel.name, (_ramp(k4, lanes), c), word))
 
         c = self.var("c")
+        if ql.kind == "blocks":
+            assert po is not None
+            self.pack_blocks(n0, panel, pd, po, k)
+            return
         if ql.kind == "int4":
             h = ql.group // 2
             chunk = math.gcd(h, plan.chunk)
@@ -282,6 +295,44 @@ class QGemmBuilder(Q8Builder):
             kb.emit(lp.Store(po.name, (g, c), offset))
         self.loop(c, Const(plan.nr), kb.pop())
         self.loop(g, Const(groups), kb.pop())
+
+    def pack_blocks(self, n0: Expr, panel: lp.Buffer, pd: lp.Buffer, po: lp.Buffer, k: int) -> None:
+        """ggml blocks through the block table (`ir/qblocks.py`): per block and run, each chunk
+        of codes as `code(r)` of lanes `ch L ..`, plus 128 as an unsigned byte (every table's
+        codes lie in [-128, 127]: Q6_K's in [-32, 31]), and the run's scale `d` and offset
+        `offset(r) - 128 d`, so `w = d (u - 128) + offset = d u + o`."""
+        kb, plan, ql = self.kb, self.plan, self.ql
+        bt = layout(ql)
+        chunk = math.gcd(bt.run, plan.chunk)
+        b = self.var("b")
+        kb.push()
+        for run in range(bt.runs):
+            for ch in range(bt.run // chunk):
+                c = self.var("c")
+                kb.push()
+                n = self.let(ex.minimum(ex.add(n0, c), ex.sub(ql.n, Const(1))), "nc")
+                at = self.byte_at(n, b)
+                code = instantiate(bt.code(run), at, Const(ch * chunk), chunk)
+                lanes_t = ScalarType(code.type.dtype, chunk)
+                biased = ex.Binary("add", code, ex.const(128, code.type.dtype, chunk), lanes_t)
+                word = ex.Bitcast(ex.cast(biased, dt.u8), ScalarType(dt.i32, chunk // 4))
+                k4 = ex.add(ex.mul(b, Const(bt.block // 4)), Const((run * bt.run + ch * chunk) // 4))
+                kb.emit(lp.Store(panel.name, (_ramp(k4, chunk // 4), c), word))
+                self.loop(c, Const(plan.nr), kb.pop())
+            c = self.var("c")
+            kb.push()
+            n = self.let(ex.minimum(ex.add(n0, c), ex.sub(ql.n, Const(1))), "nc")
+            at = self.byte_at(n, b)
+            d = kb.bind(instantiate(bt.scale(run), at, Const(0)), "d")
+            g = ex.add(ex.mul(b, Const(bt.runs)), Const(run))
+            kb.emit(lp.Store(pd.name, (g, c), d))
+            offset = bt.offset(run)
+            shifted: Expr = ex.Binary("mul", d, Const(-128.0, F32), F32)
+            if offset is not None:
+                shifted = ex.Binary("add", kb.bind(instantiate(offset, at, Const(0)), "m"), shifted, F32)
+            kb.emit(lp.Store(po.name, (g, c), shifted))
+            self.loop(c, Const(plan.nr), kb.pop())
+        self.loop(b, Const(k // bt.block), kb.pop())
 
     def micro_kernel(self, rows: list[Expr], panel: lp.Buffer, pd: lp.Buffer, po: Optional[lp.Buffer],
                      xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer, tile: lp.Buffer, groups: int) -> None:

@@ -56,12 +56,12 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
     x_load, q_load, row, k, n = probes
 
     def form(m: Optional[int]) -> lp.Stmt:
-        if ql.kind == "blocks":
-            blocks_plan = plan_blocks(ql, m, cpu)
-            return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()
         gemm_plan = plan_qgemm_i8(ql, m, cpu, choice)
         if gemm_plan is not None:
             return build_qgemm_i8(kb, root, qop, out, gemm_plan, (x_load, q_load, row, k, n))
+        if ql.kind == "blocks":
+            blocks_plan = plan_blocks(ql, m, cpu)
+            return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()
         i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
         if i8_plan is not None:
             return build_qlinear_i8(kb, root, qop, out, i8_plan, (x_load, q_load, row, k, n))

@@ -62,7 +62,9 @@ def _static(values: tuple) -> Optional[list[int]]:
 @dataclass(frozen=True)
 class QLinearToGemm(TensorPass):
     """Rewrite each `qlinear` of at least `min_rows` rows (static sizes) whose f32 weight fits
-    in `max_weight_bytes` as `matmul(x, permute(dequantize(...)))` (module docstring)."""
+    in `max_weight_bytes` as `matmul(x, permute(dequantize(...)))` (module docstring); a
+    `qlinear` whose `form` is "gemm" whatever its rows, one whose form is "panel" or "rows"
+    never."""
 
     name: ClassVar[str] = "qlinear-to-gemm"
     #: Rows of x (all leading dims together) from which the GEMM form is taken.
@@ -94,11 +96,13 @@ class QLinearToGemm(TensorPass):
         for d in lead:
             m *= d
         k, n = kn
-        if m < self.min_rows or 4 * n * k > self.max_weight_bytes:
+        ql = QLinear.of(op)
+        if ql.form in ("panel", "rows") or 4 * n * k > self.max_weight_bytes:
             return False
-        if self.int8_gemm:
-            ql = QLinear.of(op)
-            if plan_qgemm_i8(ql, m, cpu, ql.activations) is not None:
+        if ql.form != "gemm":  # "auto": by the rows and the target
+            if m < self.min_rows:
+                return False
+            if self.int8_gemm and plan_qgemm_i8(ql, m, cpu, ql.activations) is not None:
                 return False
         at = graph.ops.index(op)
 
