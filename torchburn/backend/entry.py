@@ -297,7 +297,8 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     report.fallbacks = result.fallbacks
     report.library_calls = list(result.library_calls)
     manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks),
-                                                             library_calls=list(result.library_calls))
+                                                             library_calls=list(result.library_calls),
+                                                             tuning=list(report.tuning))
     module = result.module
     use_gpu = False
     if get_config().wants_gpu:  # the GPU engine's modules load only when it may be used
