@@ -1,11 +1,13 @@
-"""Many-row quantized linears (prefill): the `qlinear` kernel against `qlinear-to-gemm`
-(dequantize + float GEMM), per weight layout, and eager PyTorch on the dequantized weight.
+"""Many-row quantized linears (prefill): the `qlinear` kernel's forms (`form` attribute) per
+weight layout, and eager PyTorch on the dequantized weight.
 
     python benchmarks/bench_qlinear_gemm.py                      # 512 x 2048 -> 8192, 1 thread
-    python benchmarks/bench_qlinear_gemm.py --rows 64 --threads 2 --types Q4_K,Q6_K,int4
+    python benchmarks/bench_qlinear_gemm.py --rows 64 --threads 2 --types Q4_K,Q6_K,int4 --forms panel,rows,gemm
 
-Each layout's graph (`qlinear` plus a bias) is compiled twice through the default pipeline,
-once with `qlinear-to-gemm` and once without it, and both run interleaved on the same arrays
+Each layout's graph (`qlinear` plus a bias) is compiled through the default pipeline once per
+form (`panel`: int8 x by a packed weight panel, `passes/quant/qgemm_i8.py`; `gemm`:
+dequantize + float GEMM, `qlinear-to-gemm`; `rows`: the weight streamed row by row, the
+GEMV's kernel), and all run interleaved on the same arrays
 (`--rounds` rounds, median and range of the process's CPU time, or wall time with
 `--clock wall`); eager is `x @ w.T + b` in PyTorch on the f32 weight, same threads. GFLOP/s
 count 2 M N K. The load average is printed: on a shared machine read CPU time.
@@ -26,19 +28,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _graph(kind: str, m: int, n: int, k: int) -> str:
+def _graph(kind: str, m: int, n: int, k: int, form: str = "auto") -> str:
     from torchburn.ir.qblocks import BLOCK_TYPES
 
     if kind in BLOCK_TYPES:
         bt = BLOCK_TYPES[kind]
         ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // bt.block * bt.nbytes}], %b: f32[{n}]"
-        call = f'qlinear(%x, %q) {{kind = "blocks", block_type = "{kind}", group_size = {bt.block}, symmetric = true}}'
+        call = f'qlinear(%x, %q) {{kind = "blocks", block_type = "{kind}", group_size = {bt.block}, symmetric = true, form = "{form}"}}'
     elif kind == "int8":  # Q8_0's form: int8 codes, an f16 scale per group of 32
         ins = f"%x: f32[{m}, {k}], %q: i8[{n}, {k}], %s: f16[{n}, {k // 32}], %b: f32[{n}]"
-        call = 'qlinear(%x, %q, %s) {kind = "int8", group_size = 32, symmetric = true}'
+        call = f'qlinear(%x, %q, %s) {{kind = "int8", group_size = 32, symmetric = true, form = "{form}"}}'
     else:  # int4 with mins (Q4_1's form), group 32
         ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // 2}], %s: f16[{n}, {k // 32}], %mn: f16[{n}, {k // 32}], %b: f32[{n}]"
-        call = 'qlinear(%x, %q, %s, %mn) {kind = "int4", group_size = 32, symmetric = false}'
+        call = f'qlinear(%x, %q, %s, %mn) {{kind = "int4", group_size = 32, symmetric = false, form = "{form}"}}'
     return (f"graph @main({ins}) {{\n  %0 = {call} : f32[{m}, {n}]\n"
             f"  %1 = expand(%b) {{shape = [{m}, {n}]}} : f32[{m}, {n}]\n  %2 = add(%0, %1) : f32[{m}, {n}]\n"
             f"  return %2\n}}")
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    p.add_argument("--forms", default="panel,gemm", help="qlinear forms to time (panel, gemm, rows)")
     args = p.parse_args(argv)
     os.environ["TORCHBURN_THREADS"] = str(args.threads)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
@@ -113,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     m, n, k = args.rows, args.n, args.k
     flops = 2.0 * m * n * k
-    print(f"| weight | M x K -> N | qlinear kernel ms | dequantize + GEMM ms | eager (f32 weight) ms | GEMM form vs kernel |")
-    print("|---|---|---:|---:|---:|---:|")
+    forms = args.forms.split(",")
+    print("| weight | M x K -> N | " + " | ".join(f"{f} ms" for f in forms) + " | eager (f32 weight) ms | "
+          + " | ".join(f"eager / {f}" for f in forms) + " |")
+    print("|---|---|" + "---:|" * (2 * len(forms) + 1))
     for kind in args.types.split(","):
         arrays = _arrays(kind, m, n, k)
-        kernel = Compiled(_graph(kind, m, n, k), ("qlinear-to-gemm",)).bind(arrays)
-        gemm = Compiled(_graph(kind, m, n, k), ()).bind(arrays)
+        compiled = {f: Compiled(_graph(kind, m, n, k, f), ()).bind(arrays) for f in forms}
         if kind == "int4":
             codes = np.concatenate([arrays["q"].reshape(n, -1, 16) & 15, arrays["q"].reshape(n, -1, 16) >> 4], -1)
             w = torch.from_numpy((codes * arrays["s"][:, :, None].astype(np.float32)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             w = dequantize_block_rows(torch.from_numpy(arrays["q"]), kind)
         x, b = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["b"])
-        contenders = {"kernel": kernel, "gemm": gemm, "eager": lambda: torch.addmm(b, x, w.T)}
+        contenders = {**compiled, "eager": lambda: torch.addmm(b, x, w.T)}
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for f in contenders.values():
             f()
@@ -140,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(clock() - t0)
         med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         spread = {name: f"{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}" for name, t in times.items()}
-        print(f"| {kind} | {m} x {k} -> {n} | {med['kernel']:.1f} ({spread['kernel']}; {flops / med['kernel'] / 1e6:.0f} GFLOP/s) "
-              f"| {med['gemm']:.1f} ({spread['gemm']}; {flops / med['gemm'] / 1e6:.0f} GFLOP/s) "
-              f"| {med['eager']:.1f} | {med['kernel'] / med['gemm']:.2f}x |", flush=True)
+        cells = [f"{med[f]:.1f} ({spread[f]}; {flops / med[f] / 1e6:.0f} GFLOP/s)" for f in forms]
+        ratios = [f"{med['eager'] / med[f]:.2f}x" for f in forms]
+        print(f"| {kind} | {m} x {k} -> {n} | " + " | ".join(cells) + f" | {med['eager']:.1f} | "
+              + " | ".join(ratios) + " |", flush=True)
     print(f"threads {args.threads}, {args.clock} time, median (range) of {args.rounds}; load average {os.getloadavg()[0]:.1f}")
     return 0
 
