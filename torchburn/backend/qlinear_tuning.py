@@ -7,7 +7,8 @@ columns in the lanes (`passes/quant/qgemm_i8.py`, best for many rows), and `gemm
 weight into f32 once and runs the float GEMM (`qlinear-to-gemm`). Where the crossover lies
 depends on M, N, K, the block type and the machine (at 16 rows the panel's pack costs more
 than it saves for a 2048 x 2048 int4 weight, and less for a 576 x 1536 one), so with a static
-M of at least `MIN_ROWS` each form is compiled alone on the node's shapes and measured:
+M from `MIN_ROWS` up to `MAX_ROWS` (the crossover region: decode batches of a server, short
+prefill chunks) each form is compiled alone on the node's shapes and measured:
 
     torchburn::linear_int4(x: f32[64, 576], packed: u8[1536, 288], ...)
       -> qlinear f32[64,576] x int4 g32 [1536, 576]: panel (measured: panel 0.21 ms,
@@ -37,6 +38,10 @@ QUANTIZED_LINEARS = {torchburn_ops.linear_int8.default: "int8", torchburn_ops.li
                      torchburn_ops.linear_blocks.default: "blocks"}
 #: Fewer rows than this are the GEMV's (`rows`) without measuring.
 MIN_ROWS = 2
+#: From this many rows on the panel wins by 2x or more wherever it applies (every layout at
+#: 512 rows: docs/benchmarks.md), so `auto` is kept without measuring: a cold compile of a
+#: large model's prefill chunks does not pay for candidates that cannot win.
+MAX_ROWS = 128
 #: The `gemm` form decodes the weight into f32 workspace: not for weights larger than this
 #: (`qlinear-to-gemm`'s `max_weight_bytes`).
 MAX_GEMM_WEIGHT_BYTES = 512 << 20
@@ -101,7 +106,7 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
 
 def choose_qlinear_forms(gm: torch.fx.GraphModule, tuner: Tuner,
                          compile_alone: CompileAlone) -> dict[torch.fx.Node, Choice]:
-    """Measure the forms of each quantized linear of `gm` with static rows (M >= MIN_ROWS) and
+    """Measure the forms of each quantized linear of `gm` with static rows (MIN_ROWS <= M < MAX_ROWS) and
     mark the nodes where an explicit form beat `auto` (`node.meta[QLINEAR_FORM]`). Returns the
     choices (also in `tuner.choices`, which explain() shows)."""
     chosen: dict[torch.fx.Node, Choice] = {}
@@ -111,7 +116,7 @@ def choose_qlinear_forms(gm: torch.fx.GraphModule, tuner: Tuner,
             continue
         sizes = rows_and_sizes(node)
         work = workload(node)
-        if sizes is None or work is None or sizes[0] < MIN_ROWS:
+        if sizes is None or work is None or not MIN_ROWS <= sizes[0] < MAX_ROWS:
             continue
         with unset_fake_temporarily():  # AOTAutograd compiles under a fake mode: measure real tensors
             choice = tuner.choose(FAMILY, work, describe(node, sizes), candidates(node, gen, compile_alone, sizes))
