@@ -138,20 +138,26 @@ def test_lane_changing_bitcast_round_trips_and_is_checked() -> None:
 
 
 def test_qlinear_to_gemm_leaves_these_products() -> None:
-    """On a target with byte dot products int4 and int8 `qlinear`s of many rows stay for this
-    kernel; ggml block types, and `int8_gemm=false`, take the dequantize + GEMM rewrite."""
-    from torchburn.codegen import host_target
+    """On a target with VNNI, int4, int8 and ggml-block `qlinear`s of many rows stay for this
+    kernel; with `int8_gemm=false`, and ggml blocks on a target without VNNI (AVX2), they take
+    the dequantize + GEMM rewrite."""
+    from tests.quant.test_block_types import blocks_graph
+    from torchburn.codegen import Target, host_target
     from torchburn.passes.base import PassContext
     from torchburn.passes.tensor.qlinear_to_gemm import QLinearToGemm
 
-    host = PassContext(host_target())
-    for kind, group in (("int4", 32), ("int8", 32)):
-        text = qlinear_graph(64, 16, 128, kind, group, True, activations="auto")
-        assert "qlinear(" in print_ir(QLinearToGemm().run_in(parse_graph(text), host))
-        assert "dequantize(" in print_ir(QLinearToGemm(int8_gemm=False).run_in(parse_graph(text), host))
-    from tests.quant.test_block_types import blocks_graph
-
-    assert "dequantize(" in print_ir(QLinearToGemm().run_in(parse_graph(blocks_graph(64, 8, 256, "Q6_K")), host))
+    host = host_target()
+    if not host.has_feature("avx512vnni"):
+        pytest.skip("the host has no AVX512-VNNI")
+    ctx = PassContext(host)
+    blocks = blocks_graph(64, 8, 256, "Q6_K").replace("symmetric = true", 'symmetric = true, activations = "auto"')
+    for text in (qlinear_graph(64, 16, 128, "int4", 32, True, activations="auto"),
+                 qlinear_graph(64, 16, 128, "int8", 32, True, activations="auto"), blocks):
+        assert "qlinear(" in print_ir(QLinearToGemm().run_in(parse_graph(text), ctx))
+        assert "dequantize(" in print_ir(QLinearToGemm(int8_gemm=False).run_in(parse_graph(text), ctx))
+    feats = ",".join(f for f in host.features.split(",") if not f.startswith(("+avx512", "+amx")) and "avxvnni" not in f)
+    avx2 = PassContext(Target.from_features(host.triple, "haswell", feats))
+    assert "dequantize(" in print_ir(QLinearToGemm().run_in(parse_graph(blocks), avx2))
 
 
 GUARD_SCRIPT = r'''
