@@ -215,3 +215,26 @@ def test_compiled_batched_decode_matches_alone(tiny_checkpoint) -> None:
     assert s.stats.decode_rows > s.stats.decode_steps
     assert s.prefixes.reused_tokens > 0
     assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
+
+
+def test_start_gives_back_the_callers_openmp_team(tiny_checkpoint) -> None:
+    """The thread that starts the scheduler (it loaded the model, warmed it up) keeps no OpenMP
+    team: with two teams alive, libgomp made every team sleep between parallel regions and a
+    decode from the scheduler's thread ran 3x slower (`runtime/omp_team.py`)."""
+    from tests.runtime.test_omp_team import make_team, native_threads, wait_for_threads
+
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    s = Scheduler(llm, parallel=1)
+    try:
+        make_team()                       # as a load's or a warm-up's torch ops do
+        with_team = native_threads()
+        s.start()
+        assert wait_for_threads(with_team - 1) == with_team - 1
+        c = _submit(s, llm, "hello", 3)[1]
+        assert c.done.wait(60) and c.finish.reason == "length"
+    finally:
+        s.stop()
+        torch.set_num_threads(old)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
+from ...runtime.omp_team import release as release_omp_team
 from ..model.chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
 from ..model.decoder import Decoder
 from ..model.kv_cache import KVCache
@@ -198,8 +199,12 @@ class LLM:
                     defaults = GenerationDefaults.from_dict(read_json(gen))
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        return cls(model, tokenizer, max_context=max_context, defaults=defaults,
-                   compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
+        llm = cls(model, tokenizer, max_context=max_context, defaults=defaults,
+                  compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
+        # the load's torch ops left an OpenMP team in this thread, which may never run a step:
+        # a second team would make every team sleep between parallel regions (`omp_team`)
+        release_omp_team()
+        return llm
 
     # ---------------------------------------------------------------- steps
     def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -323,6 +328,10 @@ class LLM:
         finally:
             if own:
                 self.release_cache(mine)
+            # the steps' OpenMP team goes with the generation: a thread pool's threads that
+            # ran generations would otherwise each keep one, and more than one team makes every
+            # team sleep between parallel regions (`omp_team`: 3x slower decoding)
+            release_omp_team()
         if budget < max_new_tokens and not all(done):
             warnings.warn(f"generation stopped at max_context={self.max_context} tokens",
                           stacklevel=3)

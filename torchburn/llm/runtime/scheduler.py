@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
+from ...runtime.omp_team import release as release_omp_team
 from .batch_cache import BatchCache
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, greedy_tokens, next_tokens
@@ -137,16 +138,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
-        """Run the loop in a thread of its own (see `run` for why a server runs it in the
-        main thread instead)."""
+        """Run the loop in a thread of its own.  The calling thread gives back its OpenMP team
+        (a load or a warm-up made one): with two teams alive every team sleeps between
+        parallel regions, which made decoding 3x slower (`runtime/omp_team.py`)."""
+        release_omp_team()
         self._thread = threading.Thread(target=self._loop, name="torchburn-scheduler", daemon=True)
         self._thread.start()
 
     def run(self) -> None:
-        """Run the loop in the calling thread until `drain`'s requests are done or `stop`.
-        The server calls it from the main thread: OpenMP's team there decoded 3x faster than
-        from another thread (177 against 59 tok/s for one stream of the default model, 2
-        threads, quiet machine), whose workers wait passively between parallel regions."""
+        """Run the loop in the calling thread until `drain`'s requests are done or `stop`
+        (the server runs it in the main thread, HTTP in another)."""
         self._loop()
 
     def submit(self, request: Request) -> None:
