@@ -252,16 +252,18 @@ class LLM:
                               dynamic=self.compiled)
 
     def _prefill(self, rows: list[list[int]], cache: KVCache,
-                 starts: torch.Tensor, first: int = 0) -> torch.Tensor:
+                 starts: torch.Tensor, first: int = 0,
+                 buckets: Sequence[int] = PREFILL_BUCKETS) -> torch.Tensor:
         """Run the prompts (left-padded to one length) through the model from slot ``first``
-        (the slots before it already hold these tokens); last logits [B, V]."""
+        (the slots before it already hold these tokens) in chunks of ``buckets`` tokens; last
+        logits [B, V]."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
             tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
         slot = first
         logits = None
-        for size, real in prefill_plan(n, first, self.max_context):
+        for size, real in prefill_plan(n, first, self.max_context, buckets):
             if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
                 logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
                 slot += 1
