@@ -8,7 +8,9 @@ against llama.cpp's `llama-server` (continuous batching) and llama-cpp-python's
 
 Each server is started once (ours: ``--parallel`` rows, warmed up: every batch size compiled;
 llama-server: ``-t T --parallel P --cont-batching -c 8192``; llama_cpp.server: ``--n_threads
-T``), all on 127.0.0.1, then the loads run in interleaved rounds (round r runs every client
+T --interrupt_requests False``: one request at a time, the others queued, where by default
+each new request would cut the running one's stream short), all on 127.0.0.1, then the loads
+run in interleaved rounds (round r runs every client
 count on every server, the server order alternating between rounds) so background load hurts
 them alike.  A load is C clients at once, each streaming one chat completion of up to
 ``--tokens`` tokens (greedy, a prompt asking for a long answer; a server that ends an answer
@@ -144,7 +146,8 @@ def llama_cpp_python(gguf: Path, threads: int) -> Contender:
     return Contender("llama_cpp.server", [
         sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
         "--port", str(port), "--n_threads", str(threads), "--n_ctx", "8192",
-        "--model_alias", "m"], port, "m", health="/v1/models")
+        # by default a new request interrupts the running one (its stream just ends): queue them
+        "--interrupt_requests", "False", "--model_alias", "m"], port, "m", health="/v1/models")
 
 
 def build_llama_server(jobs: int = 2) -> Path:

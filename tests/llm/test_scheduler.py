@@ -215,3 +215,65 @@ def test_compiled_batched_decode_matches_alone(tiny_checkpoint) -> None:
     assert s.stats.decode_rows > s.stats.decode_steps
     assert s.prefixes.reused_tokens > 0
     assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
+
+
+def test_start_gives_back_the_callers_openmp_team(tiny_checkpoint) -> None:
+    """The thread that starts the scheduler (it loaded the model, warmed it up) keeps no OpenMP
+    team: with two teams alive, libgomp made every team sleep between parallel regions and a
+    decode from the scheduler's thread ran 3x slower (`runtime/omp_team.py`)."""
+    from tests.runtime.test_omp_team import make_team, native_threads, wait_for_threads
+
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    s = Scheduler(llm, parallel=1)
+    try:
+        make_team()                       # as a load's or a warm-up's torch ops do
+        with_team = native_threads()
+        s.start()
+        assert wait_for_threads(with_team - 1) == with_team - 1
+        c = _submit(s, llm, "hello", 3)[1]
+        assert c.done.wait(60) and c.finish.reason == "length"
+    finally:
+        s.stop()
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile: bool) -> None:
+    """Requests waiting at once run one batched prefill (prompts of different lengths
+    left-padded, a repeated prompt once, a one-token prompt with nothing to prefill) and each
+    still gets `LLM.generate`'s greedy text; a prompt a prefix entry mostly holds prefills
+    its rest alone. Compiled, the warm-up made every graph they use."""
+    _, folder = tiny_checkpoint("llama")
+    if compile:   # Dynamo compiles every shape here (not reusing another test's same-shaped graph)
+        torch._dynamo.reset()
+    llm = _llm(folder, compile=compile)
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[5], PROMPTS[2], PROMPTS[0], "a"]
+    n = 6
+    expected = [llm.generate(p, max_new_tokens=n, temperature=0) for p in prompts]
+    s = Scheduler(llm, parallel=8, prefix_cache=4)
+    if compile:
+        s.warm_up()
+    warm = _signatures(llm)
+    got = [_submit(s, llm, p, n)[1] for p in prompts]   # all waiting before the loop starts
+    s.start()
+    try:
+        for c in got:
+            assert c.done.wait(600)
+        # the same long prompt again, with a longer one after it: from its prefix entry
+        again = [_submit(s, llm, p, n)[1] for p in (PROMPTS[5], PROMPTS[5] + " again")]
+        for c in again:
+            assert c.done.wait(600)
+    finally:
+        s.stop()
+    assert [c.text for c in got] == expected
+    assert [c.text for c in again] == [llm.generate(p, max_new_tokens=n, temperature=0)
+                                       for p in (PROMPTS[5], PROMPTS[5] + " again")]
+    assert (s.stats.batched_prefills, s.stats.batched_prompts) == (1, 4)
+    assert s.stats.prefilled_tokens == s.stats.prompt_tokens - s.prefixes.reused_tokens
+    if compile:
+        assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
+        if llm.steps is not None:   # 11 step shapes, past Dynamo's default limit of 8: none eager
+            assert len(warm) > 8 and all(llm.steps.entries.values()), llm.steps.entries

@@ -131,14 +131,14 @@ def _linear_source(model: nn.Module, rows: int, in_features: int) -> str:
     return "/".join(names) + " (torchburn/quant/linear.py QuantizedLinear.forward)" if names else ""
 
 
-def profile_decode(llm: Any, steps: int = 32, filled: int = 64) -> StepProfiler:
-    """Compile a fresh decode step of ``llm`` (cache hits make this quick), then time
-    ``steps`` decode steps kernel by kernel at ``filled`` cached slots."""
+def profile_decode(llm: Any, steps: int = 32, filled: int = 64, batch: int = 1) -> StepProfiler:
+    """Compile a fresh decode step of ``llm`` for ``batch`` rows (cache hits make this quick),
+    then time ``steps`` decode steps kernel by kernel at ``filled`` cached slots per row."""
     if not llm.compiled:
         raise ValueError("--profile needs the compiled engine (not --eager)")
-    cache = llm.cache_for(1)
-    starts = torch.zeros(1, dtype=torch.long)
-    ids = torch.tensor([[100]])
+    cache = llm.cache_for(batch)
+    starts = torch.zeros(batch, dtype=torch.long)
+    ids = torch.full((batch, 1), 100, dtype=torch.long)
     torch._dynamo.reset()
     if getattr(llm, "steps", None) is not None:  # the step cache would reuse the launcher it has
         llm.steps.entries.clear()

@@ -70,9 +70,10 @@ class BatchCache:
         top = max((r for r in range(self.rows) if self.used[r]), default=-1)
         return bucket_for(top + 1, self.rows)
 
-    def join(self, prompt: KVCache, length: int) -> int:
-        """Take a free row for a request whose ``length`` prompt slots sit at slots ``0 ..
-        length`` of ``prompt`` (a batch-1 cache): copy them to end at `end`; the row."""
+    def join(self, prompt: KVCache, length: int, source_row: int = 0, first: int = 0) -> int:
+        """Take a free row for a request whose ``length`` prompt slots sit at slots ``first ..
+        first + length`` of ``prompt``'s row ``source_row``: copy them to end at `end`; the
+        row."""
         row = self.used.index(False)
         if not any(self.used):
             self.end = length
@@ -81,7 +82,7 @@ class BatchCache:
         self.used[row] = True
         self.starts[row] = self.end - length
         dst = self.cache.tensor[:, row, :, self.end - length:self.end]
-        dst.copy_(prompt.tensor[:, 0, :, :length])
+        dst.copy_(prompt.tensor[:, source_row, :, first:first + length])
         return row
 
     def leave(self, row: int) -> None:

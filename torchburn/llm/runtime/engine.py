@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
+from ...runtime.omp_team import release as release_omp_team
 from ..model.chat_template import DEFAULT_LIMITS, Message, TemplateLimits, render_chat
 from ..model.decoder import Decoder
 from ..model.kv_cache import KVCache
@@ -198,8 +199,12 @@ class LLM:
                     defaults = GenerationDefaults.from_dict(read_json(gen))
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        return cls(model, tokenizer, max_context=max_context, defaults=defaults,
-                   compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
+        llm = cls(model, tokenizer, max_context=max_context, defaults=defaults,
+                  compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
+        # the load's torch ops left an OpenMP team in this thread, which may never run a step:
+        # a second team would make every team sleep between parallel regions (`omp_team`)
+        release_omp_team()
+        return llm
 
     # ---------------------------------------------------------------- steps
     def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -247,16 +252,18 @@ class LLM:
                               dynamic=self.compiled)
 
     def _prefill(self, rows: list[list[int]], cache: KVCache,
-                 starts: torch.Tensor, first: int = 0) -> torch.Tensor:
+                 starts: torch.Tensor, first: int = 0,
+                 buckets: Sequence[int] = PREFILL_BUCKETS) -> torch.Tensor:
         """Run the prompts (left-padded to one length) through the model from slot ``first``
-        (the slots before it already hold these tokens); last logits [B, V]."""
+        (the slots before it already hold these tokens) in chunks of ``buckets`` tokens; last
+        logits [B, V]."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
             tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
         slot = first
         logits = None
-        for size, real in prefill_plan(n, first, self.max_context):
+        for size, real in prefill_plan(n, first, self.max_context, buckets):
             if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
                 logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
                 slot += 1
@@ -323,6 +330,10 @@ class LLM:
         finally:
             if own:
                 self.release_cache(mine)
+            # the steps' OpenMP team goes with the generation: a thread pool's threads that
+            # ran generations would otherwise each keep one, and more than one team makes every
+            # team sleep between parallel regions (`omp_team`: 3x slower decoding)
+            release_omp_team()
         if budget < max_new_tokens and not all(done):
             warnings.warn(f"generation stopped at max_context={self.max_context} tokens",
                           stacklevel=3)

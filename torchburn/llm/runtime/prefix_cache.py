@@ -36,15 +36,25 @@ class PrefixCache:
         #: Prompt tokens that came from an entry rather than from a prefill.
         self.reused_tokens = 0
 
-    def take(self, ids: Sequence[int]) -> tuple[PrefixEntry, int]:
-        """The entry to prefill ``ids`` into and how many of its first ids it already holds
-        (at most ``len(ids) - 1``: the last token is always run, for its logits)."""
-        self._clock += 1
+    def _best(self, ids: Sequence[int]) -> tuple[PrefixEntry | None, int]:
+        """The entry sharing the longest prefix with ``ids`` (the least recently used among
+        equals: the one to replace when none shares any), and that length."""
         best, shared = None, 0
         for e in self.entries:
             n = common_prefix(e.ids, ids)
             if best is None or n > shared or (n == shared and e.used < best.used):
                 best, shared = e, n
+        return best, shared
+
+    def held(self, ids: Sequence[int]) -> int:
+        """How many first ids of ``ids`` an entry holds (nothing changes)."""
+        return self._best(ids)[1]
+
+    def take(self, ids: Sequence[int]) -> tuple[PrefixEntry, int]:
+        """The entry to prefill ``ids`` into and how many of its first ids it already holds
+        (at most ``len(ids) - 1``: the last token is always run, for its logits)."""
+        self._clock += 1
+        best, shared = self._best(ids)
         if best is None or (shared == 0 and len(self.entries) < max(self.size, 1)):
             best, shared = PrefixEntry(self._make()), 0
             self.entries.append(best)
@@ -53,6 +63,21 @@ class PrefixCache:
         best.ids = list(ids[:shared])   # what it holds until the prefill fills the rest
         self.reused_tokens += shared
         return best, shared
+
+    def keep(self, ids: Sequence[int], source: KVCache, row: int, first: int) -> None:
+        """Keep the keys and values of ``ids``, which sit at slots ``first ..`` of ``source``'s
+        ``row`` (a batched prefill's), in an entry (a new one, else the least recently used)."""
+        if not self.size or not ids:
+            return
+        self._clock += 1
+        if len(self.entries) < self.size:
+            entry = PrefixEntry(self._make())
+            self.entries.append(entry)
+        else:
+            entry = min(self.entries, key=lambda e: e.used)
+        entry.used = self._clock
+        entry.cache.tensor[:, 0, :, :len(ids)].copy_(source.tensor[:, row, :, first:first + len(ids)])
+        entry.ids = list(ids)
 
     def filled(self, entry: PrefixEntry, ids: Sequence[int]) -> None:
         """``entry`` now holds the keys and values of ``ids``; with no cache kept, forget them."""

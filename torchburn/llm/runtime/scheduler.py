@@ -1,12 +1,14 @@
 """`Scheduler`: continuous batching of many requests over one `LLM`.
 
 One thread owns the model.  Each turn of its loop it
-1. admits waiting requests while rows are free: prefills each prompt (from the longest prefix
-   the `PrefixCache` holds), samples its first token and places its keys and values in a row of
-   the shared `BatchCache`;
+1. admits waiting requests while rows are free: prefills each prompt but its last token (the
+   requests that arrived together in one batched prefill; one that a `PrefixCache` entry
+   mostly holds from there, alone) and places those keys and values in a row of the shared
+   `BatchCache`;
 2. runs one decode step for every running request at once (one compiled graph per bucket of
-   rows), samples each row's next token with that request's own parameters and generator, and
-   hands each request its text;
+   rows; a request that just joined feeds its prompt's last token, whose logits give its
+   first token), samples each row's next token with that request's own parameters and
+   generator, and hands each request its text;
 3. frees the rows of requests that ended: end of sequence, a stop string, their token budget,
    a cancel (a client that went away) or shutdown.
 
@@ -26,15 +28,21 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
+from ...runtime.omp_team import release as release_omp_team
 from .batch_cache import BatchCache
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, greedy_tokens, next_tokens
 from .text_stream import TextStream
 
 if TYPE_CHECKING:
+    from ..model.kv_cache import KVCache
     from .engine import LLM
 
 log = logging.getLogger("torchburn")
+
+#: Chunk length of a batched prefill (`Scheduler._start_together`): one compiled prefill graph
+#: per batch bucket; a chunk of 16 prompts is already 256 rows for the linears.
+TOGETHER_CHUNK = 16
 
 
 class QueueFull(RuntimeError):
@@ -100,6 +108,9 @@ class Stats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     prefilled_tokens: int = 0
+    #: Batched prefills (requests that arrived together) and the prompts they ran.
+    batched_prefills: int = 0
+    batched_prompts: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
     #: (time, completion tokens so far) of recent steps, for a tokens/s over a short window.
@@ -134,19 +145,21 @@ class Scheduler:
         self._stopping = False
         self._deadline: Optional[float] = None
         self._thread: Optional[threading.Thread] = None
+        #: Rows for batched prefills (`_start_together`), made at the first.
+        self._scratch: Optional[BatchCache] = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
-        """Run the loop in a thread of its own (see `run` for why a server runs it in the
-        main thread instead)."""
+        """Run the loop in a thread of its own.  The calling thread gives back its OpenMP team
+        (a load or a warm-up made one): with two teams alive every team sleeps between
+        parallel regions, which made decoding 3x slower (`runtime/omp_team.py`)."""
+        release_omp_team()
         self._thread = threading.Thread(target=self._loop, name="torchburn-scheduler", daemon=True)
         self._thread.start()
 
     def run(self) -> None:
-        """Run the loop in the calling thread until `drain`'s requests are done or `stop`.
-        The server calls it from the main thread: OpenMP's team there decoded 3x faster than
-        from another thread (177 against 59 tok/s for one stream of the default model, 2
-        threads, quiet machine), whose workers wait passively between parallel regions."""
+        """Run the loop in the calling thread until `drain`'s requests are done or `stop`
+        (the server runs it in the main thread, HTTP in another)."""
         self._loop()
 
     def submit(self, request: Request) -> None:
@@ -208,6 +221,15 @@ class Scheduler:
                 self.llm.run_step(entry.cache, ids, 0, torch.zeros(1, dtype=torch.long),
                                   torch.tensor([n - 1]))
         self.prefixes.filled(entry, [])
+        # batched prefills (`_start_together`): a chunk graph per batch bucket of 2 rows or more
+        if TOGETHER_CHUNK <= self.llm.max_context:
+            for b in sizes:
+                if b >= 2:
+                    if self._scratch is None:
+                        self._scratch = BatchCache(self.llm._new_cache(self.parallel))
+                    ids = torch.full((b, TOGETHER_CHUNK), self.llm.pad_id, dtype=torch.long)
+                    self.llm.run_step(self._scratch.view(b), ids, 0, torch.zeros(b, dtype=torch.long),
+                                      torch.tensor([TOGETHER_CHUNK - 1]))
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -237,37 +259,105 @@ class Scheduler:
             self._finish(r, "error", message)
 
     def _admit(self) -> None:
-        while self.rows.free_rows():
+        """Take waiting requests into the free rows.  Each row joins holding its prompt but
+        the last token, which the next decode step runs beside the other rows' tokens (its
+        logits give the first token).  A prompt a prefix entry mostly holds prefills its rest
+        alone into that entry; the others (requests that arrived together) prefill in one
+        batched step, a prompt that several of them share once."""
+        group: list[Request] = []
+        free = self.rows.free_rows()
+        while len(group) < free:
             with self._wake:
                 if not self.waiting:
-                    return
+                    break
                 r = self.waiting.popleft()
             if r.cancelled:
                 self._finish(r, "cancelled")
-                continue
-            try:
-                self._start(r)
-            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
-                log.exception("torchburn: a request's prefill failed")
-                self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
+            else:
+                group.append(r)
+        together: list[Request] = []
+        for r in group:
+            head = len(r.prompt_ids) - 1
+            if head > 0 and 2 * self.prefixes.held(r.prompt_ids) < head:
+                together.append(r)
+        if len({tuple(r.prompt_ids[:-1]) for r in together}) < 2:
+            together = []                  # one prompt to run: its prefix entry's path
+        batched = {id(r) for r in together}
+        for r in group:
+            if id(r) not in batched:
+                self._guarded([r], self._start_alone)
+        if together:
+            self._guarded(together, self._start_together)
 
-    def _start(self, r: Request) -> None:
-        llm = self.llm
-        ids = r.prompt_ids
-        r.text = TextStream(llm.tokenizer, r.stop)
+    def _guarded(self, rs: list[Request], start: Callable[[list[Request]], None]) -> None:
+        """``start(rs)``; a failure ends those requests with an error, the others go on."""
+        try:
+            start(rs)
+        except Exception as err:  # noqa: BLE001 - these requests fail, the others go on
+            log.exception("torchburn: a prefill failed")
+            for r in rs:
+                if r.row < 0:
+                    self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
+
+    def _begin(self, r: Request) -> None:
+        r.text = TextStream(self.llm.tokenizer, r.stop)
         r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None
                                                     else random.getrandbits(63))
-        r.budget = min(r.max_tokens, llm.max_context - len(ids))
+        r.budget = min(r.max_tokens, self.llm.max_context - len(r.prompt_ids))
+        self.stats.prompt_tokens += len(r.prompt_ids)
+
+    def _join(self, r: Request, cache: KVCache, length: int, source_row: int = 0, first: int = 0) -> None:
+        """``r`` takes a row holding its first ``length`` prompt tokens (from ``cache``); its
+        last prompt token is fed by the next decode step."""
+        r.row = self.rows.join(cache, length, source_row, first)
+        r.pending = r.prompt_ids[-1]
+        self.running[r.row] = r
+
+    def _start_alone(self, rs: list[Request]) -> None:
+        (r,) = rs
+        ids = r.prompt_ids
+        head = ids[:-1]
+        self._begin(r)
         entry, cached = self.prefixes.take(ids)
-        logits = llm._prefill([ids], entry.cache, torch.zeros(1, dtype=torch.long), cached)
-        self.prefixes.filled(entry, ids)
-        self.stats.prompt_tokens += len(ids)
+        if cached < len(head):
+            self.llm._prefill([head], entry.cache, torch.zeros(1, dtype=torch.long), cached)
+        self.prefixes.filled(entry, head)
         self.stats.prefilled_tokens += len(ids) - cached
-        with torch.no_grad():
-            token = int(next_tokens(logits, r.params, r.generator)[0])
-        if self._accept(r, token):
-            r.row = self.rows.join(entry.cache, len(ids))
-            self.running[r.row] = r
+        self._join(r, entry.cache, len(head))
+
+    def _start_together(self, rs: list[Request]) -> None:
+        """One batched prefill (in chunks of `TOGETHER_CHUNK` tokens) of the distinct prompts
+        of ``rs``, left-padded to one length, in the rows of a scratch cache shaped like the
+        shared one (so its one-token steps are the decode graphs); then each request's row is
+        copied from it, and each prompt kept in the prefix cache."""
+        from .batch_cache import bucket_for
+
+        heads: dict[tuple[int, ...], int] = {}
+        for r in rs:
+            heads.setdefault(tuple(r.prompt_ids[:-1]), len(heads))
+        n = max(len(h) for h in heads)
+        batch = bucket_for(len(heads), self.parallel)
+        rows = [list(h) for h in heads] + [[self.llm.pad_id]] * (batch - len(heads))
+        starts = torch.tensor([n - len(h) for h in rows], dtype=torch.long)
+        if self._scratch is None:
+            self._scratch = BatchCache(self.llm._new_cache(self.parallel))
+        scratch = self._scratch.view(batch)
+        self.llm._prefill(rows, scratch, starts, 0, (TOGETHER_CHUNK,))
+        self.stats.batched_prefills += 1
+        self.stats.batched_prompts += len(heads)
+        for h, k in heads.items():
+            self.prefixes.keep(h, scratch, k, n - len(h))
+        ran: set[tuple[int, ...]] = set()
+        for r in rs:
+            h = tuple(r.prompt_ids[:-1])
+            self._begin(r)
+            if h in ran:                  # the same prompt as an earlier one of the group
+                self.prefixes.reused_tokens += len(h)
+                self.stats.prefilled_tokens += 1
+            else:
+                ran.add(h)
+                self.stats.prefilled_tokens += len(r.prompt_ids)
+            self._join(r, scratch, len(h), heads[h], n - len(h))
 
     def _decode(self) -> None:
         for row, r in list(self.running.items()):

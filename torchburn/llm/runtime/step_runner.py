@@ -56,6 +56,10 @@ def compiling(ids: torch.Tensor, layers: int) -> Iterator[Step]:
                      + (f", {eager} ops left to PyTorch" if eager else ""))
 
 
+#: Compiled graphs of the step function Dynamo may make (one per argument shape).
+STEP_GRAPH_LIMIT = 64
+
+
 class _LazyCompile:
     """`torch.compile` of the step, made on its first call (importing Dynamo costs a warm
     process time it need not spend when every step comes from the step cache)."""
@@ -71,7 +75,11 @@ class _LazyCompile:
             from ...backend import torchburn_backend
 
             self.compiled = torch.compile(self.fn, backend=torchburn_backend, dynamic=False)
-        return self.compiled(*args)
+        # every step shape is a graph of its own (decode buckets, prefill chunks, a server's
+        # batched prefills: 13 for `torchburn serve --parallel 16`); past Dynamo's default
+        # limit of 8 a shape would run eagerly for good
+        with torch._dynamo.config.patch(recompile_limit=STEP_GRAPH_LIMIT):
+            return self.compiled(*args)
 
 
 class StepCache:
