@@ -27,6 +27,11 @@
 # the H100 on 2026-12-05). The H100 image of 2026-12 has numpy 2.5 and transformers 5.17: there
 # site.tar.xz needs no numpy and llm.tar.xz is unpacked only where `import transformers` fails.
 #
+# Time: on the H100 (2026-12-06) the `llm` part's contenders warm up (compile) for 45-47 s (each of
+# our GPU rows), 22 s (our CPU engine) and 60-61 s (each transformers static-cache row) before the
+# first timed repetition, besides loads, process starts and the checkpoint: five of them need more
+# than 285 s; keep LLM_TIMEOUT at its 420 s.
+#
 # The `llm` part needs transformers there: carry `.gl/llm.tar.xz` too (transformers cut to the
 # llama, qwen2, mistral and gpt2 models, tokenizers, safetensors, huggingface_hub and their
 # pure-Python dependencies, without numpy, hf_xet and pydantic: 7.8 MB in session 25) and unpack
