@@ -33,6 +33,9 @@ def _graph(kind: str, m: int, n: int, k: int) -> str:
         bt = BLOCK_TYPES[kind]
         ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // bt.block * bt.nbytes}], %b: f32[{n}]"
         call = f'qlinear(%x, %q) {{kind = "blocks", block_type = "{kind}", group_size = {bt.block}, symmetric = true}}'
+    elif kind == "int8":  # Q8_0's form: int8 codes, an f16 scale per group of 32
+        ins = f"%x: f32[{m}, {k}], %q: i8[{n}, {k}], %s: f16[{n}, {k // 32}], %b: f32[{n}]"
+        call = 'qlinear(%x, %q, %s) {kind = "int8", group_size = 32, symmetric = true}'
     else:  # int4 with mins (Q4_1's form), group 32
         ins = f"%x: f32[{m}, {k}], %q: u8[{n}, {k // 2}], %s: f16[{n}, {k // 32}], %mn: f16[{n}, {k // 32}], %b: f32[{n}]"
         call = 'qlinear(%x, %q, %s, %mn) {kind = "int4", group_size = 32, symmetric = false}'
@@ -53,6 +56,9 @@ def _arrays(kind: str, m: int, n: int, k: int) -> dict[str, np.ndarray]:
         for o in f16_offsets(bt):
             raw[:, :, o:o + 2] = np.full((n, k // bt.block), 0.01, np.float16).view(np.uint8).reshape(n, -1, 2)
         out["q"] = raw.reshape(n, -1)
+    elif kind == "int8":
+        out["q"] = rng.integers(-127, 128, (n, k), dtype=np.int8)
+        out["s"] = np.full((n, k // 32), 0.01, np.float16)
     else:
         out["q"] = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
         out["s"] = np.full((n, k // 32), 0.01, np.float16)
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--k", type=int, default=2048)
     p.add_argument("--n", type=int, default=8192)
-    p.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0,int4")
+    p.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0,int4,int8")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             codes = np.concatenate([arrays["q"].reshape(n, -1, 16) & 15, arrays["q"].reshape(n, -1, 16) >> 4], -1)
             w = torch.from_numpy((codes * arrays["s"][:, :, None].astype(np.float32)
                                   + arrays["mn"][:, :, None].astype(np.float32)).reshape(n, k).astype(np.float32))
+        elif kind == "int8":
+            w = torch.from_numpy((arrays["q"].reshape(n, -1, 32) * arrays["s"][:, :, None].astype(np.float32))
+                                 .reshape(n, k).astype(np.float32))
         else:
             w = dequantize_block_rows(torch.from_numpy(arrays["q"]), kind)
         x, b = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["b"])

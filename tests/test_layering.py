@@ -118,7 +118,7 @@ PASS_ROOMS: dict[str, set[str]] = {
     "loop": {"framework"},
     "loopgen": {"framework"},
     "quant": {"framework", "loopgen"},
-    "tensor": {"framework", "loopgen"},
+    "tensor": {"framework", "loopgen", "quant"},
     "lower_to_loops": {"framework", "loopgen", "quant"},
     "gpu": {"framework", "loop", "loopgen", "tensor", "lower_to_loops"},
 }

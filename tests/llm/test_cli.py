@@ -61,3 +61,35 @@ def test_the_command_freezes_what_imports_made() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) > 100_000
+
+
+def test_tune_measures_the_quantized_linears_and_keeps_the_records(tiny_checkpoint, tmp_path: Path) -> None:
+    """`torchburn tune` on a tiny int4 model: each quantized linear of the prefill is measured
+    (every form named), and a second run measures nothing: its graphs come from the disk
+    cache, which keeps their choices."""
+    _, folder = tiny_checkpoint("llama")
+    env_cache = {"TORCHBURN_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("tune", "--model", str(folder), "--quant", "int4", "--device", "cpu", "--threads", "1",
+            "--prompt-tokens", "40", "--budget", "60", "--quiet")
+    first = _run_env(env_cache, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lines = [line for line in first.stdout.splitlines() if line.strip().startswith("qlinear ")]
+    assert lines and all("(measured:" in line for line in lines), first.stdout
+    assert all(f"{form} " in line for line in lines for form in ("auto", "rows", "panel")), lines
+    second = _run_env(env_cache, *args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = [line for line in second.stdout.splitlines() if line.strip().startswith("qlinear ")]
+    assert "(0.0 s measuring" in second.stdout, second.stdout
+    assert again == lines or "came from the disk cache: nothing was compiled" in second.stdout, second.stdout
+
+
+def test_tune_rejects_a_bad_budget(tiny_checkpoint) -> None:
+    _, folder = tiny_checkpoint("llama")
+    result = _run("tune", "--model", str(folder), "--budget", "0")
+    assert result.returncode == 2 and "--budget must be positive" in result.stderr
+
+
+def _run_env(extra: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TORCHBURN_DEBUG="0", **extra)
+    return subprocess.run([sys.executable, "-m", "torchburn.llm", *args], capture_output=True, text=True,
+                          env=env, timeout=600)

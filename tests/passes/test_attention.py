@@ -74,8 +74,8 @@ def test_one_kernel_and_no_score_matrix() -> None:
     assert len(c.program.kernels) == 1 and not c.program.temps
     body = print_ir(c.program.kernels[0])
     assert "parallel for" in body and "ramp(" in body
-    # causal: the key blocks of a task's rows stop at the diagonal of its last row (in blocks of 32)
-    assert re.search(r"let (e\d+) = max\(.*i\d+\) \+ 1\n\s*for jb\d+ in 0\.\.\(\1 \+ 31\) // 32", body), body
+    # causal: the key blocks of a tile of rows stop at the diagonal of its last row (in blocks of 16)
+    assert re.search(r"let (e\d+) = top\d+ \+ 1\n\s*for jb\d+ in 0\.\.\(\1 \+ 15\) // 16", body), body
 
 
 def _sdpa(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],

@@ -32,7 +32,7 @@ def test_rewrite_is_the_docstring_example() -> None:
     graphs = [block.split("\n\n")[0] for block in doc.split("    graph @main")[1:]]
     before, after = ("graph @main" + "\n".join(line[4:] if i else line for i, line in enumerate(g.splitlines()))
                      for g in graphs)
-    rewritten = QLinearToGemm().run(parse_graph(before))
+    rewritten = QLinearToGemm(int8_gemm=False).run(parse_graph(before))
     assert structural_hash(rewritten) == structural_hash(parse_graph(after)), print_ir(rewritten)
     assert "qlinear" not in print_ir(rewritten)
 
@@ -114,7 +114,7 @@ def test_block_types_through_the_gemm(name: str) -> None:
 
     bt = BLOCK_TYPES[name]
     m, n, k = 33, 7, 2 * max(bt.block, 128)
-    c = Compiled(blocks_graph(m, n, k, name))
+    c = Compiled(blocks_graph(m, n, k, name).replace("symmetric = true", 'symmetric = true, activations = "f32"'))
     assert not any(_op_names(c.program))
     raw = random_blocks(name, n, k // bt.block, 5)
     w = gguf_reference(raw, name).astype(np.float64)
@@ -128,8 +128,21 @@ def test_block_types_through_the_gemm(name: str) -> None:
     assert np.all(np.abs(out - expected) <= 2e-6 * scale), np.max(np.abs(out - expected) / scale)
 
 
-def test_quantized_linear_module_compiles_to_the_gemm_and_matches_eager() -> None:
-    """Through torch.compile: a 3-D x (reshaped to rows and back), a bias, fully compiled."""
+def test_quantized_linear_module_compiles_to_the_gemm_and_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through torch.compile: a 3-D x (reshaped to rows and back), a bias, fully compiled; f32
+    activations (int8 ones take the panel kernel, `tests/passes/test_qgemm_i8.py`)."""
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")
+    reload_config()
+    try:
+        _module_through_the_gemm()
+    finally:
+        monkeypatch.undo()
+        reload_config()
+
+
+def _module_through_the_gemm() -> None:
     import torch
 
     from tests.helpers import assert_fully_compiled, run_compiled

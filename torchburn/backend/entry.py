@@ -282,8 +282,11 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         from .library_calls import choose_library_calls
 
         t_tune = time.perf_counter()
-        chosen = choose_library_calls(gm, tuner, functools.partial(_compile_alone, pipeline=pipeline,
-                                                                    target_name=target_name))
+        alone = functools.partial(_compile_alone, pipeline=pipeline, target_name=target_name)
+        chosen = choose_library_calls(gm, tuner, alone)
+        from .qlinear_tuning import choose_qlinear_forms
+
+        choose_qlinear_forms(gm, tuner, alone)
         library = {node: choice.line() for node, choice in chosen.items()}
         report.tuning = [c.line() for c in tuner.choices]
         report.tuning_seconds = time.perf_counter() - t_tune
@@ -294,7 +297,8 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
     report.fallbacks = result.fallbacks
     report.library_calls = list(result.library_calls)
     manifest: Optional[fx_cache.Manifest] = fx_cache.Manifest(result.plan, list(result.fallbacks),
-                                                             library_calls=list(result.library_calls))
+                                                             library_calls=list(result.library_calls),
+                                                             tuning=list(report.tuning))
     module = result.module
     use_gpu = False
     if get_config().wants_gpu:  # the GPU engine's modules load only when it may be used

@@ -213,11 +213,13 @@ class Manifest:
     subgraphs: list[dict[str, Any]] = field(default_factory=list)
     #: Nodes the tuner left as library calls: (op, the tuner's line).
     library_calls: list[tuple[str, str]] = field(default_factory=list)
+    #: The tuner's lines for the graph's kernels (`GraphReport.tuning`), shown again on a hit.
+    tuning: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": [[list(p) for p in part] for part in self.plan],
                 "fallbacks": [list(f) for f in self.fallbacks], "subgraphs": self.subgraphs,
-                "library_calls": [list(c) for c in self.library_calls]}
+                "library_calls": [list(c) for c in self.library_calls], "tuning": list(self.tuning)}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Manifest":
@@ -233,7 +235,7 @@ class Manifest:
         if len(plan) != len(subgraphs):
             raise ValueError("the plan and the subgraphs differ in number")
         calls = [(str(op), str(why)) for op, why in d.get("library_calls", [])]
-        return Manifest(plan, fallbacks, subgraphs, calls)
+        return Manifest(plan, fallbacks, subgraphs, calls, [str(line) for line in d.get("tuning", [])])
 
 
 def store(disk: DiskCache, key: str, manifest: Manifest) -> None:
@@ -282,6 +284,7 @@ def replay(gm: torch.fx.GraphModule, key: str, disk: DiskCache, report: rep.Grap
                            f"the manifest lists {len(manifest.subgraphs)}")
     report.fallbacks = list(manifest.fallbacks)
     report.library_calls = list(manifest.library_calls)
+    report.tuning = list(manifest.tuning)
     for name, record, item in zip(names, manifest.subgraphs, loaded):
         sub: torch.fx.GraphModule = getattr(module, name)
         sub_report = rep.SubgraphReport(name, list(record["ops"]))

@@ -205,7 +205,16 @@ class Cast(Expr):
 
 @dataclass(frozen=True)
 class Bitcast(Expr):
-    """Reinterpret the bits as another dtype of the same width. Text: `bitcast<i32>(x)`."""
+    """Reinterpret the bits as another dtype of the same width. Text: `bitcast<i32>(x)`.
+
+    The lane count may change when the total width does not (`lanes * bits` equal): the
+    bytes in memory order, lane 0 lowest, as on every target we emit for (little-endian).
+    Text: `bitcast<u8, 64>(%panel[k, ramp(c, 1, 16)])` reads sixteen i32 lanes as 64 bytes:
+
+        let %w = bitcast<u8, 64>(%panel[k, ramp(0, 1, 16)])          u8 x 64
+        let %xb = bitcast<i8, 64>(broadcast(%xq4[r, k], 16))          four bytes of x, 16 times
+        %acc[ramp(0, 1, 16)] = dot4_u8i8_acc(%acc[ramp(0, 1, 16)], %w, %xb)
+    """
 
     value: Expr
     type: ScalarType

@@ -262,6 +262,10 @@ def _matmul(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
 QLINEAR_KINDS = ("int8", "int4", "blocks")
 
 
+#: The values of `qlinear`'s `form` attribute.
+QLINEAR_FORMS = ("auto", "panel", "rows", "gemm")
+
+
 @define("qlinear", "contraction", -1, """
 A linear layer on a quantized weight, dequantized on the fly: `y[..., n] = sum_k x[..., k] *
 W[n, k]` for `x: [..., K]` of any float dtype, the result in f32 (bias and the cast back are
@@ -279,7 +283,11 @@ elementwise ops after it, which `fuse` puts in the same kernel). Operands are
   Q6_K), `qweight: u8[N, K / block * nbytes]` and no scales operand (they are in the blocks);
   `group_size` is the block's weight count; `W` is the block table's expression.
 
-Scales and mins are f32, f16 or bf16 and are widened to f32 before use.
+Scales and mins are f32, f16 or bf16 and are widened to f32 before use. The optional
+`form` says which CPU kernel computes it: `"auto"` (the default: by M and the target),
+`"panel"` (int8 activations by a packed weight panel, `passes/quant/qgemm_i8.py`), `"rows"`
+(the weight streamed row by row, `qlinear.py` / `qlinear_i8.py`) or `"gemm"` (`dequantize`
+and the float GEMM, pass `qlinear-to-gemm`); the tuner writes it where it measured the forms.
 
     %3 = qlinear(%x, %q, %s) {kind = "int4", group_size = 64, symmetric = true} : f32[16, 4096]
     # %x: f32[16, 4096], %q: u8[4096, 2048], %s: f16[4096, 64]
@@ -288,6 +296,8 @@ Scales and mins are f32, f16 or bf16 and are widened to f32 before use.
 """)
 def _qlinear(types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
     kind, group, symmetric = attrs["kind"], attrs["group_size"], attrs["symmetric"]
+    if attrs.get("form", "auto") not in QLINEAR_FORMS:
+        raise OpError(f"qlinear: unknown form {attrs['form']!r}; expected one of {QLINEAR_FORMS}")
     if kind not in QLINEAR_KINDS:
         raise OpError(f"qlinear: unknown kind {kind!r}; expected one of {QLINEAR_KINDS}")
     if kind == "blocks":

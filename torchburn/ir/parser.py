@@ -418,12 +418,16 @@ class _Parser:
         if name in ("cast", "bitcast"):
             self.expect("<")
             dtype = self.dtype()
+            lanes: Optional[int] = None
+            if name == "bitcast" and self.peek().text == ",":
+                self.advance()
+                lanes = self.int_literal("a lane count")
             self.expect(">")
             self.expect("(")
             value = yield self._expr()
             self.expect(")")
             node = ex.Cast if name == "cast" else ex.Bitcast
-            return node(value, ex.ScalarType(dtype, value.lanes))
+            return node(value, ex.ScalarType(dtype, value.lanes if lanes is None else lanes))
         self.expect("(")
         if name in ("ramp", "broadcast"):
             first = yield self._expr()

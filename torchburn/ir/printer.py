@@ -178,7 +178,8 @@ class Printer:
         if isinstance(e, ex.Cast):
             return [f"cast<{e.type.dtype}>(", (e.value, 0), ")"]
         if isinstance(e, ex.Bitcast):
-            return [f"bitcast<{e.type.dtype}>(", (e.value, 0), ")"]
+            lanes = f", {e.type.lanes}" if e.type.lanes != e.value.lanes else ""
+            return [f"bitcast<{e.type.dtype}{lanes}>(", (e.value, 0), ")"]
         if isinstance(e, ex.Select):
             return ["select(", *_joined((e.cond, e.a, e.b)), ")"]
         if isinstance(e, ex.Load):

@@ -601,6 +601,25 @@ def bitcast_value(value: Any, src: DType, dst: DType) -> Any:
     return r.item() if scalar else r
 
 
+def bitcast_lanes_value(value: Any, src: DType, lanes_in: int, dst: DType, lanes_out: int) -> Any:
+    """`bitcast<dst, lanes_out>(x)` for an `x` of `lanes_in` lanes of `src` (the last axis of an
+    array when `lanes_in` > 1): the same bytes, lane 0 lowest, regrouped.
+
+        >>> bitcast_lanes_value(np.array([1, 256], np.int32), dt.i32, 2, dt.u8, 8).tolist()
+        [1, 0, 0, 0, 0, 1, 0, 0]
+    """
+    if lanes_in * src.bits != lanes_out * dst.bits or src.is_bool or dst.is_bool:
+        raise UndefinedOp(f"bitcast from {src} x {lanes_in} to {dst} x {lanes_out} changes the width")
+    x = np.ascontiguousarray(to_array(value, src))
+    if lanes_in == 1:
+        x = (x.reshape(()) if np.ndim(value) == 0 else x)[..., None]
+    raw = np.ascontiguousarray(_bits_of(x, src).astype(np.dtype(_UNSIGNED_OF[src.bits]).newbyteorder("<")))
+    regrouped = raw.view(np.uint8).reshape(*x.shape[:-1], lanes_out * dst.bits // 8)
+    wide = np.ascontiguousarray(regrouped).view(np.dtype(_UNSIGNED_OF[dst.bits]).newbyteorder("<"))
+    out = _from_bits(wide.astype(_UNSIGNED_OF[dst.bits]), dst)
+    return out[..., 0] if lanes_out == 1 else out
+
+
 # ---- the entry point ----------------------------------------------------------------------------
 
 def _dot4(acc: np.ndarray, a: np.ndarray, b: np.ndarray, name: str = DOT4_U8I8) -> np.ndarray:

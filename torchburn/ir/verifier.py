@@ -447,6 +447,12 @@ class _KernelVerifier:
         if isinstance(e, ex.Cast):
             return ex.ScalarType(e.type.dtype, e.value.lanes)
         if isinstance(e, ex.Bitcast):
+            if e.type.lanes != e.value.lanes:
+                if e.type.lanes * e.type.dtype.bits != e.value.lanes * e.value.dtype.bits:
+                    raise bad(f"bitcast from {e.value.type} to {e.type} changes the total width")
+                if e.type.dtype.is_bool or e.value.dtype.is_bool:
+                    raise bad(f"bitcast from {e.value.type} to {e.type}: bools cannot change lanes")
+                return e.type
             if e.type.dtype.bits != e.value.dtype.bits:
                 raise bad(f"bitcast between {e.value.dtype} and {e.type.dtype} of different widths")
             return ex.ScalarType(e.type.dtype, e.value.lanes)

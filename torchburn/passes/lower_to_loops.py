@@ -8,7 +8,8 @@ and `gemm_dot` (the dot-product form for a few rows), as in
 `lower-to-loops{gemm_swap=always,gemm_dot=false}`. Convolutions (with their fused epilogues)
 and their weight gradients become the register-blocked kernels of `loopgen/conv.py` and
 `loopgen/conv_grad_weight.py`; an `attention` op becomes one flash-attention kernel
-(`loopgen/attention.py`);
+(`loopgen/attention.py`; with many query rows its tile form, `loopgen/attention_tiles.py`,
+which `lower-to-loops{attention_tiles=false}` turns off);
 `lower-to-loops{conv_kernels=false}` keeps the per-element nests of `loopgen/nn_rules.py`.
 
 Every kernel root (see `fuse`) becomes one kernel; its result goes to an output buffer when
@@ -66,6 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional
 
+from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir import loop as lp
 from ..ir.expr import Expr, Var
@@ -74,6 +76,7 @@ from ..ir.ops import get_op
 from ..ir.tensor import Graph, Op, Value
 from .base import Pass, PassContext, PassError, register_pass
 from .loopgen.attention import build_attention
+from .loopgen.attention_tiles import tile_plan
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, fused_product, gemm_root
 from .loopgen.root_key import ProductReach, RootKey, root_key
@@ -139,12 +142,17 @@ class LowerToLoops(Pass):
     #: before calls the kernel lowered for it with its own buffers; false lowers every root
     #: (`dedup-kernels` merges the copies afterwards, to the same program).
     dedup: bool = True
-    #: Query rows per parallel task and keys per score block of the attention kernel
-    #: (`loopgen/attention.py`).
+    #: Query rows per parallel task and keys per score block of the attention kernel's row
+    #: form (`loopgen/attention.py`).
     attention_block_q: int = 8
     attention_block_k: int = 32
-    #: Query rows an attention task computes together, sharing each key and value load.
+    #: Query rows a task of the row form computes together, sharing each key and value load.
     attention_rows: int = 4
+    #: Steps of many query rows (prefill) take the attention kernel's tile form, query rows
+    #: along the vector lanes (`loopgen/attention_tiles.py`); false keeps the row form.
+    attention_tiles: bool = True
+    #: Whether the target runs the tile form (a GPU maps the row form onto its grid).
+    simd_attention: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
@@ -263,8 +271,10 @@ class LowerToLoops(Pass):
         qop = fused_product(op, set(buffers), "qlinear")
         attn = (op, []) if op.name == "attention" else fused_through_views(op, set(buffers), {"attention"})
         if attn is not None:
+            tiles = (tile_plan(cpu.lanes(dt.f32), cpu.vector_registers(), 16)
+                     if self.simd_attention and self.attention_tiles else None)
             body = build_attention(kb, attn[0], out, self.attention_block_q, self.attention_block_k,
-                                   self.attention_rows, attn[1])
+                                   self.attention_rows, attn[1], tiles)
         elif qop is not None:  # (the convolution and quantized-product builders load when a graph has one)
             from .quant.qlinear_forms import build_qlinear, plain_qlinear
 

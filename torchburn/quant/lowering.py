@@ -33,6 +33,16 @@ def _static_size(v: Value, dim: int, what: str) -> int:
     return int(d.value)
 
 
+#: `node.meta[QLINEAR_FORM]`: the kernel form the tuner chose for a quantized linear
+#: (`backend/qlinear_tuning.py`), written as the `qlinear`'s `form` attribute.
+QLINEAR_FORM = "torchburn_qlinear_form"
+
+
+def _form(b: Builder) -> dict[str, str]:
+    form = b.node.meta.get(QLINEAR_FORM) if b.node is not None else None
+    return {"form": str(form)} if form else {}
+
+
 def _finish(b: Builder, y: Value, bias: Optional[Value], dtype: dt.DType) -> Value:
     """`y + bias` in f32, cast to x's dtype: elementwise ops the `qlinear` kernel fuses."""
     if bias is not None:
@@ -45,7 +55,7 @@ def linear_int8(b: Builder, x: Value, qweight: Value, scales: Value, bias: Optio
     k = _static_size(qweight, 1, "qweight")
     group = k if scales.type.rank == 1 else k // _static_size(scales, 1, "scales")
     y = b.op("qlinear", x, qweight, scales, kind="int8", group_size=group, symmetric=True,
-             activations=get_config().qlinear_activations)
+             activations=get_config().qlinear_activations, **_form(b))
     return _finish(b, y, bias, x.dtype)
 
 
@@ -55,7 +65,7 @@ def linear_int4(b: Builder, x: Value, packed: Value, scales: Value, mins: Option
     _static_size(packed, 1, "packed")
     operands = (x, packed, scales) if mins is None else (x, packed, scales, mins)
     y = b.op("qlinear", *operands, kind="int4", group_size=int(group_size), symmetric=mins is None,
-             activations=get_config().qlinear_activations)
+             activations=get_config().qlinear_activations, **_form(b))
     return _finish(b, y, bias, x.dtype)
 
 
@@ -66,5 +76,5 @@ def linear_blocks(b: Builder, x: Value, blocks: Value, bias: Optional[Value], bl
     _static_size(blocks, 1, "blocks")
     group = block_type_of(block_type).block
     y = b.op("qlinear", x, blocks, kind="blocks", block_type=str(block_type), group_size=group,
-             symmetric=True, activations=get_config().qlinear_activations)
+             symmetric=True, activations=get_config().qlinear_activations, **_form(b))
     return _finish(b, y, bias, x.dtype)

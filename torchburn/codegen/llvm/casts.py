@@ -109,7 +109,11 @@ def emit_cast(b: ir.IRBuilder, v: ir.Value, src: ScalarType, dst: ScalarType) ->
 
 
 def emit_bitcast(b: ir.IRBuilder, v: ir.Value, src: ScalarType, dst: ScalarType) -> ir.Value:
-    """Reinterpret bits. A bool is the byte 0/1, so bool <-> i8/u8 extends or compares."""
+    """Reinterpret bits. A bool is the byte 0/1, so bool <-> i8/u8 extends or compares. The
+    lanes may change with the total width kept (`<16 x i32>` as `<64 x i8>`)."""
+    if src.lanes != dst.lanes and src.lanes * src.dtype.bits == dst.lanes * dst.dtype.bits \
+            and not (src.dtype.is_bool or dst.dtype.is_bool):
+        return b.bitcast(v, reg_type(dst))
     if src.lanes != dst.lanes or src.dtype.bits != dst.dtype.bits:
         raise CodegenError(f"bitcast from {src} to {dst} changes the width")
     if src.dtype == dst.dtype:

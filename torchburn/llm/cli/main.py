@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "where installed, on the same GGUF file, each in a process of its own")
     bench.add_argument("--profile", action="store_true",
                        help="then time a decode step kernel by kernel (also TORCHBURN_PROFILE=1)")
+    tune = sub.add_parser("tune", help="measure the model's kernel choices (quantized linears' forms) "
+                          "once and keep them in the disk cache for every later run")
+    _loading(tune)
+    tune.add_argument("--prompt-tokens", type=int, default=512,
+                      help="prompt length whose prefill is tuned (default 512)")
+    tune.add_argument("--budget", type=float, default=300.0,
+                      help="seconds of measuring per compiled graph (default 300)")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous "
                            "batching (docs/serve.md)")
     _loading(serve)
@@ -169,6 +176,12 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tune import cmd_tune as tune
+
+    return tune(args, _load)
+
+
 def _gguf_file(model: Optional[str]) -> str:
     """The GGUF file the peers run: ``--model``'s when it is one, else the default model's."""
     from pathlib import Path
@@ -208,7 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     show_on_stderr(not args.quiet)
     handlers = {"chat": cmd_chat, "generate": cmd_generate, "benchmark": cmd_benchmark,
-                "serve": cmd_serve}
+                "serve": cmd_serve, "tune": cmd_tune}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -107,6 +107,7 @@ class LowerToLoopsGpu(LowerToLoops):
     name: ClassVar[str] = "lower-to-loops-gpu"
     simd_qlinear: ClassVar[bool] = False
     simd_conv: ClassVar[bool] = False
+    simd_attention: ClassVar[bool] = False
     slice_views: ClassVar[bool] = False
     split_concats: ClassVar[bool] = False
 

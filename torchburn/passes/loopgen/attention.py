@@ -33,6 +33,11 @@ causal mask, the blocks entirely above the diagonal are never visited. Grouped-q
 read key/value head `h / (Hq / Hk)`; segments (a cache and the step's new keys) run one after
 the other with the same running state. Sizes may be symbolic; head dims must be constants (the
 accumulator is a local array).
+
+This row form serves decode (one query row) and short steps. On a CPU target a step of many
+query rows (prefill: `Tq` of 8 or more, or symbolic) takes the tile form of
+`attention_tiles.py` instead: query rows along the vector lanes, the scores and P @ V as two
+register-tiled products with vector FMAs, no horizontal sum per score.
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .kernel_builder import KernelBuilder, LoweringError
+from .attention_tiles import TilePlan, build_tiles, tiles_apply
 from .store_views import through
 from .views import Index
 
@@ -93,13 +99,14 @@ class _Nest:
 
 
 def build_attention(kb: KernelBuilder, op: Op, out: lp.Buffer, block_q: int = 8, block_k: int = 32,
-                    max_rows: int = 4, views: Sequence[Op] = ()) -> lp.Stmt:
+                    max_rows: int = 4, views: Sequence[Op] = (), tiles: Optional[TilePlan] = None) -> lp.Stmt:
     """The nest of the module docstring for `op`, storing into `out`, at the index of the
     permutes and reshapes `views` computed in the kernel (`store_views.py`; `out` is the last
     one's buffer). A task takes the query heads of one key/value head (`G` of them) and
     `max(1, max_rows // G)` query rows of each (one row for decode): those rows share every
     key and value load. `block_q` is the number of rows per task when the query heads do not
-    group (a GPU wants one)."""
+    group (a GPU wants one). With `tiles` (a CPU target), a step of many query rows takes the
+    tile form instead (`attention_tiles.py`: rows along the vector lanes)."""
     q = op.operands[0]
     segments = int(op.attrs.get("segments", 1))
     masked = bool(op.attrs.get("masked", False))
@@ -159,7 +166,9 @@ def build_attention(kb: KernelBuilder, op: Op, out: lp.Buffer, block_q: int = 8,
               rows_per_head > 1)
 
     kb.push()
-    if max_rows <= 1:
+    if tiles is not None and max_rows > 1 and tiles_apply(op):
+        build_tiles(kb, op, out, tiles, n.out_index, ((TASKS, "independent"),))
+    elif max_rows <= 1:
         _row_grid(kb, n, op, out, keys, values, masks, causal, scale, dv, block_k)
     else:
         # The tasks write disjoint output rows through indices derived from `r` (not `r`

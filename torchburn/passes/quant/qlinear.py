@@ -116,6 +116,8 @@ class QLinear:
     activations: str = "auto"
     #: Kind "blocks": the name of the weight's entry in `ir/qblocks.py` (see `qlinear_blocks`).
     block_type: str = ""
+    #: The optional attribute `form` ("auto", "panel", "rows", "gemm"; see the op's docs).
+    form: str = "auto"
 
     @staticmethod
     def of(op: Op) -> "QLinear":
@@ -123,7 +125,8 @@ class QLinear:
         s = op.operands[2] if len(op.operands) > 2 else q
         mins = op.operands[3] if len(op.operands) == 4 else None
         return QLinear(x, q, s, mins, op.attrs["kind"], int(op.attrs["group_size"]), bool(op.attrs["symmetric"]),
-                       str(op.attrs.get("activations", "auto")), str(op.attrs.get("block_type", "")))
+                       str(op.attrs.get("activations", "auto")), str(op.attrs.get("block_type", "")),
+                       str(op.attrs.get("form", "auto")))
 
     @property
     def lead(self) -> tuple[Expr, ...]:

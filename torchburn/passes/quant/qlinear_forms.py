@@ -11,6 +11,9 @@ threads, native byte dot products):
          for), else the f32 GEMV of `QLinearBuilder`
     qlinear(%x: f32[s0, 4096], ...)
       -> if s0 <= 1 { GEMV form } else { multi-row form }
+    qlinear(%x: f32[512, 4096], ...) {kind = "int4", group = 32}
+      -> M >= 16 is static: the panel kernel of `qgemm_i8.py` (int8 activations, weight rows
+         packed per work item, output columns in the lanes), where the CPU has byte dot products
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from ...ir.expr import Const
 from ...ir.tensor import Op
 from ..loopgen.matmul import CpuInfo, static_int
 from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_plain, plan_qlinear
+from .qgemm_i8 import build_qgemm_i8, plan_qgemm_i8
 from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
 from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
 
@@ -52,6 +56,9 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
     x_load, q_load, row, k, n = probes
 
     def form(m: Optional[int]) -> lp.Stmt:
+        gemm_plan = plan_qgemm_i8(ql, m, cpu, choice)
+        if gemm_plan is not None:
+            return build_qgemm_i8(kb, root, qop, out, gemm_plan, (x_load, q_load, row, k, n))
         if ql.kind == "blocks":
             blocks_plan = plan_blocks(ql, m, cpu)
             return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()

@@ -252,13 +252,16 @@ class Q8Builder(QLinearBuilder):
         # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
         self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
 
-    def quantize_group(self, r: Var, g: Expr, lanes: int, permuted: bool, xq: lp.Buffer, xd: lp.Buffer,
-                       xs: lp.Buffer) -> None:
+    def quantize_group(self, r: Expr, g: Expr, lanes: int, permuted: bool, xq: lp.Buffer, xd: lp.Buffer,
+                       xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None) -> None:
+        """Group `g` of x's row `src_row` (default `r`) into row `r` of `xq`, `xd` and (with
+        `sums`, by default for int4 whose offsets they carry) `xs`."""
         kb, plan = self.kb, self.plan
         vt = ScalarType(dt.f32, lanes)
         it = ScalarType(dt.i32, lanes)
         ramp = ex.Ramp(Const(0), Const(1), ScalarType(dt.index, lanes))
-        sums = self.ql.kind == "int4"  # the sums of x carry int4's offsets
+        sums = self.ql.kind == "int4" if sums is None else sums
+        src = r if src_row is None else src_row
         amax = self.buffer("amax", dt.f32, (lanes,))
         kb.emit(lp.Store(amax.name, (ramp,), ex.const(0.0, dt.f32, lanes)))
         if sums:
@@ -271,7 +274,7 @@ class Q8Builder(QLinearBuilder):
 
         ch = self.var("ch")
         kb.push()
-        xa = ex.Call("abs", (self.x_lanes(r, col(ch), lanes),), vt)
+        xa = ex.Call("abs", (self.x_lanes(src, col(ch), lanes),), vt)
         kb.emit(lp.Store(amax.name, (ramp,), ex.Binary("max", ex.Load(amax.name, (ramp,), vt), xa, vt)))
         self.loop(ch, Const(steps), kb.pop())
         a = kb.bind(ex.VectorReduce("max", ex.Load(amax.name, (ramp,), vt), F32), "amax")
@@ -281,7 +284,7 @@ class Q8Builder(QLinearBuilder):
         kb.emit(lp.Store(xd.name, (r, g), d))
         ch = self.var("ch")
         kb.push()
-        scaled = ex.Binary("mul", self.x_lanes(r, col(ch), lanes), ex.Broadcast(inv, vt), vt)
+        scaled = ex.Binary("mul", self.x_lanes(src, col(ch), lanes), ex.Broadcast(inv, vt), vt)
         qi = kb.bind(ex.cast(ex.Call("round", (scaled,), vt), dt.i32), "qi")
         offset = ex.mul(ch, Const(lanes))
         at = self.x_position(g, offset) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)

@@ -152,6 +152,9 @@ class KernelCode:
 
     def _e_Bitcast(self, e: ex.Bitcast) -> ExprFn:
         f, src, dst = self.expr(e.value), e.value.dtype, e.dtype
+        if e.value.lanes != e.type.lanes:
+            lanes_in, lanes_out = e.value.lanes, e.type.lanes
+            return lambda s: ops.bitcast_lanes(f(s), src, lanes_in, dst, lanes_out)
         return lambda s: ops.bitcast(f(s), src, dst)
 
     def _e_Select(self, e: ex.Select) -> ExprFn:

@@ -58,6 +58,12 @@ def bitcast(value: Any, src: DType, dst: DType) -> Any:
     return np.reshape(out, np.shape(value)) if isinstance(out, np.ndarray) else out
 
 
+def bitcast_lanes(value: Any, src: DType, lanes_in: int, dst: DType, lanes_out: int) -> Any:
+    """`bitcast<dst, lanes_out>` of a `lanes_in`-lane value: its bytes in lane order (lane 0
+    lowest, little-endian) regrouped into `lanes_out` lanes of `dst`."""
+    return semantics.bitcast_lanes_value(value, src, lanes_in, dst, lanes_out)
+
+
 def select(dtype: DType, cond: Any, a: Any, b: Any) -> Any:
     return semantics.evaluate("select", dtype, cond, a, b)
 
