@@ -6,6 +6,7 @@
     ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
     ... --python-encode  # dispatches encoded by the Python loop, not the native one (A/B)
     ... --gpu-time       # also the GPU's own time per step (timestamp queries, where the adapter has them)
+    ... --kernels 15     # also the step's dispatches run back to back, and each alone (the 15 costliest kernels)
     TORCHBURN_LLM_STEP_CACHE=off ...   # each step through Dynamo's guards, not the step cache (A/B)
 
 A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, intermediate
@@ -94,6 +95,26 @@ def encode_ab(launcher: Any, rounds: int = 7, iters: int = 50) -> dict[str, floa
             "python us/dispatch": (med["python"] - med["empty"]) / n}
 
 
+def kernel_times(launcher: Any, top: int, iters: int = 20) -> dict[str, Any]:
+    """Device time of the last run's dispatches of `launcher`'s program: all of them back to back
+    in one pass (`iters` runs a submission, median of 5), and each one alone, summed per kernel;
+    host-measured (submit to done), so a dispatch alone includes a submission's fixed cost / iters."""
+    prog = launcher.gpu
+    last = prog._last_dispatches
+    if last is None:
+        return {}
+    plan, _, dispatches = last
+    calls = [k for (k, _), dims in zip(prog.calls, plan.groups) if 0 not in dims]
+    whole = prog._time(dispatches, iters) * 1e6
+    per: dict[str, list[float]] = {}
+    for k, d in zip(calls, dispatches):
+        key = f"{prog.shaders[k].name} {prog.shaders[k].summary}"[:110]
+        per.setdefault(key, []).append(prog._time([d], iters, rounds=3) * 1e6)
+    rows = sorted(((sum(v), len(v), name) for name, v in per.items()), reverse=True)
+    return {"back_to_back_us": whole, "alone_sum_us": sum(r[0] for r in rows), "dispatches": len(dispatches),
+            "kernels": [{"kernel": name, "dispatches": n, "us": us} for us, n, name in rows[:top]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
@@ -107,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="encode dispatches from Python, not the native loop (runtime/gpu_encode.py)")
     p.add_argument("--gpu-time", action="store_true",
                    help="time each run's compute pass on the device (timestamp queries; GpuProgram.time_gpu)")
+    p.add_argument("--kernels", type=int, default=0,
+                   help="also time the step's dispatches back to back and alone; print this many kernels")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -144,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def snapshot() -> dict[int, tuple[int, int, float, float, float, float]]:
         return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s,
-                        x.gpu.times.gpu_s) for x in gl.recent_launchers()}
+                        x.gpu.times.gpu_s, x.gpu.times.ahead_s, x.gpu.ahead_runs) for x in gl.recent_launchers()}
 
     # 1. counted: the same steps (the prompt again: lengths the warm-up reached) under count_calls
     steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
@@ -170,30 +193,33 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
     finally:
         gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
-    encode = submit = wait = gpu = 0.0
+    encode = submit = wait = gpu = ahead = 0.0
     programs = []
     for x in gl.recent_launchers():
-        c0, d0, e0, s0, w0, g0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0, 0.0))
+        c0, d0, e0, s0, w0, g0, a0, r0 = base.get(id(x), (0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
         if x.calls > c0:
             t = x.gpu.times
             encode += t.encode_s - e0
             submit += t.submit_s - s0
             wait += t.wait_s - w0
             gpu += t.gpu_s - g0
+            ahead += t.ahead_s - a0
             programs.append({"program": x.program.name, "calls": x.calls - c0, "kernels": len(x.program.kernels),
+                             "pinned_calls": x.pinned_calls, "encoded_ahead_runs": x.gpu.ahead_runs - r0,
                              "dispatches_per_call": (x.gpu.dispatches - d0) / (x.calls - c0),
                              "fallbacks": x.eager_fallbacks})
     dev = get_device()
     per = {k: counted.get(k, 0) / n for k in SHOWN}
     us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6,
           "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
-          "run: wait+read": wait / n * 1e6}
+          "run: wait+read": wait / n * 1e6, "run: encode next (GPU busy)": ahead / n * 1e6}
     us["outside launcher"] = us["step"] - us["launcher"]
     if args.gpu_time and not get_device().timestamps:
         print("--gpu-time: the adapter has no timestamp queries; no GPU time")
     elif args.gpu_time:
         us["GPU (timestamps)"] = gpu / n * 1e6
-    us["launcher before run"] = us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
+    us["launcher before run"] = (us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
+                                 - us["run: encode next (GPU busy)"])
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
           f"storage buffers per stage {dev.caps.max_storage_buffers}")
     print(f"checkpoint {folder}: {n} decode steps, programs: {programs}")
@@ -210,11 +236,17 @@ def main(argv: list[str] | None = None) -> int:
               "median of 7 interleaved rounds of 50:")
         for k, v in encode.items():
             print(f"  {k:24s} {v:10.1f}")
+    kernels = kernel_times(max(gl.recent_launchers(), key=lambda x: x.calls), args.kernels) if args.kernels else {}
+    if kernels:
+        print(f"device time of the step's {kernels['dispatches']} dispatches (host-timed, submit to done): "
+              f"back to back {kernels['back_to_back_us']:.0f} us, each alone summed {kernels['alone_sum_us']:.0f} us")
+        for row in kernels["kernels"]:
+            print(f"  {row['us']:8.1f} us  {row['dispatches']:4d} x  {row['kernel']}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "encode_us": encode,
-                                               "programs": programs,
+                                               "programs": programs, "kernel_times": kernels,
                                                "tokens_per_s": n / wall}, indent=2))
     return 0
 

@@ -21,6 +21,17 @@
 # bench_gpu_host on the checkpoint `llm` wrote: the wgpu calls and host microseconds of one
 # decode step. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
 #
+# The .debs must include libglvnd0 (and libegl1, libgl1, libglx0, libopengl0, libgles2) beside
+# libvulkan1: NVIDIA's Vulkan driver is libGLX_nvidia, which needs libGLdispatch; with
+# libvulkan1 alone wgpu finds no adapter ("no WebGPU adapter found for backend vulkan", seen on
+# the H100 on 2026-12-05). The H100 image of 2026-12 has numpy 2.5 and transformers 5.17: there
+# site.tar.xz needs no numpy and llm.tar.xz is unpacked only where `import transformers` fails.
+#
+# Time: on the H100 (2026-12-06) the `llm` part's contenders warm up (compile) for 45-47 s (each of
+# our GPU rows), 22 s (our CPU engine) and 60-61 s (each transformers static-cache row) before the
+# first timed repetition, besides loads, process starts and the checkpoint: five of them need more
+# than 285 s; keep LLM_TIMEOUT at its 420 s.
+#
 # The `llm` part needs transformers there: carry `.gl/llm.tar.xz` too (transformers cut to the
 # llama, qwen2, mistral and gpt2 models, tokenizers, safetensors, huggingface_hub and their
 # pure-Python dependencies, without numpy, hf_xet and pydantic: 7.8 MB in session 25) and unpack
@@ -84,8 +95,9 @@ if want llm-qwen; then
         --json "$out/bench_llm_gpu_qwen.json" "$@" 2>&1 | tail -30 | tee "$out/bench_llm_gpu_qwen.txt"
 fi
 if want host; then
+    # and the device time of its dispatches back to back and each alone (the 20 costliest kernels)
     TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
-        --tokens 32 --gpu-time --json "$out/bench_gpu_host.json" 2>&1 | tail -30 | tee "$out/bench_gpu_host.txt"
+        --tokens 32 --gpu-time --kernels 20 --json "$out/bench_gpu_host.json" 2>&1 | tail -55 | tee "$out/bench_gpu_host.txt"
     # the same with the Python dispatch loop (before runtime/gpu_encode.py): host us per dispatch
     TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
         --tokens 32 --gpu-time --python-encode 2>&1 | tail -22 | tee "$out/bench_gpu_host_python.txt"

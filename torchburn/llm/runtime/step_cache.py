@@ -320,8 +320,9 @@ def bind(plan: StepPlan, launch: Callable[..., Any], model: torch.nn.Module) -> 
 
 def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[..., tuple[Any, ...]]:
     """`bind` for the GPU engine's launcher (`backend/gpu_launcher.py`): the model's tensors
-    bound now, the arguments per call; the launcher checks every input itself (a call it does
-    not fit runs in PyTorch, as under Dynamo). Where AOTAutograd's write-back was taken out
+    bound now and pinned in the launcher (`GpuLauncher.pin`: checked once, then only their
+    identity and version), the arguments per call; the launcher checks every other input itself
+    (a call it does not fit runs in PyTorch, as under Dynamo). Where AOTAutograd's write-back was taken out
     (`launcher.aot_bumps_written`), the version bump AOTAutograd makes on an input the graph
     writes, before the graph runs, is made here (`gpu_resident.bind` expects it)."""
     getters = _getters(plan, model)
@@ -330,9 +331,16 @@ def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[
     outputs, single, call = plan.outputs, plan.single, launcher.launch
     writes = [(getters[i], k) for i, k in plan.writes]
     increment = torch.autograd.graph.increment_version
+    # the model's tensors: the same objects every call, placed once and pinned in the launcher
+    fixed = [j for j, i in enumerate(plan.launch_args) if plan.inputs[i][0] == "param"]
+    template = [pick[j](()) if j in fixed else None for j in range(len(pick))]
+    rest = [(j, pick[j]) for j in range(len(pick)) if j not in set(fixed)]
+    launcher.pin(set(fixed))
 
     def step(*args: Any) -> tuple[Any, ...]:
-        full = [g(args) for g in pick]
+        full = list(template)
+        for j, g in rest:
+            full[j] = g(args)
         for i in bumped:
             increment(full[i])
         out = call(*full)
