@@ -248,7 +248,7 @@ def test_rounds_are_timed_by_the_measuring_clock() -> None:
     1 ms of its own work but is preempted for 30 ms of wall time in every round, `aten`
     runs 5 ms unpreempted. By wall time `aten` would win; by the work each did, `ours`. The
     budget still counts wall time."""
-    wall, cpu, prepared = FakeClock(), FakeClock(), []
+    wall, cpu = FakeClock(), FakeClock()
 
     def preempted() -> Callable[[], None]:
         def run() -> None:
