@@ -61,8 +61,8 @@ def tuning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def slow_down(monkeypatch: pytest.MonkeyPatch, loser: str, seconds: float = 0.02) -> list[str]:
-    """Every runner of candidate `loser` (names separated by commas) sleeps `seconds` more;
-    returns the names prepared."""
+    """Every runner of candidate `loser` (names separated by commas) spends `seconds` more of
+    CPU time; returns the names prepared."""
     losers = loser.split(",")
     prepared: list[str] = []
     original = library_calls.candidates
@@ -77,10 +77,13 @@ def slow_down(monkeypatch: pytest.MonkeyPatch, loser: str, seconds: float = 0.02
                     return run
 
                 def slow() -> Any:
-                    time.sleep(seconds)
+                    # busy: the tuner times one thread's rounds in CPU time, where a sleep is free
+                    end = time.process_time() + seconds
+                    while time.process_time() < end:
+                        pass
                     return run()
                 return slow
-            out.append(type(c)(c.name, c.kind, prepare, c.default, c.safe))
+            out.append(type(c)(c.name, c.kind, prepare, c.default, c.overhead_s))
         return out
     monkeypatch.setattr(library_calls, "candidates", candidates)
     return prepared
@@ -252,19 +255,51 @@ def test_a_library_call_is_charged_for_the_cut() -> None:
     assert aten_candidate.overhead_s == pytest.approx(expected) and aten_candidate.kind == "library"
 
 
-@pytest.mark.parametrize("cin,cout,size,groups,safe", [
-    (64, 64, 56, 1, True),      # 115M multiply-adds, ungrouped: oneDNN's blocked kernel
-    (144, 144, 56, 144, False),  # depthwise: ours, whatever the size
-    (16, 16, 12, 1, False),      # small: the cut costs as much as the kernel
-])
-def test_a_spent_budget_leaves_only_large_ungrouped_convolutions_to_the_library(
-        cin: int, cout: int, size: int, groups: int, safe: bool) -> None:
-    from torch.fx.experimental.proxy_tensor import make_fx
+class TwoSizes(nn.Module):
+    """A small 3x3 convolution (16 channels at 12x12), then a large one (64 channels at
+    56x56, 115M multiply-adds)."""
 
-    def conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
-    gm = make_fx(conv, tracing_mode="fake")(torch.randn(1, cin, size, size), torch.randn(cout, cin // groups, 3, 3))
-    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
-    assert library_calls.library_is_safe(node) is safe
-    by_name = {c.name: c for c in library_calls.candidates(node, torch.Generator(), lambda g: None)}
-    assert by_name["aten"].safe is safe and by_name["ours"].safe is not safe
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.large = nn.Conv2d(16, 64, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.small(x).sum() + self.large(y).sum()
+
+
+def _tuning_lines(model: nn.Module, *args: torch.Tensor) -> list[str]:
+    with torch.no_grad():
+        (graph,) = torchburn.explain(model, *args).graphs
+    return list(graph.tuning)
+
+
+def test_the_largest_convolution_is_measured_first(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget goes to the convolutions that cost the most, whatever their order in the graph."""
+    slow_down(monkeypatch, loser="aten")
+    lines = _tuning_lines(TwoSizes().eval(), torch.randn(1, 16, 12, 12), torch.randn(1, 16, 56, 56))
+    assert [line.split(" * ")[0] for line in lines] == ["convolution f32[1,16,56,56]", "convolution f32[1,16,12,12]"]
+
+
+def test_a_spent_budget_keeps_our_kernel(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no budget, nothing is measured and every convolution, the large one too, stays
+    ours: no library call is taken on a guess."""
+    monkeypatch.setenv("TORCHBURN_TUNE_BUDGET", "0")
+    reload_config()
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = TwoSizes().eval()
+    with torch.no_grad():
+        (graph,) = torchburn.explain(model, torch.randn(1, 16, 12, 12), torch.randn(1, 16, 56, 56)).graphs
+    assert prepared == [] and not graph.library_calls
+    assert [line.rsplit(" ", 2)[1:] for line in graph.tuning] == [["ours", "(budget)"]] * 2
+
+
+def test_grouped_convolutions_are_not_given_to_the_library(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A depthwise forward convolution has no library candidate (`library_ruled_out`): with
+    only ours left, nothing is compiled or measured, even where ATen would be faster."""
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1, groups=32), nn.ReLU()).eval()
+    x = torch.randn(1, 32, 24, 24)
+    assert _tuning_lines(model, x) == [] and prepared == []
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="torchburn")(x), model(x), rtol=1e-4, atol=1e-4)

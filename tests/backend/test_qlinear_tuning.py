@@ -51,7 +51,7 @@ def only_winner(monkeypatch: pytest.MonkeyPatch, winner: str, seconds: float = 0
                     time.sleep(seconds)
                     return run()
                 return slow
-            out.append(type(c)(c.name, c.kind, prepare, c.default, c.safe))
+            out.append(type(c)(c.name, c.kind, prepare, c.default))
         return out
 
     monkeypatch.setattr(qlinear_tuning, "candidates", patched)

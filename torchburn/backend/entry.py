@@ -227,7 +227,7 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
 def _make_tuner(lazy: Optional[_LazyPipeline], target_name: Optional[str]) -> Optional["Tuner"]:
     """The tuner for one graph, or None where nothing may be tuned: mode off, the reference or
     GPU engine, or a target that does not run here (nothing can be measured)."""
-    from ..runtime.tuner import TuneOptions, Tuner
+    from ..runtime.tuner import TuneOptions, Tuner, measuring_clock
 
     config = get_config()
     mode = (lazy.tune if lazy is not None and lazy.tune is not None else config.tune)
@@ -243,10 +243,12 @@ def _make_tuner(lazy: Optional[_LazyPipeline], target_name: Optional[str]) -> Op
         return None
     context = {"target": fx_cache.host_fingerprint() if target.name == "host" else repr(target),
                "threads": f"{num_threads()}/{torch.get_num_threads()}", "torch": torch.__version__, "torchburn": source_digest()}
+    # our kernels run num_threads() threads (0: torch's count), a library call torch's count
+    threads = max(num_threads() or torch.get_num_threads(), torch.get_num_threads())
     # an internal compiler error in a candidate (strict mode raises one) must not pass for a
     # candidate that lost
     return Tuner(TuneOptions(mode=mode, budget_s=float(budget)), context, disk_cache(config.cache_dir),
-                 fatal=(InternalCompilerError,))
+                 fatal=(InternalCompilerError,), measure=measuring_clock(threads))
 
 
 def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: Optional[str]) -> Callable[..., Any]:

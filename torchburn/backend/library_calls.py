@@ -15,7 +15,12 @@ the node is marked to stay a library call: the partitioner leaves it out of the 
 subgraphs, so it runs between our native segments (the exception to one native call per graph
 that DESIGN.md allows), and `explain()` lists it with the times measured. Convolutions too
 small to be worth a measurement (`MIN_MACS`), with symbolic sizes, or outside what our lowering
-takes are left to our kernels without asking the tuner.
+takes are left to our kernels without asking the tuner; so are grouped forward convolutions
+(`library_ruled_out`), where only ours is left to propose.
+
+The tuner's budget is spent on the largest convolutions first (by multiply-adds): each
+candidate of ours costs a compile (0.3-0.5 s of CPU time), and a budget that runs out should
+leave only the small layers unmeasured, where ours (the default) is also the better guess.
 """
 from __future__ import annotations
 
@@ -51,13 +56,6 @@ MIN_MACS = 1 << 21
 #: milliseconds of the layers where oneDNN wins (ResNet-18's, the U-Net's).
 CUT_FIXED_S = 100e-6
 CUT_SECONDS_PER_BYTE = 2 / 8e9
-#: Where the tuner's budget is spent before a convolution is measured, the library call is the
-#: safe guess only for an ungrouped convolution of at least this many multiply-adds (oneDNN's
-#: blocked kernels were 1.5-2x ours on ResNet's 3x3 layers); a grouped one (depthwise: one
-#: thread, 32 channels at 112x112, ours 0.68 ms, ATen 2.5 ms) or a smaller one, where the cut
-#: costs as much as the kernel, stays ours. EfficientNet-B0's forward spent the 30 s budget
-#: after 6 of its 41 convolutions; with every other one ATen's, it ran at 1.18x eager's time.
-SAFE_LIBRARY_MACS = 1 << 24
 
 
 def _concrete_shape(val: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
@@ -165,10 +163,9 @@ CompileAlone = Callable[[torch.fx.GraphModule], Callable[..., Any]]
 
 
 def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone) -> list[Candidate]:
-    """`ours` (the direct kernel: the default, what the compiler does without a tuner), for an
-    ungrouped forward convolution `ours-gemm` (im2col and our GEMM, `nn._conv_gemm`), and
-    `aten`; the safe one (what a spent budget uses) is `aten` where `library_is_safe`, else
-    `ours`."""
+    """`ours` (the direct kernel: the default, what the compiler does without a tuner and what
+    a spent budget uses), for an ungrouped forward convolution `ours-gemm` (im2col and our
+    GEMM, `nn._conv_gemm`), and `aten` unless `library_ruled_out`."""
     inputs = _Inputs(node, gen)
 
     def ours(meta: Optional[dict[str, Any]] = None) -> Callable[[], Callable[[], Any]]:
@@ -185,11 +182,11 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
         op = node.target
         return lambda: op(*args, **kwargs)
 
-    library_safe = library_is_safe(node)
-    out = [Candidate("ours", "generated", ours(), default=True, safe=not library_safe)]
+    out = [Candidate("ours", "generated", ours(), default=True)]
     if _gemm_form_plausible(node):
         out.append(Candidate("ours-gemm", "generated", ours({CONV_FORM: "gemm"})))
-    out.append(Candidate("aten", "library", library, safe=library_safe, overhead_s=cut_overhead(node)))
+    if not library_ruled_out(node):
+        out.append(Candidate("aten", "library", library, overhead_s=cut_overhead(node)))
     return out
 
 
@@ -197,9 +194,13 @@ def _groups(node: torch.fx.Node) -> int:
     return int(node.args[8] if node.target is aten.convolution.default else node.args[9])
 
 
-def library_is_safe(node: torch.fx.Node) -> bool:
-    """Whether the library call is the better guess for `node` unmeasured (`SAFE_LIBRARY_MACS`)."""
-    return _groups(node) == 1 and _macs(node) >= SAFE_LIBRARY_MACS
+def library_ruled_out(node: torch.fx.Node) -> bool:
+    """Whether the library call cannot win for `node` and is not worth a measurement: a grouped
+    forward convolution. ATen's (oneDNN's) grouped kernel on NCHW lost to ours by 1.4-2.7x
+    before the cut's charge on every depthwise layer of EfficientNet-B0 at batch 1, one thread
+    (32 channels at 112x112: ours 0.71 ms, ATen 1.89 ms; 672 channels 5x5 at 14x14: 0.21 ms
+    and 0.31 ms); its gradients (`convolution_backward`) are still measured."""
+    return node.target is aten.convolution.default and _groups(node) != 1
 
 
 def cut_overhead(node: torch.fx.Node) -> float:
@@ -233,15 +234,21 @@ def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,
 
     chosen: dict[torch.fx.Node, Choice] = {}
     gen = torch.Generator().manual_seed(0)
+    tunable: list[tuple[torch.fx.Node, dict[str, Any], list[Candidate]]] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in TUNABLE:
             continue
         work = workload(node)
         if work is None or unsupported_reason(node) is not None or _macs(node) < MIN_MACS:
             continue
+        proposed = candidates(node, gen, compile_alone)
+        if len(proposed) > 1:
+            tunable.append((node, work, proposed))
+    # the largest first: a budget spent leaves the smallest to the default (sorted is stable:
+    # equal sizes keep the graph's order)
+    for node, work, proposed in sorted(tunable, key=lambda t: -_macs(t[0])):
         with unset_fake_temporarily():  # AOTAutograd compiles under a fake mode: measure real tensors
-            choice = tuner.choose(TUNABLE[node.target], work, describe(node),
-                                  candidates(node, gen, compile_alone))
+            choice = tuner.choose(TUNABLE[node.target], work, describe(node), proposed)
         if choice.chosen == "aten":
             chosen[node] = choice
         elif choice.chosen == "ours-gemm":

@@ -86,7 +86,7 @@ def describe(node: torch.fx.Node, sizes: tuple[int, int, int]) -> str:
 
 def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone,
                sizes: tuple[int, int, int]) -> list[Candidate]:
-    """`auto` (the default and the safe one: what the compiler picks by M and the target),
+    """`auto` (the default, also what a spent budget keeps: what the compiler picks by M and the target),
     then each explicit form: `rows`, `panel`, and `gemm` where the f32 weight fits."""
     inputs = _Inputs(node, gen)
     _, n, k = sizes
@@ -96,7 +96,7 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
             fn = compile_alone(_single_node_graph(node, {QLINEAR_FORM: name} if name else None))
             args = inputs.get()
             return lambda: fn(*args)
-        return Candidate(name or "auto", "generated", prepare, default=name is None, safe=name is None)
+        return Candidate(name or "auto", "generated", prepare, default=name is None)
 
     out = [form(None), form("rows"), form("panel")]
     if 4 * n * k <= MAX_GEMM_WEIGHT_BYTES:

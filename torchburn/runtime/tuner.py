@@ -19,9 +19,18 @@ Modes (`TORCHBURN_TUNE`, or the `tune` option of `torch.compile`):
   kernel ours: the test suite runs so, which keeps our generated kernels under test);
 - ``cached``: a record found in memory or on disk is applied; else the default;
 - ``search``: a record is applied; else the candidates are measured while the graph's budget
-  (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the `safe` candidate is used
-  (the one least likely to be slow: for a large ungrouped convolution, the library call;
-  `backend/library_calls.library_is_safe`).
+  (`TORCHBURN_TUNE_BUDGET` seconds) lasts; once it is spent, the default is used. A tuner
+  never picks a candidate it has not measured over the default: a guess that a library call
+  is faster (an earlier rule gave a spent budget's large convolutions to ATen) made
+  EfficientNet-B0 slower with the tuner on than off, where ours was measured faster on those
+  very layers. The code that proposes candidates orders its workloads so that the budget goes
+  to the largest first (`backend/library_calls.choose_library_calls`).
+
+Rounds are timed by the `measure` clock, which the caller picks: the process's CPU time where
+the kernels run on one thread (a round the scheduler preempted then costs what the kernel did,
+not what the other processes did: on a loaded machine every round of a 10 ms kernel can be
+preempted, and the fastest of them still says nothing), wall time where they run on several
+(their time waiting for each other is part of what they cost).
 
 A candidate may carry an `overhead_s`: a cost of choosing it that its own run does not show
 (a library call splits the fused graph around it); the ranking adds it to the best round.
@@ -47,7 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchburn")
 
 #: Bumped when the record's layout or the way candidates are measured changes.
-RECORD_FORMAT = "tune-3"
+RECORD_FORMAT = "tune-4"
 
 
 @dataclass(frozen=True)
@@ -61,10 +70,9 @@ class Candidate:
     #: "generated" (a kernel of ours) or "library" (a call into ATen/oneDNN); shown by explain.
     kind: str
     prepare: Callable[[], Callable[[], Any]]
-    #: What `off` and `cached` modes use when nothing is known.
+    #: What is used when nothing is known: `off` and `cached` modes, and a `search` whose budget
+    #: is spent.
     default: bool = False
-    #: What a `search` uses once its budget is spent.
-    safe: bool = False
     #: Seconds this candidate costs beyond its own run when chosen, which a measurement of it
     #: alone cannot see (a library call cuts the fused graph: its result is written and read
     #: back instead of staying in the next kernel's registers); added when ranking.
@@ -80,7 +88,7 @@ class Choice:
     workload: str
     chosen: str
     #: "measured" (this process), "record" (memory or disk), "default" (off/cached without a
-    #: record), "budget" (search mode, budget spent: the safe candidate).
+    #: record), "budget" (search mode, budget spent: the default).
     source: str
     #: Seconds of each candidate's best round (empty unless measured or read from a record).
     times: dict[str, float] = field(default_factory=dict)
@@ -185,18 +193,28 @@ def record_key(family: str, workload: dict[str, Any], context: dict[str, Any]) -
 Clock = Callable[[], float]
 
 
+def measuring_clock(threads: int) -> Clock:
+    """The clock that times a candidate's rounds when kernels run on `threads` threads: the
+    process's CPU time for one (immune to preemption), wall time for more (see the module
+    docstring)."""
+    return time.process_time if threads == 1 else time.perf_counter
+
+
 class Tuner:
     """The tuner of one compiled graph: its options, its budget, and the choices it made."""
 
     def __init__(self, options: TuneOptions, context: dict[str, Any], disk: Optional["DiskCache"] = None,
-                 clock: Clock = time.perf_counter, fatal: tuple[type[BaseException], ...] = ()) -> None:
+                 clock: Clock = time.perf_counter, fatal: tuple[type[BaseException], ...] = (),
+                 measure: Optional[Clock] = None) -> None:
         self.options = options
         #: Errors a candidate must not swallow (a compiler bug in strict mode): they propagate
         #: instead of leaving the candidate out.
         self.fatal = fatal
         self.context = dict(context)
         self.disk = disk
+        #: The budget's clock (wall time: what a user waits for) and the rounds' clock.
         self.clock = clock
+        self.measure = measure or clock
         self.spent_s = 0.0
         self.choices: list[Choice] = []
 
@@ -212,7 +230,6 @@ class Tuner:
         if len(set(names)) != len(names) or not candidates:
             raise ValueError(f"tuner: candidates need distinct names, got {names}")
         default = next((c for c in candidates if c.default), candidates[0])
-        safe = next((c for c in candidates if c.safe), default)
         mode = self.options.mode
         choice: Optional[Choice] = None
         if mode != "off":
@@ -228,7 +245,7 @@ class Tuner:
                     _records.put(key, {"chosen": choice.chosen, "times": choice.times,
                                        "overheads": choice.overheads, "workload": description}, self.disk)
             elif mode == "search":
-                choice = Choice(family, description, safe.name, "budget")
+                choice = Choice(family, description, default.name, "budget")
         if choice is None:
             choice = Choice(family, description, default.name, "default")
         self.choices.append(choice)
@@ -255,7 +272,7 @@ class Tuner:
         measuring_started = self.clock()
         while runners and rounds < self.options.max_rounds:
             for name, run in list(runners.items()):  # interleaved: drift hits every candidate alike
-                t0 = self.clock()
+                t0 = self.measure()
                 try:
                     run()
                 except self.fatal:
@@ -265,7 +282,7 @@ class Tuner:
                     del runners[name]
                     samples.pop(name, None)
                     continue
-                samples[name].append(self.clock() - t0)
+                samples[name].append(self.measure() - t0)
             rounds += 1
             if rounds >= self.options.min_rounds and self.clock() - measuring_started > self.options.workload_cap_s:
                 break
