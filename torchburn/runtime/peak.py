@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 

@@ -63,11 +63,11 @@ from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
+from ...ir.qblocks import block_type
 from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, static_int
 from .qlinear import QLinear
 from .qlinear_blocks import BlocksBuilder, instantiate, layout
 from .qlinear_i8 import Q8Builder, _dot4, activation_group
-from ...ir.qblocks import block_type
 
 if TYPE_CHECKING:
     from ...ir.tensor import Op
