@@ -5,15 +5,12 @@ target without VNNI, the reference interpreter, no access outside any buffer; an
 `qlinear-to-gemm` leaving these products to it."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Optional
 
 import numpy as np
 import pytest
 
-from tests.passes.test_qlinear import Compiled, qlinear_graph, reference, weights
+from tests.passes.test_qlinear import Compiled, qlinear_graph, reference, run_guard_script, weights
 from torchburn.ir.parser import parse_graph
 from torchburn.ir.printer import print_ir
 
@@ -192,12 +189,7 @@ print("GUARDS OK")
 def test_no_access_outside_buffers() -> None:
     """Every operand against an inaccessible page (after it, then before it); a read or write
     past either end would crash the child process."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TORCHBURN_CACHE_DIR="off")
-    proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT.format(root=root)], capture_output=True,
-                          text=True, env=env, timeout=900, cwd=root)
-    assert proc.returncode == 0 and "GUARDS OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:],
-                                                                 proc.stderr[-4000:])
+    run_guard_script(GUARD_SCRIPT)
 
 
 @pytest.mark.parametrize("quant", ["int4", "int8"])

@@ -309,15 +309,21 @@ def guarded(shape, dtype, at_end):
 '''
 
 
-def test_no_access_outside_buffers() -> None:
-    """Every operand against an inaccessible page (after it, then before it), for both
-    kernel forms; a read or write past either end would crash the child process."""
+def run_guard_script(script: str) -> None:
+    """Run `script` (formatted with `root`, the repository) in a child process; it must print
+    GUARDS OK: an access past a guard page crashes the child instead."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TORCHBURN_CACHE_DIR="off")
-    proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT.format(root=root)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script.format(root=root)], capture_output=True,
                           text=True, env=env, timeout=900, cwd=root)
     assert proc.returncode == 0 and "GUARDS OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:],
                                                                  proc.stderr[-4000:])
+
+
+def test_no_access_outside_buffers() -> None:
+    """Every operand against an inaccessible page (after it, then before it), for both
+    kernel forms; a read or write past either end would crash the child process."""
+    run_guard_script(GUARD_SCRIPT)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
