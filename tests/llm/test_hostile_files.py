@@ -291,6 +291,7 @@ _GGUF_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_leng
                                                                    HealthCheck.too_slow])
 @given(changes=st.dictionaries(st.sampled_from(_GGUF_KEYS), _ANY, min_size=1, max_size=4),
        cut=st.one_of(st.none(), st.integers(0, 400)), flip=st.one_of(st.none(), st.integers(0, 600)))
+@example(changes={"tokenizer.ggml.eos_token_id": []}, cut=None, flip=None)  # found by this test: int([])
 def test_fuzzed_gguf_headers_load_or_raise_our_error(tmp_path: Path, changes: dict[str, Any],
                                                      cut: Optional[int], flip: Optional[int]) -> None:
     over = {k.replace(".", "__"): v for k, v in changes.items()}

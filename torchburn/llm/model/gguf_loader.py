@@ -233,6 +233,10 @@ def gguf_config(reader: Any, path: Path) -> DecoderConfig:
                           f"(partial rotary) is not supported")
     names = {t.name for t in reader.tensors}
     eos = field(reader, "tokenizer.ggml.eos_token_id")
+    if isinstance(eos, (list, tuple)):  # an array where a scalar belongs: one integer id, or an error
+        if len(eos) != 1 or isinstance(eos[0], bool) or not isinstance(eos[0], (int, np.integer)):
+            raise ConfigError(f"{path.name}: tokenizer.ggml.eos_token_id must be one token id, got {eos!r}")
+        eos = eos[0]
     return DecoderConfig(
         architecture=fam.name,
         vocab_size=int(vocab),
