@@ -92,7 +92,8 @@ def test_gathers_and_stores_out_of_range_are_caught_and_not_made() -> None:
     o = guarded[8:16]
     ptrs = (ctypes.c_void_p * 3)(xs.data_ptr(), index.data_ptr(), o.data_ptr())
     before = faults.counter.value
-    entry(ctypes.addressof(ptrs), ctypes.addressof((ctypes.c_int64 * 1)()), None)
+    syms = (ctypes.c_int64 * 1)()  # named: `addressof` of a temporary would dangle
+    entry(ctypes.addressof(ptrs), ctypes.addressof(syms), None)
     assert faults.counter.value > before
     err = faults.take_out_of_bounds()
     assert err is not None and "buffer %x: element 1000" in str(err) and "spans 8 elements" in str(err)

@@ -130,3 +130,17 @@ def test_a_16_bit_float_select_chooses_bits() -> None:
             k(xs, o)
             expected = torch.where(torch.arange(n) < 3, xs, torch.zeros_like(xs))
             assert torch.equal(o, expected)
+
+
+def test_a_nan_constant_with_a_payload_compiles_in_every_float_type() -> None:
+    # found by tests/runtime/test_reference_vs_llvm.py: `bfloat 0x7FF8000000000001` is a payload
+    # bfloat cannot hold, and LLVM rejected the module; the IR leaves NaN bits unspecified
+    import struct
+
+    payload_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+    for dtype, tdtype in ((dt.bf16, torch.bfloat16), (dt.f16, torch.float16), (dt.f32, torch.float32)):
+        out = buf("out", dtype, (1,))
+        k = Compiled(program(store(out, (ex.Const(0),), ex.Const(payload_nan, ex.ScalarType(dtype, 1))), [], [out]))
+        o = torch.zeros(1, dtype=tdtype)
+        k(o)
+        assert torch.isnan(o).all(), dtype

@@ -244,6 +244,15 @@ def test_fma_is_rounded_once(d: DType) -> None:
     assert ours[-1] == np.asarray(-(eps * eps), dtype=ours.dtype)
 
 
+def test_fma_overflowing_f64_gives_a_signed_infinity() -> None:
+    # found by tests/runtime/test_reference_vs_llvm.py: the exact f64 result too large for a
+    # float raised OverflowError inside the golden model instead of rounding to infinity
+    a = np.array([7.154037092184149e16, -7.154037092184149e16])
+    b = np.full(2, 2.512837313670504e291)
+    out = sem.evaluate("fma", dt.f64, a, b, np.zeros(2))
+    assert out.tolist() == [math.inf, -math.inf]
+
+
 def _round_exact(x: Fraction, d: DType) -> float:
     """`x` rounded to nearest even in f32 or f64, by comparing exact distances."""
     f = float(x)

@@ -103,8 +103,10 @@ def test_random_expressions_agree_with_llvm(case: tuple[ex.Expr, object], seed: 
         assume(False)
     faulted = faults.counter.value != before
     before = faults.counter.value
-    Compiled(program).entry(ctypes.addressof((ctypes.c_void_p * (len(arrays) + 1))(
-        *[a.ctypes.data for a in arrays], native.ctypes.data)), ctypes.addressof(syms), None)
+    # the pointer array is named: `addressof` of a temporary would point at freed memory by the
+    # time the call reads it (what made this test segfault now and then)
+    pointers = (ctypes.c_void_p * (len(arrays) + 1))(*[a.ctypes.data for a in arrays], native.ctypes.data)
+    Compiled(program).entry(ctypes.addressof(pointers), ctypes.addressof(syms), None)
     # a division by zero is a fault in both engines (the reference stops, native code carries on
     # with a defined value; the launcher then runs the call in PyTorch): outputs not compared
     assert (faults.counter.value != before) == faulted, f"fault in one engine only: {e}"
@@ -140,8 +142,8 @@ def test_vector_reduce_order_is_the_same_tree_in_both_engines(op: str, lanes: in
     golden, native = np.zeros(1, np.float32), np.zeros(1, np.float32)
     syms = (ctypes.c_int64 * 2)(0, 0)
     ReferenceEntry(program)((ctypes.c_void_p * 2)(x.ctypes.data, golden.ctypes.data), syms, None)
-    Compiled(program).entry(ctypes.addressof((ctypes.c_void_p * 2)(x.ctypes.data, native.ctypes.data)),
-                            ctypes.addressof(syms), None)
+    pointers = (ctypes.c_void_p * 2)(x.ctypes.data, native.ctypes.data)  # named: kept alive for the call
+    Compiled(program).entry(ctypes.addressof(pointers), ctypes.addressof(syms), None)
     sequential = np.float32(x[0])
     for value in x[1:]:
         sequential = np.float32(sequential + value if op == "add" else sequential * value)

@@ -446,7 +446,7 @@ def _fma_exact(a: float, b: float, c: float) -> float:
     try:
         return float(exact)  # correctly rounded
     except OverflowError:
-        return math.copysign(math.inf, exact)
+        return math.inf if exact > 0 else -math.inf  # (copysign would take float(exact) again)
 
 
 _fma64 = np.vectorize(_fma_exact, otypes=[np.float64])

@@ -117,6 +117,12 @@ def const(st: ScalarType, value: Union[int, float, bool]) -> ir.Constant:
         v: Union[int, float] = int(bool(value))
     elif st.dtype.is_float:
         v = float(value)
+        if math.isnan(v) and st.dtype.bits < 64:
+            # a NaN's payload need not fit the narrower type (LLVM rejects `bfloat
+            # 0x7FF8000000000001`); the IR leaves NaN bits unspecified, so take the quiet NaN
+            v = math.nan
+        elif st.dtype == dt.bf16:
+            v = round_bf16(v)  # LLVM takes only exactly representable constants
     else:
         v = _wrap_int(int(value), st.dtype)
     c = ir.Constant(e, v)
