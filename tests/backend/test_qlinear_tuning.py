@@ -88,6 +88,23 @@ def test_the_measured_form_is_compiled(tuning: None, monkeypatch: pytest.MonkeyP
         assert float((out - expected).abs().max()) < 0.05
 
 
+def test_auto_and_the_form_it_picks_are_measured_once(tuning: None) -> None:
+    """`auto` at 80 rows compiles to the panel kernel: the same code as the explicit `panel`,
+    so the tuner measures it once (the line says so) and noise cannot choose between twins."""
+    from tests.helpers import assert_fully_compiled, run_compiled
+    from torchburn.codegen import host_target
+
+    if not (host_target().native_dot4(16) or host_target().small_dot4(8)):
+        pytest.skip("the panel kernel is `auto`'s form where the CPU has byte dot products")
+    layer = _layer()
+    with torch.no_grad():
+        _, reports = run_compiled(layer, torch.randn(2, 40, 256))
+    assert_fully_compiled(reports)
+    lines = [line for r in reports for line in r.tuning if line.startswith("qlinear ")]
+    assert len(lines) == 1 and "panel is auto's code" in lines[0], lines
+    assert " panel " not in lines[0].split("(", 1)[1].split(";")[0], lines  # not among the timings
+
+
 def test_records_are_reused(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second compile of the same shapes applies the record without measuring again."""
     from tests.helpers import run_compiled

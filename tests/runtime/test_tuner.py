@@ -271,3 +271,28 @@ def test_rounds_are_timed_by_the_measuring_clock() -> None:
 def test_one_thread_is_measured_in_cpu_time() -> None:
     assert measuring_clock(1) is time.process_time
     assert measuring_clock(2) is time.perf_counter
+
+
+def test_candidates_with_the_same_code_are_measured_once() -> None:
+    """A runner's `code_key` names its code: a second candidate with the same code (a form
+    that resolves to the default's kernel) is not measured, the default keeps the name, and
+    the line says which candidate it was."""
+    clock, runs = FakeClock(), []
+
+    def runner(name: str, code: str, seconds: float) -> Callable[[], Callable[[], None]]:
+        def prepare() -> Callable[[], None]:
+            def run() -> None:
+                runs.append(name)
+                clock.now += seconds
+            run.code_key = code  # type: ignore[attr-defined]
+            return run
+        return prepare
+
+    # the twin comes first and is (by noise) a little faster: the default still keeps the name
+    candidates = [Candidate("panel", "generated", runner("panel", "k1", 0.001)),
+                  Candidate("auto", "generated", runner("auto", "k1", 0.0011), default=True),
+                  Candidate("rows", "generated", runner("rows", "k2", 0.003))]
+    choice = Tuner(TuneOptions(mode="search"), CTX, clock=clock).choose("qlinear", WORK, "q", candidates)
+    assert "panel" not in runs and set(runs) == {"auto", "rows"}
+    assert choice.chosen == "auto" and set(choice.times) == {"auto", "rows"}
+    assert choice.same_code == {"panel": "auto"} and "panel is auto's code" in choice.line()

@@ -28,6 +28,7 @@ from functorch.compile import make_boxed_func
 
 from . import fx_cache, inference_path
 from . import report as rep
+from ..ir.hashing import hash_key
 from ..runtime.config import get_config
 from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
@@ -252,25 +253,32 @@ def _make_tuner(lazy: Optional[_LazyPipeline], target_name: Optional[str]) -> Op
 
 
 def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: Optional[str]) -> Callable[..., Any]:
-    """`gm` compiled whole by our pipeline, untuned, as a plain function (a tuner's candidate);
-    raises when any of it would run in PyTorch."""
+    """`gm` compiled whole by our pipeline, untuned, as a plain function (a tuner's candidate)
+    whose `code_key` names the code it runs; raises when any of it would run in PyTorch."""
     sub_report = rep.GraphReport("tuning")
-    module, _ = _compile_partitioned(gm, pipeline, sub_report, target_name, tuner=None)
+    code_keys: list[str] = []
+    module, _ = _compile_partitioned(gm, pipeline, sub_report, target_name, tuner=None, code_keys=code_keys)
     if not sub_report.subgraphs or sub_report.fallbacks or not all(s.compiled for s in sub_report.subgraphs):
         reason = sub_report.subgraphs[0].reason if sub_report.subgraphs else "nothing compiled"
         raise RuntimeError(f"not compiled: {reason}")
     fn = _fast_callable(module)
     if getattr(fn, "_boxed_call", False):  # a boxed launcher takes (and empties) a list
-        return lambda *args: fn(list(args))
+        boxed = fn
+        fn = lambda *args: boxed(list(args))  # noqa: E731
+    else:
+        fn = functools.partial(fn)  # its own object: the attribute below is this candidate's
+    # the programs' code (the tuner measures candidates with the same code once)
+    fn.code_key = hash_key(*code_keys)  # type: ignore[attr-defined]
     return fn
 
 
 def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report: rep.GraphReport,
                          target_name: Optional[str] = None,
-                         tuner: Optional["Tuner"] = None) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
+                         tuner: Optional["Tuner"] = None,
+                         code_keys: Optional[list[str]] = None) -> tuple[torch.fx.GraphModule, Optional[fx_cache.Manifest]]:
     """The full path: the tuner's library calls (when a `tuner` is given), partition, then
     compile each subgraph (program cache first) for the CPU `target_name` names (None:
-    `TORCHBURN_TARGET`). Returns the module and what the FX-graph cache should keep (None when
+    `TORCHBURN_TARGET`); each compiled program's `code_key()` goes to `code_keys` when given. Returns the module and what the FX-graph cache should keep (None when
     a subgraph hit an internal error, which must not be remembered)."""
     from ..codegen.target import named_target
     from ..compiler.driver import compile_graph
@@ -338,6 +346,8 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         sub_report.cache_hit = hit
         if compiled.engine == "reference":  # TORCHBURN_ENGINE=reference: interpreted, no native code
             sub_report.engine = "reference"
+        if code_keys is not None:
+            code_keys.append(compiled.code_key())
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)

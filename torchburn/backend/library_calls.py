@@ -156,6 +156,13 @@ class _Inputs:
             self._tensors = [_random_like(a.meta["val"], self.gen) for a in self.node.all_input_nodes]
         return self._tensors
 
+    def runner(self, fn: Callable[..., Any]) -> Callable[[], Any]:
+        """`fn` on these inputs, as a tuner's runner (with `fn`'s `code_key`, if it has one)."""
+        args = self.get()
+        run = lambda: fn(*args)  # noqa: E731
+        run.code_key = getattr(fn, "code_key", None)  # type: ignore[attr-defined]
+        return run
+
 
 #: Compiles a graph by our whole pipeline and returns it as a function (`entry.compile_alone`):
 #: handed in, so that this module does not import the entry point that imports it.
@@ -170,9 +177,7 @@ def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: Compile
 
     def ours(meta: Optional[dict[str, Any]] = None) -> Callable[[], Callable[[], Any]]:
         def prepare() -> Callable[[], Any]:
-            fn = compile_alone(_single_node_graph(node, meta))
-            args = inputs.get()
-            return lambda: fn(*args)
+            return inputs.runner(compile_alone(_single_node_graph(node, meta)))
         return prepare
 
     def library() -> Callable[[], Any]:

@@ -87,15 +87,14 @@ def describe(node: torch.fx.Node, sizes: tuple[int, int, int]) -> str:
 def candidates(node: torch.fx.Node, gen: torch.Generator, compile_alone: CompileAlone,
                sizes: tuple[int, int, int]) -> list[Candidate]:
     """`auto` (the default, also what a spent budget keeps: what the compiler picks by M and the target),
-    then each explicit form: `rows`, `panel`, and `gemm` where the f32 weight fits."""
+    then each explicit form: `rows`, `panel`, and `gemm` where the f32 weight fits. The form
+    `auto` resolves to compiles to `auto`'s code: the tuner measures that kernel once."""
     inputs = _Inputs(node, gen)
     _, n, k = sizes
 
     def form(name: Optional[str]) -> Candidate:
         def prepare() -> Any:
-            fn = compile_alone(_single_node_graph(node, {QLINEAR_FORM: name} if name else None))
-            args = inputs.get()
-            return lambda: fn(*args)
+            return inputs.runner(compile_alone(_single_node_graph(node, {QLINEAR_FORM: name} if name else None)))
         return Candidate(name or "auto", "generated", prepare, default=name is None)
 
     out = [form(None), form("rows"), form("panel")]

@@ -75,6 +75,17 @@ class CompiledProgram:
 
         return jit.assembly(self.llvm_ir, self.target)
 
+    def code_key(self) -> str:
+        """A digest of the final program's text: two programs with the same key run the same
+        kernels (the tuner measures such candidates once)."""
+        from ..ir.hashing import hash_key
+
+        if self.program_text:
+            return hash_key(self.program_text)
+        from ..ir.printer import print_program
+
+        return hash_key(print_program(self.full_program()))
+
     def kernel_summary(self) -> list[str]:
         """`name: origin` of each kernel, as `explain()` lists them."""
         return [f"{name}: {origin}" for name, origin in self.kernels]

@@ -32,6 +32,11 @@ not what the other processes did: on a loaded machine every round of a 10 ms ker
 preempted, and the fastest of them still says nothing), wall time where they run on several
 (their time waiting for each other is part of what they cost).
 
+A runner may name its code (`code_key`, an attribute of the callable `prepare` returns: a
+digest of the compiled program): candidates whose code is the same are one kernel, measured
+once under the first name (the default's, if it is among them). A quantized linear's `auto`
+and the explicit form it resolves to were measured twice before, and noise chose between them.
+
 A candidate may carry an `overhead_s`: a cost of choosing it that its own run does not show
 (a library call splits the fused graph around it); the ranking adds it to the best round.
 
@@ -62,8 +67,9 @@ RECORD_FORMAT = "tune-4"
 @dataclass(frozen=True)
 class Candidate:
     """One way to run a kernel. `prepare()` does the one-time work (compiling, allocating
-    inputs) and returns a runner that executes the kernel once on the real shapes; a candidate
-    that cannot be prepared raises, and is then left out with its error in the choice."""
+    inputs) and returns a runner that executes the kernel once on the real shapes (optionally
+    with a `code_key` attribute naming its code); a candidate that cannot be prepared raises,
+    and is then left out with its error in the choice."""
 
     #: Unique within a workload, e.g. "ours" or "aten".
     name: str
@@ -98,6 +104,9 @@ class Choice:
     cost_s: float = 0.0
     #: Each candidate's `overhead_s`, where not 0 (added to its time when ranking).
     overheads: dict[str, float] = field(default_factory=dict)
+    #: Candidates left unmeasured because they compiled to the same code as an earlier one
+    #: (name -> that one's name): `auto` and the explicit form it picks are one kernel.
+    same_code: dict[str, str] = field(default_factory=dict)
 
     def cost(self, name: str) -> float:
         """Candidate `name`'s measured time plus its overhead."""
@@ -121,7 +130,8 @@ class Choice:
                                for n in ranked)
             gain = f"; {self.speedup:.2f}x the next" if self.speedup is not None else ""
             failed = "".join(f"; {n} failed: {e}" for n, e in self.failed.items())
-            return f"{self.family} {self.workload}: {self.chosen} ({self.source}: {timing}{gain}{failed})"
+            same = "".join(f"; {n} is {m}'s code" for n, m in self.same_code.items())
+            return f"{self.family} {self.workload}: {self.chosen} ({self.source}: {timing}{gain}{same}{failed})"
         failed = "".join(f": {n} failed: {e}" for n, e in self.failed.items())
         return f"{self.family} {self.workload}: {self.chosen} ({self.source}{failed})"
 
@@ -257,11 +267,20 @@ class Tuner:
         start = self.clock()
         runners: dict[str, Callable[[], Any]] = {}
         failed: dict[str, str] = {}
-        for c in candidates:
+        same_code: dict[str, str] = {}
+        by_code: dict[str, str] = {}
+        # the default first: of candidates with the same code, it is the one measured
+        for c in sorted(candidates, key=lambda c: c is not default):
             try:
                 run = c.prepare()
+                code = getattr(run, "code_key", None)
+                if code is not None and code in by_code:
+                    same_code[c.name] = by_code[code]  # one kernel under two names: measure it once
+                    continue
                 run()  # warm-up: first-touch of memory, lazy loading, caches
                 runners[c.name] = run
+                if code is not None:
+                    by_code[code] = c.name
             except self.fatal:
                 raise
             except Exception as err:  # noqa: BLE001 - a candidate that fails is not chosen
@@ -291,4 +310,5 @@ class Tuner:
         chosen = min(times, key=lambda n: times[n] + overheads.get(n, 0.0)) if times else default.name
         cost = self.clock() - start
         self.spent_s += cost
-        return Choice(family, description, chosen, "measured" if times else "default", times, failed, cost, overheads)
+        return Choice(family, description, chosen, "measured" if times else "default", times, failed, cost, overheads,
+                      same_code)
