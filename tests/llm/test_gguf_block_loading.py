@@ -179,3 +179,24 @@ def test_weight_cache_maps_the_blocks_back(mixed: Any, tmp_path: Path, monkeypat
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(full_logits(second.model, ids), full_logits(first.model, ids), rtol=0, atol=0)
+
+
+def test_compiled_steps_are_one_native_call(mixed: Any) -> None:
+    """The Q6_K token embedding compiles with the rest (gathered rows, decoded: `embedding_blocks`'
+    lowering), so each step is one native call that the step cache learns; before, the
+    embedding stayed in PyTorch and every step of a K-quant GGUF model went through Dynamo
+    (a warm start of an 8B file spent ~50 s there). The tokens are the eager model's."""
+    from torchburn.llm import LLM
+    from torchburn.llm.runtime.sampling import SamplingParams
+
+    path, _ = mixed
+    rows = [[3, 14, 15, 92, 65]]
+    greedy = SamplingParams(temperature=0.0)
+    eager = LLM.from_pretrained(path, device="cpu", compile=False, max_context=32)
+    compiled = LLM.from_pretrained(path, device="cpu", compile=True, max_context=32)
+    for llm in (eager, compiled):
+        llm.eos_ids = frozenset()
+    want = [s[0] for s in eager.generate_ids(rows, 4, greedy)]
+    assert [s[0] for s in compiled.generate_ids(rows, 4, greedy)] == want
+    assert compiled.steps is not None
+    assert compiled.steps.stats.recorded == 2 and compiled.steps.stats.unplannable == 0, compiled.steps.stats

@@ -73,6 +73,23 @@ def test_eager_linear_and_embedding(name: str) -> None:
     torch.testing.assert_close(emb(ids), w[ids], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_compiled_embedding_is_exact_and_checks_ids(name: str) -> None:
+    """`embedding_blocks` compiles (the asked rows gathered, then decoded by the table): the
+    eager op's values exactly, and a token id out of range is the eager op's IndexError."""
+    bt = BLOCK_TYPES[name]
+    raw = random_blocks(name, 37, 512 // bt.block, 3)
+    emb = BlockEmbedding(BlockWeight(torch.from_numpy(raw), name))
+    ids = torch.tensor([[3, 0, 36], [5, 5, 1]])
+    out, reports = run_compiled(emb, ids)
+    assert_fully_compiled(reports)
+    torch.testing.assert_close(out, torch.from_numpy(gguf_reference(raw, name))[ids], rtol=0, atol=0)
+    compiled = torch.compile(emb, backend="torchburn")
+    compiled(ids)
+    with pytest.raises(IndexError):
+        compiled(torch.tensor([[3, 0, 37], [5, 5, 1]]))
+
+
 def test_bad_block_weights_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="unknown block type 'IQ4_XS'"):
         BlockWeight(torch.zeros(2, 136, dtype=torch.uint8), "IQ4_XS")

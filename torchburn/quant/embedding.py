@@ -2,9 +2,9 @@
 Q8_0 ...), and its custom op ``torchburn::embedding_blocks``.
 
 A lookup gathers the byte rows of the asked tokens and dequantizes only those rows
-(`blocks.dequantize_block_rows`): the float table never exists. The op has an eager
-implementation only; the compiler keeps it as a PyTorch call (one gather of a few rows per
-step) and compiles the rest of the model around it.
+(`blocks.dequantize_block_rows`): the float table never exists. The compiler does the same
+(`quant/lowering.py`: `index` of the byte rows, then the IR's `dequantize`, one kernel), so a
+model step with this embedding is one native call, which the LLM engine's step cache needs.
 
     torchburn::embedding_blocks(Tensor ids, Tensor blocks, str block_type) -> Tensor
 """

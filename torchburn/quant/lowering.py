@@ -1,6 +1,8 @@
 """The quantized linears `torchburn::linear_int8`, `torchburn::linear_int4` and
 `torchburn::linear_blocks` (the custom ops of `torchburn/quant/ops.py`), lowered to the IR's `qlinear` followed by the bias add and the
-cast back to x's dtype, which `fuse` computes in the same kernel (an epilogue).
+cast back to x's dtype, which `fuse` computes in the same kernel (an epilogue); and the
+block-quantized token embedding `torchburn::embedding_blocks` (`quant/embedding.py`), lowered
+to an `index` of the asked rows' bytes and the IR's `dequantize` of those rows.
 
 The `activations` attribute carries TORCHBURN_QLINEAR_ACTIVATIONS (int8, f32 or auto) into
 the IR, so the CPU kernel's choice is part of the graph and of every cache key built from it.
@@ -16,7 +18,7 @@ from typing import Optional
 import torch
 
 from ..runtime.config import get_config
-from ..frontend.builder import Builder
+from ..frontend.builder import Builder, numel
 from ..frontend.registry import Unsupported, lowering
 from ..ir import dtypes as dt
 from ..ir.expr import Const
@@ -78,3 +80,19 @@ def linear_blocks(b: Builder, x: Value, blocks: Value, bias: Optional[Value], bl
     y = b.op("qlinear", x, blocks, kind="blocks", block_type=str(block_type), group_size=group,
              symmetric=True, activations=get_config().qlinear_activations, **_form(b))
     return _finish(b, y, bias, x.dtype)
+
+
+@lowering(torchburn_ops.embedding_blocks.default)
+def embedding_blocks(b: Builder, ids: Value, blocks: Value, block_type: str) -> Value:
+    """A token embedding in ggml blocks: the asked rows' bytes gathered (`index`), then those
+    rows decoded (`dequantize`, the block table's definition), as the eager op does: the float
+    table never exists. Compiled, a model whose embedding is Q4_K or Q6_K (most K-quant GGUF
+    files) is one native call per step, which the LLM engine's step cache can store."""
+    if ids.dtype.is_float or ids.dtype.is_bool:
+        raise Unsupported("embedding_blocks: token ids must be integers")
+    row_bytes = _static_size(blocks, 1, "blocks")
+    bt = block_type_of(block_type)
+    flat = b.reshape(ids, (numel(ids.shape),))
+    rows = b.op("index", blocks, flat, dims=(0,), pos=0, wrap=False)  # eager refuses negative ids too
+    w = b.op("dequantize", rows, kind="blocks", block_type=str(block_type), group_size=bt.block, symmetric=True)
+    return b.reshape(w, (*ids.shape, Const(row_bytes // bt.nbytes * bt.block)))

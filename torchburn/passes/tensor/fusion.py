@@ -10,7 +10,9 @@ view: `cos(emb)` seen through `unsqueeze` by the rotary embedding of every query
 reads each element many times), or when it is a residual stream: an elementwise op that
 reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
 product's epilogue, so that each layer of a deep model stores its sum once and gets the same
-kernels, instead of every norm recomputing the stream from the embedding.
+kernels, instead of every norm recomputing the stream from the embedding. An op the loop
+builder writes only as a whole nest of its own (`dequantize`: a root rule, no element rule) is
+always a kernel's root.
 
 Before:
 
@@ -81,6 +83,7 @@ from typing import ClassVar
 from ...ir.ops import get_op
 from ...ir.tensor import Graph, Op, Value
 from ..base import TensorPass, register_pass
+from ..loopgen.kernel_builder import ELEMENT_RULES, ROOT_RULES
 from ..loopgen.store_views import view_chain_root
 from .row_fusion import row_groups
 
@@ -249,7 +252,7 @@ class Fuse(TensorPass):
             return False
         result = op.result
         cat = category(op)
-        if result in outputs or cat in ("reduction", "contraction", "ordered"):
+        if result in outputs or cat in ("reduction", "contraction", "ordered") or _root_only(op):
             return False
         consumers = users.get(result, [])
         if not consumers:
@@ -288,6 +291,13 @@ class Fuse(TensorPass):
 #: the kernel would fall back to the element-by-element nest (a conv after GroupNorm's
 #: backward reads its gradient as a reshape of `[N, G, C/G, H*W]`: 30-70x slower).
 BUFFER_OPERANDS: dict[str, tuple[int, ...]] = {"conv": (0,), "conv_grad_weight": (0, 1)}
+
+
+def _root_only(op: Op) -> bool:
+    """Whether the loop builder computes `op` only as a kernel's root, a nest of its own
+    (`ROOT_RULES` without an element rule: `dequantize` writes a row's blocks run by run), so
+    it cannot be inlined into a consumer's kernel."""
+    return op.name in ROOT_RULES and op.name not in ELEMENT_RULES
 
 
 def _needs_buffer(user: Op, value: Value) -> bool:
