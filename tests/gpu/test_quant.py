@@ -34,3 +34,17 @@ def test_block_weights_on_gpu(gpu, name: str) -> None:  # type: ignore[no-untype
     raw = random_blocks(name, 24, 256 // bt.block, 0)
     layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), name), torch.randn(24))
     check_gpu(layer, torch.randn(3, 256), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])  # what files give their embedding
+def test_block_embedding_on_gpu(gpu, name: str) -> None:  # type: ignore[no-untyped-def]
+    """A token embedding in ggml blocks (`embedding_blocks`: rows gathered, then `dequantize`)
+    runs on the wgpu engine: a model step with it does not leave the GPU."""
+    from tests.quant.test_block_types import random_blocks
+    from torchburn.ir.qblocks import BLOCK_TYPES
+    from torchburn.quant import BlockEmbedding, BlockWeight
+
+    bt = BLOCK_TYPES[name]
+    raw = random_blocks(name, 40, 512 // bt.block, 1)
+    emb = BlockEmbedding(BlockWeight(torch.from_numpy(raw), name))
+    check_gpu(emb, torch.tensor([[3, 0, 39], [5, 5, 1]]), rtol=0, atol=0)
