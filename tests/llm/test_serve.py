@@ -263,7 +263,8 @@ def test_health_metrics_and_prefix_cache(server: Server) -> None:
     run = after[f'torchburn_prefill_tokens_total{{model="{NAME}"}}'] - before[f'torchburn_prefill_tokens_total{{model="{NAME}"}}']
     assert run < prompt - 20, (run, prompt)   # the second reused the system prompt's keys
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    for name in ("requests_total", "completion_tokens_total", "queue_length", "tokens_per_second"):
+    for name in ("requests_total", "completion_tokens_total", "queue_length", "tokens_per_second",
+                 "prefill_chunks_total", "prefill_chunks_beside_decode_total"):
         assert f"# TYPE torchburn_{name} " in text
 
 
