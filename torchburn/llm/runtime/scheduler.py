@@ -165,6 +165,9 @@ class Scheduler:
         self._scratch: Optional[BatchCache] = None
         #: Prefills in progress, run in order, one chunk per turn while rows decode.
         self._jobs: collections.deque[_Job] = collections.deque()
+        #: Requests of those jobs (rows promised to them): an int that `submit`, on another
+        #: thread, reads while the scheduler's thread changes the jobs.
+        self._promised = 0
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -216,12 +219,12 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running and not self._jobs
 
-    def _prefilling(self) -> int:
-        return sum(len(j.requests) for j in self._jobs)
+    def _jobs_changed(self) -> None:
+        self._promised = sum(1 for j in self._jobs for r in j.requests if r.row < 0)
 
     def _free_rows(self) -> int:
         """Rows neither running nor promised to a prefill in progress."""
-        return self.rows.free_rows() - self._prefilling()
+        return self.rows.free_rows() - self._promised
 
     def warm_up(self) -> None:
         """Run (and so compile) the decode step of every batch bucket and the prefill chunks
@@ -298,6 +301,7 @@ class Scheduler:
             self.waiting.clear()
         jobs = list(self._jobs)
         self._jobs.clear()
+        self._jobs_changed()
         for job in jobs:
             job.chunks.close()
             waiting += [r for r in job.requests if r.row < 0]
@@ -340,6 +344,7 @@ class Scheduler:
                 self._jobs.append(_Job([r], self._start_alone(r)))
         if together:
             self._jobs.append(_Job(together, self._start_together(together)))
+        self._jobs_changed()
 
     def _prefill(self) -> None:
         """Run the prefills in progress: one chunk (of the first job that has one left) while
@@ -351,6 +356,7 @@ class Scheduler:
             if all(r.cancelled for r in job.requests):
                 job.chunks.close()
                 self._jobs.popleft()
+                self._jobs_changed()
                 for r in job.requests:
                     self._finish(r, "cancelled")
                 continue
@@ -358,10 +364,12 @@ class Scheduler:
                 next(job.chunks)
             except StopIteration:      # done: its requests joined their rows
                 self._jobs.popleft()
+                self._jobs_changed()
                 continue
             except Exception as err:  # noqa: BLE001 - these requests fail, the others go on
                 log.exception("torchburn: a prefill failed")
                 self._jobs.popleft()
+                self._jobs_changed()
                 for r in job.requests:
                     if r.row < 0:
                         self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
@@ -381,6 +389,7 @@ class Scheduler:
     def _join(self, r: Request, cache: KVCache, length: int, source_row: int = 0, first: int = 0) -> None:
         """``r`` takes a row holding its first ``length`` prompt tokens (from ``cache``); its
         last prompt token is fed by the next decode step."""
+        self._promised -= 1   # first: for a moment `submit` may see one free row too many, never too few
         r.row = self.rows.join(cache, length, source_row, first)
         r.pending = r.prompt_ids[-1]
         self.running[r.row] = r
