@@ -277,3 +277,67 @@ def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile
         assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
         if llm.steps is not None:   # 11 step shapes, past Dynamo's default limit of 8: none eager
             assert len(warm) > 8 and all(llm.steps.entries.values()), llm.steps.entries
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_long_prompt_prefills_beside_running_streams(tiny_checkpoint, together: bool) -> None:
+    """A long prompt arriving while a stream decodes is prefilled one chunk per turn of the
+    loop: the running stream gets a token in every turn of that prefill (before, the whole
+    prefill ran first and the stream waited for it), and every request still gets the greedy
+    text it gets alone.  Alone: one prompt into its prefix entry (chunks of 16/64 tokens);
+    together: two prompts in one batched prefill (chunks of 16).  Driven turn by turn
+    (`Scheduler.step`), so it checks the order of tokens, not timings."""
+    from torchburn.llm.runtime.engine import prefill_plan
+    from torchburn.llm.runtime.scheduler import TOGETHER_CHUNK
+
+    _, folder = tiny_checkpoint("llama")
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=256, compile=False)
+    llm.eos_ids = frozenset()
+    longs = [PROMPTS[5] * 2, PROMPTS[1] * 3][:2 if together else 1]
+    s = Scheduler(llm, parallel=4, prefix_cache=4)
+    a, ca = _submit(s, llm, "hello", 30)
+    for _ in range(3):
+        s.step()
+    assert a.generated == 3
+    late = [_submit(s, llm, p, 5) for p in longs]
+    n = max(len(r.prompt_ids) for r, _ in late) - 1
+    chunks = len(prefill_plan(n, 0, llm.max_context, (TOGETHER_CHUNK,) if together else
+                              (16, 64, 256)))
+    assert chunks >= 3 and n + 5 < llm.max_context, (chunks, n)
+    during = 0                        # tokens of the running stream before the late ones' first
+    while all(r.generated == 0 for r, _ in late):
+        before = a.generated
+        s.step()
+        if all(r.generated == 0 for r, _ in late):
+            during += a.generated - before
+    assert during >= chunks - 1, (during, chunks)
+    assert s.stats.interleaved_chunks >= chunks - 1
+    if together:
+        assert s.stats.batched_prefills == 1
+    while not s.idle:
+        s.step()
+    assert a.generated == 30 and ca.text == llm.generate("hello", max_new_tokens=30, temperature=0)
+    for (r, c), p in zip(late, longs):
+        assert c.finish.reason == "length"
+        assert c.text == llm.generate(p, max_new_tokens=5, temperature=0)
+
+
+def test_a_waiting_request_cancelled_frees_its_queue_place(tiny_checkpoint) -> None:
+    """A waiting request whose client went away ends ("cancelled") at the next turn, though
+    the row it waited for is still busy, and its place in the queue is free again."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    s = Scheduler(llm, parallel=1, max_queue=1)
+    a, ca = _submit(s, llm, "hello", 50)
+    s.step()
+    b, cb = _submit(s, llm, "world", 5)
+    with pytest.raises(QueueFull):
+        _submit(s, llm, "again", 5)
+    b.cancel()
+    s.step()
+    assert cb.finish is not None and cb.finish.reason == "cancelled"
+    assert ca.finish is None and a.generated == 2
+    c, cc = _submit(s, llm, "again", 5)          # the queue place is free
+    while not s.idle:
+        s.step()
+    assert ca.finish.reason == "length" and cc.finish.reason == "length"

@@ -263,42 +263,60 @@ def test_health_metrics_and_prefix_cache(server: Server) -> None:
     run = after[f'torchburn_prefill_tokens_total{{model="{NAME}"}}'] - before[f'torchburn_prefill_tokens_total{{model="{NAME}"}}']
     assert run < prompt - 20, (run, prompt)   # the second reused the system prompt's keys
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    for name in ("requests_total", "completion_tokens_total", "queue_length", "tokens_per_second"):
+    for name in ("requests_total", "completion_tokens_total", "queue_length", "tokens_per_second",
+                 "prefill_chunks_total", "prefill_chunks_beside_decode_total"):
         assert f"# TYPE torchburn_{name} " in text
 
 
 def test_queue_limit_and_graceful_shutdown(folder: Path) -> None:
-    """One row, one waiting place: a third request gets 503. SIGTERM lets the running stream
-    finish (its finish_reason and [DONE]) and the process exits 0."""
-    s = Server(folder, "--parallel", "1", "--max-queue", "1", "--eager", "--max-context", "4096",
-               "--shutdown-timeout", "180")   # 2000 tokens, on a loaded machine too
-    try:   # long answers (greedy, no end of sequence before 2000 tokens): seconds each
-        body = {"model": NAME, "prompt": "hello", "max_tokens": 2000, "temperature": 0,
-                "stream": True}
-        # a whole (not streamed) answer whose client gives up is cancelled too
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(s.url + "/v1/completions", json={**body, "stream": False}, timeout=1.0)
-        key = f'torchburn_requests_total{{model="{NAME}",finish_reason="cancelled"}}'
-        deadline = time.monotonic() + 30
-        while metrics(s)[key] < 1:
+    """One row, one waiting place. A whole (not streamed) answer whose client gives up is
+    cancelled; with a stream running and one waiting, a third request gets 503; the running
+    stream's client going away frees the row for the waiting one; SIGTERM lets the running
+    stream and the waiting one finish (finish_reason "length" and [DONE]) and the process
+    exits 0.
+
+    No step races a clock: each waits for what the server did (a first token, a metric), the
+    requests that hold the row ask for 30000 tokens, which no machine generates while the
+    test takes its next steps (they end by their clients going away), and those that must
+    finish ask for 16 tokens with 600 s to do so."""
+    s = Server(folder, "--parallel", "1", "--max-queue", "1", "--eager", "--max-context", "32768",
+               "--shutdown-timeout", "600")
+    endless = {"model": NAME, "prompt": "hello", "max_tokens": 30000, "temperature": 0}
+    short = {"model": NAME, "prompt": "hello", "max_tokens": 16, "temperature": 0, "stream": True}
+    cancelled = f'torchburn_requests_total{{model="{NAME}",finish_reason="cancelled"}}'
+
+    def data(lines: Iterator[str]) -> list[str]:
+        return [line for line in lines if line.startswith("data: ")]
+
+    def finished_by_length(rest: list[str]) -> None:
+        assert rest[-1] == "data: [DONE]", rest[-3:]
+        last = json.loads(rest[-2][6:])
+        assert last["choices"][0]["finish_reason"] == "length", (last, s.output()[-1500:])
+        assert last["usage"]["completion_tokens"] == 16
+
+    try:
+        with pytest.raises(httpx.ReadTimeout):   # the client of a whole answer gives up
+            httpx.post(s.url + "/v1/completions", json=endless, timeout=1.0)
+        deadline = time.monotonic() + 120        # a hang guard, not a race: it is cancelled
+        while metrics(s)[cancelled] < 1:
             assert time.monotonic() < deadline, "the abandoned request was not cancelled"
             time.sleep(0.1)
         with httpx.Client(base_url=s.url, timeout=120) as h:
-            with h.stream("POST", "/v1/completions", json=body) as first:
-                lines = first.iter_lines()
-                assert next(line for line in lines if line.startswith("data: "))
-                with h.stream("POST", "/v1/completions", json=body) as second:
-                    time.sleep(0.5)
-                    third = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
+            with h.stream("POST", "/v1/completions", json={**endless, "stream": True}) as first:
+                running = first.iter_lines()     # kept: a dropped line iterator closes the stream
+                assert next(line for line in running if line.startswith("data: "))
+                # the response started, so the request is queued (the row is the first's)
+                with h.stream("POST", "/v1/completions", json=short) as second:
+                    third = httpx.post(s.url + "/v1/completions", json=short, timeout=30)
                     assert third.status_code == 503, third.text
                     assert third.json()["error"]["code"] == "queue_full"
-                    s.proc.send_signal(signal.SIGTERM)
-                    rest = [line for line in lines if line.startswith("data: ")]
-                    events = [json.loads(x[6:]) for x in rest[:-1]]
-                    assert rest[-1] == "data: [DONE]"
-                    assert events[-1]["choices"][0]["finish_reason"] == "length", (len(events), events[-1], s.output()[-1500:])
-                    tail = [line for line in second.iter_lines() if line.startswith("data: ")]
-                    assert tail[-1] == "data: [DONE]"   # ran after the first, or ended with an error event
+                    first.close()                # its client goes away: the second takes the row
+                    lines = second.iter_lines()
+                    assert next(line for line in lines if line.startswith("data: "))
+                    with h.stream("POST", "/v1/completions", json=short) as fourth:   # waits
+                        s.proc.send_signal(signal.SIGTERM)
+                        finished_by_length(data(lines))
+                        finished_by_length(data(fourth.iter_lines()))
         assert s.proc.wait(90) == 0, s.output()
     finally:
         s.stop()

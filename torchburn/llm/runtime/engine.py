@@ -18,7 +18,7 @@ import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -257,6 +257,19 @@ class LLM:
         """Run the prompts (left-padded to one length) through the model from slot ``first``
         (the slots before it already hold these tokens) in chunks of ``buckets`` tokens; last
         logits [B, V]."""
+        steps = self.prefill_chunks(rows, cache, starts, first, buckets)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def prefill_chunks(self, rows: list[list[int]], cache: KVCache,
+                       starts: torch.Tensor, first: int = 0,
+                       buckets: Sequence[int] = PREFILL_BUCKETS) -> Generator[int, None, torch.Tensor]:
+        """`_prefill` one chunk at a time: yields the slots filled so far after each chunk's
+        step and returns the last logits [B, V], so that a caller (the server's scheduler) can
+        run other steps between the chunks of a long prompt."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
@@ -267,11 +280,12 @@ class LLM:
             if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
                 logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
                 slot += 1
-                continue
-            chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
-            chunk[:, :real] = tokens[:, slot:slot + real]
-            logits = self.run_step(cache, chunk, slot, starts, torch.tensor([real - 1]))
-            slot += real
+            else:
+                chunk = torch.full((len(rows), size), self.pad_id, dtype=torch.long)
+                chunk[:, :real] = tokens[:, slot:slot + real]
+                logits = self.run_step(cache, chunk, slot, starts, torch.tensor([real - 1]))
+                slot += real
+            yield slot
         assert logits is not None
         return logits[:, -1]
 

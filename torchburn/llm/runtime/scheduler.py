@@ -1,10 +1,14 @@
 """`Scheduler`: continuous batching of many requests over one `LLM`.
 
-One thread owns the model.  Each turn of its loop it
+One thread owns the model.  Each turn of its loop (`step`) it
 1. admits waiting requests while rows are free: prefills each prompt but its last token (the
    requests that arrived together in one batched prefill; one that a `PrefixCache` entry
    mostly holds from there, alone) and places those keys and values in a row of the shared
-   `BatchCache`;
+   `BatchCache`.  A prefill runs *one chunk per turn* while other requests are decoding
+   (a prefill job, `_Job`), so a long prompt arriving delays the running streams by one
+   chunk's step per token, not by its whole prefill (chunked prefill, as llama-server and
+   vLLM do; here the chunk and the decode rows are two steps of one turn, not one step);
+   with no request decoding, a prefill runs all its chunks at once;
 2. runs one decode step for every running request at once (one compiled graph per bucket of
    rows; a request that just joined feeds its prompt's last token, whose logits give its
    first token), samples each row's next token with that request's own parameters and
@@ -24,7 +28,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Generator, Optional, Sequence, Union
 
 import torch
 
@@ -113,6 +117,9 @@ class Stats:
     batched_prompts: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
+    #: Prefill chunks run, and those run in a turn that also decoded running rows.
+    prefill_chunks: int = 0
+    interleaved_chunks: int = 0
     #: (time, completion tokens so far) of recent steps, for a tokens/s over a short window.
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
 
@@ -122,6 +129,15 @@ class Stats:
         if len(points) < 2 or points[-1][0] <= points[0][0]:
             return 0.0
         return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+@dataclass
+class _Job:
+    """A prefill in progress: its requests (rows taken when it ends) and its chunks, a generator
+    that runs one chunk's step per ``next`` and joins the requests when it returns."""
+
+    requests: list[Request]
+    chunks: Generator[int, None, None]
 
 
 class Scheduler:
@@ -147,6 +163,11 @@ class Scheduler:
         self._thread: Optional[threading.Thread] = None
         #: Rows for batched prefills (`_start_together`), made at the first.
         self._scratch: Optional[BatchCache] = None
+        #: Prefills in progress, run in order, one chunk per turn while rows decode.
+        self._jobs: collections.deque[_Job] = collections.deque()
+        #: Requests of those jobs (rows promised to them): an int that `submit`, on another
+        #: thread, reads while the scheduler's thread changes the jobs.
+        self._promised = 0
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -174,7 +195,7 @@ class Scheduler:
         with self._wake:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            if len(self.waiting) >= self.max_queue + self.rows.free_rows():
+            if len(self.waiting) >= self.max_queue + self._free_rows():
                 raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue "
                                 f"{self.max_queue}); try again later")
             self.waiting.append(request)
@@ -196,7 +217,14 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self._jobs
+
+    def _jobs_changed(self) -> None:
+        self._promised = sum(1 for j in self._jobs for r in j.requests if r.row < 0)
+
+    def _free_rows(self) -> int:
+        """Rows neither running nor promised to a prefill in progress."""
+        return self.rows.free_rows() - self._promised
 
     def warm_up(self) -> None:
         """Run (and so compile) the decode step of every batch bucket and the prefill chunks
@@ -235,37 +263,65 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self.waiting and not self.running:
+                while not self._stopping and self.idle:
                     self._wake.wait(0.5)   # a timeout: signal handlers run in between
                 past_deadline = self._stopping and time.perf_counter() >= (self._deadline or 0.0)
                 if self._stopping and (past_deadline or self.idle):
                     break
-            try:
-                self._admit()
-                if self.running:
-                    self._decode()
-            except Exception as err:  # noqa: BLE001 - every request gets an error event, not a hang
-                log.exception("torchburn: the scheduler's step failed")
-                self._fail_all(f"internal error: {type(err).__name__}: {err}")
+            self.step()
         self._fail_all("the server is shutting down")
+
+    def step(self) -> None:
+        """One turn of the loop: admit waiting requests (starting their prefills), run a chunk
+        of a prefill in progress (all of it when no row decodes), then one decode step of the
+        running rows.  The loop's thread calls it; a test may call it instead of `start`."""
+        try:
+            self._drop_cancelled()
+            self._admit()
+            self._prefill()
+            if self.running:
+                self._decode()
+        except Exception as err:  # noqa: BLE001 - every request gets an error event, not a hang
+            log.exception("torchburn: the scheduler's step failed")
+            self._fail_all(f"internal error: {type(err).__name__}: {err}")
+
+    def _drop_cancelled(self) -> None:
+        """Waiting requests whose client went away end now (their queue place is free again)."""
+        with self._wake:
+            if not any(r.cancelled for r in self.waiting):
+                return
+            gone = [r for r in self.waiting if r.cancelled]
+            self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+        for r in gone:
+            self._finish(r, "cancelled")
 
     def _fail_all(self, message: str) -> None:
         with self._wake:
             waiting = list(self.waiting)
             self.waiting.clear()
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        self._jobs_changed()
+        for job in jobs:
+            job.chunks.close()
+            waiting += [r for r in job.requests if r.row < 0]
         for r in waiting:
             self._finish(r, "error", message)
         for r in list(self.running.values()):
             self._finish(r, "error", message)
 
     def _admit(self) -> None:
-        """Take waiting requests into the free rows.  Each row joins holding its prompt but
-        the last token, which the next decode step runs beside the other rows' tokens (its
-        logits give the first token).  A prompt a prefix entry mostly holds prefills its rest
-        alone into that entry; the others (requests that arrived together) prefill in one
-        batched step, a prompt that several of them share once."""
+        """Take waiting requests for the free rows (none while a prefill is in progress: its
+        requests and the next ones would share the prefix entries and the scratch rows).
+        Each row joins holding its prompt but the last token, which the next decode step runs
+        beside the other rows' tokens (its logits give the first token).  A prompt a prefix
+        entry mostly holds prefills its rest alone into that entry; the others (requests that
+        arrived together) prefill in one batched prefill, a prompt that several of them share
+        once.  Each prefill is a `_Job` that `_prefill` runs."""
+        if self._jobs:
+            return
         group: list[Request] = []
-        free = self.rows.free_rows()
+        free = self._free_rows()
         while len(group) < free:
             with self._wake:
                 if not self.waiting:
@@ -285,19 +341,43 @@ class Scheduler:
         batched = {id(r) for r in together}
         for r in group:
             if id(r) not in batched:
-                self._guarded([r], self._start_alone)
+                self._jobs.append(_Job([r], self._start_alone(r)))
         if together:
-            self._guarded(together, self._start_together)
+            self._jobs.append(_Job(together, self._start_together(together)))
+        self._jobs_changed()
 
-    def _guarded(self, rs: list[Request], start: Callable[[list[Request]], None]) -> None:
-        """``start(rs)``; a failure ends those requests with an error, the others go on."""
-        try:
-            start(rs)
-        except Exception as err:  # noqa: BLE001 - these requests fail, the others go on
-            log.exception("torchburn: a prefill failed")
-            for r in rs:
-                if r.row < 0:
-                    self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
+    def _prefill(self) -> None:
+        """Run the prefills in progress: one chunk (of the first job that has one left) while
+        rows decode, so the running streams get a token per chunk; every chunk when none do.
+        A job all of whose requests were cancelled stops; a job that fails ends its requests
+        with an error, the others go on."""
+        while self._jobs:
+            job = self._jobs[0]
+            if all(r.cancelled for r in job.requests):
+                job.chunks.close()
+                self._jobs.popleft()
+                self._jobs_changed()
+                for r in job.requests:
+                    self._finish(r, "cancelled")
+                continue
+            try:
+                next(job.chunks)
+            except StopIteration:      # done: its requests joined their rows
+                self._jobs.popleft()
+                self._jobs_changed()
+                continue
+            except Exception as err:  # noqa: BLE001 - these requests fail, the others go on
+                log.exception("torchburn: a prefill failed")
+                self._jobs.popleft()
+                self._jobs_changed()
+                for r in job.requests:
+                    if r.row < 0:
+                        self._finish(r, "error", f"internal error: {type(err).__name__}: {err}")
+                continue
+            self.stats.prefill_chunks += 1
+            if self.running:
+                self.stats.interleaved_chunks += 1
+                return
 
     def _begin(self, r: Request) -> None:
         r.text = TextStream(self.llm.tokenizer, r.stop)
@@ -309,27 +389,30 @@ class Scheduler:
     def _join(self, r: Request, cache: KVCache, length: int, source_row: int = 0, first: int = 0) -> None:
         """``r`` takes a row holding its first ``length`` prompt tokens (from ``cache``); its
         last prompt token is fed by the next decode step."""
+        self._promised -= 1   # first: for a moment `submit` may see one free row too many, never too few
         r.row = self.rows.join(cache, length, source_row, first)
         r.pending = r.prompt_ids[-1]
         self.running[r.row] = r
 
-    def _start_alone(self, rs: list[Request]) -> None:
-        (r,) = rs
+    def _start_alone(self, r: Request) -> Generator[int, None, None]:
+        """The prefill of one prompt into a prefix entry (from the first token the entry does
+        not hold), then its row; a step per chunk (`_Job`)."""
         ids = r.prompt_ids
         head = ids[:-1]
         self._begin(r)
         entry, cached = self.prefixes.take(ids)
         if cached < len(head):
-            self.llm._prefill([head], entry.cache, torch.zeros(1, dtype=torch.long), cached)
+            yield from self.llm.prefill_chunks([head], entry.cache, torch.zeros(1, dtype=torch.long),
+                                               cached)
         self.prefixes.filled(entry, head)
         self.stats.prefilled_tokens += len(ids) - cached
         self._join(r, entry.cache, len(head))
 
-    def _start_together(self, rs: list[Request]) -> None:
+    def _start_together(self, rs: list[Request]) -> Generator[int, None, None]:
         """One batched prefill (in chunks of `TOGETHER_CHUNK` tokens) of the distinct prompts
         of ``rs``, left-padded to one length, in the rows of a scratch cache shaped like the
         shared one (so its one-token steps are the decode graphs); then each request's row is
-        copied from it, and each prompt kept in the prefix cache."""
+        copied from it, and each prompt kept in the prefix cache.  A step per chunk (`_Job`)."""
         from .batch_cache import bucket_for
 
         heads: dict[tuple[int, ...], int] = {}
@@ -342,7 +425,9 @@ class Scheduler:
         if self._scratch is None:
             self._scratch = BatchCache(self.llm._new_cache(self.parallel))
         scratch = self._scratch.view(batch)
-        self.llm._prefill(rows, scratch, starts, 0, (TOGETHER_CHUNK,))
+        for r in rs:
+            self._begin(r)
+        yield from self.llm.prefill_chunks(rows, scratch, starts, 0, (TOGETHER_CHUNK,))
         self.stats.batched_prefills += 1
         self.stats.batched_prompts += len(heads)
         for h, k in heads.items():
@@ -350,7 +435,6 @@ class Scheduler:
         ran: set[tuple[int, ...]] = set()
         for r in rs:
             h = tuple(r.prompt_ids[:-1])
-            self._begin(r)
             if h in ran:                  # the same prompt as an earlier one of the group
                 self.prefixes.reused_tokens += len(h)
                 self.stats.prefilled_tokens += 1

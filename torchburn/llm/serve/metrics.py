@@ -36,6 +36,11 @@ def render_metrics(scheduler: "Scheduler", model: str) -> str:
     metric("decode_steps_total", "counter", "Batched decode steps run.", [(m, s.decode_steps)])
     metric("decode_rows_total", "counter", "Requests served by those steps (rows, summed).",
            [(m, s.decode_rows)])
+    metric("prefill_chunks_total", "counter", "Prefill steps run (chunks of prompts).",
+           [(m, s.prefill_chunks)])
+    metric("prefill_chunks_beside_decode_total", "counter",
+           "Prefill chunks run in a turn that also decoded the running rows (chunked prefill).",
+           [(m, s.interleaved_chunks)])
     metric("queue_length", "gauge", "Requests waiting for a row.", [(m, len(scheduler.waiting))])
     metric("running_requests", "gauge", "Requests in the running batch.",
            [(m, len(scheduler.running))])
