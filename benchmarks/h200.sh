@@ -10,7 +10,9 @@
 # carry 64 MiB with the checkout's tracked files: the 2026-12-02 build (62.5 MB with numpy and
 # pyelftools, without hf_xet and pydantic, transformers' models cut to llama, qwen2, mistral, gpt2
 # and auto) and 3.9 MB of tracked files leave about 0.7 MB, so a branch is carried as the files that differ from the checkout, copied over it
-# first (`cp -r .overlay/. .`).
+# first (`cp -r .overlay/. .`). Name `.overlay` in the run's `carry` beside `.gl`: on 2026-12-06 a
+# helper's `.overlay` that was not named there did not travel (`cp: cannot stat '.overlay/.'`) and
+# the command measured main's code.
 # Usage there, from the repository root:
 #
 #     bash benchmarks/h200.sh [tests|sweep|bench|llm|llm-qwen|host|all, or a comma list such as llm,host] ...
@@ -30,7 +32,10 @@
 # Time: on the H100 (2026-12-06) the `llm` part's contenders warm up (compile) for 45-47 s (each of
 # our GPU rows), 22 s (our CPU engine) and 60-61 s (each transformers static-cache row) before the
 # first timed repetition, besides loads, process starts and the checkpoint: five of them need more
-# than 285 s; keep LLM_TIMEOUT at its 420 s.
+# than 285 s; keep LLM_TIMEOUT at its 420 s. On a fresh H200 (2026-12-06, nothing in the disk
+# caches) all eight contenders of the 135M shape did not fit 430 s (our GPU rows warmed up for
+# 50-76 s each, transformers' static rows 59-70 s): split them with `--only` over commands
+# (gpu,gpu-int8,gpu-int4,cpu,static-f32 in 330 s; cuda-f32,cuda-f16,static-f16 in about 150 s).
 #
 # The `llm` part needs transformers there: carry `.gl/llm.tar.xz` too (transformers cut to the
 # llama, qwen2, mistral and gpt2 models, tokenizers, safetensors, huggingface_hub and their

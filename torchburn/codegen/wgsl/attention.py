@@ -17,10 +17,11 @@ schedule is this module's own, in one of two forms:
   workgroup memory, each invocation computing its BK scores and the online-softmax update
   (`corr = exp(m - m_new)` rescales the sum and the accumulator). With `causal`, tiles past the
   block's last row are never loaded, keys past a row's own index score -inf.
-- **decode** (at most `DECODE_ROWS` query rows): a workgroup per query row, its invocations
-  splitting the keys (`j = lid, lid + WG, ...`), each with its own running max, sum and
-  accumulator; a tree reduction in workgroup memory merges them (max, then the rescaled sums
-  and accumulators, a few `vec4` columns at a time). Only the keys `0..Tk` exist for the
+- **decode** (at most `DECODE_ROWS` query rows): a workgroup per query row, the keys in tiles
+  of WG: each invocation scores one key of the tile into workgroup memory, then groups of
+  `Dv / 4` lanes (a lane per `vec4` of the value row) take every G-th scored key, each group
+  with its own running max, sum and accumulator; one pass over the G groups' states merges
+  them. Two barriers a tile and one for the merge. Only the keys `0..Tk` exist for the
   shader: `Tk` is the loop extent, a program symbol for a cache view.
 
 Segments (a cache and the step's new keys) run one after the other with the same running
@@ -395,21 +396,30 @@ class AttentionEmitter:
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode(self) -> tuple[list[str], int, Expr, str]:
+        """A workgroup per query row, the keys in tiles of `wg`: each invocation scores one key
+        of the tile into workgroup memory, then `G = wg / v4` groups of `v4` lanes (a lane per
+        vec4 of the value row) each take every G-th key of the tile, with their own running
+        max, sum and accumulator vec4; one merge of the G groups ends the row. Two barriers a
+        tile and one for the merge (the earlier tree merged every invocation's state in about
+        70 barrier steps, most of a decode layer's attention time on an H100)."""
         k, nest = self.k, self.nest
         r = k.r
         total: Optional[int] = 0
         for keys in nest.keys:
             e = _static(keys.extent)
             total = None if e is None or total is None else total + e
+        v4 = self.v4
         wg = 32
         cap = min(DECODE_WG, k.caps.max_invocations)
-        while wg < cap and (total is None or wg < total):
+        while wg < cap and (total is None or wg < total or wg < v4):
             wg *= 2
-        v4 = self.v4
-        budget = min(k.caps.max_workgroup_storage, 16384) - 8 * wg
-        ch = max(1, min(v4, budget // (16 * wg)))
-        k.workgroup_arrays["fa_rm"] = f"var<workgroup> fa_rm: array<f32, {wg}>;"
-        k.workgroup_arrays["fa_ra"] = f"var<workgroup> fa_ra: array<vec4<f32>, {wg * ch}>;"
+        if v4 > wg:
+            raise WgslUnsupported(f"attention: value head dim {nest.dv} above {4 * wg} for the decode form")
+        groups_n = wg // v4
+        k.workgroup_arrays["fa_s"] = f"var<workgroup> fa_s: array<f32, {wg}>;"
+        k.workgroup_arrays["fa_gm"] = f"var<workgroup> fa_gm: array<f32, {groups_n}>;"
+        k.workgroup_arrays["fa_gl"] = f"var<workgroup> fa_gl: array<f32, {groups_n}>;"
+        k.workgroup_arrays["fa_ga"] = f"var<workgroup> fa_ga: array<vec4<f32>, {groups_n * v4}>;"
         rows = Const(1)
         for f in nest.grid:
             rows = ex.mul(rows, f.extent)
@@ -421,65 +431,69 @@ class AttentionEmitter:
         k.unflatten("fa_g", nest.grid, [f.extent for f in nest.grid])
         L += k.lines
         k.lines = saved
-        self._load_q(L, iv)
+        for c in range(self.d4):
+            L.append(f"  let fa_qr{c} = {self._vec('fa_q', self._args(iv), str(4 * c))} * {self._scale()};")
+        L.append(f"  let fa_grp = i32(lid / {v4}u);")
+        L.append(f"  let fa_c = i32(lid % {v4}u);")
+        L.append(f"  let fa_in = lid < {groups_n * v4}u;")
+        L.append("  var fa_a = vec4<f32>(0.0);")
+        L.append("  var fa_m = -tb_inf();")
+        L.append("  var fa_l = 0.0;")
         for s, keys in enumerate(nest.keys):
             L.append("  {")
             L.append(f"  let fa_T = {r.scalar(keys.extent)};")
             L.append(f"  let fa_E = {'min(fa_T, ' + iv + ' + 1)' if nest.causal else 'fa_T'};")
-            L.append(f"  for (var j: i32 = i32(lid); j < fa_E; j = j + {wg}) {{")
-            L.append("    var dot = vec4<f32>(0.0);")
+            L.append(f"  for (var fa_j0: i32 = 0; fa_j0 < fa_E; fa_j0 = fa_j0 + {wg}) {{")
+            L.append("    let j = fa_j0 + i32(lid);")
+            L.append("    var sc = -tb_inf();")
+            L.append("    if (j < fa_E) {")
+            L.append("      var dot = vec4<f32>(0.0);")
             for c in range(self.d4):
-                L.append(f"    dot = fma(fa_qr{c}, {self._vec(f'fa_k{s}', self._args(iv, 'j'), str(4 * c))}, dot);")
-            L.append("    var sc = dot.x + dot.y + dot.z + dot.w;")
+                L.append(f"      dot = fma(fa_qr{c}, {self._vec(f'fa_k{s}', self._args(iv, 'j'), str(4 * c))}, dot);")
+            L.append("      sc = dot.x + dot.y + dot.z + dot.w;")
             if nest.m[s] is not None:
-                L.append(f"    sc = sc + fa_m{s}({self._args(iv, 'j')}, 0);")
-            L.append("    let mn = max(fa_m, sc);")
-            L.append("    let mu = select(mn, 0.0, mn == -tb_inf());")
-            L.append("    let corr = exp(fa_m - mu);")
-            L.append("    let p = exp(sc - mu);")
-            L.append("    fa_l = fa_l * corr + p;")
-            for c in range(v4):
-                vv = self._vec(f"fa_v{s}", self._args(iv, "j"), str(4 * c))
-                L.append(f"    fa_a{c} = fma(vec4<f32>(p), {vv}, fa_a{c} * corr);")
-            L.append("    fa_m = mn;")
+                L.append(f"      sc = sc + fa_m{s}({self._args(iv, 'j')}, 0);")
+            L.append("    }")
+            L.append("    workgroupBarrier();")
+            L.append("    fa_s[lid] = sc;")
+            L.append("    workgroupBarrier();")
+            L.append(f"    let fa_n = min({wg}, fa_E - fa_j0);")
+            L.append("    if (fa_in) {")
+            L.append(f"      for (var t: i32 = fa_grp; t < fa_n; t = t + {groups_n}) {{")
+            L.append("        let st = fa_s[t];")
+            L.append("        let mn = max(fa_m, st);")
+            L.append("        let mu = select(mn, 0.0, mn == -tb_inf());")
+            L.append("        let corr = exp(fa_m - mu);")
+            L.append("        let p = exp(st - mu);")
+            L.append("        fa_l = fa_l * corr + p;")
+            vv = self._vec(f"fa_v{s}", self._args(iv, "fa_j0 + t"), "4 * fa_c")
+            L.append(f"        fa_a = fma(vec4<f32>(p), {vv}, fa_a * corr);")
+            L.append("        fa_m = mn;")
+            L.append("      }")
+            L.append("    }")
             L.append("  }")
             L.append("  }")
-        # merge the invocations' states: the maximum, then the rescaled sums and accumulators
-        self._tree(L, wg, "fa_rm[lid]", "fa_m", "max")
-        L.append("  let fa_M = fa_rm[0];")
+        # merge the groups: the maximum, then the rescaled sums and accumulators
+        L.append("  if (fa_in) {")
+        L.append("    fa_ga[lid] = fa_a;")
+        L.append("    if (fa_c == 0) { fa_gm[fa_grp] = fa_m; fa_gl[fa_grp] = fa_l; }")
+        L.append("  }")
         L.append("  workgroupBarrier();")
-        L.append("  let fa_f = exp(fa_m - select(fa_M, 0.0, fa_M == -tb_inf()));")
-        self._tree(L, wg, "fa_rm[lid]", "fa_l * fa_f", "add")
-        L.append("  let fa_inv = 1.0 / fa_rm[0];")
-        for c0 in range(0, v4, ch):
-            n = min(ch, v4 - c0)
-            L.append("  workgroupBarrier();")
-            for x in range(n):
-                L.append(f"  fa_ra[lid * {ch}u + {x}u] = fa_a{c0 + x} * fa_f;")
-            L.append("  workgroupBarrier();")
-            step = wg // 2
-            while step >= 1:
-                L.append(f"  if (lid < {step}u) {{")
-                for x in range(n):
-                    L.append(f"    fa_ra[lid * {ch}u + {x}u] = fa_ra[lid * {ch}u + {x}u] + fa_ra[(lid + {step}u) * {ch}u + {x}u];")
-                L.append("  }")
-                L.append("  workgroupBarrier();")
-                step //= 2
-            L.append("  if (lid == 0u) {")
-            for x in range(n):
-                self._store_row(L, iv, f"fa_ra[{x}]", "fa_inv", "    ", c0 + x)
-            L.append("  }")
-        return L, wg, rows, f"attention/decode {wg}"
-
-    @staticmethod
-    def _tree(L: list[str], wg: int, slot: str, value: str, op: str) -> None:
-        """`fa_rm[0]` = the `op` of `value` over the workgroup (a tree in workgroup memory)."""
-        L.append(f"  {slot} = {value};")
-        L.append("  workgroupBarrier();")
-        step = wg // 2
-        while step >= 1:
-            other = f"fa_rm[lid + {step}u]"
-            combined = f"max({slot}, {other})" if op == "max" else f"{slot} + {other}"
-            L.append(f"  if (lid < {step}u) {{ {slot} = {combined}; }}")
-            L.append("  workgroupBarrier();")
-            step //= 2
+        L.append(f"  if (lid < {v4}u) {{")
+        L.append("    var fa_M = -tb_inf();")
+        L.append(f"    for (var g: u32 = 0u; g < {groups_n}u; g = g + 1u) {{ fa_M = max(fa_M, fa_gm[g]); }}")
+        L.append("    let fa_Mu = select(fa_M, 0.0, fa_M == -tb_inf());")
+        L.append("    var fa_L = 0.0;")
+        L.append("    var fa_A = vec4<f32>(0.0);")
+        L.append(f"    for (var g: u32 = 0u; g < {groups_n}u; g = g + 1u) {{")
+        L.append("      let f = exp(fa_gm[g] - fa_Mu);")
+        L.append("      fa_L = fa_L + fa_gl[g] * f;")
+        L.append(f"      fa_A = fma(fa_ga[g * {v4}u + lid], vec4<f32>(f), fa_A);")
+        L.append("    }")
+        L.append("    let fa_inv = 1.0 / fa_L;")
+        for e in range(4):
+            col = f"4 * fa_c + {e}"
+            guard = f"if ({col} < {nest.dv}) " if nest.dv % 4 else ""
+            L.append(f"    {guard}{{ fa_out({self._args(iv)}, {col}, fa_A.{'xyzw'[e]} * fa_inv); }}")
+        L.append("  }")
+        return L, wg, rows, f"attention/decode {wg}x{groups_n}"

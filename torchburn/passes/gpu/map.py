@@ -10,8 +10,10 @@ Five mappings:
   `gpu_rows.py`); tried first.
 
 - **grid** (elementwise kernels, and reductions too short to share): the outer perfect nest
-  of parallel loops becomes the invocation grid, one invocation per element
-  (`gpu = "grid"`, the outermost loop also carries `gpu_wg`, the workgroup size). When the
+  of parallel loops becomes the invocation grid, one invocation per element (a loop of one
+  iteration counts as parallel whatever the stores name: a scatter at a position read from a
+  tensor, `for p in 0..1 { let t = checked_index(%pos[p], s0); for c in 0..64 { %cache[.., t, c] = .. } }`,
+  gets `c` in the grid too) (`gpu = "grid"`, the outermost loop also carries `gpu_wg`, the workgroup size). When the
   innermost extent is a multiple of 4 and the body is straight-line, `gpu_vec = "4"` asks for
   four elements per invocation with vec4 loads and stores (codegen checks contiguity and
   alignment and falls back to scalars where they fail).
@@ -144,7 +146,11 @@ def _parallel_prefix(loops: list[lp.For], params: Mapping[str, lp.Buffer]) -> in
     regrouped = [regrouped_loops(st.index, loops, params[st.buffer].shape) for st in stores]
     n = 0
     for f in loops:
-        if not stores or not all(f.var in st.index or n < r for st, r in zip(stores, regrouped)):
+        # a loop of one iteration runs nothing concurrently (the scatter of a decode step's
+        # keys into the cache, `index_copy` at a position read from a tensor: the loops
+        # inside it, which the store does name, join the grid)
+        single = f.start == Const(0) and f.extent == Const(1)
+        if not stores or not (single or all(f.var in st.index or n < r for st, r in zip(stores, regrouped))):
             break
         n += 1
     return n

@@ -10,6 +10,8 @@ The compile driver asks for it when the target's engine is `wgpu` (`compiler/eng
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..tensor.expand_attention import ExpandAttention
 from ..tensor.fusion import Fuse
 from .lower import LowerToLoopsGpu
@@ -44,6 +46,9 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     # as f32 in GPU memory; the GPU keeps the quantized product (its plain nest is one
     # invocation per output element, which `gpu-map` maps as any element nest).
     tensor = [x for x in p.tensor if x.name != "qlinear-to-gemm"]
+    # A stored value costs a dispatch: rotary embeddings and SiLU * up are computed inside the
+    # attention and matrix-vector kernels that read them (`fusion.py`, `vector_producers`).
+    tensor = [dataclasses.replace(x, vector_producers=True) if type(x) is Fuse else x for x in tensor]
     if not any(x.name == ExpandAttention.name for x in tensor):
         at = next((k for k, x in enumerate(tensor) if isinstance(x, Fuse)), len(tensor))
         tensor.insert(at, ExpandAttention(keep_flash=flash))

@@ -53,6 +53,22 @@ stores each element at the view's index (`loopgen/store_views.py`), with no copy
     %0 = attention(%q, %k, %v) {scale = 0.125, causal = true, ..., fused_into = [0]} : f32[4, 12, 1024, 64]
     %1 = permute(%0) {dims = [2, 0, 1, 3], kernel = 0} : f32[1024, 4, 12, 64]
 
+**Producers of vector products** (`vector_producers`, on in the GPU pipeline, where each stored
+value costs a dispatch). An elementwise op read by an `attention` op or by a product of one row
+(`[1, K] @ [K, N]`: the decode step's linears), through views, is computed inside that kernel
+instead of stored: the rotary embedding of the query and key, SwiGLU's `silu(gate) * up`
+before the down projection. Such a kernel reads each operand element once per output row (or
+block of query rows), so recomputing it is cheap. An op that reads a reduction (a norm's scale)
+is still stored: inlined, the reduction would be a kernel of its own.
+
+    %0 = matmul(%x, %wgu) {kernel = 0} : f32[1, 3072]
+    %1 = slice(%0) {dim = 1, start = 0, end = 1536, step = 1, fused_into = [1]} : f32[1, 1536]
+    %2 = slice(%0) {dim = 1, start = 1536, end = 3072, step = 1, fused_into = [1]} : f32[1, 1536]
+    %3 = sigmoid(%1) {fused_into = [1]} : f32[1, 1536]
+    %4 = mul(%1, %3) {fused_into = [1]} : f32[1, 1536]
+    %5 = mul(%4, %2) {fused_into = [1]} : f32[1, 1536]      (without the option: kernel = 1)
+    %6 = matmul(%5, %wd) {kernel = 1} : f32[1, 576]
+
 Before:
 
     graph @main(%x: f32[32, 512], %w: f32[1024, 512], %b: f32[1024]) {
@@ -80,6 +96,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...ir.expr import Const
 from ...ir.ops import get_op
 from ...ir.tensor import Graph, Op, Value
 from ..base import TensorPass, register_pass
@@ -155,6 +172,11 @@ class Fuse(TensorPass):
     #: output layout, a graph output) in their kernel: the attention nest stores each element
     #: at the view's index, and no copy kernel runs (`loopgen/store_views.py`).
     attention_views: bool = True
+    #: Compute elementwise producers (rotary embeddings, SiLU * up) inside the attention ops and
+    #: single-row products (matrix-vector, the decode step's linears) that read them, instead of
+    #: storing them first (see "Producers of vector products" in the module docstring). The GPU
+    #: pipeline turns it on: a stored value there costs a dispatch.
+    vector_producers: bool = False
 
     def run(self, graph: Graph) -> Graph:
         for op in graph.ops:
@@ -265,7 +287,9 @@ class Fuse(TensorPass):
             if feeds_reread:
                 reread.add(op)
             return True
-        if feeds_reread:
+        if feeds_reread and not (self.vector_producers and cat == "elementwise"
+                                 and _read_as_vector(consumers, users, reread)
+                                 and not _behind_reduction(op)):
             # A contraction (matmul, convolution) reads each element many times: compute it
             # once, unless it is a constant.
             return cat == "factory"
@@ -316,6 +340,51 @@ def _uses_through_views(value: Value, users: dict[Value, list[Op]], inlined: set
         else:
             count += 1
     return count
+
+
+def _read_as_vector(consumers: list[Op], users: dict[Value, list[Op]], reread: set[Op]) -> bool:
+    """Whether each of `consumers` that rereads its operands (through views) reads them as
+    vectors (`_reads_as_vector`)."""
+    stack = list(consumers)
+    while stack:
+        u = stack.pop()
+        if u not in reread:
+            continue
+        if category(u) == "view" and len(u.results) == 1:
+            stack.extend(users.get(u.result, []))
+        elif not _reads_as_vector(u):
+            return False
+    return True
+
+
+def _reads_as_vector(op: Op) -> bool:
+    """Whether a contraction reads each element of its operands few times per output row: an
+    `attention` op (each query row and key once per block of query rows) or a product of one
+    row (`[1, K] @ [K, N]`, `qlinear` of one row: its operand is a vector each output reads)."""
+    if op.name == "attention":
+        return True
+    if op.name in ("matmul", "qlinear") and len(op.results) == 1 and op.result.shape:
+        return all(isinstance(d, Const) and int(d.value) == 1 for d in op.result.shape[:-1])
+    return False
+
+
+def _behind_reduction(op: Op) -> bool:
+    """Whether `op` reads, through elementwise ops and views, a reduction (a norm's mean
+    square): inlined into a product, the reduction would be a kernel of its own, which saves
+    nothing over storing `op`. The walk stops at every other op (a product, an input)."""
+    stack, seen = [op], set()
+    while stack:
+        node = stack.pop()
+        for v in node.operands:
+            p = v.producer
+            if p is None or p in seen:
+                continue
+            seen.add(p)
+            if category(p) == "reduction":
+                return True
+            if category(p) in ("elementwise", "view"):
+                stack.append(p)
+    return False
 
 
 def _reads_product(op: Op) -> bool:
