@@ -66,12 +66,17 @@ def element_rule(*names: str) -> Callable[[ElementRule], ElementRule]:
 #: storing the op's result into the buffer `out`. Registered with `@root_rule("name")`.
 RootRule = Callable[["KernelBuilder", Op, lp.Buffer], lp.Stmt]
 ROOT_RULES: dict[str, RootRule] = {}
+#: Ops of a category that is otherwise inlined whose only loop form is their root rule
+#: (`root_rule(..., only=True)`): `fuse` makes each a kernel's root.
+ROOT_ONLY: set[str] = set()
 
 
-def root_rule(*names: str) -> Callable[[RootRule], RootRule]:
+def root_rule(*names: str, only: bool = False) -> Callable[[RootRule], RootRule]:
     def deco(fn: RootRule) -> RootRule:
         for n in names:
             ROOT_RULES[n] = fn
+            if only:
+                ROOT_ONLY.add(n)
         return fn
     return deco
 

@@ -76,7 +76,7 @@ def _group_runs(kb: KernelBuilder, op: Op, n: Expr, b: Var) -> tuple[int, list[R
     return g, [(h, nibble(0), d, m), (h, nibble(1), d, m)]
 
 
-@root_rule("dequantize")
+@root_rule("dequantize", only=True)  # no per-element form: never inlined (`fuse`)
 def dequantize(kb: KernelBuilder, op: Op, out: lp.Buffer) -> lp.Stmt:
     """The nest of the module docstring, storing into `out` ([N, K] f32)."""
     if op.loc and op.loc not in kb.origins:

@@ -11,7 +11,7 @@ reads each element many times), or when it is a residual stream: an elementwise 
 reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
 product's epilogue, so that each layer of a deep model stores its sum once and gets the same
 kernels, instead of every norm recomputing the stream from the embedding. An op the loop
-builder writes only as a whole nest of its own (`dequantize`: a root rule, no element rule) is
+builder writes only as a whole nest of its own (`dequantize`: `kernel_builder.ROOT_ONLY`) is
 always a kernel's root.
 
 Before:
@@ -100,7 +100,7 @@ from ...ir.expr import Const
 from ...ir.ops import get_op
 from ...ir.tensor import Graph, Op, Value
 from ..base import TensorPass, register_pass
-from ..loopgen.kernel_builder import ELEMENT_RULES, ROOT_RULES
+from ..loopgen.kernel_builder import ROOT_ONLY
 from ..loopgen.store_views import view_chain_root
 from .row_fusion import row_groups
 
@@ -319,9 +319,9 @@ BUFFER_OPERANDS: dict[str, tuple[int, ...]] = {"conv": (0,), "conv_grad_weight":
 
 def _root_only(op: Op) -> bool:
     """Whether the loop builder computes `op` only as a kernel's root, a nest of its own
-    (`ROOT_RULES` without an element rule: `dequantize` writes a row's blocks run by run), so
-    it cannot be inlined into a consumer's kernel."""
-    return op.name in ROOT_RULES and op.name not in ELEMENT_RULES
+    (`ROOT_ONLY`: `dequantize` writes a row's blocks run by run), so it cannot be inlined into
+    a consumer's kernel."""
+    return op.name in ROOT_ONLY
 
 
 def _needs_buffer(user: Op, value: Value) -> bool:
