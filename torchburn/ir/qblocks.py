@@ -150,7 +150,9 @@ def _wide_nibbles(qs: int) -> Expr:
     """The 32 low four bits of a legacy block: weight l < 16 is the low nibble of qs[l], weight
     l >= 16 the high nibble of qs[l - 16] (both halves read from one 16-byte load)."""
     b = byte(ex.add(Const(qs), ex.Binary("mod", LANE, Const(16), LANE.type)))
-    return bits(ex.Select(lane_lt(16), b, ex.Binary("shr", b, u8(4), U8), U8), 0, 15)
+    # a select of two different operations (a mask, a shift): of two shifts LLVM makes one
+    # lane-varying shift, which x86 has only for 16-bit lanes (seven instructions for bytes)
+    return ex.Select(lane_lt(16), bits(b, 0, 15), ex.Binary("shr", b, u8(4), U8), U8)
 
 
 def _wide_fifth(qh: int) -> Expr:

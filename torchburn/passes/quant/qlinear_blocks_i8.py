@@ -63,7 +63,7 @@ from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType
-from ...ir.qblocks import WIDE, BlockType, block_type
+from ...ir.qblocks import BLOCK, LANE, WIDE, BlockType, block_type
 from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
 from .qlinear import MR_ROWS, QLinear
 from .qlinear_blocks import ByteAt, instantiate
@@ -292,6 +292,10 @@ class BlocksI8Builder(Q8Builder):
         (one broadcast for a chunk of one run); None where they are all 1."""
         if all(v is None for v in values):
             return None
+        if len(values) > 1 and all(v is not None for v in values):
+            vector = lane_runs(values, per_run)  # type: ignore[arg-type]
+            if vector is not None:
+                return self.kb.bind(instantiate(vector, at, Const(0), LANES), "sv")
         got = [self.kb.bind(instantiate(v if v is not None else Const(1, I32), at, Const(0)), "s")
                for v in values]
         if len(got) == 1:
@@ -316,6 +320,72 @@ class BlocksI8Builder(Q8Builder):
         self.loop(j, Const(k // WIDE), kb.pop())
         self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
         return out
+
+
+def _offset_deltas(a: Expr, b: Expr, out: list[int]) -> bool:
+    """Whether `b` is `a` with the block byte offsets moved (constant offsets; the moves of
+    `a`'s loads in `ex.walk` order appended to `out`)."""
+    if type(a) is not type(b) or a.type != b.type:
+        return False
+    if isinstance(a, ex.Load):
+        assert isinstance(b, ex.Load)
+        (oa,), (ob,) = a.index, b.index
+        if a.buffer != BLOCK or not (isinstance(oa, Const) and isinstance(ob, Const)):
+            return False
+        out.append(int(ob.value) - int(oa.value))
+        return True
+    if isinstance(a, Const):
+        return a == b
+    if isinstance(a, ex.Binary) and a.op != b.op:  # type: ignore[attr-defined]
+        return False
+    if isinstance(a, ex.Call) and a.name != b.name:  # type: ignore[attr-defined]
+        return False
+    ka, kb_ = a.children(), b.children()
+    return len(ka) == len(kb_) and all(_offset_deltas(x, y, out) for x, y in zip(ka, kb_))
+
+
+def lane_runs(values: list[Expr], per_run: int) -> Optional[Expr]:
+    """One expression of the lane for the runs' integers `values` (run j in lanes
+    `j per_run ..`), where they differ only by byte offsets moving by the same step from run
+    to run: Q6_K's scales `i8(%blk[192 + r])` for runs 2c, 2c + 1 ->
+    `i8(%blk[192 + 2 c + l // 4])`, one load of two bytes and a shuffle after codegen. None
+    otherwise."""
+    steps: Optional[list[int]] = None
+    for j, v in enumerate(values[1:], start=1):
+        moved: list[int] = []
+        if not _offset_deltas(values[0], v, moved) or any(m % j for m in moved):
+            return None
+        step = [m // j for m in moved]
+        if steps is not None and step != steps:
+            return None
+        steps = step
+    assert steps is not None
+    it = iter(steps)
+    run = ex.Binary("floordiv", LANE, Const(per_run), LANE.type)
+
+    def move(e: Expr) -> Expr:
+        if isinstance(e, ex.Load):
+            return ex.Load(BLOCK, (ex.add(e.index[0], ex.Binary("mul", run, Const(next(it)), LANE.type)),), e.type)
+        kids = tuple(move(c) for c in e.children())
+        return _with_children(e, kids)
+
+    return move(values[0])
+
+
+def _with_children(e: Expr, kids: tuple[Expr, ...]) -> Expr:
+    if not kids:
+        return e
+    if isinstance(e, ex.Binary):
+        return ex.Binary(e.op, kids[0], kids[1], e.type)
+    if isinstance(e, ex.Cast):
+        return ex.Cast(kids[0], e.type)
+    if isinstance(e, ex.Bitcast):
+        return ex.Bitcast(kids[0], e.type)
+    if isinstance(e, ex.Call):
+        return ex.Call(e.name, kids, e.type)
+    if isinstance(e, ex.Select):
+        return ex.Select(kids[0], kids[1], kids[2], e.type)
+    raise ValueError(f"block expression node {e!r} is not supported")
 
 
 def _int_segments(values: list[Expr]) -> Expr:
