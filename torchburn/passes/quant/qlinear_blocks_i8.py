@@ -67,7 +67,7 @@ from ...ir.qblocks import BLOCK, LANE, WIDE, BlockType, block_type
 from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
 from .qlinear import MR_ROWS, QLinear
 from .qlinear_blocks import ByteAt, instantiate
-from .qlinear_i8 import MAX_XQ_BYTES, Q8Builder, Q8Plan, _dot4
+from .qlinear_i8 import MAX_XQ_BYTES, Q8Builder, Q8Plan, _dot4, lane_segments
 
 if TYPE_CHECKING:
     from ...ir.tensor import Op
@@ -161,7 +161,8 @@ class BlocksI8Plan(Q8Plan):
     block_type: str = ""
 
     def describe(self) -> str:
-        return (f"blocks-i8 block={self.block_type} mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk} "
+        pack = f" pack={self.pack}" if self.pack > 1 else ""
+        return (f"blocks-i8 block={self.block_type} mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk}{pack} "
                 f"parallel={'yes' if self.parallel else 'no'}")
 
 
@@ -186,7 +187,9 @@ def plan_blocks_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> 
     mr = 1 if m <= 1 else min(m, MR_ROWS)
     n = static_int(ql.n)
     flops = 2.0 * max(m, 1) * (n if n is not None else 1 << 20) * k
-    return BlocksI8Plan(mr, 1, max(m, 1), bt.block, WIDE, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, 1,
+    # legacy blocks (one chunk, one scale): two to a 512-bit dot product where it is one instruction
+    pack = 2 if bt.block == WIDE and 2 * LANES in cpu.dot4_lanes and k // bt.block >= 2 else 1
+    return BlocksI8Plan(mr, 1, max(m, 1), bt.block, WIDE, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
                         bt.name)
 
 
@@ -232,13 +235,41 @@ class BlocksI8Builder(Q8Builder):
         qs = self.quad_sums(xq, k)
         xc = self.quad_sums(xq, k, -sp.bias) if sp.bias else None
         item, n0, ns, tile, ib, i0, rows = self.open_tiles()
+        blocks = k // bt.block
+        p = plan.pack
+        widths = [p] + ([1] if p > 1 and blocks % p else [])
+        facc = {w: [self.local("acc", (LANES * w,)) for _ in range(plan.mr)] for w in widths}
+        for w, accs in facc.items():
+            for a in accs:
+                kb.emit(lp.Store(a.name, (self.lane(LANES * w),), ex.const(0.0, dt.f32, LANES * w)))
+        if p > 1:
+            b = self.var("b")
+            kb.push()
+            self.packed_step(sp, ex.mul(b, Const(p)), rows, ns, facc[p], xq, xd, qs, xc)
+            self.loop(b, Const(blocks // p), kb.pop())
+        first = blocks // p * p if p > 1 else 0
+        if blocks > first:
+            b = self.var("b")
+            kb.push()
+            self.block_step(sp, ex.add(b, Const(first)) if first else b, rows, ns, facc[1], xq, xd, qs, xc)
+            self.loop(b, Const(blocks - first), kb.pop())
+        for r in range(plan.mr):
+            total: Optional[Expr] = None
+            for w, accs in facc.items():
+                vt = ScalarType(dt.f32, LANES * w)
+                part = ex.VectorReduce("add", ex.Load(accs[r].name, (self.lane(LANES * w),), vt), F32)
+                total = part if total is None else ex.Binary("add", total, part, F32)
+            assert total is not None
+            kb.emit(lp.Store(tile.name, (Const(r), Const(0)), total))
+        kb.emit(self.close_tiles(tile, item, ib, i0, n0))
+        return kb.pop()
+
+    def block_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
+                   xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
+        """Block `b` of weight row `ns[0]` into `facc` (the nest of the module docstring)."""
+        kb, plan, bt = self.kb, self.plan, sp.bt
         lane = self.lane(LANES)
         vt, it = ScalarType(dt.f32, LANES), ScalarType(dt.i32, LANES)
-        facc = [self.local("acc", (LANES,)) for _ in range(plan.mr)]
-        for a in facc:
-            kb.emit(lp.Store(a.name, (lane,), ex.const(0.0, dt.f32, LANES)))
-        b = self.var("b")
-        kb.push()
         at = self.row_bytes(ns[0], b)
         iacc = [self.buffer("iacc", dt.i32, (LANES,)) for _ in range(plan.mr)]
         oacc = [self.buffer("oacc", dt.i32, (LANES,)) for _ in range(plan.mr)] \
@@ -253,11 +284,9 @@ class BlocksI8Builder(Q8Builder):
             mins = self.lane_ints([sp.m(r) for r in runs], at, per_run) if oacc else None
             k0 = ex.add(ex.mul(b, Const(bt.block)), Const(c * WIDE))
             for r in range(plan.mr):
-                xb = ex.Load(xq.name, (rows[r], ex.Ramp(k0, Const(1), ScalarType(dt.index, WIDE))),
-                             ScalarType(dt.i8, WIDE))
                 q4 = ex.Ramp(ex.floordiv(k0, Const(4)), Const(1), ScalarType(dt.index, LANES))
                 init = ex.const(0, dt.i32, LANES) if xc is None else ex.Load(xc.name, (rows[r], q4), it)
-                t = _dot4(init, code, xb)
+                t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, WIDE))
                 if scale is not None:
                     t = ex.Binary("mul", t, scale, it)
                 cur = ex.Load(iacc[r].name, (lane,), it)
@@ -280,12 +309,41 @@ class BlocksI8Builder(Q8Builder):
                 total = ex.Call("fma", (ex.cast(ex.Load(oacc[r].name, (lane,), it), dt.f32),
                                         ex.Broadcast(ex.Binary("mul", f2, dx, F32), vt), total), vt)
             kb.emit(lp.Store(facc[r].name, (lane,), total))
-        self.loop(b, Const(k // bt.block), kb.pop())
+
+    def packed_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
+                    xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
+        """Blocks `b .. b + P - 1` (one chunk each, one float scale each: the legacy blocks) by
+        one dot product of P x 32 bytes: the codes of block `b + j` in lanes `32 j ..` (the
+        table's `wide(0)` with its byte offsets moved by `j nbytes`, one lane pattern), the
+        blocks' scales blended into lane segments."""
+        kb, plan, bt = self.kb, self.plan, sp.bt
+        p = plan.pack
+        lanes = LANES * p
+        lane = self.lane(lanes)
+        vt, it = ScalarType(dt.f32, lanes), ScalarType(dt.i32, lanes)
+        at = self.row_bytes(ns[0], b)
+        code = kb.bind(instantiate(packed_code(sp.code(0), bt.nbytes), at, Const(0), WIDE * p), "u")
+        k0 = ex.mul(b, Const(bt.block))
+        q4 = ex.Ramp(ex.floordiv(k0, Const(4)), Const(1), ScalarType(dt.index, lanes))
+        blocks = [self.row_bytes(ns[0], ex.add(b, Const(j)) if j else b) for j in range(p)]
+        fs = [kb.bind(instantiate(sp.factor, a, Const(0)), "d") for a in blocks]
+        f2s = [] if sp.offset_factor is None else [kb.bind(
+            ex.Binary("mul", instantiate(sp.offset_factor, a, Const(0)), Const(sp.offset_sign, F32), F32), "dm")
+            for a in blocks]
         for r in range(plan.mr):
-            total = ex.VectorReduce("add", ex.Load(facc[r].name, (lane,), vt), F32)
-            kb.emit(lp.Store(tile.name, (Const(r), Const(0)), total))
-        kb.emit(self.close_tiles(tile, item, ib, i0, n0))
-        return kb.pop()
+            init = ex.const(0, dt.i32, lanes) if xc is None else ex.Load(xc.name, (rows[r], q4), it)
+            t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, WIDE * p))
+            dxs = [kb.bind(ex.Load(xd.name, (rows[r], ex.add(b, Const(j)) if j else b), F32), "dx") for j in range(p)]
+            cur = ex.Load(facc[r].name, (lane,), vt)
+            scale = lane_segments([ex.Binary("mul", f, dx, F32) for f, dx in zip(fs, dxs)], lanes)
+            total = ex.Call("fma", (ex.cast(t, dt.f32), scale, cur), vt)
+            if f2s:
+                offs = lane_segments([ex.Binary("mul", f, dx, F32) for f, dx in zip(f2s, dxs)], lanes)
+                total = ex.Call("fma", (ex.cast(ex.Load(qs.name, (rows[r], q4), it), dt.f32), offs, total), vt)
+            kb.emit(lp.Store(facc[r].name, (lane,), total))
+
+    def x_bytes(self, xq: lp.Buffer, row: Expr, k0: Expr, width: int) -> Expr:
+        return ex.Load(xq.name, (row, ex.Ramp(k0, Const(1), ScalarType(dt.index, width))), ScalarType(dt.i8, width))
 
     def lane_ints(self, values: list[Optional[Expr]], at: ByteAt, per_run: int) -> Optional[Expr]:
         """The runs' integers (scales or mins) of one chunk, run j's in lanes `j per_run ..`
@@ -370,6 +428,24 @@ def lane_runs(values: list[Expr], per_run: int) -> Optional[Expr]:
         return _with_children(e, kids)
 
     return move(values[0])
+
+
+def packed_code(code: Expr, nbytes: int) -> Expr:
+    """A block's code expression (lanes 0..WIDE) for lanes 0..P WIDE of P consecutive blocks:
+    the lane taken modulo WIDE, every byte offset moved by `(l // WIDE) nbytes`:
+
+        %blk[6 + l % 16]  ->  %blk[6 + (l % 32) % 16 + (l // 32) 22]       (Q5_0, P = 2)"""
+    inner = ex.Binary("mod", LANE, Const(WIDE), LANE.type)
+    step = ex.Binary("mul", ex.Binary("floordiv", LANE, Const(WIDE), LANE.type), Const(nbytes), LANE.type)
+
+    def move(e: Expr) -> Expr:
+        if isinstance(e, ex.Var) and e.name == LANE.name:
+            return inner
+        if isinstance(e, ex.Load):
+            return ex.Load(BLOCK, (ex.Binary("add", move(e.index[0]), step, LANE.type),), e.type)
+        return _with_children(e, tuple(move(c) for c in e.children()))
+
+    return move(code)
 
 
 def _with_children(e: Expr, kids: tuple[Expr, ...]) -> Expr:
