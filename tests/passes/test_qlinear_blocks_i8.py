@@ -76,6 +76,8 @@ def test_matches_reference(name: str, m: int, n: int, blocks: int) -> None:
     assert plan.startswith(f"blocks-i8 block={name} mr={min(m, 4)} "), plan
     from torchburn.codegen import host_target
     assert ("pack=2" in plan) == (bt.block == 32 and host_target().native_dot4(16)), plan
+    paired = name in ("Q2_K", "Q4_K", "Q6_K")  # chunks c, c + 4 differ only by byte offsets
+    assert ("pair=yes" in plan) == (paired and host_target().native_dot4(16)), plan
     err = np.abs(out - expected) / scale
     assert err.max() <= 2e-6, err.max()
 
@@ -109,9 +111,9 @@ def test_wide_codes_are_the_runs_codes(name: str) -> None:
 
 def test_without_vnni_the_same_sums() -> None:
     """AVX2 (`pmaddubsw` + `pmaddwd`: the codes are below 64, no pair sum saturates) gives the
-    host's VNNI outputs bit for bit where both take the same blocks per dot product (the
-    K-quants; the legacy blocks go two to a 512-bit dot product with VNNI, which sums the
-    blocks in another order)."""
+    host's VNNI outputs bit for bit where both take the same chunks per dot product (Q3_K, Q5_K;
+    with VNNI the legacy blocks go two to a 512-bit dot product and Q2_K, Q4_K, Q6_K their
+    chunk pairs, which sums in another order), and the reference's within its tolerance."""
     from tests.passes import test_matmul
     from torchburn.codegen import Target, emit_program, entry_name, host_target
     from torchburn.ir.parser import parse_graph
@@ -125,7 +127,8 @@ def test_without_vnni_the_same_sums() -> None:
     feats = ",".join(f for f in host.features.split(",")
                      if not f.startswith(("+avx512", "+amx")) and "avxvnni" not in f)
     avx2 = Target.from_features(host.triple, "haswell", feats)
-    for name, m, n, blocks in [("Q6_K", 1, 9, 2), ("Q5_0", 2, 7, 9), ("Q2_K", 1, 5, 1), ("Q5_1", 1, 3, 4)]:
+    for name, m, n, blocks in [("Q6_K", 1, 9, 2), ("Q5_0", 2, 7, 9), ("Q2_K", 1, 5, 1), ("Q5_1", 1, 3, 4),
+                               ("Q3_K", 2, 5, 2)]:
         text = blocks_graph(m, n, blocks * BLOCK_TYPES[name].block, name, "auto")
         outs = []
         for target in (host, avx2):
@@ -141,7 +144,7 @@ def test_without_vnni_the_same_sums() -> None:
             assert plan.startswith("blocks-i8"), plan
             assert (np.abs(out - expected) / scale).max() <= 2e-6
             outs.append((out, plan))
-        if "pack=" not in outs[0][1]:
+        if "pack=" not in outs[0][1] and "pair=" not in outs[0][1]:
             np.testing.assert_array_equal(outs[0][0], outs[1][0])
 
 

@@ -81,8 +81,8 @@ def lane_affine(e: ex.Expr) -> Optional[LaneAffine]:
     return None
 
 
-#: A lane pattern load reads at most this many elements (one 512-bit register of bytes).
-MAX_PATTERN_SPAN = 64
+#: A lane pattern load reads at most this many elements (two 512-bit registers of bytes).
+MAX_PATTERN_SPAN = 128
 
 
 @dataclass(frozen=True)

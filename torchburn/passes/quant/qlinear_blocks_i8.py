@@ -159,9 +159,12 @@ class BlocksI8Plan(Q8Plan):
     """`Q8Plan` (MR rows of x, one weight row, x quantized per block) naming the block type."""
 
     block_type: str = ""
+    #: K-quants: chunks c and c + chunks / 2 of a block taken by one 512-bit dot product (x
+    #: reordered to match, see `BlocksI8Builder.x_position`).
+    pair: bool = False
 
     def describe(self) -> str:
-        pack = f" pack={self.pack}" if self.pack > 1 else ""
+        pack = f" pack={self.pack}" if self.pack > 1 else " pair=yes" if self.pair else ""
         return (f"blocks-i8 block={self.block_type} mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk}{pack} "
                 f"parallel={'yes' if self.parallel else 'no'}")
 
@@ -188,15 +191,39 @@ def plan_blocks_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> 
     n = static_int(ql.n)
     flops = 2.0 * max(m, 1) * (n if n is not None else 1 << 20) * k
     # legacy blocks (one chunk, one scale): two to a 512-bit dot product where it is one instruction
-    pack = 2 if bt.block == WIDE and 2 * LANES in cpu.dot4_lanes and k // bt.block >= 2 else 1
+    wide = 2 * LANES in cpu.dot4_lanes
+    pack = 2 if bt.block == WIDE and wide and k // bt.block >= 2 else 1
+    pair = wide and bt.block > WIDE and paired_codes(bt) is not None
     return BlocksI8Plan(mr, 1, max(m, 1), bt.block, WIDE, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
-                        bt.name)
+                        bt.name, pair)
 
 
 class BlocksI8Builder(Q8Builder):
     """Builds the nest of the module docstring for one `BlocksI8Plan`."""
 
     plan: BlocksI8Plan  # type: ignore[assignment]
+
+    @property
+    def packed(self) -> int:
+        return self.groups
+
+    def permuted(self) -> bool:
+        return self.plan.pair
+
+    def x_position(self, g: Expr, offset: Expr) -> Expr:
+        """Where element `offset` of block `g` sits in the quantized x: in x's order, or for a
+        paired plan with chunk t of 32 (of 2h) at position `2 (t % h) + t // h`, so that the
+        chunks c and c + h one dot product takes are contiguous:
+
+            Q6_K (h = 4): chunks [0, 4, 1, 5, 2, 6, 3, 7]"""
+        bt = block_type(self.plan.block_type)
+        base = ex.mul(g, Const(bt.block))
+        if not self.plan.pair:
+            return ex.add(base, offset)
+        h = bt.block // WIDE // 2
+        t = ex.floordiv(offset, Const(WIDE))
+        slot = ex.add(ex.mul(ex.mod(t, Const(h)), Const(2)), ex.floordiv(t, Const(h)))
+        return ex.add(base, ex.add(ex.mul(slot, Const(WIDE)), ex.mod(offset, Const(WIDE))))
 
     def row_bytes(self, n: Expr, block: Expr) -> ByteAt:
         """`byte_at` for weight row `n` and block `block`: a scalar byte, WIDE consecutive
@@ -238,6 +265,7 @@ class BlocksI8Builder(Q8Builder):
         blocks = k // bt.block
         p = plan.pack
         widths = [p] + ([1] if p > 1 and blocks % p else [])
+        widths = [2] if plan.pair else widths
         facc = {w: [self.local("acc", (LANES * w,)) for _ in range(plan.mr)] for w in widths}
         for w, accs in facc.items():
             for a in accs:
@@ -248,7 +276,12 @@ class BlocksI8Builder(Q8Builder):
             self.packed_step(sp, ex.mul(b, Const(p)), rows, ns, facc[p], xq, xd, qs, xc)
             self.loop(b, Const(blocks // p), kb.pop())
         first = blocks // p * p if p > 1 else 0
-        if blocks > first:
+        if blocks > first and plan.pair:
+            b = self.var("b")
+            kb.push()
+            self.paired_step(sp, b, rows, ns, facc[2], xq, xd, qs, xc)
+            self.loop(b, Const(blocks), kb.pop())
+        elif blocks > first:
             b = self.var("b")
             kb.push()
             self.block_step(sp, ex.add(b, Const(first)) if first else b, rows, ns, facc[1], xq, xd, qs, xc)
@@ -310,6 +343,58 @@ class BlocksI8Builder(Q8Builder):
                                         ex.Broadcast(ex.Binary("mul", f2, dx, F32), vt), total), vt)
             kb.emit(lp.Store(facc[r].name, (lane,), total))
 
+    def paired_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
+                    xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
+        """`block_step` with chunks c and c + h (h = chunks / 2) in one dot product of 64
+        bytes (`paired_codes`; x reordered by `x_position`), i32 and f32 accumulators of 16
+        lanes."""
+        kb, plan, bt = self.kb, self.plan, sp.bt
+        lanes = 2 * LANES
+        lane = self.lane(lanes)
+        vt, it = ScalarType(dt.f32, lanes), ScalarType(dt.i32, lanes)
+        at = self.row_bytes(ns[0], b)
+        codes = paired_codes(bt)
+        assert codes is not None
+        iacc = [self.buffer("iacc", dt.i32, (lanes,)) for _ in range(plan.mr)]
+        oacc = [self.buffer("oacc", dt.i32, (lanes,)) for _ in range(plan.mr)] \
+            if sp.offset_factor is not None else []
+        for a in iacc + oacc:
+            kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, lanes)))
+        per_run = bt.run // 4
+        h = bt.block // WIDE // 2
+        for c in range(h):
+            code = kb.bind(instantiate(_split_code(codes[c])[0], at, Const(0), 2 * WIDE), "u")
+            runs = [(cc * WIDE + j) // bt.run for cc in (c, c + h) for j in range(0, WIDE, bt.run)]
+            scale = self.lane_ints([sp.s(r) for r in runs], at, per_run, lanes)
+            mins = self.lane_ints([sp.m(r) for r in runs], at, per_run, lanes) if oacc else None
+            k0 = ex.add(ex.mul(b, Const(bt.block)), Const(c * 2 * WIDE))
+            for r in range(plan.mr):
+                q4 = ex.Ramp(ex.floordiv(k0, Const(4)), Const(1), ScalarType(dt.index, lanes))
+                init = ex.const(0, dt.i32, lanes) if xc is None else ex.Load(xc.name, (rows[r], q4), it)
+                t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, 2 * WIDE))
+                if scale is not None:
+                    t = ex.Binary("mul", t, scale, it)
+                cur = ex.Load(iacc[r].name, (lane,), it)
+                kb.emit(lp.Store(iacc[r].name, (lane,), ex.Binary("add", cur, t, it)))
+                if oacc:
+                    o: Expr = ex.Load(qs.name, (rows[r], q4), it)
+                    if mins is not None:
+                        o = ex.Binary("mul", o, mins, it)
+                    cur = ex.Load(oacc[r].name, (lane,), it)
+                    kb.emit(lp.Store(oacc[r].name, (lane,), ex.Binary("add", cur, o, it)))
+        f = kb.bind(instantiate(sp.factor, at, Const(0)), "d")
+        f2 = None if sp.offset_factor is None else kb.bind(
+            ex.Binary("mul", instantiate(sp.offset_factor, at, Const(0)), Const(sp.offset_sign, F32), F32), "dm")
+        for r in range(plan.mr):
+            dx = kb.bind(ex.Load(xd.name, (rows[r], b), F32), "dx")
+            cur = ex.Load(facc[r].name, (lane,), vt)
+            total = ex.Call("fma", (ex.cast(ex.Load(iacc[r].name, (lane,), it), dt.f32),
+                                    ex.Broadcast(ex.Binary("mul", f, dx, F32), vt), cur), vt)
+            if f2 is not None:
+                total = ex.Call("fma", (ex.cast(ex.Load(oacc[r].name, (lane,), it), dt.f32),
+                                        ex.Broadcast(ex.Binary("mul", f2, dx, F32), vt), total), vt)
+            kb.emit(lp.Store(facc[r].name, (lane,), total))
+
     def packed_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
                     xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
         """Blocks `b .. b + P - 1` (one chunk each, one float scale each: the legacy blocks) by
@@ -345,21 +430,22 @@ class BlocksI8Builder(Q8Builder):
     def x_bytes(self, xq: lp.Buffer, row: Expr, k0: Expr, width: int) -> Expr:
         return ex.Load(xq.name, (row, ex.Ramp(k0, Const(1), ScalarType(dt.index, width))), ScalarType(dt.i8, width))
 
-    def lane_ints(self, values: list[Optional[Expr]], at: ByteAt, per_run: int) -> Optional[Expr]:
-        """The runs' integers (scales or mins) of one chunk, run j's in lanes `j per_run ..`
-        (one broadcast for a chunk of one run); None where they are all 1."""
+    def lane_ints(self, values: list[Optional[Expr]], at: ByteAt, per_run: int,
+                  lanes: int = LANES) -> Optional[Expr]:
+        """The runs' integers (scales or mins) of one chunk (or chunk pair), run j's in lanes
+        `j per_run ..` (one broadcast for a chunk of one run); None where they are all 1."""
         if all(v is None for v in values):
             return None
         if len(values) > 1 and all(v is not None for v in values):
             vector = lane_runs(values, per_run)  # type: ignore[arg-type]
             if vector is not None:
-                return self.kb.bind(instantiate(vector, at, Const(0), LANES), "sv")
+                return self.kb.bind(instantiate(vector, at, Const(0), lanes), "sv")
         got = [self.kb.bind(instantiate(v if v is not None else Const(1, I32), at, Const(0)), "s")
                for v in values]
         if len(got) == 1:
-            return ex.Broadcast(got[0], ScalarType(dt.i32, LANES))
-        assert per_run * len(got) == LANES
-        return self.kb.bind(_int_segments(got), "sv")
+            return ex.Broadcast(got[0], ScalarType(dt.i32, lanes))
+        assert lanes % len(got) == 0
+        return self.kb.bind(_int_segments(got, lanes), "sv")
 
     def quad_sums(self, xq: lp.Buffer, k: int, factor: int = 1) -> lp.Buffer:
         """`factor * (xq[r, 4 j] + .. + xq[r, 4 j + 3])` for every row and j (one dot product
@@ -387,10 +473,10 @@ def _offset_deltas(a: Expr, b: Expr, out: list[int]) -> bool:
         return False
     if isinstance(a, ex.Load):
         assert isinstance(b, ex.Load)
-        (oa,), (ob,) = a.index, b.index
-        if a.buffer != BLOCK or not (isinstance(oa, Const) and isinstance(ob, Const)):
+        (ca, ra), (cb, rb) = _constant_part(a.index[0]), _constant_part(b.index[0])
+        if a.buffer != BLOCK or ra != rb:
             return False
-        out.append(int(ob.value) - int(oa.value))
+        out.append(cb - ca)
         return True
     if isinstance(a, Const):
         return a == b
@@ -402,32 +488,90 @@ def _offset_deltas(a: Expr, b: Expr, out: list[int]) -> bool:
     return len(ka) == len(kb_) and all(_offset_deltas(x, y, out) for x, y in zip(ka, kb_))
 
 
+def _constant_part(e: Expr) -> tuple[int, Optional[Expr]]:
+    """An offset `c + rest` (or `c`) as (c, rest)."""
+    if isinstance(e, Const):
+        return int(e.value), None
+    if isinstance(e, ex.Binary) and e.op == "add":
+        if isinstance(e.a, Const):
+            return int(e.a.value), e.b
+        if isinstance(e.b, Const):
+            return int(e.b.value), e.a
+    return 0, e
+
+
 def lane_runs(values: list[Expr], per_run: int) -> Optional[Expr]:
     """One expression of the lane for the runs' integers `values` (run j in lanes
     `j per_run ..`), where they differ only by byte offsets moving by the same step from run
     to run: Q6_K's scales `i8(%blk[192 + r])` for runs 2c, 2c + 1 ->
     `i8(%blk[192 + 2 c + l // 4])`, one load of two bytes and a shuffle after codegen. None
     otherwise."""
-    steps: Optional[list[int]] = None
-    for j, v in enumerate(values[1:], start=1):
+    moves: list[list[int]] = []
+    for v in values:
         moved: list[int] = []
-        if not _offset_deltas(values[0], v, moved) or any(m % j for m in moved):
+        if not _offset_deltas(values[0], v, moved):
             return None
-        step = [m // j for m in moved]
-        if steps is not None and step != steps:
+        moves.append(moved)
+    # segment j's move: linear in j, or (chunk pairs) linear within each half plus a jump
+    half = len(values) // 2 if len(values) % 2 == 0 else len(values)
+    step = [m for m in moves[1]] if len(values) > 1 else []
+    jump = moves[half] if half < len(values) else [0] * len(step)
+    for j, moved in enumerate(moves):
+        if moved != [(j % half) * a + (j // half) * c for a, c in zip(step, jump)]:
             return None
-        steps = step
-    assert steps is not None
-    it = iter(steps)
-    run = ex.Binary("floordiv", LANE, Const(per_run), LANE.type)
+    loads = iter(zip(step, jump))
+    seg = ex.Binary("floordiv", LANE, Const(per_run), LANE.type)
+    inner = ex.Binary("mod", seg, Const(half), LANE.type)
+    outer = ex.Binary("floordiv", seg, Const(half), LANE.type)
 
     def move(e: Expr) -> Expr:
         if isinstance(e, ex.Load):
-            return ex.Load(BLOCK, (ex.add(e.index[0], ex.Binary("mul", run, Const(next(it)), LANE.type)),), e.type)
+            a, c = next(loads)
+            d = ex.Binary("add", ex.Binary("mul", inner, Const(a), LANE.type),
+                          ex.Binary("mul", outer, Const(c), LANE.type), LANE.type)
+            return ex.Load(BLOCK, (ex.Binary("add", e.index[0], d, LANE.type),), e.type)
         kids = tuple(move(c) for c in e.children())
         return _with_children(e, kids)
 
     return move(values[0])
+
+
+def paired_codes(bt: BlockType) -> Optional[list[Expr]]:
+    """For a block of 2h chunks, the codes of chunks c and c + h (c < h) as one expression of
+    64 lanes, where `wide(c + h)` is `wide(c)` with its byte offsets moved (K-quants' two
+    halves of 128 weights: Q6_K's `ql[l] & 15 | (qh[128 + l] & 3) << 4` and
+    `ql[64 + l] & 15 | (qh[160 + l] & 3) << 4` -> offsets `+ (l // 32) 64`, `+ (l // 32) 32`
+    with the lane taken modulo 32); None where a pair differs otherwise."""
+    if bt.wide is None or bt.block % (2 * WIDE):
+        return None
+    h = bt.block // WIDE // 2
+    out = []
+    for c in range(h):
+        a, b = bt.wide(c), bt.wide(c + h)
+        moved: list[int] = []
+        if not _offset_deltas(a, b, moved):
+            return None
+        out.append(_moved_by_half(a, moved))
+    return out
+
+
+def _moved_by_half(code: Expr, moves: list[int]) -> Expr:
+    """`code` over 64 lanes: lane l reads as lane l % 32, each load `ex.walk`-th moved by
+    `(l // 32) moves[i]`."""
+    inner = ex.Binary("mod", LANE, Const(WIDE), LANE.type)
+    half = ex.Binary("floordiv", LANE, Const(WIDE), LANE.type)
+    it = iter(moves)
+
+    def move(e: Expr) -> Expr:
+        if isinstance(e, ex.Var) and e.name == LANE.name:
+            return inner
+        if isinstance(e, ex.Load):
+            d = next(it)
+            return ex.Load(BLOCK, (ex.Binary("add", move(e.index[0]),
+                                             ex.Binary("mul", half, Const(d), LANE.type), LANE.type),), e.type)
+        return _with_children(e, tuple(move(c) for c in e.children()))
+
+    return move(code)
 
 
 def packed_code(code: Expr, nbytes: int) -> Expr:
@@ -464,14 +608,14 @@ def _with_children(e: Expr, kids: tuple[Expr, ...]) -> Expr:
     raise ValueError(f"block expression node {e!r} is not supported")
 
 
-def _int_segments(values: list[Expr]) -> Expr:
+def _int_segments(values: list[Expr], lanes: int = LANES) -> Expr:
     """`lane_segments` for i32 values."""
-    vt = ScalarType(dt.i32, LANES)
+    vt = ScalarType(dt.i32, lanes)
     out: Expr = ex.Broadcast(values[0], vt)
-    seg = LANES // len(values)
+    seg = lanes // len(values)
     lane = ex.Ramp(Const(0, I32), Const(1, I32), vt)
     for j, v in enumerate(values[1:], start=1):
-        cond = ex.Binary("ge", lane, ex.const(j * seg, dt.i32, LANES), ScalarType(dt.bool_, LANES))
+        cond = ex.Binary("ge", lane, ex.const(j * seg, dt.i32, lanes), ScalarType(dt.bool_, lanes))
         out = ex.Select(cond, ex.Broadcast(v, vt), out, vt)
     return out
 
