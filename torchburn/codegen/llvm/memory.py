@@ -305,9 +305,35 @@ def _pattern_load(em: "ExprEmitter", acc: Access, pattern: LanePattern) -> ir.Va
         ptr = bounds.guard_pointer(em, acc.ref, offset, span, ptr, acc.buf.dtype.itemsize)
     if span == 1:
         return em.splat(b.load(ptr, typ=acc.elem, align=acc.align), acc.lanes)
+    pieces = _pieces(sorted(set(pattern.offsets)))
+    if len(pieces) in (2, 4) and len({n for _, n in pieces}) == 1 and len(pieces) * pieces[0][1] < span:
+        # a few equal runs with gaps (two blocks' nibble bytes): each run one load, the runs
+        # concatenated, so no bytes between them are read (no odd-sized load to split)
+        width = pieces[0][1]
+        vt = ir.VectorType(acc.elem, width)
+        parts = [b.load(_gep(b, ptr, ir.Constant(I64, start - low), acc.elem), typ=vt, align=acc.align)
+                 for start, _ in pieces]
+        while len(parts) > 1:
+            n = lanes_of(parts[0].type)
+            cat = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+            parts = [b.shuffle_vector(parts[i], parts[i + 1], cat) for i in range(0, len(parts), 2)]
+        where = {start + j: i * width + j for i, (start, _) in enumerate(pieces) for j in range(width)}
+        mask = ir.Constant(ir.VectorType(I32, acc.lanes), [where[o] for o in pattern.offsets])
+        return b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined), mask)
     whole = b.load(ptr, typ=ir.VectorType(acc.elem, span), align=acc.align)
     mask = ir.Constant(ir.VectorType(I32, acc.lanes), [o - low for o in pattern.offsets])
     return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), mask)
+
+
+def _pieces(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct offsets as maximal runs of consecutive ones, (start, length)."""
+    out: list[tuple[int, int]] = []
+    for o in offsets:
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((o, 1))
+    return out
 
 
 def emit_store(em: "ExprEmitter", buffer: str, index: Sequence[ex.Expr], value: ex.Expr) -> None:
