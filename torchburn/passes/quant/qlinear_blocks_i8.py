@@ -37,10 +37,20 @@ The code vector is the table's expression vectorized over 32 lanes (`instantiate
 stride byte loads (`%q[n, B nbytes + o + ramp(0, 1, 32)]`), except the legacy blocks'
 nibble halves and fifth bits (`%blk[o + l % 16]`, `%blk[o + l // 8]`), which codegen reads
 as one load of the few bytes and a byte shuffle (`codegen/llvm/memory.py`, `lane_pattern`).
-The run scales of a chunk are blended by lane (`lane_segments`), the block's floats loaded
-once per block. Q6_K's block costs eight loads of codes, eight dot products, sixteen scale
-loads, eight integer multiply-adds and one conversion and fma: about 130 instructions per
-210 bytes, where the f32 form spent about 600.
+The run scales of a chunk are one such pattern where the runs' expressions differ only by
+byte offsets (`lane_runs`: Q6_K's `i8(%blk[192 + 2 c + l // 4])`), else blended by lane.
+
+**512-bit dot products** (where `vpdpbusd` on 16 lanes is one instruction), two ways, both
+read from the table: the legacy blocks go two to a dot product (`pack`: block `b + j`'s
+codes in lanes `32 j ..`, its byte offsets moved by `j nbytes`: `packed_code`), their float
+scales blended into lane segments; a K-quant's chunks c and c + 4 go together where
+`wide(c + 4)` is `wide(c)` with byte offsets moved (`pair`: Q2_K, Q4_K, Q6_K, whose two
+halves of 128 weights read the same shifts of other bytes: `paired_codes`), x quantized in
+the matching order (chunks [0, 4, 1, 5, 2, 6, 3, 7] of each block: `x_position`). Q6_K then
+costs per block four code vectors (two loads of `ql` halves, one of `qh`, a shift, two
+masks merged by `vpternlogq`), four dot products, four scale patterns (a load, a shuffle, a
+sign extension) and integer multiply-adds, and one conversion and fma: 57 instructions per
+210 bytes (95 with 256-bit chunks; the f32 form spent about 600); Q5_0 25 per two blocks.
 
 Used for kind "blocks" at M below the panel kernel's rows (decode, small batches), where the
 table gives `wide` and the integer split, x fits its stack buffer (`MAX_XQ_BYTES`) and the
@@ -177,10 +187,11 @@ def plain_columns(q_load: ex.Load, k_var: ex.Var) -> bool:
 
 def plan_blocks_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> Optional[BlocksI8Plan]:
     """The plan, or None to keep the f32 form: activations "f32", M unknown, x too large for
-    its stack buffer, a block type without a `Split`, or ("auto") no byte dot product on 8
+    its stack buffers, a block type without a `Split`, or ("auto") no byte dot product on 8
     lanes on the target (native, or `pmaddubsw`: the codes are below 64)."""
     k = static_int(ql.k)
-    if ql.kind != "blocks" or choice == "f32" or m is None or k is None or max(m, 1) * k > MAX_XQ_BYTES:
+    # x's bytes and its two i32 sums of four (xq, qs, xc: 3 M K bytes) are stack buffers
+    if ql.kind != "blocks" or choice == "f32" or m is None or k is None or 3 * max(m, 1) * k > MAX_XQ_BYTES:
         return None
     bt = block_type(ql.block_type)
     if k % bt.block or split(bt) is None:
