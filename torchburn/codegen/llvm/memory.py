@@ -313,13 +313,14 @@ def _pattern_load(em: "ExprEmitter", acc: Access, pattern: LanePattern) -> ir.Va
         vt = ir.VectorType(acc.elem, width)
         parts = [b.load(_gep(b, ptr, ir.Constant(I64, start - low), acc.elem), typ=vt, align=acc.align)
                  for start, _ in pieces]
-        while len(parts) > 1:
+        while len(parts) > 2:
             n = lanes_of(parts[0].type)
             cat = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
             parts = [b.shuffle_vector(parts[i], parts[i + 1], cat) for i in range(0, len(parts), 2)]
         where = {start + j: i * width + j for i, (start, _) in enumerate(pieces) for j in range(width)}
         mask = ir.Constant(ir.VectorType(I32, acc.lanes), [where[o] for o in pattern.offsets])
-        return b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined), mask)
+        second = parts[1] if len(parts) == 2 else ir.Constant(parts[0].type, ir.Undefined)
+        return b.shuffle_vector(parts[0], second, mask)
     whole = b.load(ptr, typ=ir.VectorType(acc.elem, span), align=acc.align)
     mask = ir.Constant(ir.VectorType(I32, acc.lanes), [o - low for o in pattern.offsets])
     return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), mask)
