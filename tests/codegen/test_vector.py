@@ -203,3 +203,26 @@ def test_target_width_vectors() -> None:
     out = torch.empty_like(x)
     k(x, out, symbols=[len(x)])
     torch.testing.assert_close(out, torch.sqrt(x))
+
+
+@pytest.mark.parametrize("pattern, expect", [
+    (lambda r: ex.binary("mod", r, Const(4)), [0, 1, 2, 3] * 4),                       # one span, repeated
+    (lambda r: ex.add(ex.binary("mod", r, Const(4)), ex.mul(ex.binary("floordiv", r, Const(8)), Const(10))),
+     [0, 1, 2, 3] * 2 + [10, 11, 12, 13] * 2),                                             # two runs with a gap
+])
+def test_lane_pattern_load_is_a_load_and_a_shuffle(pattern, expect) -> None:
+    """out[i, 0:16] = x[i 16 + p(lane)] with p a constant lane pattern (a row's few bytes read
+    several times): contiguous loads of the runs it reads and a `shufflevector`, not a gather."""
+    n = 16
+    x = buf("x", dt.f32, (4 * n,))
+    out = buf("out", dt.f32, (4, n))
+    i = Var("i")
+    lanes = st(dt.index, n)
+    index = ex.Binary("add", ex.Broadcast(ex.mul(i, n), lanes), pattern(ex.Ramp(Const(0), Const(1), lanes)), lanes)
+    k = Compiled(program(loop(i, 4, store(out, (i, ramp(0, lanes=n)), ex.Load("x", (index,), st(dt.f32, n)))),
+                         [x], [out]))
+    assert "gather" not in k.llvm_ir and "shufflevector" in k.llvm_ir
+    xv = torch.randn(4 * n)
+    res = torch.empty(4, n)
+    k(xv, res)
+    assert torch.equal(res, xv.view(4, n)[:, expect])

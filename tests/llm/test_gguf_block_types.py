@@ -9,9 +9,11 @@ kernels), equals ik_llama.cpp's top token there, unless ik's own top-2 logit gap
 position is under `MARGIN`: its quantized matrix products multiply by 8-bit activations, which
 moved its logits of these models (standard deviation about 4) by up to 0.41 from the exact
 float32 product of the file's weights. At least half the positions must be clear of the margin,
-so the test cannot pass vacuously. Where every quantized weight is a `BlockWeight` (or the file
-is float), whose kernels take f32 activations, our logits must also equal, to f32 rounding, an
-eager float twin of the model holding gguf-py's dequantized weights."""
+so the test cannot pass vacuously. Where the file is float, and for the files whose quantized
+weights are all `BlockWeight`s run again with f32 activations
+(`TORCHBURN_QLINEAR_ACTIVATIONS=f32`: by default their kernels take int8 ones, as
+ik_llama.cpp's), our logits must also equal, to f32 rounding, an eager float twin of the model
+holding gguf-py's dequantized weights."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -79,26 +81,45 @@ def _check_quantized(llm: Any, name: str) -> None:
     assert not floats, f"float weights in a quantized file: {floats}"
 
 
-@pytest.mark.parametrize("name", list(FIXTURES))
-def test_agrees_with_ik_llama_cpp(fixtures_dir: dict[str, Any], name: str) -> None:
-    from torchburn.llm import LLM
-
-    path = fixture_file(fixtures_dir, name)
-    ref = ik.ik_logits(path, PROMPT, STEPS)
-    tokens, ik_rows = ref["tokens"], torch.from_numpy(ref["logits"])
-    llm = LLM.from_pretrained(path, device="cpu", max_context=64)
-    _check_quantized(llm, name)
+def _prefill_and_decode(llm: Any, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
         prefill = llm.run_step(llm.cache_for(1), torch.tensor([tokens[:-1]]), 0, starts)[0]
         cache = llm.cache_for(1)
         decode = torch.stack([llm.run_step(cache, torch.tensor([[t]]), i, starts)[0, -1]
                               for i, t in enumerate(tokens[:-1])])
-    if not any(isinstance(m, QuantizedLinear) and m.block_type is None for m in llm.model.modules()):
+    return prefill, decode
+
+
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_agrees_with_ik_llama_cpp(fixtures_dir: dict[str, Any], name: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchburn.llm import LLM
+    from torchburn.runtime.config import reload_config
+
+    path = fixture_file(fixtures_dir, name)
+    ref = ik.ik_logits(path, PROMPT, STEPS)
+    tokens, ik_rows = ref["tokens"], torch.from_numpy(ref["logits"])
+    llm = LLM.from_pretrained(path, device="cpu", max_context=64)
+    _check_quantized(llm, name)
+    prefill, decode = _prefill_and_decode(llm, tokens)
+    quantized = [m for m in llm.model.modules() if isinstance(m, QuantizedLinear)]
+    if all(m.block_type is not None for m in quantized):
+        exact_run = (prefill, decode)
+        if quantized:
+            monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")
+            reload_config()
+            torch._dynamo.reset()  # compile the step again, under the new setting
+            try:
+                exact_run = _prefill_and_decode(LLM.from_pretrained(path, device="cpu", max_context=64), tokens)
+            finally:
+                monkeypatch.undo()
+                reload_config()
+                torch._dynamo.reset()
         with torch.no_grad():
             exact = full_logits(float_twin(llm.model), torch.tensor([tokens[:-1]]))[0]
-        torch.testing.assert_close(prefill, exact, rtol=0, atol=2e-3)
-        torch.testing.assert_close(decode, exact, rtol=0, atol=2e-3)
+        torch.testing.assert_close(exact_run[0], exact, rtol=0, atol=2e-3)
+        torch.testing.assert_close(exact_run[1], exact, rtol=0, atol=2e-3)
     top2 = ik_rows.topk(2, dim=-1)
     best = top2.indices[:, 0].tolist()
     gaps = (top2.values[:, 0] - top2.values[:, 1]).tolist()

@@ -102,10 +102,12 @@ def test_bad_block_weights_are_clear_errors() -> None:
 
 # ---- kernels generated from the table -----------------------------------------------------------
 
-def blocks_graph(m: int, n: int, k: int, name: str) -> str:
-    """`qlinear` of kind "blocks" plus a bias, as tensor IR text."""
+def blocks_graph(m: int, n: int, k: int, name: str, activations: str = "") -> str:
+    """`qlinear` of kind "blocks" plus a bias, as tensor IR text (`activations`: the op's
+    attribute, none by default)."""
     bt = BLOCK_TYPES[name]
-    attrs = f'{{kind = "blocks", block_type = "{name}", group_size = {bt.block}, symmetric = true}}'
+    act = f', activations = "{activations}"' if activations else ""
+    attrs = f'{{kind = "blocks", block_type = "{name}", group_size = {bt.block}, symmetric = true{act}}}'
     return (f"graph @main(%x: f32[{m}, {k}], %q: u8[{n}, {k // bt.block * bt.nbytes}], %b: f32[{n}]) {{\n"
             f"  %0 = qlinear(%x, %q) {attrs} : f32[{m}, {n}]\n"
             f"  %1 = expand(%b) {{shape = [{m}, {n}]}} : f32[{m}, {n}]\n"
@@ -122,12 +124,13 @@ def no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("m", [1, 5])
 def test_generated_kernels_match_reference(name: str, form: str, m: int, no_disk_cache: Any) -> None:
     """GEMV (M = 1) and the multi-row form with a ragged last tile (M = 5 by MR = 4, N = 7 by
-    NR = 2), SIMD and plain (GPU) forms, against the float64 product of gguf-py's weights."""
+    NR = 2), SIMD and plain (GPU) forms of f32 activations, against the float64 product of
+    gguf-py's weights (int8 activations: tests/passes/test_qlinear_blocks_i8.py)."""
     from tests.passes.test_qlinear import Compiled
 
     bt = BLOCK_TYPES[name]
     n, k = 7, 2 * max(bt.block, 128)
-    c = Compiled(blocks_graph(m, n, k, name), lowering="lower-to-loops" if form == "simd" else "lower-to-loops-gpu")
+    c = Compiled(blocks_graph(m, n, k, name, "f32"), lowering="lower-to-loops" if form == "simd" else "lower-to-loops-gpu")
     plans = [dict(kk.attrs).get("qlinear") for kk in c.program.kernels]
     assert len(plans) == 1 and (plans[0] is not None) == (form == "simd")
     assert form != "simd" or plans[0].startswith(f"block={name} mr={min(m, 4)} ")
@@ -195,7 +198,7 @@ def test_kernels_for_each_target(name: str, target: str, no_disk_cache: Any) -> 
     register, lanes = TARGETS[target]
     n, k = 9, 2 * max(bt.block, 128)
     for m in (1, 6):
-        compiled, _ = driver.compile_graph(parse_graph(blocks_graph(m, n, k, name)), target=t)
+        compiled, _ = driver.compile_graph(parse_graph(blocks_graph(m, n, k, name, "f32")), target=t)
         assert f"<{lanes} x float>" in compiled.llvm_ir
         assert f"<{2 * lanes} x float>" not in compiled.llvm_ir, "vectors wider than the target's"
         assert re.search(register, compiled.assembly()), f"no {register} in the {target} assembly"

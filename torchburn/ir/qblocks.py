@@ -60,6 +60,13 @@ class BlockType:
     code: Callable[[int], Expr]
     scale: Callable[[int], Expr]
     offset: Callable[[int], Optional[Expr]]
+    #: `wide(c)`: the codes of the WIDE weights `WIDE c + l` (0 <= l < WIDE) as one expression
+    #: of the lane (the form of `code`: an i32 of a u8 expression, minus a constant), for the
+    #: int8-activation kernel's byte vectors (`passes/quant/qlinear_blocks_i8.py`). A K-quant's
+    #: two runs of 16 read the same bytes with the same shifts (`code(2 c)` holds for 32
+    #: lanes); a legacy block's halves are the low and high nibbles of the same 16 bytes, read
+    #: twice (`%blk[2 + l % 16]`) and picked by lane. None: not given.
+    wide: Optional[Callable[[int], Expr]] = None
 
     @property
     def runs(self) -> int:
@@ -130,6 +137,33 @@ def lane(offset: int) -> Expr:
     return ex.add(Const(offset), LANE)
 
 
+#: Weights per `wide` code vector (one 256-bit register of bytes).
+WIDE = 32
+
+
+def lane_lt(n: int) -> Expr:
+    """`l < n` (a bool of the lane)."""
+    return ex.Binary("lt", LANE, Const(n), ScalarType(dt.bool_))
+
+
+def _wide_nibbles(qs: int) -> Expr:
+    """The 32 low four bits of a legacy block: weight l < 16 is the low nibble of qs[l], weight
+    l >= 16 the high nibble of qs[l - 16] (both halves read from one 16-byte load)."""
+    b = byte(ex.add(Const(qs), ex.Binary("mod", LANE, Const(16), LANE.type)))
+    # a select of two different operations (a mask, a shift): of two shifts LLVM makes one
+    # lane-varying shift, which x86 has only for 16-bit lanes (seven instructions for bytes)
+    return ex.Select(lane_lt(16), bits(b, 0, 15), ex.Binary("shr", b, u8(4), U8), U8)
+
+
+def _wide_fifth(qh: int) -> Expr:
+    """Bit l of the little-endian 32-bit word at qh, as 16 or 0 (a test against a constant
+    mask: a lane-varying byte shift has no instruction on x86)."""
+    word = byte(ex.add(Const(qh), ex.Binary("floordiv", LANE, Const(8), LANE.type)))
+    mask = ex.Binary("shl", u8(1), ex.cast(ex.Binary("mod", LANE, Const(8), LANE.type), dt.u8), U8)
+    set_ = ex.Binary("ne", ex.Binary("and", word, mask, U8), u8(0), ScalarType(dt.bool_))
+    return ex.Select(set_, u8(16), u8(0), U8)
+
+
 # ---- the legacy 32-weight blocks ------------------------------------------------------------
 # Runs of 16: weights 0..15 are the low nibbles of qs[0..15], weights 16..31 the high ones
 # (Q8_0: one run of 32 signed bytes). Q5_x keep the fifth bits in a 32-bit word `qh`, bit e for
@@ -150,16 +184,20 @@ def _q5_code(qh: int, qs: int, r: int) -> Expr:
 LEGACY = (
     BlockType("Q4_0", 2, 32, 18, 16,
               code=lambda r: minus(i32(_nibble(2, r)), 8),
-              scale=lambda r: half(0), offset=lambda r: None),
+              scale=lambda r: half(0), offset=lambda r: None,
+              wide=lambda c: minus(i32(_wide_nibbles(2)), 8)),
     BlockType("Q4_1", 3, 32, 20, 16,
               code=lambda r: i32(_nibble(4, r)),
-              scale=lambda r: half(0), offset=lambda r: half(2)),
+              scale=lambda r: half(0), offset=lambda r: half(2),
+              wide=lambda c: i32(_wide_nibbles(4))),
     BlockType("Q5_0", 6, 32, 22, 16,
               code=lambda r: minus(_q5_code(2, 6, r), 16),
-              scale=lambda r: half(0), offset=lambda r: None),
+              scale=lambda r: half(0), offset=lambda r: None,
+              wide=lambda c: minus(i32(bor(_wide_nibbles(6), _wide_fifth(2))), 16)),
     BlockType("Q5_1", 7, 32, 24, 16,
               code=lambda r: _q5_code(4, 8, r),
-              scale=lambda r: half(0), offset=lambda r: half(2)),
+              scale=lambda r: half(0), offset=lambda r: half(2),
+              wide=lambda c: i32(bor(_wide_nibbles(8), _wide_fifth(4)))),
     BlockType("Q8_0", 8, 32, 34, 32,
               code=lambda r: i32(ex.Bitcast(byte(lane(2)), ScalarType(dt.i8))),
               scale=lambda r: half(0), offset=lambda r: None),
@@ -176,11 +214,11 @@ def _q2_code(r: int) -> Expr:
 
 def _q3_code(r: int) -> Expr:
     # low two bits as Q2_K (qs at 32); the third from hmask[16 h + l] bit 4 n + j, subtracting
-    # 4 where it is clear
+    # 4 where it is clear: (low | high << 2) - 4
     n, j, h = r // 8, (r % 8) // 2, r % 2
-    low = i32(bits(byte(lane(32 + 32 * n + 16 * h)), 2 * j, 3))
-    high = i32(bits(byte(lane(16 * h)), 4 * n + j, 1))
-    return ex.Binary("add", minus(low, 4), ex.Binary("mul", high, Const(4, I32), I32), I32)
+    low = bits(byte(lane(32 + 32 * n + 16 * h)), 2 * j, 3)
+    high = bits(byte(lane(16 * h)), 4 * n + j, 1)
+    return minus(i32(bor(low, shl(high, 2))), 4)
 
 
 def _q3_scale(r: int) -> Expr:
@@ -238,12 +276,17 @@ K_QUANTS = (
     BlockType("Q2_K", 10, 256, 84, 16,
               code=_q2_code,
               scale=lambda r: mul(half(80), f32(bits(byte(r), 0, 15))),
-              offset=lambda r: neg(mul(half(82), f32(bits(byte(r), 4, 15))))),
-    BlockType("Q3_K", 11, 256, 110, 16, code=_q3_code, scale=_q3_scale, offset=lambda r: None),
+              offset=lambda r: neg(mul(half(82), f32(bits(byte(r), 4, 15)))),
+              wide=lambda c: _q2_code(2 * c)),
+    BlockType("Q3_K", 11, 256, 110, 16, code=_q3_code, scale=_q3_scale, offset=lambda r: None,
+              wide=lambda c: _q3_code(2 * c)),
     BlockType("Q4_K", 12, 256, 144, 32,
-              code=lambda r: i32(_k4_nibble(16, r)), scale=_k_scale, offset=_k_offset),
-    BlockType("Q5_K", 13, 256, 176, 32, code=_q5k_code, scale=_k_scale, offset=_k_offset),
-    BlockType("Q6_K", 14, 256, 210, 16, code=_q6_code, scale=_q6_scale, offset=lambda r: None),
+              code=lambda r: i32(_k4_nibble(16, r)), scale=_k_scale, offset=_k_offset,
+              wide=lambda c: i32(_k4_nibble(16, c))),
+    BlockType("Q5_K", 13, 256, 176, 32, code=_q5k_code, scale=_k_scale, offset=_k_offset,
+              wide=_q5k_code),
+    BlockType("Q6_K", 14, 256, 210, 16, code=_q6_code, scale=_q6_scale, offset=lambda r: None,
+              wide=lambda c: _q6_code(2 * c)),
 )
 
 #: Every block type, by name.

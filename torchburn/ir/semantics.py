@@ -628,10 +628,14 @@ def _dot4(acc: np.ndarray, a: np.ndarray, b: np.ndarray, name: str = DOT4_U8I8) 
     the products exact, the sum wrapping in i32."""
     acc, a, b = np.asarray(acc), np.asarray(a), np.asarray(b)
     lanes = acc.shape[-1] if acc.ndim else 1
-    if a.shape[-1:] != (4 * lanes,) or b.shape != a.shape:
+    if a.shape[-1:] != (4 * lanes,) or b.shape[-1:] != a.shape[-1:]:
         raise ValueError(f"{name} needs (..., L), (..., 4L), (..., 4L); got {acc.shape}, {a.shape}, {b.shape}")
     prod = a.astype(np.int64) * b.astype(np.int64)
     sums = prod.reshape(prod.shape[:-1] + (lanes, 4)).sum(axis=-1)
+    if a.shape != b.shape or acc.shape[:-1] != sums.shape[:-1]:
+        # leading axes (the interpreter's batch of iterations) broadcast: an operand may be
+        # loop-invariant (a constant vector)
+        return (acc.astype(np.int64) + sums).astype(np.int32)
     return (acc.astype(np.int64).reshape(sums.shape) + sums).astype(np.int32).reshape(acc.shape)
 
 

@@ -31,7 +31,8 @@ _TORCH_DTYPES = {
 _BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "and": torch.bitwise_and,
     "or": torch.bitwise_or, "xor": torch.bitwise_xor, "shl": torch.bitwise_left_shift,
-    "shr": torch.bitwise_right_shift, "lt": torch.lt,
+    "shr": torch.bitwise_right_shift, "lt": torch.lt, "ne": torch.ne,
+    "mod": torch.remainder, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
 }
 
 

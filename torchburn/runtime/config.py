@@ -15,7 +15,7 @@
 | TORCHBURN_TARGET | the CPU to compile for: host, avx2 (x86-64-v3), avx512 (skylake-avx512), znver4, neon (aarch64), or triple:cpu:features; code for another CPU is emitted (object code, assembly), not run | host |
 | TORCHBURN_TUNE | off (every kernel is ours, nothing measured), cached (measured choices from the disk cache, else ours) or search (measure the candidates of a kernel on its real shapes, within the budget; docs/tuning.md) | search |
 | TORCHBURN_TUNE_BUDGET | seconds the tuner may spend measuring per compiled graph (search mode) | 30 |
-| TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products, and for int4 weights on x86-64 with SSSE3 or later: pmaddubsw); weights kept in ggml blocks (GGUF Q5_x and K-quants) take int8 activations only in many-row products (prefill, 32 rows or more) on CPUs with VNNI, f32 ones otherwise | auto |
+| TORCHBURN_QLINEAR_ACTIVATIONS | quantized linears on CPU: int8 (x quantized per group, byte dot products), f32, or auto (int8 where the CPU has VNNI dot products, and for int4 weights on x86-64 with SSSE3 or later: pmaddubsw); weights kept in ggml blocks (GGUF Q5_x and K-quants) take int8 activations where the CPU has byte dot products (VNNI, or pmaddubsw for decode), f32 ones otherwise | auto |
 """
 from __future__ import annotations
 

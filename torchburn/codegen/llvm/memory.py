@@ -4,7 +4,11 @@ The address of `%buf[i0, ..., in]` is `base + sum(i_d * stride_d)` elements, in 
 vector access the flattened offset is analysed symbolically first (`lane_affine`): when it is
 `offset0 + lane * 1` the access is one contiguous vector load/store, when the lane step is 0
 it is a scalar access (broadcast on load), and otherwise it becomes a gather/scatter
-(`llvm.masked.gather/scatter` with an all-true mask) over a vector of addresses. Alignment is
+(`llvm.masked.gather/scatter` with an all-true mask) over a vector of addresses -- except a
+load whose offset is a scalar plus a lane pattern free of variables spanning a few elements
+(`lane_pattern`: `%q[n, b 22 + 6 + ramp(0, 1, 32) % 16]`, a 16-byte row read twice), which is
+one contiguous load of the span and a `shufflevector` (a broadcast or a byte shuffle, where a
+gather would take one load per lane). Alignment is
 always the element's natural alignment: nothing more is known about tensor storage.
 
 Bools live in memory as bytes (0/1) and in registers as i1; conversion happens here.
@@ -77,6 +81,83 @@ def lane_affine(e: ex.Expr) -> Optional[LaneAffine]:
     return None
 
 
+#: A lane pattern load reads at most this many elements (two 512-bit registers of bytes).
+MAX_PATTERN_SPAN = 128
+
+
+@dataclass(frozen=True)
+class LanePattern:
+    """Offsets `base + offsets[lane]`: `base` a scalar index expression, `offsets` constants."""
+
+    base: ex.Expr
+    offsets: tuple[int, ...]
+
+
+def _lane_constants(e: ex.Expr, lanes: int) -> Optional[list[int]]:
+    """The lanes of a variable-free integer vector expression (ramps, broadcasts, constants,
+    arithmetic), or None."""
+    if isinstance(e, ex.Const):
+        return [int(e.value)] * lanes
+    if isinstance(e, ex.Ramp):
+        if not (isinstance(e.base, ex.Const) and isinstance(e.stride, ex.Const)):
+            return None
+        return [int(e.base.value) + int(e.stride.value) * j for j in range(lanes)]
+    if isinstance(e, ex.Broadcast):
+        return _lane_constants(e.value, lanes) if e.value.lanes == 1 else None
+    if isinstance(e, ex.Binary) and e.dtype.is_int:
+        a, b = _lane_constants(e.a, lanes), _lane_constants(e.b, lanes)
+        if a is None or b is None:
+            return None
+        out = []
+        for x, y in zip(a, b):
+            try:
+                out.append(ex.evaluate_index(ex.Binary(e.op, ex.Const(x, ex.ScalarType(e.dtype)),
+                                                       ex.Const(y, ex.ScalarType(e.dtype)), ex.ScalarType(e.dtype)), {}))
+            except (ValueError, ArithmeticError):
+                return None
+        return out
+    return None
+
+
+def _pattern_terms(e: ex.Expr, lanes: int) -> Optional[tuple[ex.Expr, list[int]]]:
+    """`e` as (scalar part, constant lanes): its sum's terms split into scalars (and broadcasts
+    of scalars) and variable-free vectors."""
+    if e.lanes == 1:
+        return e, [0] * lanes
+    if isinstance(e, ex.Broadcast) and e.value.lanes == 1:
+        return e.value, [0] * lanes
+    if isinstance(e, ex.Binary) and e.op == "add":
+        a, b = _pattern_terms(e.a, lanes), _pattern_terms(e.b, lanes)
+        if a is None or b is None:
+            return None
+        return ex.add(a[0], b[0]), [x + y for x, y in zip(a[1], b[1])]
+    if ex.free_vars(e):
+        return None
+    consts = _lane_constants(e, lanes)
+    return None if consts is None else (_ZERO, consts)
+
+
+def lane_pattern(buf: Buffer, index: Sequence[ex.Expr], lanes: int) -> Optional[LanePattern]:
+    """The flattened offset of a vector index as a scalar plus constant lane offsets (all
+    strides constant), or None:
+
+        [n, b 22 + 6 + ramp(0, 1, 32) % 16]  ->  base n 22 K + b 22 + 6, offsets 0..15, 0..15"""
+    base: ex.Expr = _ZERO
+    offsets = [0] * lanes
+    for i, s in zip(index, buf.strides):
+        if i.dtype != ex.INDEX.dtype:
+            return None
+        terms = _pattern_terms(i, lanes)
+        if terms is None:
+            return None
+        if any(terms[1]) and not isinstance(s, ex.Const):
+            return None
+        step = int(s.value) if isinstance(s, ex.Const) else 0
+        base = ex.add(base, ex.mul(terms[0], s))
+        offsets = [o + t * step for o, t in zip(offsets, terms[1])]
+    return LanePattern(base, tuple(offsets))
+
+
 def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
     """The flattened element offset of a (vector) index as `base + lane * stride`, if affine."""
     base: ex.Expr = _ZERO
@@ -126,6 +207,11 @@ class Access:
         self.elem = storage_type(self.buf.dtype)
         self.align = self.buf.dtype.itemsize
         self.affine = flat_affine(self.buf, index) if self.lanes > 1 else None
+        self.pattern: Optional[LanePattern] = None
+        if self.lanes > 1 and self.affine is None:
+            found = lane_pattern(self.buf, index, self.lanes)
+            if found is not None and max(found.offsets) - min(found.offsets) < MAX_PATTERN_SPAN:
+                self.pattern = found
 
     @property
     def kind(self) -> str:
@@ -198,12 +284,57 @@ def emit_load(em: "ExprEmitter", e: ex.Load) -> ir.Value:
     vt = ir.VectorType(acc.elem, acc.lanes)
     if kind == "contiguous":
         value = b.load(acc.scalar_pointer(), typ=vt, align=acc.align)
+    elif acc.pattern is not None:
+        value = _pattern_load(em, acc, acc.pattern)
     else:
         ptrs = acc.vector_pointers()
         fn = em.fs.ctx.intrinsic("llvm.masked.gather", vt, [ptrs.type, I32, ir.VectorType(I1, acc.lanes), vt],
                                  [vt, ptrs.type])
         value = b.call(fn, [ptrs, ir.Constant(I32, acc.align), _all_true(acc.lanes), ir.Constant(vt, ir.Undefined)])
     return _from_storage(b, value, acc.buf)
+
+
+def _pattern_load(em: "ExprEmitter", acc: Access, pattern: LanePattern) -> ir.Value:
+    """The span of a `LanePattern` as one vector load, its lanes picked by a shuffle."""
+    b = em.b
+    low = min(pattern.offsets)
+    span = max(pattern.offsets) - low + 1
+    offset = em.index_value(ex.add(pattern.base, ex.Const(low)))
+    ptr = _gep(b, acc.ref.ptr, offset, acc.elem)
+    if em.fs.ctx.bounds_check:
+        ptr = bounds.guard_pointer(em, acc.ref, offset, span, ptr, acc.buf.dtype.itemsize)
+    if span == 1:
+        return em.splat(b.load(ptr, typ=acc.elem, align=acc.align), acc.lanes)
+    pieces = _pieces(sorted(set(pattern.offsets)))
+    if len(pieces) in (2, 4) and len({n for _, n in pieces}) == 1 and len(pieces) * pieces[0][1] < span:
+        # a few equal runs with gaps (two blocks' nibble bytes): each run one load, the runs
+        # concatenated, so no bytes between them are read (no odd-sized load to split)
+        width = pieces[0][1]
+        vt = ir.VectorType(acc.elem, width)
+        parts = [b.load(_gep(b, ptr, ir.Constant(I64, start - low), acc.elem), typ=vt, align=acc.align)
+                 for start, _ in pieces]
+        while len(parts) > 2:
+            n = lanes_of(parts[0].type)
+            cat = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+            parts = [b.shuffle_vector(parts[i], parts[i + 1], cat) for i in range(0, len(parts), 2)]
+        where = {start + j: i * width + j for i, (start, _) in enumerate(pieces) for j in range(width)}
+        mask = ir.Constant(ir.VectorType(I32, acc.lanes), [where[o] for o in pattern.offsets])
+        second = parts[1] if len(parts) == 2 else ir.Constant(parts[0].type, ir.Undefined)
+        return b.shuffle_vector(parts[0], second, mask)
+    whole = b.load(ptr, typ=ir.VectorType(acc.elem, span), align=acc.align)
+    mask = ir.Constant(ir.VectorType(I32, acc.lanes), [o - low for o in pattern.offsets])
+    return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), mask)
+
+
+def _pieces(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct offsets as maximal runs of consecutive ones, (start, length)."""
+    out: list[tuple[int, int]] = []
+    for o in offsets:
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((o, 1))
+    return out
 
 
 def emit_store(em: "ExprEmitter", buffer: str, index: Sequence[ex.Expr], value: ex.Expr) -> None:

@@ -4,8 +4,11 @@ Every block type llama.cpp writes stays quantized: Q4_0, Q4_1 and Q8_0 linear we
 our INT4/INT8 layouts bit for bit (`torchburn.quant`), Q4_K ones INT4 with group 32 (the
 scale and min products rounded to float16: `import_gguf_q4_k`; its GEMV runs the int4 kernel
 with int8 activations, 5-10x the block table's f32 form), and every other type of the block table
-(`ir/qblocks.py`: Q5_0, Q5_1, Q2_K ... Q6_K), like any quantized token embedding other than
-Q8_0, is kept as the file's blocks (`BlockWeight`); F32/F16/BF16 are widened to float32
+(`ir/qblocks.py`: Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K), like any quantized token embedding
+other than Q8_0, is kept as the file's blocks (`BlockWeight`): no conversion, no copy; their
+decode GEMV reads those bytes with int8 activations and byte dot products
+(`passes/quant/qlinear_blocks_i8.py`), their prefill the panel kernel (`qgemm_i8.py`), and a
+tied output projection (Llama-3.2's Q6_K `token_embd`) the same GEMV. F32/F16/BF16 are widened to float32
 (exactly). Other types (the i-quants IQ*, TQ*, MXFP4, types only forks write) are refused with
 an error naming the type and the tensor.  llama.cpp's converter permutes the rows of the Q and K projections of
 Llama-family models for its interleaved rope; we undo that permutation, which moves whole

@@ -93,7 +93,8 @@ def _rebuild(node: Expr, done: dict[int, Expr], byte_at: ByteAt, lane: Expr, lan
         if LANE.name not in ex.free_vars(offset) or lanes == 1:
             return byte_at(at, 1)
         if _linear_coefficient(offset, LANE.name) != Const(1):
-            raise ValueError(f"block byte offset {offset} is not `constant + l`")
+            # a lane pattern (`o + l % 16`): the offsets as a vector, for readers taking them
+            return byte_at(done[id(offset)], lanes)
         return byte_at(at, lanes)
     kids = [done[id(c)] for c in node.children()]
     width = max(k.type.lanes for k in kids)
@@ -197,6 +198,8 @@ class BlocksBuilder(QLinearBuilder):
         base = ex.mul(block, Const(bt.nbytes))
 
         def at(offset: Expr, lanes: int) -> Expr:
+            if offset.type.lanes > 1:
+                raise ValueError(f"the f32 block kernel reads no byte pattern ({offset})")
             col = ex.add(base, offset)
             if lanes == 1:
                 index = tuple(ex.substitute(i, {self.n_var.name: n, self.k_var.name: col})

@@ -1,8 +1,9 @@
 """Which loop form a `qlinear` kernel takes on a CPU: int8 activations (`qlinear_i8.py`), the
 f32 SIMD kernel (`qlinear.py`), or the plain per-element nest.
 
-Weights in ggml blocks (kind "blocks") take `qlinear_blocks`' forms, generated from the
-block table. The choice reads the op (K static, x and the weight streamable), M (known, or chosen at run
+Weights in ggml blocks (kind "blocks") take `qlinear_blocks_i8`'s kernel (int8 activations,
+the blocks' codes as byte vectors) where the table gives its reading of the type and the CPU
+has byte dot products, else `qlinear_blocks`' f32 forms, both generated from the block table. The choice reads the op (K static, x and the weight streamable), M (known, or chosen at run
 time between the GEMV and the multi-row form) and the target (`CpuInfo`: vector width,
 threads, native byte dot products):
 
@@ -27,6 +28,7 @@ from ..loopgen.matmul import CpuInfo, static_int
 from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_plain, plan_qlinear
 from .qgemm_i8 import build_qgemm_i8, plan_qgemm_i8
 from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
+from .qlinear_blocks_i8 import build_blocks_i8, plain_columns, plan_blocks_i8
 from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
 
 if TYPE_CHECKING:
@@ -60,6 +62,9 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
         if gemm_plan is not None:
             return build_qgemm_i8(kb, root, qop, out, gemm_plan, (x_load, q_load, row, k, n))
         if ql.kind == "blocks":
+            i8_blocks = plan_blocks_i8(ql, m, cpu, choice) if plain_columns(q_load, k) else None
+            if i8_blocks is not None:
+                return build_blocks_i8(kb, root, qop, out, i8_blocks, (x_load, q_load, row, k, n))
             blocks_plan = plan_blocks(ql, m, cpu)
             return BlocksBuilder(kb, root, qop, out, blocks_plan, x_load, q_load, row, k, n).build()
         i8_plan = plan_qlinear_i8(ql, m, cpu, choice)
