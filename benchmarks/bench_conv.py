@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="", help="comma-separated models (default: all of conv_zoo)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-    parser.add_argument("--modes", default=",".join(MODES), help="inference, training or both")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated: inference, training (default: both)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--size", choices=("full", "tiny"), default="full", help="conv_zoo's size of the models")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per row")

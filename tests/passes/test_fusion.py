@@ -92,3 +92,26 @@ def test_a_view_a_convolution_loads_from_is_stored() -> None:
     program = get_pass("lower-to-loops")().run(graph)
     text = str(program)
     assert "vreduce_add" in text or "fma" in text  # the blocked (vector) convolution kernels
+
+
+SQUEEZE_EXCITE = """
+graph @g(%x: f32[1, 8, 6, 6], %w: f32[8, 1, 3, 3]) {
+  %c = conv(%x, %w) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 8} : f32[1, 8, 6, 6]
+  %s = sigmoid(%c) : f32[1, 8, 6, 6]
+  %h = mul(%c, %s) : f32[1, 8, 6, 6]
+  %m = reduce_sum(%h) {dims = [2, 3], keepdim = true} : f32[1, 8, 1, 1]
+  %e = expand(%m) {shape = [1, 8, 6, 6]} : f32[1, 8, 6, 6]
+  %y = mul(%h, %e) : f32[1, 8, 6, 6]
+  return %y
+}
+"""
+
+
+def test_an_activation_read_twice_is_computed_once() -> None:
+    """SiLU (`c * sigmoid(c)`) read by a squeeze-excite's mean and by its scaling: the sigmoid
+    counts toward the cost of recomputing the `mul` (its only reader), so SiLU is stored once,
+    as the convolution's epilogue, instead of each reader computing the sigmoid again."""
+    graph = get_pass("fuse")().run(parse_graph(SQUEEZE_EXCITE))
+    ops = {op.result.name: op for op in graph.ops}
+    assert "kernel" in ops["h"].attrs
+    assert ops["s"].attrs["fused_into"] == ops["c"].attrs["fused_into"] == (ops["h"].attrs["kernel"],)

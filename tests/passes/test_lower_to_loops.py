@@ -188,3 +188,46 @@ def test_reshape_index_with_sizes_that_are_not_products() -> None:
         for point in itertools.product(*(range(n) for n in sizes)):
             at = {**env, **{v.name: p for v, p in zip(names, point)}}
             assert src[tuple(ex.evaluate_index(e, at) for e in index)] == dst[point], (shape, to, point)
+
+
+#: A product `%2` stored by kernel 0 is read, through a reshape and a slice, by the epilogue of
+#: another product `%6` (torch's no-grad LSTM: each step adds `x @ W_ih^T + b`, viewed per time
+#: step, to `h @ W_hh^T`). Written with its fusion decided, so that only the lowering is tested.
+VIEW_OF_ANOTHER_PRODUCT = """graph @g(%x: f32[12, 6], %w: f32[6, 20], %h: f32[3, 5], %u: f32[5, 20], %b: f32[20]) {
+  %0 = reshape(%b) {shape = [1, 20], fused_into = [1]} : f32[1, 20]
+  %1 = expand(%0) {shape = [12, 20], fused_into = [1]} : f32[12, 20]
+  %2 = matmul(%x, %w) {kernel = 0} : f32[12, 20]
+  %3 = add(%2, %1) {fused_into = [1]} : f32[12, 20]
+  %4 = reshape(%3) {shape = [4, 3, 20], fused_into = [1]} : f32[4, 3, 20]
+  %5 = slice(%4) {dim = 0, start = 1, end = 2, step = 1, fused_into = [1]} : f32[1, 3, 20]
+  %7 = reshape(%5) {shape = [3, 20], fused_into = [1]} : f32[3, 20]
+  %6 = matmul(%h, %u) {fused_into = [1]} : f32[3, 20]
+  %8 = add(%7, %6) {kernel = 1} : f32[3, 20]
+  return %8
+}"""
+
+
+@pytest.mark.parametrize("lowering", ["never", "always", "gpu"])
+def test_an_epilogue_indexes_a_view_of_another_products_buffer_as_it_is(lowering: str) -> None:
+    """`matmul.epilogue_views` took the reshapes of `%2` (another kernel's product, read from its
+    buffer) for reshapes of the kernel's own product and read `%2` at the wrong index: out of
+    its buffer (the no-grad LSTM compiled to NaN once `fuse` stopped storing `%3`). CPU GEMM
+    plain and swapped, and the GPU lowering (which shares the rule)."""
+    from torchburn.runtime.reference.interp import program_code
+
+    target = host_target()
+    lower_pass = LowerToLoopsGpu() if lowering == "gpu" else LowerToLoops(gemm_swap=lowering)
+    program = PassManager([lower_pass], [], target=target).run(
+        parse_graph(VIEW_OF_ANOTHER_PRODUCT))
+    assert isinstance(program, lp.Program)
+    verify(program)
+    rng = np.random.default_rng(0)
+    args = {b.name: rng.standard_normal([int(d.value) for d in b.shape]).astype(np.float32)  # type: ignore[attr-defined]
+            for b in program.inputs}
+    memory = {name: a.reshape(-1) for name, a in args.items()}
+    for b in (*program.outputs, *program.temps):
+        memory[b.name] = np.full(int(np.prod([int(d.value) for d in b.shape])), np.nan, np.float32)  # type: ignore[attr-defined]
+    program_code(program).run(memory, {})  # checks every load against its buffer
+    x, w, h, u, b = (args[n] for n in ("x", "w", "h", "u", "b"))
+    expected = (x @ w + b).reshape(4, 3, 20)[1] + h @ u
+    np.testing.assert_allclose(memory[program.outputs[0].name].reshape(3, 20), expected, rtol=1e-5, atol=1e-5)

@@ -12,6 +12,7 @@ a miss, so a warm start pays for none of it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -33,7 +34,7 @@ from ..runtime.config import get_config
 from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
 from .launcher import Launcher
-from .output_strides import report_forward_output_strides, restride_placeholders
+from .output_strides import compile_in_order, report_forward_output_strides, restride_placeholders
 
 if TYPE_CHECKING:  # the compiler proper loads on the first cache miss (see fx_cache.py)
     from .gpu_launcher import GpuLauncher
@@ -272,6 +273,19 @@ def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: 
     return fn
 
 
+@dataclasses.dataclass
+class _Outcome:
+    """One subgraph's compile (`_compile_partitioned`): its report, its launcher (CPU or GPU;
+    none: it runs in PyTorch), its manifest entry, and whether an internal error spoils the
+    manifest."""
+
+    report: rep.SubgraphReport
+    launcher: Optional[Launcher] = None
+    gpu_launcher: Optional["GpuLauncher"] = None
+    entry: Optional[dict[str, Any]] = None
+    internal_error: bool = False
+
+
 def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report: rep.GraphReport,
                          target_name: Optional[str] = None,
                          tuner: Optional["Tuner"] = None,
@@ -316,17 +330,19 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
 
         use_gpu = gpu_requested()
     target = named_target(target_name) if target_name is not None else None
-    for name in result.subgraphs:
+    outcomes: dict[str, _Outcome] = {}
+
+    def compile_one(name: str, args: Optional[Sequence[Any]] = None) -> Optional[Launcher]:
+        """Compile subgraph `name` (for the strides of `args`, fake tensors, where given)."""
         sub: torch.fx.GraphModule = getattr(module, name)
-        sub_report = rep.SubgraphReport(name, _op_names(sub))
-        report.subgraphs.append(sub_report)
+        if args is not None:
+            restride_placeholders(sub, args)
+        outcome = outcomes[name] = _Outcome(rep.SubgraphReport(name, _op_names(sub)))
+        sub_report = outcome.report
         if use_gpu:  # the wgpu engine; what it cannot run goes on to the CPU engine below
-            gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
-            if gpu_launcher is not None:
-                _install(module, name, sub, gpu_launcher)
-                module.meta.setdefault("torchburn_gpu_launchers", []).append(gpu_launcher)
-                manifest = None
-                continue
+            outcome.gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
+            if outcome.gpu_launcher is not None:
+                return None
         try:
             graph = import_graph(sub, name=name)
             compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub), target=target)
@@ -336,13 +352,12 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             sub_report.compiled = False
             sub_report.reason = str(err)
             log.info("torchburn: %s stays in PyTorch: %s", name, err)
-            if manifest is not None:
-                manifest.subgraphs.append({"name": name, "ops": sub_report.ops, "reason": sub_report.reason})
-            continue
+            outcome.entry = {"name": name, "ops": sub_report.ops, "reason": sub_report.reason}
+            return None
         except Exception as err:  # noqa: BLE001 - a compiler bug must not break the user's model
+            outcome.internal_error = True
             _internal_error(name, sub_report, err)
-            manifest = None
-            continue
+            return None
         sub_report.cache_hit = hit
         if compiled.engine == "reference":  # TORCHBURN_ENGINE=reference: interpreted, no native code
             sub_report.engine = "reference"
@@ -351,10 +366,33 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         sub_report.kernels = compiled.kernel_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
-        if manifest is not None:
-            manifest.subgraphs.append({"name": name, "ops": sub_report.ops, "program": compiled.key,
-                                       "launcher": spec.as_dict()})
-        _install(module, name, sub, launcher)
+        outcome.entry = {"name": name, "ops": sub_report.ops, "program": compiled.key, "launcher": spec.as_dict()}
+        outcome.launcher = launcher
+        return launcher
+
+    if len(result.subgraphs) > 1 and not use_gpu:
+        # Library calls or PyTorch ops between subgraphs: each is compiled for the strides its
+        # inputs will really have (`output_strides.compile_in_order`).
+        compile_in_order(module, result.subgraphs, compile_one)
+    for name in result.subgraphs:
+        outcome = outcomes.get(name)
+        if outcome is None:
+            compile_one(name)
+            outcome = outcomes[name]
+        report.subgraphs.append(outcome.report)
+        sub = getattr(module, name)
+        if outcome.gpu_launcher is not None:
+            _install(module, name, sub, outcome.gpu_launcher)
+            module.meta.setdefault("torchburn_gpu_launchers", []).append(outcome.gpu_launcher)
+            manifest = None
+            continue
+        if outcome.internal_error:
+            manifest = None
+            continue
+        if manifest is not None and outcome.entry is not None:
+            manifest.subgraphs.append(outcome.entry)
+        if outcome.launcher is not None:
+            _install(module, name, sub, outcome.launcher)
     report.stages["subgraphs"] = time.perf_counter() - t0 - report.stages["partition"]
     return module, manifest
 

@@ -79,7 +79,7 @@ from .loopgen.attention import build_attention
 from .loopgen.attention_tiles import tile_plan
 from .loopgen.kernel_builder import ROOT_RULES, KernelBuilder
 from .loopgen.matmul import CpuInfo, GemmOptions, fused_matmul, fused_product, gemm_root
-from .loopgen.root_key import ProductReach, RootKey, root_key
+from .loopgen.root_key import RootKey, root_key
 from .loopgen.store_views import fused_through_views
 
 #: Values of `lower-to-loops{gemm_swap=...}`.
@@ -199,14 +199,13 @@ class LowerToLoops(Pass):
         symbols = _collect_symbols(graph)
         kernels: list[lp.Kernel] = []
         calls: list[lp.KernelCall] = []
-        reach = ProductReach()
         #: Root key -> the kernel lowered for it and where its parameters come from (None:
         #: a parameter the key does not place; every root of that key is lowered).
         firsts: dict[str, Optional[Places]] = {}
         #: Root index -> its call (a shared kernel is called under its first root's name).
         root_calls: dict[int, lp.KernelCall] = {}
         for n, op in enumerate(roots):
-            key = root_key(op, buffers, reach) if self.dedup else None
+            key = root_key(op, buffers) if self.dedup else None
             first = firsts.get(key.key) if key is not None else None
             if key is not None and first is not None:
                 calls.append(_call(first[0].name, _bind(first, key, f"k{n}", temps), views))

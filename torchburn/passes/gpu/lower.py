@@ -85,7 +85,7 @@ def build_plain_gemm(kb: KernelBuilder, root: Op, mm: Op, out: lp.Buffer) -> lp.
     kb.define(mm.result, idx, total)
     # A reshape regrouping the rows inside the epilogue (`fuse`): the ops before it are
     # computed at the product's index, the ones after it and the store at the root's.
-    views = epilogue_views(root, set(kb.buffers)) if root is not mm else []
+    views = epilogue_views(root, mm, set(kb.buffers)) if root is not mm else []
     out_idx = idx
     if views:
         out_idx = (*regroup_rows(idx[:-1], mm.result.shape[:-1], root.result.shape[:-1]), j)

@@ -69,6 +69,11 @@ ACCUMULATORS = 12
 #: one thread: that kernel with batch norm and ReLU 1.7-1.8 ms against 2.2-3.1 ms (eager
 #: 2.0); none of 12 layers of ResNet-50 and EfficientNet-B0 measured was slower.
 ACCUMULATORS_WIDE = 20
+#: Input channels x taps from which a width-form tile of channels reads enough input (K
+#: elements of each of its positions) that the channel tiles go innermost
+#: (`ConvPlan.channels_inner`). ResNet-50's 256-to-64 1x1 at 56x56, one thread: every one of
+#: its 7 channel tiles streamed the 3.2 MB input, 256 rows 12.5 KB apart.
+CHANNEL_TILES_INNER_MIN_K = 64
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,17 @@ class ConvPlan:
     cv: int
     pos: int
     parallel: bool
+    #: Width form: the tiles of output channels are the innermost of the tile loop, so that
+    #: consecutive tiles read the same block of input (all its channels at the tile's
+    #: positions) from the L1/L2 cache while the weight stays in L2; otherwise each tile of
+    #: channels streams the whole input (see `CHANNEL_TILES_INNER_MIN_K`).
+    channels_inner: bool = False
 
     def describe(self) -> str:
         kind = "vectors over channels" if self.form == "channels" else "vectors over width"
+        order = " channel tiles inner" if self.channels_inner else ""
         return (f"{self.form} lanes={self.lanes} cv={self.cv} pos={self.pos} "
-                f"parallel={'yes' if self.parallel else 'no'} ({kind})")
+                f"parallel={'yes' if self.parallel else 'no'}{order} ({kind})")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -143,7 +154,16 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
     # Channels of a group share their input vectors: as many as the registers hold. A
     # depthwise channel has its own, loaded once per tap: half as many keep the loads ahead.
     rc = max(1, min(cout, budget // nvec // (1 if cout_g > 1 else 2)))
-    return ConvPlan("width", wl, rc, nvec, parallel)
+    # Tiles of channels innermost where a tile reads much input (many input channels and taps),
+    # the input (at least its output positions' worth) does not fit in L2 and the whole weight
+    # fits in half of it: the input is then read from memory once, not once per tile of
+    # channels. (Where the input fits in L2, the original order keeps a tile's weights in L1:
+    # 64-to-256 1x1 at 56x56, 0.8 MB of input, was no faster inner.)
+    weight_bytes = cout * cin_g * taps * dtype.itemsize
+    input_bytes = groups * cin_g * (positions or 0) * dtype.itemsize
+    inner = (cout > rc and cin_g * taps >= CHANNEL_TILES_INNER_MIN_K
+             and weight_bytes <= cpu.l2_bytes // 2 and input_bytes > cpu.l2_bytes)
+    return ConvPlan("width", wl, rc, nvec, parallel, channels_inner=inner)
 
 
 # ---- small IR helpers ------------------------------------------------------------------------------
@@ -440,11 +460,16 @@ class ConvBuilder(NestHelpers):
         span = plan.pos * w
         tiles_c = ex.floordiv(ex.add(self.cout, Const(plan.cv - 1)), Const(plan.cv))
         tiles_w = ex.floordiv(ex.add(ow_n, Const(span - 1)), Const(span))
-        extents = [c.x.shape[0], tiles_c, *self.out_size[:-1], tiles_w]
         item = self.var("ti")
         kb.push((item,))
-        coords = self.unflatten(item, extents)
-        n, tc, outer, tw = coords[0], coords[1], coords[2:-1], coords[-1]
+        if plan.channels_inner:
+            extents = [c.x.shape[0], *self.out_size[:-1], tiles_w, tiles_c]
+            coords = self.unflatten(item, extents)
+            n, outer, tw, tc = coords[0], coords[1:-2], coords[-2], coords[-1]
+        else:
+            extents = [c.x.shape[0], tiles_c, *self.out_size[:-1], tiles_w]
+            coords = self.unflatten(item, extents)
+            n, tc, outer, tw = coords[0], coords[1], coords[2:-1], coords[-1]
         co0 = self.let(ex.mul(tc, Const(plan.cv)), "co")
         ow0 = self.let(ex.mul(tw, Const(span)), "ow")
         chans = [self.let(ex.minimum(ex.add(co0, Const(r)), ex.sub(self.cout, Const(1))), "cr")

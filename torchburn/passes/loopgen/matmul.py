@@ -462,7 +462,7 @@ class GemmBuilder(NestHelpers):
         #: B' read in place by the micro-kernel (no packing): its load and index variables.
         self.direct: Optional[tuple[ex.Load, Var, Var]] = None
         #: Reshapes between the product and the root that regroup the rows (see `fuse`).
-        self.views = epilogue_views(root, set(kb.buffers))
+        self.views = epilogue_views(root, mm, set(kb.buffers))
 
     def zero(self, lanes: int = 1) -> Expr:
         return ex.const(0, self.acc_t, lanes)
@@ -843,8 +843,10 @@ class GemmBuilder(NestHelpers):
         return lp.block(*steps)
 
 
-def epilogue_views(root: Op, materialized: set[Value]) -> list[Op]:
-    """The reshapes inlined into the kernel of `root` (at most one, by `fuse`'s rule)."""
+def epilogue_views(root: Op, mm: Op, materialized: set[Value]) -> list[Op]:
+    """The reshapes inlined into the kernel of `root` between its product `mm` and `root` (at
+    most one, by `fuse`'s rule). A reshape of another operand of the epilogue (a view of a
+    buffer, even one some other kernel's product wrote) is not one: it is indexed as it is."""
     views: list[Op] = []
     stack = [root]
     seen: set[int] = set()
@@ -857,22 +859,27 @@ def epilogue_views(root: Op, materialized: set[Value]) -> list[Op]:
             if p is None or v in materialized or id(p) in seen:
                 continue
             seen.add(id(p))
-            if p.name == "reshape" and p.operands[0].producer is not None and _reaches_matmul(p):
+            if p.name == "reshape" and _reaches(p.operands[0], mm, materialized):
                 views.append(p)
             stack.append(p)
     return views
 
 
-def _reaches_matmul(op: Op) -> bool:
-    stack, seen = [op], set()
+def _reaches(value: Value, mm: Op, materialized: set[Value]) -> bool:
+    """Whether `value` is computed from `mm`'s result inside the kernel (through values
+    without a buffer: a buffer is an edge of the kernel, read as it is)."""
+    stack, seen = [value], set()
     while stack:
-        x = stack.pop()
-        if x.name == "matmul":
+        v = stack.pop()
+        p = v.producer
+        if p is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if p is mm:
             return True
-        for v in x.operands:
-            if v.producer is not None and id(v.producer) not in seen:
-                seen.add(id(v.producer))
-                stack.append(v.producer)
+        if v in materialized:
+            continue
+        stack.extend(p.operands)
     return False
 
 

@@ -9,9 +9,10 @@ times. With this key the lowering builds the first and calls it with the others'
 The key is the BLAKE3 of the region printed canonically (value names by first appearance;
 locations, `origin` and fusion bookkeeping (`kernel`, `fused_into`) left out; program symbols
 keep their names, since kernels take them by name), preceded by each edge buffer's dtype,
-shape and strides, whether it is a graph input, and whether a matrix product lies upstream
-of it (the one fact beyond its buffer that a lowering reads: `matmul.epilogue_views`), and
-followed by the root's output buffer. Everything the lowering reads is in the key, so two
+shape and strides and whether it is a graph input, and followed by the root's output buffer
+(a lowering reads nothing beyond its region's edge: `matmul.epilogue_views` once asked
+whether a product lay upstream of an edge buffer, and took a view of that buffer for a view
+of its own product). Everything the lowering reads is in the key, so two
 roots with one key get the same kernel up to the names of their buffers; the edge buffers,
 listed in the key's order with the output last, say which buffer each parameter is bound to.
 
@@ -42,10 +43,6 @@ from ...ir.tensor import Op, Value
 #: Op attributes that record fusion decisions by kernel number: they differ between copies
 #: and no lowering reads them.
 FUSION_ATTRS = frozenset({"kernel", "fused_into"})
-#: Ops whose presence upstream of an edge a lowering asks about (`matmul.epilogue_views`).
-PRODUCT_NAMES = frozenset({"matmul"})
-
-
 @dataclass(frozen=True)
 class RootKey:
     """A root's key and the buffer names bound to its kernel (edges in order, output last)."""
@@ -75,31 +72,7 @@ class _KeyPrinter(Printer):
         return name
 
 
-class ProductReach:
-    """Whether a matrix product lies upstream of a value, memoized over one graph."""
-
-    def __init__(self) -> None:
-        self._memo: dict[int, bool] = {}
-
-    def of(self, v: Value) -> bool:
-        root = v.producer
-        if root is None:
-            return False
-        stack: list[tuple[Op, bool]] = [(root, False)]
-        while stack:
-            op, expanded = stack.pop()
-            if id(op) in self._memo:
-                continue
-            producers = [u.producer for u in op.operands if u.producer is not None]
-            if expanded or op.name in PRODUCT_NAMES:
-                self._memo[id(op)] = op.name in PRODUCT_NAMES or any(self._memo[id(p)] for p in producers)
-                continue
-            stack.append((op, True))
-            stack.extend((p, False) for p in producers if id(p) not in self._memo)
-        return self._memo[id(root)]
-
-
-def root_key(root: Op, buffers: Mapping[Value, lp.Buffer], reach: ProductReach) -> Optional[RootKey]:
+def root_key(root: Op, buffers: Mapping[Value, lp.Buffer]) -> Optional[RootKey]:
     """The key of `root`'s kernel (see the module docstring); None for a root of several
     results (lowered on its own)."""
     if len(root.results) != 1 or root.result not in buffers:
@@ -130,7 +103,7 @@ def root_key(root: Op, buffers: Mapping[Value, lp.Buffer], reach: ProductReach) 
     lines = []
     for v in edges:
         kind = "input" if v.producer is None else "temp"
-        lines.append(f"edge {_buffer_text(p, v, buffers[v])} {kind}{' product' if reach.of(v) else ''}")
+        lines.append(f"edge {_buffer_text(p, v, buffers[v])} {kind}")
     for op in ops:
         attrs = {k: a for k, a in op.attrs.items() if k not in FUSION_ATTRS}
         lines.append(p.op(_BareOp(op.name, op.operands, attrs, op.results)))

@@ -5,8 +5,9 @@ Each op either becomes the root of a kernel (`kernel = k`: its result is written
 or is inlined into the kernels of its consumers (`fused_into = [k, ...]`): elementwise chains
 become one loop nest, views become index arithmetic in the loads, and elementwise producers
 fold into reductions. A value is materialized when it is a graph output, when recomputing it
-in several consumers would duplicate expensive work (the readers of a view count, not the
-view: `cos(emb)` seen through `unsqueeze` by the rotary embedding of every query and key), or when it feeds a matrix product (which
+in several consumers would duplicate expensive work (its own and that of the producers only it
+reads, which will be inlined into it: SiLU's `mul(x, sigmoid(x))` read twice is stored; the
+readers of a view count, not the view: `cos(emb)` seen through `unsqueeze` by the rotary embedding of every query and key), or when it feeds a matrix product (which
 reads each element many times), or when it is a residual stream: an elementwise op that
 reads a product and is read by another such op (`x2 = x1 + mlp(norm(x1))`) is stored, as its
 product's epilogue, so that each layer of a deep model stores its sum once and gets the same
@@ -307,7 +308,12 @@ class Fuse(TensorPass):
             # differ from layer to layer. Stored, it is its product's epilogue (the product
             # is never written) and every layer gets the same kernels.
             return False
-        return not recompute_too_costly(op, inlined, uses, self.max_recompute_cost)
+        # Decided from the consumers back, `op`'s producers are not decided yet: those it alone
+        # reads will be inlined into it, and recomputed with it (SiLU's `mul(x, sigmoid(x))`
+        # read by a squeeze-excite's mean and its scaling counted 1, not 11, and both readers
+        # recomputed the sigmoid of a whole feature map).
+        return not recompute_too_costly(op, inlined | _sole_producers(op, users, outputs), uses,
+                                        self.max_recompute_cost)
 
 
 #: Operands the convolution kernels load straight from a buffer (`loopgen/conv.py`: the input;
@@ -327,6 +333,27 @@ def _root_only(op: Op) -> bool:
 def _needs_buffer(user: Op, value: Value) -> bool:
     """Whether `user` reads `value` as an operand that must be a buffer of its own."""
     return any(i < len(user.operands) and user.operands[i] is value for i in BUFFER_OPERANDS.get(user.name, ()))
+
+
+#: How far `_sole_producers` walks back: enough for an activation's few ops, short in deep graphs.
+SOLE_PRODUCERS_LIMIT = 16
+
+
+def _sole_producers(op: Op, users: dict[Value, list[Op]], outputs: set[Value]) -> set[Op]:
+    """Elementwise ops read only by `op` (or by such ops), walking back from `op`: `_inline`
+    will inline them into it, since they have one reader (at most `SOLE_PRODUCERS_LIMIT`)."""
+    found: set[Op] = set()
+    stack = [op]
+    while stack and len(found) < SOLE_PRODUCERS_LIMIT:
+        node = stack.pop()
+        for v in node.operands:
+            p = v.producer
+            if (p is None or p in found or len(p.results) != 1 or p.result in outputs
+                    or category(p) != "elementwise" or len({id(u) for u in users.get(p.result, [])}) != 1):
+                continue
+            found.add(p)
+            stack.append(p)
+    return found
 
 
 def _uses_through_views(value: Value, users: dict[Value, list[Op]], inlined: set[Op]) -> int:
