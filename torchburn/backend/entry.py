@@ -29,7 +29,6 @@ from functorch.compile import make_boxed_func
 
 from . import fx_cache, inference_path
 from . import report as rep
-from ..ir.hashing import hash_key
 from ..runtime.config import get_config
 from ..runtime.frame_stack import run_on_deep_stack
 from ..runtime.gc_pause import gc_paused
@@ -268,6 +267,8 @@ def _compile_alone(gm: torch.fx.GraphModule, pipeline: "Pipeline", target_name: 
         fn = lambda *args: boxed(list(args))  # noqa: E731
     else:
         fn = functools.partial(fn)  # its own object: the attribute below is this candidate's
+    from ..ir.hashing import hash_key  # here: the warm path imports no torchburn.ir
+
     # the programs' code (the tuner measures candidates with the same code once)
     fn.code_key = hash_key(*code_keys)  # type: ignore[attr-defined]
     return fn
