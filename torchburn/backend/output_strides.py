@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 from torch._guards import TracingContext, detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime.config import get_config
 
@@ -61,10 +62,16 @@ def restride_placeholders(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         return
     for node, example in zip(placeholders, example_inputs):
         val = node.meta.get("val")
-        if (isinstance(val, torch.Tensor) and isinstance(example, torch.Tensor) and val.shape == example.shape
-                and val.dtype == example.dtype and val.stride() != example.stride()):
+        if (isinstance(val, torch.Tensor) and isinstance(example, torch.Tensor) and val.dtype == example.dtype
+                and _known_equal(val.shape, example.shape) and not _known_equal(val.stride(), example.stride())):
             node.meta["val"] = example
             node.meta.pop("tensor_meta", None)  # the traced strides too; nothing here reads it
+
+
+def _known_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two sizes or strides are equal without guarding: a data-dependent size (the
+    result of `masked_select`, `nonzero`) compares unequal unless it is the same symbol."""
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
 
 
 def output_strides(module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[list[Any]]:
