@@ -141,7 +141,7 @@ class LlvmEngine:
         if not runnable:
             return Build(None, _not_here(target), {"codegen": codegen, "llvm": t2 - t1},
                          kernel_origins(program), llvm_ir, obj)
-        native = jit.load_object(obj)
+        native = jit.load_native(obj)
         entry = native.entry(entry_name(program))
         t3 = time.perf_counter()
         return Build(native, entry, {"codegen": codegen, "llvm": t2 - t1, "load": t3 - t2},
