@@ -154,9 +154,10 @@ class SharedModule:
         # The library goes when the module does (as an MCJIT engine's code does): a process
         # that compiles many programs (the tuner's candidates) does not keep them all mapped.
         # Every callable from `entry` holds the module, so none outlives the code.
+        # (Not at exit: a daemon thread may still be inside the code.)
         close = getattr(_ctypes, "dlclose", None)
         if close is not None:
-            weakref.finalize(self, close, lib._handle)
+            weakref.finalize(self, close, lib._handle).atexit = False
 
     def address(self, name: str) -> int:
         try:
