@@ -458,24 +458,6 @@ class BlocksI8Builder(Q8Builder):
         assert lanes % len(got) == 0
         return self.kb.bind(_int_segments(got, lanes), "sv")
 
-    def quad_sums(self, xq: lp.Buffer, k: int, factor: int = 1) -> lp.Buffer:
-        """`factor * (xq[r, 4 j] + .. + xq[r, 4 j + 3])` for every row and j (one dot product
-        of WIDE bytes by a constant per 8 lanes)."""
-        kb, plan = self.kb, self.plan
-        out = self.buffer("qsum" if factor == 1 else "xc", dt.i32, (plan.rows, k // 4))
-        r, j = self.var("r"), self.var("j")
-        kb.push()
-        kb.push()
-        xb = ex.Load(xq.name, (r, ex.Ramp(ex.mul(j, Const(WIDE)), Const(1), ScalarType(dt.index, WIDE))),
-                     ScalarType(dt.i8, WIDE))
-        sums = _dot4(ex.const(0, dt.i32, LANES), ex.const(1, dt.u8, WIDE), xb)
-        if factor != 1:
-            sums = ex.Binary("mul", sums, ex.const(factor, dt.i32, LANES), ScalarType(dt.i32, LANES))
-        kb.emit(lp.Store(out.name, (r, ex.Ramp(ex.mul(j, Const(LANES)), Const(1), ScalarType(dt.index, LANES))), sums))
-        self.loop(j, Const(k // WIDE), kb.pop())
-        self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
-        return out
-
 
 def _offset_deltas(a: Expr, b: Expr, out: list[int]) -> bool:
     """Whether `b` is `a` with the block byte offsets moved (constant offsets; the moves of

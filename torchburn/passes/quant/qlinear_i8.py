@@ -60,7 +60,7 @@ B >= 16 and M is known (or 1 in the GEMV branch); `plan_qlinear_i8` says when.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from ...ir import dtypes as dt
@@ -81,6 +81,8 @@ MAX_XQ_BYTES = 256 * 1024
 INT8_ACT_GROUP = 128
 #: Bytes per dot product at least (4 i32 lanes); shorter groups keep f32 activations.
 MIN_CHUNK = 16
+#: Bytes of x summed by one dot product of `quad_sums` (i32 sums of four bytes, 8 lanes).
+XC_BYTES = 32
 #: Groups whose scales (and mins, and x's scales and sums) are read as one vector per block:
 #: a scalar f16 scale costs a load, an insert and a conversion per group and weight row.
 GROUP_BLOCK = 8
@@ -100,6 +102,10 @@ class Q8Plan:
     chunk: int
     parallel: bool
     pack: int = 1
+    #: int8 codes read as unsigned bytes `q + 128` (`q ^ 0x80`), the unsigned operand of a
+    #: native `vpdpbusd`, each dot product started from `-128 * (sum of x's four bytes)` per
+    #: lane (`xc`): the plain u8 x i8 dot, no per-row sign fix-up (see the module docstring).
+    offset_codes: bool = field(default=False, kw_only=True)
 
     @property
     def lanes(self) -> int:
@@ -108,6 +114,7 @@ class Q8Plan:
 
     def describe(self) -> str:
         pack = f" pack={self.pack}" if self.pack > 1 else ""
+        pack += " codes=u8" if self.offset_codes else ""
         return (f"mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk}{pack} "
                 f"parallel={'yes' if self.parallel else 'no'}")
 
@@ -157,7 +164,12 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
     nr = 1 if mr == 1 else 2
     n = static_int(ql.n)
     flops = 2.0 * m * (n if n is not None else 1 << 20) * k
-    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack)
+    # One chunk per dot product's group (or pack), and `vpdpbusd` itself on every width used:
+    # a u8 operand above 127 would saturate `pmaddubsw`'s pair sums.
+    offset = (ql.kind == "int8" and chunk == span and k % XC_BYTES == 0
+              and {chunk // 4, chunk * pack // 4, XC_BYTES // 4} <= cpu.dot4_lanes)
+    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
+                  offset_codes=offset)
 
 
 def _dot4(acc: Expr, a: Expr, b: Expr) -> Expr:
@@ -185,6 +197,8 @@ class Q8Builder(QLinearBuilder):
     """Builds the nest of the module docstring for one `Q8Plan`."""
 
     plan: Q8Plan  # type: ignore[assignment]
+    #: `-128 * sum of four bytes of xq` per row and lane (`Q8Plan.offset_codes`), else None.
+    xc: Optional[lp.Buffer] = None
 
     def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
         """`lanes` elements of x's row `row` from column `k0`, in f32."""
@@ -296,6 +310,25 @@ class Q8Builder(QLinearBuilder):
             total = ex.cast(ex.VectorReduce("add", ex.Load(isum.name, (ramp,), it), ScalarType(dt.i32)), dt.f32)
             kb.emit(lp.Store(xs.name, (r, g), ex.Binary("mul", d, total, F32)))
 
+    def quad_sums(self, xq: lp.Buffer, k: int, factor: int = 1) -> lp.Buffer:
+        """`factor * (xq[r, 4 j] + .. + xq[r, 4 j + 3])` for every row and j (one dot product
+        of XC_BYTES bytes by a constant per XC_BYTES / 4 lanes; K a multiple of XC_BYTES)."""
+        kb, plan = self.kb, self.plan
+        lanes = XC_BYTES // 4
+        out = self.buffer("qsum" if factor == 1 else "xc", dt.i32, (plan.rows, k // 4))
+        r, j = self.var("r"), self.var("j")
+        kb.push()
+        kb.push()
+        xb = ex.Load(xq.name, (r, ex.Ramp(ex.mul(j, Const(XC_BYTES)), Const(1), ScalarType(dt.index, XC_BYTES))),
+                     ScalarType(dt.i8, XC_BYTES))
+        sums = _dot4(ex.const(0, dt.i32, lanes), ex.const(1, dt.u8, XC_BYTES), xb)
+        if factor != 1:
+            sums = ex.Binary("mul", sums, ex.const(factor, dt.i32, lanes), ScalarType(dt.i32, lanes))
+        kb.emit(lp.Store(out.name, (r, ex.Ramp(ex.mul(j, Const(lanes)), Const(1), ScalarType(dt.index, lanes))), sums))
+        self.loop(j, Const(k // XC_BYTES), kb.pop())
+        self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
+        return out
+
     # ---- the nest ----------------------------------------------------------------------------
     def build(self) -> lp.Stmt:
         kb, plan, ql = self.kb, self.plan, self.ql
@@ -306,6 +339,7 @@ class Q8Builder(QLinearBuilder):
         xd = self.buffer("xd", dt.f32, (plan.rows, k // plan.agroup))
         xs = self.buffer("xs", dt.f32, (plan.rows, k // plan.agroup))
         self.quantize_x(xq, xd, xs)
+        self.xc = self.quad_sums(xq, k, -128) if plan.offset_codes else None
         item, n0, ns, tile, ib, i0, rows = self.open_tiles()
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
         widths = [plan.pack] + ([1] if self.groups > self.packed else [])
@@ -412,8 +446,13 @@ class Q8Builder(QLinearBuilder):
         bytes_t = ScalarType(dt.i8, b)
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
         iacc = {p: self.buffer("iacc", dt.i32, (lanes,)) for p in pairs}
-        for a in iacc.values():
-            kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, lanes)))
+        xc = self.xc
+        for (r, _), a in iacc.items():
+            init: Expr = ex.const(0, dt.i32, lanes)
+            if xc is not None:  # -128 sum(x) per lane: the offset of the codes read as q + 128
+                quad = ex.floordiv(ex.mul(g, Const(ag)), Const(4))
+                init = ex.Load(xc.name, (rows[r], ex.Ramp(quad, Const(1), ScalarType(dt.index, lanes))), it)
+            kb.emit(lp.Store(a.name, (lane,), init))
 
         def x_bytes(r: int, k0: Expr) -> Expr:
             return ex.Load(xq.name, (rows[r], ex.Ramp(k0, Const(1), ScalarType(dt.index, b))), bytes_t)
@@ -431,7 +470,11 @@ class Q8Builder(QLinearBuilder):
                     highs = ex.add(start, Const(width * h)) if width > 1 else ex.add(base, Const(h))
                     parts = [(codes[0], base), (codes[1], highs)]
                 else:
-                    parts = [(kb.bind(self.q_bytes(ns[c], base, b), "w"), base)]
+                    codes8 = self.q_bytes(ns[c], base, b)
+                    if xc is not None:  # q + 128 as an unsigned byte
+                        u8 = ScalarType(dt.u8, b)
+                        codes8 = ex.Binary("xor", ex.Bitcast(codes8, u8), ex.const(128, dt.u8, b), u8)
+                    parts = [(kb.bind(codes8, "w"), base)]
                 for r in range(plan.mr):
                     cur: Expr = ex.Load(iacc[(r, c)].name, (lane,), it)
                     for codes_, at in parts:
