@@ -468,3 +468,31 @@ def test_int8_codes_read_as_unsigned_bytes(m: int, n: int, k: int, group: int) -
 @given(m=st.integers(1, 19), n=st.integers(1, 9), groups=st.integers(1, 12), seed=st.integers(0, 1000))
 def test_int8_codes_read_as_unsigned_bytes_property(m: int, n: int, groups: int, seed: int) -> None:
     _check_offset_codes(m, n, 32 * groups, 32, seed)
+
+
+@pytest.mark.parametrize("m,k,kind,symmetric", [(3, 576, "int4", False), (16, 576, "int4", False),
+                                                (5, 576, "int8", True), (2, 608, "int4", True),
+                                                (4, 352, "int8", True)])
+def test_int8_activations_tail_groups_read_scales_as_vectors(m: int, k: int, kind: str, symmetric: bool) -> None:
+    """Groups left after the blocks of eight (K = 576: 18 groups of 32, SmolLM2's hidden
+    size) are taken in smaller power-of-two blocks with narrower packs (int4: 2 groups as one
+    pack of 2 after packs of 4), their scales (and mins) read as vectors: only a last odd
+    group (K = 608: 19 groups; 352: 11) reads them one by one. Against the float64 product
+    of the quantized x, with x's pack order changing inside the row."""
+    from torchburn.ir import expr as ex
+    from torchburn.ir import loop as lp
+
+    n = 11
+    c = Compiled(qlinear_graph(m, n, k, kind, 32, symmetric, epilogue=False, activations="int8"))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "act=int8" in plan, plan
+    body = c.program.kernels[0].body
+    scalar = [e for s in lp.walk_stmts(body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
+              if isinstance(e, ex.Load) and e.buffer in ("s", "mn") and e.type.lanes == 1]
+    assert (len(scalar) > 0) == bool((k // 32) % 2), (len(scalar), plan)
+    arrays, wd = weights(n, k, kind, 32, symmetric)
+    x = np.random.default_rng(k + m).standard_normal((m, k)).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
+    expected = reference(x, wd, np.zeros(n), epilogue=False, plan=plan, kind=kind, group=32)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

@@ -221,10 +221,15 @@ class BlocksI8Builder(Q8Builder):
     def permuted(self) -> bool:
         return self.plan.pair
 
-    def x_position(self, g: Expr, offset: Expr) -> Expr:
+    def x_runs(self) -> list[tuple[int, int, bool, tuple[int, int]]]:
+        """Every block in one run, reordered (`x_position`) when the plan pairs chunks."""
+        return [(0, self.groups, self.plan.pair, (0, 0))]
+
+    def x_position(self, g: Expr, offset: Expr, run: tuple[int, int] = (0, 0)) -> Expr:
         """Where element `offset` of block `g` sits in the quantized x: in x's order, or for a
         paired plan with chunk t of 32 (of 2h) at position `2 (t % h) + t // h`, so that the
-        chunks c and c + h one dot product takes are contiguous:
+        chunks c and c + h one dot product takes are contiguous (the order is the plan's
+        alone: `run`, the pack runs of `Q8Builder`, is always the whole row here):
 
             Q6_K (h = 4): chunks [0, 4, 1, 5, 2, 6, 3, 7]"""
         bt = block_type(self.plan.block_type)

@@ -199,6 +199,7 @@ class Q8Builder(QLinearBuilder):
     plan: Q8Plan  # type: ignore[assignment]
     #: `-128 * sum of four bytes of xq` per row and lane (`Q8Plan.offset_codes`), else None.
     xc: Optional[lp.Buffer] = None
+    _segments: Optional[list[tuple[int, int, int, int]]] = None
 
     def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
         """`lanes` elements of x's row `row` from column `k0`, in f32."""
@@ -231,21 +232,59 @@ class Q8Builder(QLinearBuilder):
     def permuted(self) -> bool:
         return self.plan.pack > 1 and self.ql.kind == "int4"
 
-    def x_position(self, g: Expr, offset: Expr) -> Expr:
+    def x_position(self, g: Expr, offset: Expr, run: tuple[int, int] = (0, 0)) -> Expr:
         """Where element `offset` of group `g` sits in the quantized x: in x's order, except
         for int4 in whole packs of P groups, which hold the P groups' low halves, then their
         high halves, so that the P * h bytes one vector of packed weight bytes multiplies by
         (its low nibbles: the P groups' low halves) are one contiguous load:
 
             pack of groups 2p, 2p + 1 (g32, h = 16): [x[64p + 0..16], x[64p + 32..48],
-                                                       x[64p + 16..32], x[64p + 48..64]]"""
+                                                       x[64p + 16..32], x[64p + 48..64]]
+
+        `run` (first group, P) is the run of packs `g` is in (`segments`; P = 0: the plan's
+        pack from group 0)."""
         ag = self.plan.agroup
         if not self.permuted():
             return ex.add(ex.mul(g, Const(ag)), offset)
-        p, h = self.plan.pack, ag // 2
+        first, p = run[0], run[1] or self.plan.pack
+        local = ex.sub(g, Const(first)) if first else g
+        h = ag // 2
         half, t = ex.floordiv(offset, Const(h)), ex.mod(offset, Const(h))
-        start = ex.mul(ex.floordiv(g, Const(p)), Const(p * ag))
-        return ex.add(ex.add(start, ex.mul(half, Const(p * h))), ex.add(ex.mul(ex.mod(g, Const(p)), Const(h)), t))
+        start = ex.add(ex.mul(ex.floordiv(local, Const(p)), Const(p * ag)), Const(first * ag))
+        return ex.add(ex.add(start, ex.mul(half, Const(p * h))), ex.add(ex.mul(ex.mod(local, Const(p)), Const(h)), t))
+
+    def x_runs(self) -> list[tuple[int, int, bool, tuple[int, int]]]:
+        """`(first group, end, permuted, run)` of `quantize_x`: int4 packs by `segments`."""
+        if not self.permuted():
+            return [(0, self.groups, False, (0, 0))]
+        return [(g0, g0 + count, pack > 1, (g0, pack)) for g0, count, pack, _ in self.segments()]
+
+    def segments(self) -> list[tuple[int, int, int, int]]:
+        """Runs `(first group, groups, P, U)` covering the groups in order: P groups per dot
+        product, and U groups per step with their scales read as U-lane vectors
+        (`group_block`; 0: one pack per step, scales read one by one). Where the scales are
+        unit-stride loads: blocks of GROUP_BLOCK, then the rest in power-of-two blocks (18
+        groups, P = 4: 16 in blocks of 8 by packs of 4, then 2 as one pack of 2), the last odd
+        group alone; else whole packs, then single groups. Tails of narrower packs keep the
+        scales vector loads and the lanes filled (single groups with scalar scales cost several
+        times a block's group: 576 = 18 groups of 32 took 1.5x the time of 512)."""
+        if self._segments is None:
+            self._segments = self._plan_segments()
+        return self._segments
+
+    def _plan_segments(self) -> list[tuple[int, int, int, int]]:
+        groups, p = self.groups, self.plan.pack
+        if self.scale_probes() is None:
+            runs = [(0, self.packed, p, 0)] if self.packed else []
+            return runs + ([(self.packed, groups - self.packed, 1, 0)] if groups > self.packed else [])
+        blocks = groups // GROUP_BLOCK
+        runs = [(0, blocks * GROUP_BLOCK, p, GROUP_BLOCK)] if blocks else []
+        g = blocks * GROUP_BLOCK
+        while g < groups:
+            u = 1 << ((groups - g).bit_length() - 1)
+            runs.append((g, u, min(p, u), u if u > 1 else 0))
+            g += u
+        return runs
 
     # ---- x -> (xq, d_x, xs) ------------------------------------------------------------------
     def quantize_x(self, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
@@ -255,21 +294,21 @@ class Q8Builder(QLinearBuilder):
         lanes = math.gcd(plan.agroup // 2 if self.permuted() else plan.agroup, 16)
         r = self.var("r")
         kb.push()
-        spans = [(0, self.packed, True), (self.packed, self.groups, False)] if self.permuted() \
-            else [(0, self.groups, False)]
-        for lo, hi, permuted in spans:
+        for lo, hi, permuted, run in self.x_runs():
             if hi > lo:
                 gv = self.var("g")
                 kb.push()
-                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs)
+                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs, run=run)
                 self.loop(gv, Const(hi - lo), kb.pop())
         # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
         self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
 
     def quantize_group(self, r: Expr, g: Expr, lanes: int, permuted: bool, xq: lp.Buffer, xd: lp.Buffer,
-                       xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None) -> None:
+                       xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None,
+                       run: tuple[int, int] = (0, 0)) -> None:
         """Group `g` of x's row `src_row` (default `r`) into row `r` of `xq`, `xd` and (with
-        `sums`, by default for int4 whose offsets they carry) `xs`."""
+        `sums`, by default for int4 whose offsets they carry) `xs`; `permuted`: in
+        `x_position`'s order for the pack `run`."""
         kb, plan = self.kb, self.plan
         vt = ScalarType(dt.f32, lanes)
         it = ScalarType(dt.i32, lanes)
@@ -301,7 +340,7 @@ class Q8Builder(QLinearBuilder):
         scaled = ex.Binary("mul", self.x_lanes(src, col(ch), lanes), ex.Broadcast(inv, vt), vt)
         qi = kb.bind(ex.cast(ex.Call("round", (scaled,), vt), dt.i32), "qi")
         offset = ex.mul(ch, Const(lanes))
-        at = self.x_position(g, offset) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)
+        at = self.x_position(g, offset, run) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)
         kb.emit(lp.Store(xq.name, (r, ex.Ramp(at, Const(1), ScalarType(dt.index, lanes))), ex.cast(qi, dt.i8)))
         if sums:
             kb.emit(lp.Store(isum.name, (ramp,), ex.Binary("add", ex.Load(isum.name, (ramp,), it), qi, it)))
@@ -342,7 +381,7 @@ class Q8Builder(QLinearBuilder):
         self.xc = self.quad_sums(xq, k, -128) if plan.offset_codes else None
         item, n0, ns, tile, ib, i0, rows = self.open_tiles()
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
-        widths = [plan.pack] + ([1] if self.groups > self.packed else [])
+        widths = sorted({pack for _, _, pack, _ in self.segments()}, reverse=True)
         facc = {w: {p: self.local("acc", (plan.chunk * w // 4,)) for p in pairs} for w in widths}
         off = self.local("off", (plan.mr, plan.nr))
         for w, accs in facc.items():
@@ -376,39 +415,37 @@ class Q8Builder(QLinearBuilder):
 
     def group_loop_i8(self, rows: list[Expr], ns: list[Expr], facc: dict[int, dict[tuple[int, int], lp.Buffer]],
                       off: lp.Buffer, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
-        """The loop over groups: blocks of GROUP_BLOCK groups with their scales read as vectors
-        where the scales (and mins) are unit-stride loads, then the whole packs left, then the
-        groups left one by one."""
-        kb, plan = self.kb, self.plan
-        groups, p = self.groups, plan.pack
+        """The loop over groups, run by run (`segments`): blocks of U groups with their scales
+        read as vectors, or one pack (or group) at a time with scalar scales."""
+        kb = self.kb
         probes = self.scale_probes()
-        blocks = groups // GROUP_BLOCK if probes is not None else 0
-        if blocks:
-            assert probes is not None
-            offsets = self.ql.kind == "int4"
-            offv = {key: self.local("offv", (GROUP_BLOCK,)) for key in facc[p]} if offsets else {}
-            ulane = self.lane(GROUP_BLOCK)
-            for a in offv.values():
-                kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, GROUP_BLOCK)))
-            gb = self.var("gb")
+        for g0, count, p, u in self.segments():
+            if u:
+                assert probes is not None
+                offv = {key: self.local("offv", (u,)) for key in facc[p]} if self.ql.kind == "int4" else {}
+                ulane = self.lane(u)
+                for a in offv.values():
+                    kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, u)))
+                if count > u:
+                    gb = self.var("gb")
+                    kb.push()
+                    self.group_block(ex.add(ex.mul(gb, Const(u)), Const(g0)), u, p, rows, ns, facc[p], offv,
+                                     xq, xd, xs, probes)
+                    self.loop(gb, Const(count // u), kb.pop())
+                else:
+                    self.group_block(Const(g0), u, p, rows, ns, facc[p], offv, xq, xd, xs, probes)
+                ut = ScalarType(dt.f32, u)
+                for (r, c), a in offv.items():
+                    where = (Const(r), Const(c))
+                    total = ex.VectorReduce("add", ex.Load(a.name, (ulane,), ut), F32)
+                    kb.emit(lp.Store(off.name, where, ex.Binary("add", ex.Load(off.name, where, F32), total, F32)))
+                continue
+            gv = self.var("g")
             kb.push()
-            self.group_block(ex.mul(gb, Const(GROUP_BLOCK)), rows, ns, facc[p], offv, xq, xd, xs, probes)
-            self.loop(gb, Const(blocks), kb.pop())
-            u = ScalarType(dt.f32, GROUP_BLOCK)
-            for (r, c), a in offv.items():
-                where = (Const(r), Const(c))
-                total = ex.VectorReduce("add", ex.Load(a.name, (ulane,), u), F32)
-                kb.emit(lp.Store(off.name, where, ex.Binary("add", ex.Load(off.name, where, F32), total, F32)))
-        first = blocks * GROUP_BLOCK
-        for width, count in ((p, (self.packed - first) // p), (1, groups - max(self.packed, first))):
-            if count > 0:
-                gv = self.var("g")
-                kb.push()
-                g = ex.add(ex.mul(gv, Const(width)), Const(first))
-                iacc = self.group_dots(g, width, rows, ns, xq)
-                self.group_scales(g, width, rows, ns, facc[width], off, iacc, xd, xs)
-                self.loop(gv, Const(count), kb.pop())
-                first += count * width
+            g = ex.add(ex.mul(gv, Const(p)), Const(g0))
+            iacc = self.group_dots(g, p, rows, ns, xq)
+            self.group_scales(g, p, rows, ns, facc[p], off, iacc, xd, xs)
+            self.loop(gv, Const(count // p), kb.pop())
 
     def scale_probes(self) -> Optional[tuple[ex.Load, Optional[ex.Load], Var, Var]]:
         """The scales (and mins) as loads unit-stride along the group, with the variables
@@ -533,15 +570,15 @@ class Q8Builder(QLinearBuilder):
             prod = ex.cast(ex.Load(iacc[p].name, (lane,), it), dt.f32)
             kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (prod, lane_segments(scales[p], lanes), acc), vt)))
 
-    def group_block(self, g0: Expr, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
-                    offv: dict[tuple[int, int], lp.Buffer], xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer,
+    def group_block(self, g0: Expr, u: int, p: int, rows: list[Expr], ns: list[Expr],
+                    facc: dict[tuple[int, int], lp.Buffer], offv: dict[tuple[int, int], lp.Buffer],
+                    xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer,
                     probes: tuple[ex.Load, Optional[ex.Load], Var, Var]) -> None:
-        """GROUP_BLOCK groups from `g0`: their weight scales (and mins), x's scales and sums read
+        """`u` groups from `g0` in packs of `p`: their weight scales (and mins), x's scales and sums read
         as vectors, `d_w d_x` kept in a local vector per (row, weight row) and broadcast from it
         per group (blended into lane segments per pack), int4's offset terms accumulated
         lane-wise (`offv`, summed after the loop)."""
         kb, plan = self.kb, self.plan
-        u = GROUP_BLOCK
         ut = ScalarType(dt.f32, u)
         ulane = self.lane(u)
         glanes = ex.Ramp(g0, Const(1), ScalarType(dt.index, u))
@@ -564,13 +601,13 @@ class Q8Builder(QLinearBuilder):
         for (r, c), a in offv.items():
             grown = ex.Call("fma", (coefv[c], sxv[r], ex.Load(a.name, (ulane,), ut)), ut)
             kb.emit(lp.Store(a.name, (ulane,), grown))
-        p = plan.pack
-        lane = self.lane(plan.lanes)
-        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        lanes = plan.chunk * p // 4
+        lane = self.lane(lanes)
+        it, vt = ScalarType(dt.i32, lanes), ScalarType(dt.f32, lanes)
         for j in range(0, u, p):
             iacc = self.group_dots(ex.add(g0, Const(j)), p, rows, ns, xq)
             for key, a in facc.items():
-                scale = lane_segments([ex.Load(ds[key].name, (Const(j + t),), F32) for t in range(p)], plan.lanes)
+                scale = lane_segments([ex.Load(ds[key].name, (Const(j + t),), F32) for t in range(p)], lanes)
                 prod = ex.cast(ex.Load(iacc[key].name, (lane,), it), dt.f32)
                 kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (prod, scale, ex.Load(a.name, (lane,), vt)), vt)))
 
