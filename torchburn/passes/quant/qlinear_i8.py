@@ -40,9 +40,13 @@ halves, then the P high halves; int8 weights keep x's order, their groups are co
 so a group costs half the instructions; groups after the last whole pack keep x's order and
 the single-group form (its own, narrower accumulators).
 
-At batch 1, NR = 1: each step reads one weight row, so the weight is one sequential stream
-(four rows side by side were four streams, which the hardware prefetchers follow badly: a
-576 x 1536 weight took 2.5 times as long as a 1536 x 576 one of the same bytes).
+NR = 1: each step reads one weight row, so the weight is one sequential stream (four rows
+side by side were four streams, which the hardware prefetchers follow badly: a 576 x 1536
+weight took 2.5 times as long as a 1536 x 576 one of the same bytes). With several rows of x
+(MR = 4), two weight rows per step would share x's loads, but x's bytes are a memory operand
+of the dot product anyway and the per-(row, weight row) work (dot products, conversion,
+scales, an accumulator each) is the same: at 4-16 rows one weight row per step was 5-15%
+faster (8 accumulators and their scale vectors spill on 32 registers).
 
 The int4 weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
 `d (q - 8)` (coef = d, K_off = -8) or `d q + m` (coef = m, K_off = 1), exactly the u8 operand of
@@ -161,7 +165,7 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
         return None
     pack = _pack(ql, agroup, span, chunk, k // agroup, vector_bytes, fast, choice)
     mr = 1 if m <= 1 else min(m, MR_ROWS)
-    nr = 1 if mr == 1 else 2
+    nr = 1  # a second weight row per step shares x's loads but not the per-row work (below)
     n = static_int(ql.n)
     flops = 2.0 * m * (n if n is not None else 1 << 20) * k
     # One chunk per dot product's group (or pack), and `vpdpbusd` itself on every width used:
