@@ -25,7 +25,9 @@ Groups are taken GROUP_BLOCK at a time where the scales are unit-stride loads: t
 weight scales (and mins), `d_x` and `xs` are each one vector load and conversion
 (`dwv = f32(%scales[n_c, ramp(G0, 1, 8)])`), `d_w d_x` goes to a local vector `ds` whose lane
 `j` group `G0 + j` broadcasts, and `coef * xs` accumulates lane-wise in `offv` (reduced into
-`o` after the loop); the `K / A % GROUP_BLOCK` groups left over take the scalar form above.
+`o` after the loop). The groups left over go in smaller power-of-two blocks the same way
+(18 groups: 16 in blocks of 8, then one block of 2), only a last odd one takes the scalar form
+above (`segments`): 2 groups of 18 taken one by one had cost ~35% of the product.
 
 **Packs.** A (half) group shorter than a vector register (int4 g32: 16 bytes, on AVX2's 32)
 would leave half of every dot product's lanes idle, so P = vector bytes / B groups are taken
@@ -37,8 +39,10 @@ halves, then the P high halves; int8 weights keep x's order, their groups are co
       i = dot4(dot4(0, b & 15, xq[r, ramp(G g, 1, 32)]), b >> 4, xq[r, ramp(G g + 32, 1, 32)])
       f = fma(f32(i), [d_G x 4 lanes, d_G+1 x 4 lanes], f)        scales blended by lane
 
-so a group costs half the instructions; groups after the last whole pack keep x's order and
-the single-group form (its own, narrower accumulators).
+so a group costs half the instructions. A block of fewer groups than P takes them as one
+narrower pack (P = 4, 2 groups left: one pack of 2, x in that pack's order, an accumulator of
+8 lanes); without vector scale loads, groups after the last whole pack keep x's order and the
+single-group form (its own, narrower accumulators).
 
 NR = 1: each step reads one weight row, so the weight is one sequential stream (four rows
 side by side were four streams, which the hardware prefetchers follow badly: a 576 x 1536
@@ -53,6 +57,14 @@ The int4 weight's offsets become the scalar `o`: the nibbles are unsigned codes 
 the dot. Int8 weights take the signed dot `dot4_i8i8_acc` with x clamped to [-127, 127] (which
 it is by construction; the clamp tells codegen, which then multiplies `|w|` by `sign(x, w)`
 with `pmaddubsw` where there is no VNNI); per-channel scales multiply the finished sum.
+Where `vpdpbusd` is native for every width used (`Q8Plan.offset_codes`, grouped int8 with one
+chunk per group), the codes are read as the unsigned bytes `q + 128` (`q ^ 0x80`, once per
+weight vector for all rows of x) and each dot starts from `xc = -128 * (sum of x's four
+bytes)` per lane (`quad_sums`, once per call): the same integer sum, where the signed form
+costs a sign fix-up of x per row and dot on 512-bit vectors (no `psignb`):
+
+    xc[r, j] = -128 * (xq[r, 4j] + .. + xq[r, 4j + 3])
+    i = dot4_u8i8(xc[r, G A/4 + 0..L], %q[n, G A + 0..4L] ^ 0x80, xq[r, G A + 0..4L])
 Integer sums are exact, so the only approximation is x's rounding, well below the int4
 weight's own error (docs/quantization.md has the figures).
 
