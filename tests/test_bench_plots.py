@@ -93,3 +93,32 @@ def test_bench_models_plots_speedup_and_cold_compile(tmp_path: Path) -> None:
     out = plot(str(tmp_path / "m.png"), results, ["eager", "inductor", "torchburn"],
                {"cpu": "cpu", "torch_threads": 2}, args)
     assert out and Path(out).read_bytes().startswith(PNG)
+
+
+def _row_json(path: Path, model: str, engines: dict[str, tuple[list[float], list[float]]]) -> str:
+    results = [{"test": test, "engine": engine, "tokens_per_s": values}
+               for engine, (pp, tg) in engines.items() for test, values in (("pp512", pp), ("tg128", tg))]
+    path.write_text(json.dumps({"model": f"{model} (llama, 2 layers)", "quant": "as stored", "results": results}))
+    return str(path)
+
+
+def test_plot_llm_rows_tabulates_each_file_against_the_faster_peer(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from benchmarks import plot_llm_rows
+
+    a = _row_json(tmp_path / "a.json", "a.gguf", {"torchburn cpu": ([30.0, 50.0], [12.0, 12.0]),
+                                                  "llama.cpp": ([20.0, 20.0], [10.0, 10.0]),
+                                                  "ik_llama.cpp": ([25.0, 25.0], [8.0, 8.0])})
+    b = _row_json(tmp_path / "b.json", "b.gguf", {"torchburn cpu": ([10.0], [3.0])})
+    labels, tests = plot_llm_rows.load_rows([a, b])
+    assert labels == ["a.gguf", "b.gguf"]
+    assert tests["tg128"]["torchburn"] == {"a.gguf": [12.0, 12.0], "b.gguf": [3.0]}
+    text = plot_llm_rows.table(labels, tests)
+    assert "| a.gguf | pp512 | 40.00 +- 14.14 | 25.00 +- 0.00 | 20.00 +- 0.00 | 1.60x |" in text
+    assert "| a.gguf | tg128 | 12.00 +- 0.00 | 8.00 +- 0.00 | 10.00 +- 0.00 | 1.20x |" in text
+    assert "| b.gguf | tg128 | 3.00 +- 0.00 | - | - | - |" in text
+    (pp, tg) = plot_llm_rows.panels(labels, tests)
+    assert pp.title == "pp512" and pp.series["llama.cpp"] == [20.0, None] and pp.log
+    assert list(tg.series)[0] == "torchburn"
+    if __import__("importlib").util.find_spec("matplotlib") is not None:
+        out = common.plot_panels(str(tmp_path / "rows.png"), "t", [pp, tg])
+        assert out is not None and Path(out).read_bytes().startswith(PNG)

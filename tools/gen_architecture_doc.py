@@ -128,7 +128,11 @@ kernels are functions taking `noalias` buffer pointers, each in a module of its 
 so a shared library does not export them), the entry in the last one. LLVM optimizes each
 module in a second thread while Python emits the next (`codegen/llvm/module.py:
 emit_program_parts`, `runtime/jit.py: ModuleParts`; register-blocked products at O3, the
-rest at O2), then links them into one object. `module.ll` of a `TORCHBURN_DUMP` holds the
+rest at O2), each emitted as an object file of its own. Where the system has a linker (`ld`),
+the objects are position independent and are linked into one shared library, which the
+process loads with the dynamic loader and the disk cache keeps (a later process needs no
+LLVM); elsewhere MCJIT links the objects, emitted for it in the large code model
+(`runtime/jit.py: load_native`). `module.ll` of a `TORCHBURN_DUMP` holds the
 modules one after the other, each starting after a `; ---- torchburn: next module ----` line
 (`emit_program` writes them as one module).
 

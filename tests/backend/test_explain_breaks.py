@@ -77,25 +77,42 @@ def test_header_cache_counts_agree_with_the_body() -> None:
         assert body_hits == (len(report.compiled_subgraphs) if expect_hit else 0)
 
 
+def _quantized_layer(kind: str) -> tuple[torch.nn.Module, str, int]:
+    """A quantized linear of `kind` (int4, int8 or a ggml block type), the op its kernel's
+    origin names, and the rows of x that reach the int8 kernel (block weights: decode)."""
+    torch.manual_seed(0)
+    if kind in ("int4", "int8"):
+        layer = torchburn.QuantizedLinear.from_float(torch.nn.Linear(256, 64), quant_type=kind, group_size=64)
+        return layer, f"linear_{kind}", 4
+    from tests.quant.test_block_types import random_blocks
+    from torchburn.ir.qblocks import BLOCK_TYPES
+    from torchburn.quant.blocks import BlockWeight
+
+    raw = torch.from_numpy(random_blocks(kind, 64, 256 // BLOCK_TYPES[kind].block, seed=0))
+    return torchburn.QuantizedLinear.from_weight(BlockWeight(blocks=raw, block_type=kind)), "linear_blocks", 1
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "Q6_K", "Q4_0"])
 @pytest.mark.parametrize("activations, note", [("int8", True), ("f32", False)])
 def test_quantized_kernels_name_the_user_line_and_the_numerics(
-        activations: str, note: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        kind: str, activations: str, note: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if kind not in ("int4", "int8"):
+        pytest.importorskip("gguf")
     monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", activations)
     reload_config()
     try:
-        torch.manual_seed(0)
-        layer = torchburn.QuantizedLinear.from_float(torch.nn.Linear(256, 64), quant_type="int4", group_size=64)
+        layer, op, rows = _quantized_layer(kind)
 
         def user(x: torch.Tensor) -> torch.Tensor:
             return layer(x) * 2  # the user's line
 
-        report = torchburn.explain(user, torch.randn(4, 256))
+        report = torchburn.explain(user, torch.randn(rows, 256))
     finally:
         monkeypatch.undo()
         reload_config()
     (sub,) = report.compiled_subgraphs
-    kernel = next(k for k in sub.kernels if "linear_int4" in k)
-    assert f"torchburn.linear_int4.default @ " in kernel and HERE in kernel
+    kernel = next(k for k in sub.kernels if op in k)
+    assert f"torchburn.{op}.default @ " in kernel and HERE in kernel
     assert "quant/linear.py" not in kernel
     assert ("numerics: x is quantized to int8" in str(report)) == note
     assert ("[int8 activations]" in kernel) == note

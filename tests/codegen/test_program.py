@@ -152,7 +152,7 @@ def test_program_in_parts_links_kernels_and_loader_globals() -> None:
     try:
         for text in texts:
             parts.add(text)
-        native = jit.load_object(parts.finish())
+        native = jit.load_native(parts.finish())
     finally:
         parts.close()
     n = 1000

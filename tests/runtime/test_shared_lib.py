@@ -3,7 +3,11 @@ what the MCJIT-loaded object computes; a library that cannot load fails at load,
 from __future__ import annotations
 
 import dataclasses
+import gc
+import hashlib
+import os
 import shutil
+import struct
 
 import pytest
 import torch
@@ -73,3 +77,75 @@ def test_two_libraries_in_one_process_stay_apart() -> None:
         lib = shared_lib.load_shared(obj)
         lib.entry("torchburn_entry")(out.data_ptr(), None, None)
         assert out.item() == expected
+
+
+def _relocation_types(elf: bytes) -> set[int]:
+    """The relocation types an ELF64 little-endian relocatable object uses (its RELA sections)."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    types = set()
+    for i in range(shnum):
+        sh_type, = struct.unpack_from("<I", elf, shoff + i * shentsize + 4)
+        offset, size = struct.unpack_from("<QQ", elf, shoff + i * shentsize + 0x18)
+        if sh_type == 4:  # SHT_RELA: entries of 24 bytes, the type in r_info's low 32 bits
+            types |= {struct.unpack_from("<Q", elf, offset + j + 8)[0] & 0xFFFFFFFF for j in range(0, size, 24)}
+    return types
+
+
+@needs_linker
+@pytest.mark.parametrize("parts", [False, True])
+def test_mcjit_never_links_a_position_independent_object(parts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object emitted for a shared library reaches its constants by 32-bit offsets; MCJIT
+    maps code and data apart, in a process with gigabytes mapped possibly more than 2 GB apart
+    (a server aborted in LLVM's `isInt<32>(RealOffset)` assertion). So this process runs the
+    library (`load_native`), and where the library does not link, the object MCJIT gets is
+    the JIT's own emission (large code model: the same relocations)."""
+    prog = small_program("parallel")
+    text = emit_program(prog, TARGET)
+
+    def compile_(shared: bool) -> "jit.ObjectCode":
+        if not parts:
+            return jit.compile_llvm_ir(text, TARGET, shared=shared)
+        modules = jit.ModuleParts(TARGET, shared=shared)
+        try:
+            modules.add(text)
+            return modules.finish()
+        finally:
+            modules.close()
+
+    linked, plain = compile_(True), compile_(False)
+    assert isinstance(jit.load_native(linked), shared_lib.SharedModule)
+    assert not isinstance(jit.load_native(plain), shared_lib.SharedModule)
+    assert linked.data != plain.data  # position independent, small code model
+    monkeypatch.setattr(jit, "_link_shared", lambda objects: b"")
+    unlinked = compile_(True)
+    assert unlinked.shared == b""
+    assert _relocation_types(unlinked.data) == _relocation_types(plain.data) != _relocation_types(linked.data)
+    x, out = torch.randn(1000), torch.empty(1000)
+    call(jit.load_native(unlinked), entry_name(prog), x, out, symbols=[1000])
+    torch.testing.assert_close(out, torch.exp(x) + 1)
+
+
+@needs_linker
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_a_library_is_unloaded_with_its_module() -> None:
+    """Libraries go with their modules (as MCJIT's code goes with its engine): a process that
+    compiles many programs, as the tuner does, does not keep every one mapped."""
+    def mapped(obj: "jit.ObjectCode") -> bool:
+        name = hashlib.sha256(obj.shared).hexdigest() + ".so"
+        with open("/proc/self/maps") as maps:
+            return any(name in line for line in maps)
+
+    for i in range(5):
+        text = ('define void @torchburn_entry(ptr %a, ptr %b, ptr %c) {\n'
+                f'  store float {i}.0, ptr %a\n  ret void\n}}\n')
+        obj = jit.compile_llvm_ir(text, TARGET, shared=True)
+        module = jit.load_native(obj)
+        out = torch.zeros(1)
+        entry = module.entry("torchburn_entry")
+        del module  # the entry holds it
+        entry(out.data_ptr(), None, None)
+        assert out.item() == i and mapped(obj)
+        del entry
+        gc.collect()
+        assert not mapped(obj)

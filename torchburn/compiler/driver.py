@@ -330,15 +330,14 @@ def _load_from_disk(disk: DiskCache, key: str, parse: bool = True) -> Optional[C
 
 
 def _load_native(obj: "jit.ObjectCode") -> Any:
-    """The shared library through the dynamic loader when there is one (no LLVM needed), else
-    the object through MCJIT."""
+    """`jit.load_native` without importing LLVM where there is a shared library: the library
+    through the dynamic loader (one that does not load fails the entry, which is compiled
+    again: its object is position independent, which MCJIT must not link), else the object
+    through MCJIT."""
     if obj.shared:
         from ..runtime.shared_lib import load_shared
 
-        try:
-            return load_shared(obj)
-        except OSError as err:
-            log.debug("torchburn: shared library does not load (%s); linking the object instead", err)
+        return load_shared(obj)
     from ..runtime import jit
 
     return jit.load_object(obj)

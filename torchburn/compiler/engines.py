@@ -60,6 +60,8 @@ class Engine(Protocol):
 
 #: Appended to a kernel's origin when it quantizes x to int8 (numerics differ from eager).
 INT8_ACTIVATIONS_TAG = " [int8 activations]"
+#: The custom ops whose kernels may quantize x (origins name them: `torchburn.linear_int4.default`).
+QUANTIZED_LINEAR_OPS = ("linear_int4", "linear_int8", "linear_blocks")
 
 
 def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
@@ -77,9 +79,10 @@ def _uses_int8_activations(kernel: Any, origin: str) -> bool:
     from ..ir import expr as ex
     from ..ir import loop as lp
 
-    if "linear_int" not in origin:
+    if not any(op in origin for op in QUANTIZED_LINEAR_OPS):
         return False
-    return any(isinstance(e, ex.Call) and e.name == ex.DOT4_U8I8
+    dots = (ex.DOT4_U8I8, ex.DOT4_I8I8)
+    return any(isinstance(e, ex.Call) and e.name in dots
                for s in lp.walk_stmts(kernel.body) for root in lp.stmt_exprs(s) for e in ex.walk(root))
 
 
@@ -138,7 +141,7 @@ class LlvmEngine:
         if not runnable:
             return Build(None, _not_here(target), {"codegen": codegen, "llvm": t2 - t1},
                          kernel_origins(program), llvm_ir, obj)
-        native = jit.load_object(obj)
+        native = jit.load_native(obj)
         entry = native.entry(entry_name(program))
         t3 = time.perf_counter()
         return Build(native, entry, {"codegen": codegen, "llvm": t2 - t1, "load": t3 - t2},

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 import llvmlite.binding as llvm
 
 from . import faults, threads
-from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, elf_symbols, find_libgomp, undefined_symbols  # noqa: F401  (re-exported)
+from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, elf_symbols, find_libgomp, load_shared, undefined_symbols  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
     from ..codegen.target import Target
@@ -241,6 +241,8 @@ def _emit(mod: llvm.ModuleRef, target: Target, opt_level: int, shared: bool,
     data = bytes(tm.emit_object(mod))
     t1, w1 = time.thread_time(), time.perf_counter()
     shared_lib = _link_shared([data]) if pic else b""
+    if pic and not shared_lib:  # MCJIT will load it: not the small code model's PIC (`load_native`)
+        data = bytes(_cached_target_machine(target, opt_level).emit_object(mod))
     if phases is not None:
         phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + t1 - t0
         phases["llvm_link"] = phases.get("llvm_link", 0.0) + time.perf_counter() - w1
@@ -355,6 +357,7 @@ class ModuleParts:
                 rest = _linked([p.module for p in pending])
                 parts = [p for p in parts if p.data is not None]
                 parts.append(_emit_part(rest, self.target, max(p.level for p in pending), self.pic, self.phases))
+                del rest
                 if self.phases is not None:  # (the caller's thread: `llvm_emit` less this is the worker's)
                     self.phases["llvm_emit_caller"] = self.phases.get("llvm_emit_caller", 0.0) + time.thread_time() - t0
             _check_calls(_undefined_calls(self.texts))
@@ -363,6 +366,12 @@ class ModuleParts:
         shared_lib = _link_shared(objects) if self.pic else b""
         if self.phases is not None:
             self.phases["llvm_link"] = self.phases.get("llvm_link", 0.0) + time.perf_counter() - w0
+        if self.pic and not shared_lib:  # MCJIT will load them: emitted again, see `load_native`
+            with _lock:
+                objects = [bytes(_cached_target_machine(self.target, p.level).emit_object(p.module))
+                           for p in parts if p.module is not None]
+        for p in parts:
+            p.module = None
         sizes = tuple(len(o) for o in objects) if len(objects) > 1 else ()
         return ObjectCode(b"".join(objects), self.target.triple, self.target.cpu, self.target.features,
                           shared_lib, sizes)
@@ -392,7 +401,7 @@ def _emit_part(mod: llvm.ModuleRef, target: Target, opt_level: int, pic: bool,
     data = bytes(tm.emit_object(mod))
     if phases is not None:
         phases["llvm_emit"] = phases.get("llvm_emit", 0.0) + time.thread_time() - t0
-    return _PartObject(None, opt_level, data)
+    return _PartObject(mod if pic else None, opt_level, data)
 
 
 #: A function an LLVM IR text defines or declares (its name group 2, quoted or not).
@@ -558,6 +567,23 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
         threads.attach(lambda name: engine.get_global_value_address(name) or None)
         faults.attach(lambda name: engine.get_global_value_address(name) or None)
     return NativeModule(engine, obj)
+
+
+def load_native(obj: ObjectCode) -> Any:
+    """The code of `obj` in this process: its shared library through the dynamic loader where
+    it has one, else the object through MCJIT (`load_object`).
+
+    An object emitted for a shared library is position independent in the small code model: it
+    reaches its constants and its other sections by 32-bit offsets. MCJIT places code and data
+    sections in separate mappings, which in a process that has mapped gigabytes since (model
+    weights, KV caches) can lie more than 2 GB apart: the relocation then does not fit, and
+    LLVM aborts the process (an assertion in builds that keep them) or writes a truncated
+    offset. The dynamic loader maps a library in one piece. Objects meant for MCJIT are emitted
+    by the JIT's target machine (large code model: 64-bit addresses), as `compile_llvm_ir`
+    and `ModuleParts` do when the library does not link."""
+    if obj.shared:
+        return load_shared(obj)
+    return load_object(obj)
 
 
 def compile_and_load(llvm_ir: str, target: Target, opt_level: int = OPT_LEVEL) -> NativeModule:

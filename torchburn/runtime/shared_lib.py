@@ -13,6 +13,7 @@ This module imports only the standard library.
 """
 from __future__ import annotations
 
+import _ctypes
 import atexit
 import ctypes
 import ctypes.util
@@ -24,6 +25,7 @@ import io
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -149,6 +151,12 @@ class SharedModule:
         self._lib = lib
         self.object = obj
         self._entries: dict[str, Callable[..., None]] = {}
+        # The library goes when the module does (as an MCJIT engine's code does): a process
+        # that compiles many programs (the tuner's candidates) does not keep them all mapped.
+        # Every callable from `entry` holds the module, so none outlives the code.
+        close = getattr(_ctypes, "dlclose", None)
+        if close is not None:
+            weakref.finalize(self, close, lib._handle)
 
     def address(self, name: str) -> int:
         try:

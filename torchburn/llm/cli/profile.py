@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ...backend.kernel_timing import KernelTime, KernelTimer, capture_launchers
+from ...compiler.engines import QUANTIZED_LINEAR_OPS
 
 __all__ = ["KernelTime", "StepProfiler", "capture_launchers", "profile_decode"]
 
@@ -79,7 +80,8 @@ def _describe(program: Any, call: Any, origin: str, model: nn.Module) -> tuple[s
     attrs = dict(kernel.attrs)
     ops = [_op_name(o) for o in origin.split("; ") if o]
     fused = ", ".join(dict.fromkeys(ops))
-    if "qlinear" in attrs:  # quantized linears carry no origin of their own: name the weight
+    if "qlinear" in attrs:  # named by the weight (its origin is the custom op, which says less)
+        fused = ", ".join(dict.fromkeys(o for o in ops if o.split(".")[-1] not in QUANTIZED_LINEAR_OPS))
         weight = next((p for p in kernel.params[1:] if p.dtype.name in ("u8", "i8")), None)
         if weight is not None:
             rows, cols = (int(d.value) for d in weight.shape)

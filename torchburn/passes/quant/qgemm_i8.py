@@ -373,14 +373,7 @@ class QGemmBuilder(Q8Builder):
                     cur = ex.Load(iacc[(r, c)].name, (lane,), it)
                     kb.emit(lp.Store(iacc[(r, c)].name, (lane,), _dot4(cur, wv[c], xb)))
 
-        if steps <= MAX_UNROLLED_STEPS:
-            for s in range(steps):
-                step(Const(s))
-        else:
-            sv = self.var("s")
-            kb.push()
-            step(sv)
-            self.loop(sv, Const(steps), kb.pop())
+        self.repeat("s", steps, step, MAX_UNROLLED_STEPS)
         for r in range(plan.mr):
             dx = ex.Broadcast(kb.bind(ex.Load(xd.name, (rows[r], g), F32), "dx"), vt)
             sx = ex.Broadcast(kb.bind(ex.Load(xs.name, (rows[r], g), F32), "sx"), vt) if po is not None else None

@@ -285,6 +285,18 @@ class QLinearBuilder:
     def local(self, prefix: str, shape: tuple[int, ...]) -> lp.Buffer:
         return self.buffer(prefix, dt.f32, shape)
 
+    def repeat(self, prefix: str, count: int, body: Callable[[Expr], None], max_unrolled: int) -> None:
+        """`body(i)` for i in 0..count-1: unrolled (constant i) up to `max_unrolled` times, a
+        serial loop over a fresh variable beyond, so a long row does not grow the code."""
+        if count <= max_unrolled:
+            for i in range(count):
+                body(Const(i))
+            return
+        v = self.var(prefix)
+        self.kb.push()
+        body(v)
+        self.kb.emit(lp.For(v, Const(0), Const(count), "serial", self.kb.pop()))
+
     def open_tiles(self) -> tuple[Var, Expr, list[Expr], lp.Buffer, Var, Expr, list[Expr]]:
         """The two outer loops' heads, shared by every form: a block of `nr` weight rows per
         item (`n0`, clamped rows `ns`, the output tile), then a block of `mr` rows of x per
@@ -412,14 +424,7 @@ class QLinearBuilder:
                 for r in range(plan.mr):
                     kb.emit(lp.Store(accs[(r, c, 0)].name, (lane,), _fma(wv, xs1[r], acc((r, c, 0)))))
 
-        if chunks <= MAX_UNROLLED_CHUNKS:
-            for ch in range(chunks):
-                chunk(Const(ch))
-        else:
-            chv = self.var("ch")
-            kb.push()
-            chunk(chv)
-            kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
+        self.repeat("ch", chunks, chunk, MAX_UNROLLED_CHUNKS)
         kb.emit(lp.For(gv, Const(0), Const(k // g), "serial", kb.pop()))
 
     def factored_group(self, gv: Var, rows: list[Expr], ns: list[Expr], scale: list[Optional[Expr]],

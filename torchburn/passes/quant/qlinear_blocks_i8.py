@@ -315,79 +315,53 @@ class BlocksI8Builder(Q8Builder):
 
     def block_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
                    xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
-        """Block `b` of weight row `ns[0]` into `facc` (the nest of the module docstring)."""
-        kb, plan, bt = self.kb, self.plan, sp.bt
-        lane = self.lane(LANES)
-        vt, it = ScalarType(dt.f32, LANES), ScalarType(dt.i32, LANES)
-        at = self.row_bytes(ns[0], b)
-        iacc = [self.buffer("iacc", dt.i32, (LANES,)) for _ in range(plan.mr)]
-        oacc = [self.buffer("oacc", dt.i32, (LANES,)) for _ in range(plan.mr)] \
-            if sp.offset_factor is not None else []
-        for a in iacc + oacc:
-            kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, LANES)))
-        per_run = bt.run // 4  # i32 lanes of one run
-        for c in range(bt.block // WIDE):
-            code = kb.bind(instantiate(sp.code(c), at, Const(0), WIDE), "u")
-            runs = [(c * WIDE + j) // bt.run for j in range(0, WIDE, bt.run)]
-            scale = self.lane_ints([sp.s(r) for r in runs], at, per_run)
-            mins = self.lane_ints([sp.m(r) for r in runs], at, per_run) if oacc else None
-            k0 = ex.add(ex.mul(b, Const(bt.block)), Const(c * WIDE))
-            for r in range(plan.mr):
-                q4 = ex.Ramp(ex.floordiv(k0, Const(4)), Const(1), ScalarType(dt.index, LANES))
-                init = ex.const(0, dt.i32, LANES) if xc is None else ex.Load(xc.name, (rows[r], q4), it)
-                t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, WIDE))
-                if scale is not None:
-                    t = ex.Binary("mul", t, scale, it)
-                cur = ex.Load(iacc[r].name, (lane,), it)
-                kb.emit(lp.Store(iacc[r].name, (lane,), ex.Binary("add", cur, t, it)))
-                if oacc:
-                    o: Expr = ex.Load(qs.name, (rows[r], q4), it)
-                    if mins is not None:
-                        o = ex.Binary("mul", o, mins, it)
-                    cur = ex.Load(oacc[r].name, (lane,), it)
-                    kb.emit(lp.Store(oacc[r].name, (lane,), ex.Binary("add", cur, o, it)))
-        f = kb.bind(instantiate(sp.factor, at, Const(0)), "d")
-        f2 = None if sp.offset_factor is None else kb.bind(
-            ex.Binary("mul", instantiate(sp.offset_factor, at, Const(0)), Const(sp.offset_sign, F32), F32), "dm")
-        for r in range(plan.mr):
-            dx = kb.bind(ex.Load(xd.name, (rows[r], b), F32), "dx")
-            cur = ex.Load(facc[r].name, (lane,), vt)
-            total = ex.Call("fma", (ex.cast(ex.Load(iacc[r].name, (lane,), it), dt.f32),
-                                    ex.Broadcast(ex.Binary("mul", f, dx, F32), vt), cur), vt)
-            if f2 is not None:
-                total = ex.Call("fma", (ex.cast(ex.Load(oacc[r].name, (lane,), it), dt.f32),
-                                        ex.Broadcast(ex.Binary("mul", f2, dx, F32), vt), total), vt)
-            kb.emit(lp.Store(facc[r].name, (lane,), total))
+        """Block `b` of weight row `ns[0]` into `facc` (the nest of the module docstring): one
+        dot product of 32 bytes per chunk, i32 and f32 accumulators of 8 lanes."""
+        bt = sp.bt
+        chunks = [(sp.code(c), [(c * WIDE + j) // bt.run for j in range(0, WIDE, bt.run)], c * WIDE)
+                  for c in range(bt.block // WIDE)]
+        self.chunk_dots(sp, b, rows, ns[0], facc, xq, xd, qs, xc, LANES, chunks)
 
     def paired_step(self, sp: Split, b: Expr, rows: list[Expr], ns: list[Expr], facc: list[lp.Buffer],
                     xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer]) -> None:
         """`block_step` with chunks c and c + h (h = chunks / 2) in one dot product of 64
         bytes (`paired_codes`; x reordered by `x_position`), i32 and f32 accumulators of 16
         lanes."""
-        kb, plan, bt = self.kb, self.plan, sp.bt
-        lanes = 2 * LANES
-        lane = self.lane(lanes)
-        vt, it = ScalarType(dt.f32, lanes), ScalarType(dt.i32, lanes)
-        at = self.row_bytes(ns[0], b)
+        bt = sp.bt
         codes = paired_codes(bt)
         assert codes is not None
+        h = bt.block // WIDE // 2
+        chunks = [(_split_code(codes[c])[0], [(cc * WIDE + j) // bt.run for cc in (c, c + h)
+                                              for j in range(0, WIDE, bt.run)], c * 2 * WIDE)
+                  for c in range(h)]
+        self.chunk_dots(sp, b, rows, ns[0], facc, xq, xd, qs, xc, 2 * LANES, chunks)
+
+    def chunk_dots(self, sp: Split, b: Expr, rows: list[Expr], n: Expr, facc: list[lp.Buffer],
+                   xq: lp.Buffer, xd: lp.Buffer, qs: lp.Buffer, xc: Optional[lp.Buffer], lanes: int,
+                   chunks: list[tuple[Expr, list[int], int]]) -> None:
+        """Block `b` of weight row `n` into `facc`, one dot product of `4 lanes` bytes per
+        chunk `(code, runs of its lanes, first k in the block)`: integer sums per block (scaled
+        by the runs' integer scales, the mins' sums beside them), then one `fma` per row by the
+        block's float factor times x's scale."""
+        kb, plan = self.kb, self.plan
+        lane = self.lane(lanes)
+        vt, it = ScalarType(dt.f32, lanes), ScalarType(dt.i32, lanes)
+        at = self.row_bytes(n, b)
         iacc = [self.buffer("iacc", dt.i32, (lanes,)) for _ in range(plan.mr)]
         oacc = [self.buffer("oacc", dt.i32, (lanes,)) for _ in range(plan.mr)] \
             if sp.offset_factor is not None else []
         for a in iacc + oacc:
             kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, lanes)))
-        per_run = bt.run // 4
-        h = bt.block // WIDE // 2
-        for c in range(h):
-            code = kb.bind(instantiate(_split_code(codes[c])[0], at, Const(0), 2 * WIDE), "u")
-            runs = [(cc * WIDE + j) // bt.run for cc in (c, c + h) for j in range(0, WIDE, bt.run)]
+        per_run = sp.bt.run // 4  # i32 lanes of one run
+        for code_at, runs, first in chunks:
+            code = kb.bind(instantiate(code_at, at, Const(0), 4 * lanes), "u")
             scale = self.lane_ints([sp.s(r) for r in runs], at, per_run, lanes)
             mins = self.lane_ints([sp.m(r) for r in runs], at, per_run, lanes) if oacc else None
-            k0 = ex.add(ex.mul(b, Const(bt.block)), Const(c * 2 * WIDE))
+            k0 = ex.add(ex.mul(b, Const(sp.bt.block)), Const(first))
             for r in range(plan.mr):
                 q4 = ex.Ramp(ex.floordiv(k0, Const(4)), Const(1), ScalarType(dt.index, lanes))
                 init = ex.const(0, dt.i32, lanes) if xc is None else ex.Load(xc.name, (rows[r], q4), it)
-                t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, 2 * WIDE))
+                t = _dot4(init, code, self.x_bytes(xq, rows[r], k0, 4 * lanes))
                 if scale is not None:
                     t = ex.Binary("mul", t, scale, it)
                 cur = ex.Load(iacc[r].name, (lane,), it)

@@ -51,6 +51,8 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
     built and chosen by M. `activations` ("auto", "int8", "f32"; by default the op's attribute)
     says when x is quantized to int8 (`qlinear_i8`)."""
     ql = QLinear.of(qop)
+    if qop.loc and qop.loc not in kb.origins:  # the kernel names the user's line of the linear
+        kb.origins.append(qop.loc)
     choice = activations or ql.activations
     probes = _probes(kb, ql) if static_int(ql.k) is not None else None
     if probes is None:

@@ -538,14 +538,7 @@ class Q8Builder(QLinearBuilder):
                     kb.emit(lp.Store(iacc[(r, c)].name, (lane,), cur))
 
         chunks = span // plan.chunk if width == 1 else 1
-        if chunks <= MAX_UNROLLED_CHUNKS:
-            for ch in range(chunks):
-                chunk(Const(ch))
-        else:
-            chv = self.var("ch")
-            kb.push()
-            chunk(chv)
-            kb.emit(lp.For(chv, Const(0), Const(chunks), "serial", kb.pop()))
+        self.repeat("ch", chunks, chunk, MAX_UNROLLED_CHUNKS)
         return iacc
 
     def group_scales(self, g: Expr, width: int, rows: list[Expr], ns: list[Expr],
