@@ -3,6 +3,7 @@ weight layout, and eager PyTorch on the dequantized weight.
 
     python benchmarks/bench_qlinear_gemm.py                      # 512 x 2048 -> 8192, 1 thread
     python benchmarks/bench_qlinear_gemm.py --rows 64 --threads 2 --types Q4_K,Q6_K,int4 --forms panel,rows,gemm
+    python benchmarks/bench_qlinear_gemm.py --rows 16 --k 576 --n 3072 --types int4 --forms rows --calls 50
 
 Each layout's graph (`qlinear` plus a bias) is compiled through the default pipeline once per
 form (`panel`: int8 x by a packed weight panel, `passes/quant/qgemm_i8.py`; `gemm`:
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     p.add_argument("--forms", default="panel,gemm", help="qlinear forms to time (panel, gemm, rows)")
+    p.add_argument("--calls", type=int, default=1,
+                   help="calls per timing (short calls: a few rows of a small weight); times are per call")
     args = p.parse_args(argv)
     os.environ["TORCHBURN_THREADS"] = str(args.threads)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
@@ -139,14 +142,16 @@ def main(argv: list[str] | None = None) -> int:
             f()
         for r in range(args.rounds):
             for name in (contenders if r % 2 == 0 else reversed(list(contenders))):
+                fn = contenders[name]
                 t0 = clock()
-                contenders[name]()
-                times[name].append(clock() - t0)
+                for _ in range(args.calls):
+                    fn()
+                times[name].append((clock() - t0) / args.calls)
         med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        spread = {name: f"{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}" for name, t in times.items()}
-        cells = [f"{med[f]:.1f} ({spread[f]}; {flops / med[f] / 1e6:.0f} GFLOP/s)" for f in forms]
+        spread = {name: f"{min(t) * 1e3:.3f}-{max(t) * 1e3:.3f}" for name, t in times.items()}
+        cells = [f"{med[f]:.3f} ({spread[f]}; {flops / med[f] / 1e6:.0f} GFLOP/s)" for f in forms]
         ratios = [f"{med['eager'] / med[f]:.2f}x" for f in forms]
-        print(f"| {kind} | {m} x {k} -> {n} | " + " | ".join(cells) + f" | {med['eager']:.1f} | "
+        print(f"| {kind} | {m} x {k} -> {n} | " + " | ".join(cells) + f" | {med['eager']:.3f} | "
               + " | ".join(ratios) + " |", flush=True)
     print(f"threads {args.threads}, {args.clock} time, median (range) of {args.rounds}; load average {os.getloadavg()[0]:.1f}")
     return 0

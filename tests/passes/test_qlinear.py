@@ -12,6 +12,8 @@ from typing import Optional
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.passes import test_matmul
 from torchburn.ir.ops import OpError
@@ -415,3 +417,82 @@ def test_x_split_along_k_streams(m: int, heads: int, dim: int, activations: str,
     x = a.transpose(0, 2, 1, 3).reshape(m, k)
     expected = reference(x, wd, np.zeros(13), epilogue=False, plan=plans[0], kind="int4", group=32)
     np.testing.assert_allclose(out.reshape(m, 13), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def _int8_full_range(n: int, k: int, group: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """int8 codes over the whole byte range (-128 and 127 included, as a GGUF Q8_0 file may
+    hold) with f16 scales per group, and the dequantized weight in float64."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    q[0, :2] = (-128, 127)
+    s = rng.uniform(0.001, 0.02, (n, k // group)).astype(np.float16)
+    wd = q.astype(np.float64) * np.repeat(s.astype(np.float64), group, axis=1)
+    return {"q": q, "s": s}, wd
+
+
+def _vnni_host() -> bool:
+    from torchburn.codegen import host_target
+
+    return host_target().has_feature("avx512vnni")
+
+
+def _check_offset_codes(m: int, n: int, k: int, group: int, seed: int) -> None:
+    text = qlinear_graph(m, n, k, "int8", group, True, scale_dtype="f16", activations="int8")
+    c = Compiled(text)
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "act=int8" in plan and "codes=u8" in plan, plan
+    arrays, wd = _int8_full_range(n, k, group, seed)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": b, "out0": out})
+    expected = reference(x, wd, b, plan=plan, kind="int8", group=group)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not _vnni_host(), reason="codes read as q + 128 need a native vpdpbusd")
+@pytest.mark.parametrize("m,n,k,group", [(1, 13, 96, 32), (3, 9, 576, 32), (5, 7, 160, 16),
+                                         (16, 21, 576, 32), (17, 6, 64, 32)])
+def test_int8_codes_read_as_unsigned_bytes(m: int, n: int, k: int, group: int) -> None:
+    """Grouped int8 weights (Q8_0's layout) on a VNNI host read their codes as `q + 128`, the
+    unsigned operand of `vpdpbusd` (no sign fix-up of x per row and dot), each dot started from
+    -128 times x's sums of four bytes: odd row counts (a partial tile of rows), packs of groups
+    and a single group left, codes of -128 and 127, against the float64 product of the
+    quantized x."""
+    _check_offset_codes(m, n, k, group, seed=m + k)
+
+
+@pytest.mark.skipif(not _vnni_host(), reason="codes read as q + 128 need a native vpdpbusd")
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 19), n=st.integers(1, 9), groups=st.integers(1, 12), seed=st.integers(0, 1000))
+def test_int8_codes_read_as_unsigned_bytes_property(m: int, n: int, groups: int, seed: int) -> None:
+    _check_offset_codes(m, n, 32 * groups, 32, seed)
+
+
+@pytest.mark.parametrize("m,k,kind,symmetric", [(3, 576, "int4", False), (16, 576, "int4", False),
+                                                (5, 576, "int8", True), (2, 608, "int4", True),
+                                                (4, 352, "int8", True)])
+def test_int8_activations_tail_groups_read_scales_as_vectors(m: int, k: int, kind: str, symmetric: bool) -> None:
+    """Groups left after the blocks of eight (K = 576: 18 groups of 32, SmolLM2's hidden
+    size) are taken in smaller power-of-two blocks with narrower packs (int4: 2 groups as one
+    pack of 2 after packs of 4), their scales (and mins) read as vectors: only a last odd
+    group (K = 608: 19 groups; 352: 11) reads them one by one. Against the float64 product
+    of the quantized x, with x's pack order changing inside the row."""
+    from torchburn.ir import expr as ex
+    from torchburn.ir import loop as lp
+
+    n = 11
+    c = Compiled(qlinear_graph(m, n, k, kind, 32, symmetric, epilogue=False, activations="int8"))
+    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    assert "act=int8" in plan, plan
+    body = c.program.kernels[0].body
+    scalar = [e for s in lp.walk_stmts(body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
+              if isinstance(e, ex.Load) and e.buffer in ("s", "mn") and e.type.lanes == 1]
+    assert (len(scalar) > 0) == bool((k // 32) % 2), (len(scalar), plan)
+    arrays, wd = weights(n, k, kind, 32, symmetric)
+    x = np.random.default_rng(k + m).standard_normal((m, k)).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    c({**arrays, "x": x, "b": np.zeros(n, np.float32), "out0": out})
+    expected = reference(x, wd, np.zeros(n), epilogue=False, plan=plan, kind=kind, group=32)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

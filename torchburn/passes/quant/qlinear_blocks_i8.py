@@ -221,10 +221,15 @@ class BlocksI8Builder(Q8Builder):
     def permuted(self) -> bool:
         return self.plan.pair
 
-    def x_position(self, g: Expr, offset: Expr) -> Expr:
+    def x_runs(self) -> list[tuple[int, int, bool, tuple[int, int]]]:
+        """Every block in one run, reordered (`x_position`) when the plan pairs chunks."""
+        return [(0, self.groups, self.plan.pair, (0, 0))]
+
+    def x_position(self, g: Expr, offset: Expr, run: tuple[int, int] = (0, 0)) -> Expr:
         """Where element `offset` of block `g` sits in the quantized x: in x's order, or for a
         paired plan with chunk t of 32 (of 2h) at position `2 (t % h) + t // h`, so that the
-        chunks c and c + h one dot product takes are contiguous:
+        chunks c and c + h one dot product takes are contiguous (the order is the plan's
+        alone: `run`, the pack runs of `Q8Builder`, is always the whole row here):
 
             Q6_K (h = 4): chunks [0, 4, 1, 5, 2, 6, 3, 7]"""
         bt = block_type(self.plan.block_type)
@@ -431,24 +436,6 @@ class BlocksI8Builder(Q8Builder):
             return ex.Broadcast(got[0], ScalarType(dt.i32, lanes))
         assert lanes % len(got) == 0
         return self.kb.bind(_int_segments(got, lanes), "sv")
-
-    def quad_sums(self, xq: lp.Buffer, k: int, factor: int = 1) -> lp.Buffer:
-        """`factor * (xq[r, 4 j] + .. + xq[r, 4 j + 3])` for every row and j (one dot product
-        of WIDE bytes by a constant per 8 lanes)."""
-        kb, plan = self.kb, self.plan
-        out = self.buffer("qsum" if factor == 1 else "xc", dt.i32, (plan.rows, k // 4))
-        r, j = self.var("r"), self.var("j")
-        kb.push()
-        kb.push()
-        xb = ex.Load(xq.name, (r, ex.Ramp(ex.mul(j, Const(WIDE)), Const(1), ScalarType(dt.index, WIDE))),
-                     ScalarType(dt.i8, WIDE))
-        sums = _dot4(ex.const(0, dt.i32, LANES), ex.const(1, dt.u8, WIDE), xb)
-        if factor != 1:
-            sums = ex.Binary("mul", sums, ex.const(factor, dt.i32, LANES), ScalarType(dt.i32, LANES))
-        kb.emit(lp.Store(out.name, (r, ex.Ramp(ex.mul(j, Const(LANES)), Const(1), ScalarType(dt.index, LANES))), sums))
-        self.loop(j, Const(k // WIDE), kb.pop())
-        self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
-        return out
 
 
 def _offset_deltas(a: Expr, b: Expr, out: list[int]) -> bool:

@@ -25,7 +25,9 @@ Groups are taken GROUP_BLOCK at a time where the scales are unit-stride loads: t
 weight scales (and mins), `d_x` and `xs` are each one vector load and conversion
 (`dwv = f32(%scales[n_c, ramp(G0, 1, 8)])`), `d_w d_x` goes to a local vector `ds` whose lane
 `j` group `G0 + j` broadcasts, and `coef * xs` accumulates lane-wise in `offv` (reduced into
-`o` after the loop); the `K / A % GROUP_BLOCK` groups left over take the scalar form above.
+`o` after the loop). The groups left over go in smaller power-of-two blocks the same way
+(18 groups: 16 in blocks of 8, then one block of 2), only a last odd one takes the scalar form
+above (`segments`): 2 groups of 18 taken one by one had cost ~35% of the product.
 
 **Packs.** A (half) group shorter than a vector register (int4 g32: 16 bytes, on AVX2's 32)
 would leave half of every dot product's lanes idle, so P = vector bytes / B groups are taken
@@ -37,18 +39,32 @@ halves, then the P high halves; int8 weights keep x's order, their groups are co
       i = dot4(dot4(0, b & 15, xq[r, ramp(G g, 1, 32)]), b >> 4, xq[r, ramp(G g + 32, 1, 32)])
       f = fma(f32(i), [d_G x 4 lanes, d_G+1 x 4 lanes], f)        scales blended by lane
 
-so a group costs half the instructions; groups after the last whole pack keep x's order and
-the single-group form (its own, narrower accumulators).
+so a group costs half the instructions. A block of fewer groups than P takes them as one
+narrower pack (P = 4, 2 groups left: one pack of 2, x in that pack's order, an accumulator of
+8 lanes); without vector scale loads, groups after the last whole pack keep x's order and the
+single-group form (its own, narrower accumulators).
 
-At batch 1, NR = 1: each step reads one weight row, so the weight is one sequential stream
-(four rows side by side were four streams, which the hardware prefetchers follow badly: a
-576 x 1536 weight took 2.5 times as long as a 1536 x 576 one of the same bytes).
+NR = 1: each step reads one weight row, so the weight is one sequential stream (four rows
+side by side were four streams, which the hardware prefetchers follow badly: a 576 x 1536
+weight took 2.5 times as long as a 1536 x 576 one of the same bytes). With several rows of x
+(MR = 4), two weight rows per step would share x's loads, but x's bytes are a memory operand
+of the dot product anyway and the per-(row, weight row) work (dot products, conversion,
+scales, an accumulator each) is the same: at 4-16 rows one weight row per step was 5-15%
+faster (8 accumulators and their scale vectors spill on 32 registers).
 
 The int4 weight's offsets become the scalar `o`: the nibbles are unsigned codes `q` of
 `d (q - 8)` (coef = d, K_off = -8) or `d q + m` (coef = m, K_off = 1), exactly the u8 operand of
 the dot. Int8 weights take the signed dot `dot4_i8i8_acc` with x clamped to [-127, 127] (which
 it is by construction; the clamp tells codegen, which then multiplies `|w|` by `sign(x, w)`
 with `pmaddubsw` where there is no VNNI); per-channel scales multiply the finished sum.
+Where `vpdpbusd` is native for every width used (`Q8Plan.offset_codes`, grouped int8 with one
+chunk per group), the codes are read as the unsigned bytes `q + 128` (`q ^ 0x80`, once per
+weight vector for all rows of x) and each dot starts from `xc = -128 * (sum of x's four
+bytes)` per lane (`quad_sums`, once per call): the same integer sum, where the signed form
+costs a sign fix-up of x per row and dot on 512-bit vectors (no `psignb`):
+
+    xc[r, j] = -128 * (xq[r, 4j] + .. + xq[r, 4j + 3])
+    i = dot4_u8i8(xc[r, G A/4 + 0..L], %q[n, G A + 0..4L] ^ 0x80, xq[r, G A + 0..4L])
 Integer sums are exact, so the only approximation is x's rounding, well below the int4
 weight's own error (docs/quantization.md has the figures).
 
@@ -60,7 +76,7 @@ B >= 16 and M is known (or 1 in the GEMV branch); `plan_qlinear_i8` says when.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from ...ir import dtypes as dt
@@ -81,6 +97,8 @@ MAX_XQ_BYTES = 256 * 1024
 INT8_ACT_GROUP = 128
 #: Bytes per dot product at least (4 i32 lanes); shorter groups keep f32 activations.
 MIN_CHUNK = 16
+#: Bytes of x summed by one dot product of `quad_sums` (i32 sums of four bytes, 8 lanes).
+XC_BYTES = 32
 #: Groups whose scales (and mins, and x's scales and sums) are read as one vector per block:
 #: a scalar f16 scale costs a load, an insert and a conversion per group and weight row.
 GROUP_BLOCK = 8
@@ -100,6 +118,10 @@ class Q8Plan:
     chunk: int
     parallel: bool
     pack: int = 1
+    #: int8 codes read as unsigned bytes `q + 128` (`q ^ 0x80`), the unsigned operand of a
+    #: native `vpdpbusd`, each dot product started from `-128 * (sum of x's four bytes)` per
+    #: lane (`xc`): the plain u8 x i8 dot, no per-row sign fix-up (see the module docstring).
+    offset_codes: bool = field(default=False, kw_only=True)
 
     @property
     def lanes(self) -> int:
@@ -108,6 +130,7 @@ class Q8Plan:
 
     def describe(self) -> str:
         pack = f" pack={self.pack}" if self.pack > 1 else ""
+        pack += " codes=u8" if self.offset_codes else ""
         return (f"mr={self.mr} nr={self.nr} act=int8 chunk={self.chunk}{pack} "
                 f"parallel={'yes' if self.parallel else 'no'}")
 
@@ -154,10 +177,15 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
         return None
     pack = _pack(ql, agroup, span, chunk, k // agroup, vector_bytes, fast, choice)
     mr = 1 if m <= 1 else min(m, MR_ROWS)
-    nr = 1 if mr == 1 else 2
+    nr = 1  # a second weight row per step shares x's loads but not the per-row work (below)
     n = static_int(ql.n)
     flops = 2.0 * m * (n if n is not None else 1 << 20) * k
-    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack)
+    # One chunk per dot product's group (or pack), and `vpdpbusd` itself on every width used:
+    # a u8 operand above 127 would saturate `pmaddubsw`'s pair sums.
+    offset = (ql.kind == "int8" and chunk == span and k % XC_BYTES == 0
+              and {chunk // 4, chunk * pack // 4, XC_BYTES // 4} <= cpu.dot4_lanes)
+    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
+                  offset_codes=offset)
 
 
 def _dot4(acc: Expr, a: Expr, b: Expr) -> Expr:
@@ -185,6 +213,9 @@ class Q8Builder(QLinearBuilder):
     """Builds the nest of the module docstring for one `Q8Plan`."""
 
     plan: Q8Plan  # type: ignore[assignment]
+    #: `-128 * sum of four bytes of xq` per row and lane (`Q8Plan.offset_codes`), else None.
+    xc: Optional[lp.Buffer] = None
+    _segments: Optional[list[tuple[int, int, int, int]]] = None
 
     def x_lanes(self, row: Expr, k0: Expr, lanes: int) -> Expr:
         """`lanes` elements of x's row `row` from column `k0`, in f32."""
@@ -217,21 +248,59 @@ class Q8Builder(QLinearBuilder):
     def permuted(self) -> bool:
         return self.plan.pack > 1 and self.ql.kind == "int4"
 
-    def x_position(self, g: Expr, offset: Expr) -> Expr:
+    def x_position(self, g: Expr, offset: Expr, run: tuple[int, int] = (0, 0)) -> Expr:
         """Where element `offset` of group `g` sits in the quantized x: in x's order, except
         for int4 in whole packs of P groups, which hold the P groups' low halves, then their
         high halves, so that the P * h bytes one vector of packed weight bytes multiplies by
         (its low nibbles: the P groups' low halves) are one contiguous load:
 
             pack of groups 2p, 2p + 1 (g32, h = 16): [x[64p + 0..16], x[64p + 32..48],
-                                                       x[64p + 16..32], x[64p + 48..64]]"""
+                                                       x[64p + 16..32], x[64p + 48..64]]
+
+        `run` (first group, P) is the run of packs `g` is in (`segments`; P = 0: the plan's
+        pack from group 0)."""
         ag = self.plan.agroup
         if not self.permuted():
             return ex.add(ex.mul(g, Const(ag)), offset)
-        p, h = self.plan.pack, ag // 2
+        first, p = run[0], run[1] or self.plan.pack
+        local = ex.sub(g, Const(first)) if first else g
+        h = ag // 2
         half, t = ex.floordiv(offset, Const(h)), ex.mod(offset, Const(h))
-        start = ex.mul(ex.floordiv(g, Const(p)), Const(p * ag))
-        return ex.add(ex.add(start, ex.mul(half, Const(p * h))), ex.add(ex.mul(ex.mod(g, Const(p)), Const(h)), t))
+        start = ex.add(ex.mul(ex.floordiv(local, Const(p)), Const(p * ag)), Const(first * ag))
+        return ex.add(ex.add(start, ex.mul(half, Const(p * h))), ex.add(ex.mul(ex.mod(local, Const(p)), Const(h)), t))
+
+    def x_runs(self) -> list[tuple[int, int, bool, tuple[int, int]]]:
+        """`(first group, end, permuted, run)` of `quantize_x`: int4 packs by `segments`."""
+        if not self.permuted():
+            return [(0, self.groups, False, (0, 0))]
+        return [(g0, g0 + count, pack > 1, (g0, pack)) for g0, count, pack, _ in self.segments()]
+
+    def segments(self) -> list[tuple[int, int, int, int]]:
+        """Runs `(first group, groups, P, U)` covering the groups in order: P groups per dot
+        product, and U groups per step with their scales read as U-lane vectors
+        (`group_block`; 0: one pack per step, scales read one by one). Where the scales are
+        unit-stride loads: blocks of GROUP_BLOCK, then the rest in power-of-two blocks (18
+        groups, P = 4: 16 in blocks of 8 by packs of 4, then 2 as one pack of 2), the last odd
+        group alone; else whole packs, then single groups. Tails of narrower packs keep the
+        scales vector loads and the lanes filled (single groups with scalar scales cost several
+        times a block's group: 576 = 18 groups of 32 took 1.5x the time of 512)."""
+        if self._segments is None:
+            self._segments = self._plan_segments()
+        return self._segments
+
+    def _plan_segments(self) -> list[tuple[int, int, int, int]]:
+        groups, p = self.groups, self.plan.pack
+        if self.scale_probes() is None:
+            runs = [(0, self.packed, p, 0)] if self.packed else []
+            return runs + ([(self.packed, groups - self.packed, 1, 0)] if groups > self.packed else [])
+        blocks = groups // GROUP_BLOCK
+        runs = [(0, blocks * GROUP_BLOCK, p, GROUP_BLOCK)] if blocks else []
+        g = blocks * GROUP_BLOCK
+        while g < groups:
+            u = 1 << ((groups - g).bit_length() - 1)
+            runs.append((g, u, min(p, u), u if u > 1 else 0))
+            g += u
+        return runs
 
     # ---- x -> (xq, d_x, xs) ------------------------------------------------------------------
     def quantize_x(self, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
@@ -241,21 +310,21 @@ class Q8Builder(QLinearBuilder):
         lanes = math.gcd(plan.agroup // 2 if self.permuted() else plan.agroup, 16)
         r = self.var("r")
         kb.push()
-        spans = [(0, self.packed, True), (self.packed, self.groups, False)] if self.permuted() \
-            else [(0, self.groups, False)]
-        for lo, hi, permuted in spans:
+        for lo, hi, permuted, run in self.x_runs():
             if hi > lo:
                 gv = self.var("g")
                 kb.push()
-                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs)
+                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs, run=run)
                 self.loop(gv, Const(hi - lo), kb.pop())
         # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
         self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
 
     def quantize_group(self, r: Expr, g: Expr, lanes: int, permuted: bool, xq: lp.Buffer, xd: lp.Buffer,
-                       xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None) -> None:
+                       xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None,
+                       run: tuple[int, int] = (0, 0)) -> None:
         """Group `g` of x's row `src_row` (default `r`) into row `r` of `xq`, `xd` and (with
-        `sums`, by default for int4 whose offsets they carry) `xs`."""
+        `sums`, by default for int4 whose offsets they carry) `xs`; `permuted`: in
+        `x_position`'s order for the pack `run`."""
         kb, plan = self.kb, self.plan
         vt = ScalarType(dt.f32, lanes)
         it = ScalarType(dt.i32, lanes)
@@ -287,7 +356,7 @@ class Q8Builder(QLinearBuilder):
         scaled = ex.Binary("mul", self.x_lanes(src, col(ch), lanes), ex.Broadcast(inv, vt), vt)
         qi = kb.bind(ex.cast(ex.Call("round", (scaled,), vt), dt.i32), "qi")
         offset = ex.mul(ch, Const(lanes))
-        at = self.x_position(g, offset) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)
+        at = self.x_position(g, offset, run) if permuted else ex.add(ex.mul(g, Const(plan.agroup)), offset)
         kb.emit(lp.Store(xq.name, (r, ex.Ramp(at, Const(1), ScalarType(dt.index, lanes))), ex.cast(qi, dt.i8)))
         if sums:
             kb.emit(lp.Store(isum.name, (ramp,), ex.Binary("add", ex.Load(isum.name, (ramp,), it), qi, it)))
@@ -295,6 +364,25 @@ class Q8Builder(QLinearBuilder):
         if sums:
             total = ex.cast(ex.VectorReduce("add", ex.Load(isum.name, (ramp,), it), ScalarType(dt.i32)), dt.f32)
             kb.emit(lp.Store(xs.name, (r, g), ex.Binary("mul", d, total, F32)))
+
+    def quad_sums(self, xq: lp.Buffer, k: int, factor: int = 1) -> lp.Buffer:
+        """`factor * (xq[r, 4 j] + .. + xq[r, 4 j + 3])` for every row and j (one dot product
+        of XC_BYTES bytes by a constant per XC_BYTES / 4 lanes; K a multiple of XC_BYTES)."""
+        kb, plan = self.kb, self.plan
+        lanes = XC_BYTES // 4
+        out = self.buffer("qsum" if factor == 1 else "xc", dt.i32, (plan.rows, k // 4))
+        r, j = self.var("r"), self.var("j")
+        kb.push()
+        kb.push()
+        xb = ex.Load(xq.name, (r, ex.Ramp(ex.mul(j, Const(XC_BYTES)), Const(1), ScalarType(dt.index, XC_BYTES))),
+                     ScalarType(dt.i8, XC_BYTES))
+        sums = _dot4(ex.const(0, dt.i32, lanes), ex.const(1, dt.u8, XC_BYTES), xb)
+        if factor != 1:
+            sums = ex.Binary("mul", sums, ex.const(factor, dt.i32, lanes), ScalarType(dt.i32, lanes))
+        kb.emit(lp.Store(out.name, (r, ex.Ramp(ex.mul(j, Const(lanes)), Const(1), ScalarType(dt.index, lanes))), sums))
+        self.loop(j, Const(k // XC_BYTES), kb.pop())
+        self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
+        return out
 
     # ---- the nest ----------------------------------------------------------------------------
     def build(self) -> lp.Stmt:
@@ -306,9 +394,10 @@ class Q8Builder(QLinearBuilder):
         xd = self.buffer("xd", dt.f32, (plan.rows, k // plan.agroup))
         xs = self.buffer("xs", dt.f32, (plan.rows, k // plan.agroup))
         self.quantize_x(xq, xd, xs)
+        self.xc = self.quad_sums(xq, k, -128) if plan.offset_codes else None
         item, n0, ns, tile, ib, i0, rows = self.open_tiles()
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
-        widths = [plan.pack] + ([1] if self.groups > self.packed else [])
+        widths = sorted({pack for _, _, pack, _ in self.segments()}, reverse=True)
         facc = {w: {p: self.local("acc", (plan.chunk * w // 4,)) for p in pairs} for w in widths}
         off = self.local("off", (plan.mr, plan.nr))
         for w, accs in facc.items():
@@ -342,39 +431,37 @@ class Q8Builder(QLinearBuilder):
 
     def group_loop_i8(self, rows: list[Expr], ns: list[Expr], facc: dict[int, dict[tuple[int, int], lp.Buffer]],
                       off: lp.Buffer, xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer) -> None:
-        """The loop over groups: blocks of GROUP_BLOCK groups with their scales read as vectors
-        where the scales (and mins) are unit-stride loads, then the whole packs left, then the
-        groups left one by one."""
-        kb, plan = self.kb, self.plan
-        groups, p = self.groups, plan.pack
+        """The loop over groups, run by run (`segments`): blocks of U groups with their scales
+        read as vectors, or one pack (or group) at a time with scalar scales."""
+        kb = self.kb
         probes = self.scale_probes()
-        blocks = groups // GROUP_BLOCK if probes is not None else 0
-        if blocks:
-            assert probes is not None
-            offsets = self.ql.kind == "int4"
-            offv = {key: self.local("offv", (GROUP_BLOCK,)) for key in facc[p]} if offsets else {}
-            ulane = self.lane(GROUP_BLOCK)
-            for a in offv.values():
-                kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, GROUP_BLOCK)))
-            gb = self.var("gb")
+        for g0, count, p, u in self.segments():
+            if u:
+                assert probes is not None
+                offv = {key: self.local("offv", (u,)) for key in facc[p]} if self.ql.kind == "int4" else {}
+                ulane = self.lane(u)
+                for a in offv.values():
+                    kb.emit(lp.Store(a.name, (ulane,), ex.const(0.0, dt.f32, u)))
+                if count > u:
+                    gb = self.var("gb")
+                    kb.push()
+                    self.group_block(ex.add(ex.mul(gb, Const(u)), Const(g0)), u, p, rows, ns, facc[p], offv,
+                                     xq, xd, xs, probes)
+                    self.loop(gb, Const(count // u), kb.pop())
+                else:
+                    self.group_block(Const(g0), u, p, rows, ns, facc[p], offv, xq, xd, xs, probes)
+                ut = ScalarType(dt.f32, u)
+                for (r, c), a in offv.items():
+                    where = (Const(r), Const(c))
+                    total = ex.VectorReduce("add", ex.Load(a.name, (ulane,), ut), F32)
+                    kb.emit(lp.Store(off.name, where, ex.Binary("add", ex.Load(off.name, where, F32), total, F32)))
+                continue
+            gv = self.var("g")
             kb.push()
-            self.group_block(ex.mul(gb, Const(GROUP_BLOCK)), rows, ns, facc[p], offv, xq, xd, xs, probes)
-            self.loop(gb, Const(blocks), kb.pop())
-            u = ScalarType(dt.f32, GROUP_BLOCK)
-            for (r, c), a in offv.items():
-                where = (Const(r), Const(c))
-                total = ex.VectorReduce("add", ex.Load(a.name, (ulane,), u), F32)
-                kb.emit(lp.Store(off.name, where, ex.Binary("add", ex.Load(off.name, where, F32), total, F32)))
-        first = blocks * GROUP_BLOCK
-        for width, count in ((p, (self.packed - first) // p), (1, groups - max(self.packed, first))):
-            if count > 0:
-                gv = self.var("g")
-                kb.push()
-                g = ex.add(ex.mul(gv, Const(width)), Const(first))
-                iacc = self.group_dots(g, width, rows, ns, xq)
-                self.group_scales(g, width, rows, ns, facc[width], off, iacc, xd, xs)
-                self.loop(gv, Const(count), kb.pop())
-                first += count * width
+            g = ex.add(ex.mul(gv, Const(p)), Const(g0))
+            iacc = self.group_dots(g, p, rows, ns, xq)
+            self.group_scales(g, p, rows, ns, facc[p], off, iacc, xd, xs)
+            self.loop(gv, Const(count // p), kb.pop())
 
     def scale_probes(self) -> Optional[tuple[ex.Load, Optional[ex.Load], Var, Var]]:
         """The scales (and mins) as loads unit-stride along the group, with the variables
@@ -412,8 +499,13 @@ class Q8Builder(QLinearBuilder):
         bytes_t = ScalarType(dt.i8, b)
         pairs = [(r, c) for r in range(plan.mr) for c in range(plan.nr)]
         iacc = {p: self.buffer("iacc", dt.i32, (lanes,)) for p in pairs}
-        for a in iacc.values():
-            kb.emit(lp.Store(a.name, (lane,), ex.const(0, dt.i32, lanes)))
+        xc = self.xc
+        for (r, _), a in iacc.items():
+            init: Expr = ex.const(0, dt.i32, lanes)
+            if xc is not None:  # -128 sum(x) per lane: the offset of the codes read as q + 128
+                quad = ex.floordiv(ex.mul(g, Const(ag)), Const(4))
+                init = ex.Load(xc.name, (rows[r], ex.Ramp(quad, Const(1), ScalarType(dt.index, lanes))), it)
+            kb.emit(lp.Store(a.name, (lane,), init))
 
         def x_bytes(r: int, k0: Expr) -> Expr:
             return ex.Load(xq.name, (rows[r], ex.Ramp(k0, Const(1), ScalarType(dt.index, b))), bytes_t)
@@ -431,7 +523,11 @@ class Q8Builder(QLinearBuilder):
                     highs = ex.add(start, Const(width * h)) if width > 1 else ex.add(base, Const(h))
                     parts = [(codes[0], base), (codes[1], highs)]
                 else:
-                    parts = [(kb.bind(self.q_bytes(ns[c], base, b), "w"), base)]
+                    codes8 = self.q_bytes(ns[c], base, b)
+                    if xc is not None:  # q + 128 as an unsigned byte
+                        u8 = ScalarType(dt.u8, b)
+                        codes8 = ex.Binary("xor", ex.Bitcast(codes8, u8), ex.const(128, dt.u8, b), u8)
+                    parts = [(kb.bind(codes8, "w"), base)]
                 for r in range(plan.mr):
                     cur: Expr = ex.Load(iacc[(r, c)].name, (lane,), it)
                     for codes_, at in parts:
@@ -483,15 +579,15 @@ class Q8Builder(QLinearBuilder):
             prod = ex.cast(ex.Load(iacc[p].name, (lane,), it), dt.f32)
             kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (prod, lane_segments(scales[p], lanes), acc), vt)))
 
-    def group_block(self, g0: Expr, rows: list[Expr], ns: list[Expr], facc: dict[tuple[int, int], lp.Buffer],
-                    offv: dict[tuple[int, int], lp.Buffer], xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer,
+    def group_block(self, g0: Expr, u: int, p: int, rows: list[Expr], ns: list[Expr],
+                    facc: dict[tuple[int, int], lp.Buffer], offv: dict[tuple[int, int], lp.Buffer],
+                    xq: lp.Buffer, xd: lp.Buffer, xs: lp.Buffer,
                     probes: tuple[ex.Load, Optional[ex.Load], Var, Var]) -> None:
-        """GROUP_BLOCK groups from `g0`: their weight scales (and mins), x's scales and sums read
+        """`u` groups from `g0` in packs of `p`: their weight scales (and mins), x's scales and sums read
         as vectors, `d_w d_x` kept in a local vector per (row, weight row) and broadcast from it
         per group (blended into lane segments per pack), int4's offset terms accumulated
         lane-wise (`offv`, summed after the loop)."""
         kb, plan = self.kb, self.plan
-        u = GROUP_BLOCK
         ut = ScalarType(dt.f32, u)
         ulane = self.lane(u)
         glanes = ex.Ramp(g0, Const(1), ScalarType(dt.index, u))
@@ -514,13 +610,13 @@ class Q8Builder(QLinearBuilder):
         for (r, c), a in offv.items():
             grown = ex.Call("fma", (coefv[c], sxv[r], ex.Load(a.name, (ulane,), ut)), ut)
             kb.emit(lp.Store(a.name, (ulane,), grown))
-        p = plan.pack
-        lane = self.lane(plan.lanes)
-        it, vt = ScalarType(dt.i32, plan.lanes), ScalarType(dt.f32, plan.lanes)
+        lanes = plan.chunk * p // 4
+        lane = self.lane(lanes)
+        it, vt = ScalarType(dt.i32, lanes), ScalarType(dt.f32, lanes)
         for j in range(0, u, p):
             iacc = self.group_dots(ex.add(g0, Const(j)), p, rows, ns, xq)
             for key, a in facc.items():
-                scale = lane_segments([ex.Load(ds[key].name, (Const(j + t),), F32) for t in range(p)], plan.lanes)
+                scale = lane_segments([ex.Load(ds[key].name, (Const(j + t),), F32) for t in range(p)], lanes)
                 prod = ex.cast(ex.Load(iacc[key].name, (lane,), it), dt.f32)
                 kb.emit(lp.Store(a.name, (lane,), ex.Call("fma", (prod, scale, ex.Load(a.name, (lane,), vt)), vt)))
 
