@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -143,7 +145,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ctrl_c_interrupts() -> None:
+    """On a terminal, Ctrl-C stops the answer (`run_chat`): a process started where SIGINT is
+    ignored (a background job of a script, which then runs in a terminal of its own, as
+    under `pexpect` or `script`) inherits the ignore, and Python raises KeyboardInterrupt only
+    where the handler is its own."""
+    if sys.stdin.isatty() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
+    _ctrl_c_interrupts()
     llm = _load(args)
     llm.chat(system_prompt=args.system, max_new_tokens=args.tokens, **_sampling(args))
     return 0
