@@ -226,6 +226,11 @@ def test_channels_form_blocks_positions_when_the_input_outgrows_l2() -> None:
     assert big is not None and big.form == "channels" and big.block > 0
     assert "position blocks" in big.describe()
     assert small is not None and small.form == "channels" and small.block == 0
+    # VGG's 256-to-256 3x3 at 56x56: the input (3.2 MB) outgrows L2 but read again by its 4
+    # tiles of channels costs less than the weight (2.4 MB) read again per block (blocked 30.6
+    # ms, not 29.0)
+    vgg = plan_conv(256, 1, 256, 9, 56, 56 * 56, 1, dt.f32, cpu, in_positions=56 * 56)
+    assert vgg is not None and vgg.form == "channels" and vgg.block == 0
     # the one-tap phase of its input gradient: pointwise rows (width form), 1 MB of weight
     phase = plan_conv(512, 1, 512, 1, 1600, 1600, 1, dt.f32, cpu, stride_one=True, in_positions=1600)
     assert phase is not None and phase.form == "width" and not phase.channels_inner and phase.block > 0

@@ -128,21 +128,29 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
-def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int, cpu: CpuInfo) -> int:
-    """Position tiles per block of the channels form (0: no blocks).
+def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int, weight_bytes: int,
+                   cpu: CpuInfo) -> int:
+    """Position tiles per block (0: no blocks).
 
     Without blocks, each of the `tiles_c` tiles of channels sweeps every position, so an input
     larger than L2 comes from memory `tiles_c` times, each tile's many input rows (one stream
     per input channel, more than a prefetcher follows) missing in every cache. Blocks of
     positions whose share of the input fits in a quarter of L2 (the rest holds a tile's
-    weights) read the input from memory once. wav2vec2's 512-to-512 conv1d k3 s2 over 3199
-    steps (6.5 MB of input), one thread: 62 ms without blocks, eager (oneDNN) 19-20 ms.
+    weights) read the input once, but the whole weight once per block (a contiguous packed
+    stream). Blocks are taken where the input read again costs more than the weight read
+    again, a byte of scattered input rows counted twice (one thread, CPU time, f32, blocked
+    against not: wav2vec2's 512-to-512 conv1d k3 s2 over 3199 steps 25 against 62 ms, eager
+    19-20; VGG's 256-to-256 3x3 at 56x56 30.6 against 29.0 and 512-to-512 at 28x28 34.7
+    against 31.9, both left unblocked by the rule).
     """
     if tiles_c < 2 or not position_tiles or position_tiles < 2 or input_bytes <= cpu.l2_bytes // 2:
         return 0
     per_tile = max(1, input_bytes // position_tiles)
     block = max(1, (cpu.l2_bytes // 4) // per_tile)
-    return block if block < position_tiles else 0
+    if block >= position_tiles:
+        return 0
+    blocks = _cdiv(position_tiles, block)
+    return block if 2 * input_bytes * (tiles_c - 1) >= weight_bytes * (blocks - 1) else 0
 
 
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
@@ -183,7 +191,8 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
         block = 0
         if positions is not None and out_w is not None and in_positions is not None:
             block = position_block(_cdiv(cb, cv), positions // out_w * _cdiv(out_w, pos),
-                                   cin_g * in_positions * dtype.itemsize, cpu)
+                                   cin_g * in_positions * dtype.itemsize, cb * lanes * cin_g * taps * dtype.itemsize,
+                                   cpu)
         return ConvPlan("channels", lanes, cv, pos, parallel, block=block)
     # Width form: vectors along the output width, at most the width (2 lanes at least).
     if out_w is None or out_w < 2:
@@ -209,7 +218,7 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
         # (wav2vec2's 512-to-512 input gradient's one-tap phase, 1 MB of weight, 3.2 MB of input):
         # blocks of positions, as the channels form
         block = position_block(_cdiv(cout, rc), positions // out_w * _cdiv(out_w, nvec * wl),
-                               groups * cin_g * in_positions * dtype.itemsize, cpu)
+                               groups * cin_g * in_positions * dtype.itemsize, weight_bytes, cpu)
     return ConvPlan("width", wl, rc, nvec, parallel, channels_inner=inner, block=block)
 
 
