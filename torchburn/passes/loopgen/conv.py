@@ -54,6 +54,7 @@ keeps the element-by-element nest of `nn_rules.py`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -128,8 +129,13 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
+#: Blocks of positions only where each input element feeds at most this many taps (the taps
+#: over the product of the strides; see `position_block`).
+BLOCKED_INPUT_REUSE_MAX = 2.0
+
+
 def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int, weight_bytes: int,
-                   cpu: CpuInfo) -> int:
+                   reuse: float, cpu: CpuInfo) -> int:
     """Position tiles per block (0: no blocks).
 
     Without blocks, each of the `tiles_c` tiles of channels sweeps every position, so an input
@@ -137,13 +143,19 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
     per input channel, more than a prefetcher follows) missing in every cache. Blocks of
     positions whose share of the input fits in a quarter of L2 (the rest holds a tile's
     weights) read the input once, but the whole weight once per block (a contiguous packed
-    stream). Blocks are taken where the input read again costs more than the weight read
-    again, a byte of scattered input rows counted twice (one thread, CPU time, f32, blocked
-    against not: wav2vec2's 512-to-512 conv1d k3 s2 over 3199 steps 25 against 62 ms, eager
-    19-20; VGG's 256-to-256 3x3 at 56x56 30.6 against 29.0 and 512-to-512 at 28x28 34.7
-    against 31.9, both left unblocked by the rule).
+    stream). That pays where an input element feeds few taps (`reuse`: taps over the product
+    of the strides, at most
+    `BLOCKED_INPUT_REUSE_MAX`: little work per input byte fetched) and the input read again
+    costs more than the weight read again (a byte of scattered rows counted twice). One thread,
+    CPU time, f32, blocked against not: wav2vec2's 512-to-512 conv1d k3 s2 over 3199 steps
+    (reuse 1.5) 25 against 62 ms, eager 19-20; its input gradient's one-tap phase (reuse 1)
+    6.4 against 12.3 ms. VGG's 3x3 layers at stride 1 (reuse 9) lose: 256-to-256 at 56x56
+    30.6 against 29.0 ms, 512-to-512 at 28x28 34.7 against 31.9, 64-to-128 at 112x112 16.6
+    against 15.8.
     """
     if tiles_c < 2 or not position_tiles or position_tiles < 2 or input_bytes <= cpu.l2_bytes // 2:
+        return 0
+    if reuse > BLOCKED_INPUT_REUSE_MAX:
         return 0
     per_tile = max(1, input_bytes // position_tiles)
     block = max(1, (cpu.l2_bytes // 4) // per_tile)
@@ -155,12 +167,14 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
 
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
               batch: Optional[int], dtype: dt.DType, cpu: CpuInfo, stride_one: bool = False,
-              epilogue: bool = False, in_positions: Optional[int] = None) -> Optional[ConvPlan]:
+              epilogue: bool = False, in_positions: Optional[int] = None,
+              input_reuse: Optional[float] = None) -> Optional[ConvPlan]:
     """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
     input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
     and `positions` in all (None: not known), `in_positions` input positions per channel (None:
-    not known), `stride_one` when every stride is 1, `epilogue` when ops are fused after it;
-    None when neither form pays."""
+    not known), `input_reuse` the taps per input element (taps / the product of the strides;
+    None: taps x positions / in_positions), `stride_one` when every stride is 1, `epilogue`
+    when ops are fused after it; None when neither form pays."""
     lanes = cpu.lanes(dtype)
     budget = ACCUMULATORS_WIDE if cpu.vector_bits >= 512 else ACCUMULATORS
     cout_g = cout // groups
@@ -172,6 +186,9 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
     # leaves whole vectors of output positions to the epilogue, where the channels form's
     # epilogue runs on `pos`-wide pieces (EfficientNet's 16-to-96 expansion at 112x112 with
     # batch norm and SiLU, one thread: 1.04 ms against 5.15 ms).
+    if input_reuse is None and positions is not None and in_positions:
+        input_reuse = taps * positions / in_positions
+    reuse = taps if input_reuse is None else input_reuse
     pointwise_rows = taps == 1 and stride_one and out_w is not None and out_w >= 2 * lanes
     # Channels form: at least half of each channel vector is real.
     if cout_g * 2 >= lanes and lanes >= 2 and not pointwise_rows:
@@ -192,7 +209,7 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
         if positions is not None and out_w is not None and in_positions is not None:
             block = position_block(_cdiv(cb, cv), positions // out_w * _cdiv(out_w, pos),
                                    cin_g * in_positions * dtype.itemsize, cb * lanes * cin_g * taps * dtype.itemsize,
-                                   cpu)
+                                   reuse, cpu)
         return ConvPlan("channels", lanes, cv, pos, parallel, block=block)
     # Width form: vectors along the output width, at most the width (2 lanes at least).
     if out_w is None or out_w < 2:
@@ -218,7 +235,8 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
         # (wav2vec2's 512-to-512 input gradient's one-tap phase, 1 MB of weight, 3.2 MB of input):
         # blocks of positions, as the channels form
         block = position_block(_cdiv(cout, rc), positions // out_w * _cdiv(out_w, nvec * wl),
-                               groups * cin_g * in_positions * dtype.itemsize, weight_bytes, cpu)
+                               groups * cin_g * in_positions * dtype.itemsize, weight_bytes,
+                               reuse, cpu)
     return ConvPlan("width", wl, rc, nvec, parallel, channels_inner=inner, block=block)
 
 
@@ -713,7 +731,8 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
         in_positions = None if si is None or in_positions is None else in_positions * int(si)
     return plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
-                     epilogue=epilogue, in_positions=in_positions)
+                     epilogue=epilogue, in_positions=in_positions,
+                     input_reuse=taps / math.prod(c.stride))
 
 
 def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
