@@ -230,6 +230,10 @@ def test_channels_form_blocks_positions_when_the_input_outgrows_l2() -> None:
     # feeds 9 taps (blocked 30.6 ms, not 29.0)
     vgg = plan_conv(256, 1, 256, 9, 56, 56 * 56, 1, dt.f32, cpu, in_positions=56 * 56, input_reuse=9.0)
     assert vgg is not None and vgg.form == "channels" and vgg.block == 0
+    # ResNet-50's 64-to-256 1x1 at 56x56: its input (0.8 MB) fits in L2 (blocked 1.95 ms, not 1.70)
+    expand = plan_conv(256, 1, 64, 1, 56, 56 * 56, 1, dt.f32, cpu, stride_one=True, in_positions=56 * 56,
+                       input_reuse=1.0)
+    assert expand is not None and expand.block == 0
     # the one-tap phase of its input gradient: pointwise rows (width form), 1 MB of weight
     phase = plan_conv(512, 1, 512, 1, 1600, 1600, 1, dt.f32, cpu, stride_one=True, in_positions=1600)
     assert phase is not None and phase.form == "width" and not phase.channels_inner and phase.block > 0
@@ -239,9 +243,9 @@ def test_channels_form_blocks_positions_when_the_input_outgrows_l2() -> None:
 #: with several tiles of channels, a partial last block of positions, rows; the width form's
 #: pointwise rows with a weight too large for its channel tiles to go inner.
 BLOCKED = [
-    (2, 16, 80, (300,), (3,), (2,), (1,), (1,), "channels"),
-    (1, 16, 80, (9, 41), (1, 3), (1, 2), (1, 0), (1, 1), "channels"),
-    (1, 24, 72, (15, 17), (2, 2), (2, 1), (1, 1), (1, 2), "channels"),
+    (2, 16, 80, (600,), (3,), (2,), (1,), (1,), "channels"),
+    (1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), "channels"),
+    (1, 24, 72, (23, 17), (2, 2), (2, 1), (1, 1), (1, 2), "channels"),
     (2, 64, 80, (300,), (1,), (1,), (0,), (1,), "width"),
     (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), "width"),
 ]
@@ -265,7 +269,7 @@ def test_reference_engine_runs_a_conv_kernel_in_position_blocks() -> None:
     from torchburn.passes.pipeline import Pipeline
     from torchburn.runtime.reference import run_arrays
 
-    case = ConvCase(1, 16, 80, (9, 41), (1, 3), (1, 2), (1, 0), (1, 1), 1, True, "res_tanh")
+    case = ConvCase(1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), 1, True, "res_tanh")
     program = PassManager(Pipeline.default().passes(), target=SMALL_L2).run(parse_graph(case.text()))
     assert any("position blocks" in dict(k.attrs).get("conv", "") for k in program.kernels)
     a = case.arrays()

@@ -30,7 +30,8 @@ of the tile broadcasts its own weight tap:
       xv = x[n, cin(co_r), ih, ramp(ow0*s - p + kw*d, s, W)] ; acc[r][v] = fma(xv, broadcast(w[co_r, ci, kh, kw]), acc[r][v])
 
 **Blocks of positions.** Tiles run channel tile outermost (each sweeps every position, its
-weights kept in cache) unless the input outgrows L2: then in blocks of position tiles whose
+weights kept in cache) unless the input outgrows L2 and each input element feeds few taps:
+then in blocks of position tiles whose
 input fits in a quarter of L2, every channel tile inside a block (`ConvPlan.block`), so the
 input comes from memory once (`position_block`); the width form, where the whole weight fits
 in half of L2, puts its channel tiles innermost instead (`ConvPlan.channels_inner`):
@@ -151,9 +152,10 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
     (reuse 1.5) 25 against 62 ms, eager 19-20; its input gradient's one-tap phase (reuse 1)
     6.4 against 12.3 ms. VGG's 3x3 layers at stride 1 (reuse 9) lose: 256-to-256 at 56x56
     30.6 against 29.0 ms, 512-to-512 at 28x28 34.7 against 31.9, 64-to-128 at 112x112 16.6
-    against 15.8.
+    against 15.8; so do inputs that fit in L2 (ResNet-50's 64-to-256 1x1 at 56x56, 0.8 MB:
+    1.95 against 1.70 ms; 1024-to-256 at 14x14 1.31 against 1.24).
     """
-    if tiles_c < 2 or not position_tiles or position_tiles < 2 or input_bytes <= cpu.l2_bytes // 2:
+    if tiles_c < 2 or not position_tiles or position_tiles < 2 or input_bytes <= cpu.l2_bytes:
         return 0
     if reuse > BLOCKED_INPUT_REUSE_MAX:
         return 0
