@@ -143,6 +143,7 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
     from torchburn.frontend.lowerings import nn as nn_lowerings
 
     monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)  # small sizes, the large layers' form
+    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_COUT", 0)
 
     from torchburn.frontend.importer import import_graph
 
@@ -163,11 +164,13 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
 
 
-@pytest.mark.parametrize("groups, min_macs", [(2, 0), (1, None)], ids=["grouped", "small"])
-def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional[int],
+@pytest.mark.parametrize("groups, min_macs, min_cout", [(2, 0, 0), (1, None, 0), (1, 0, None)],
+                         ids=["grouped", "small", "few-output-channels"])
+def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional[int], min_cout: Optional[int],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Grouped weight gradients (at any size) and small ones (under `GEMM_GRAD_WEIGHT_MIN_MACS`)
-    keep `conv_grad_weight`."""
+    """Grouped weight gradients (at any size), small ones (under `GEMM_GRAD_WEIGHT_MIN_MACS`)
+    and those of a 3x3 window with few output channels (under `GEMM_GRAD_WEIGHT_MIN_COUT`:
+    the im2col would cost what the product saves) keep `conv_grad_weight`."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchburn.frontend.importer import import_graph
@@ -175,6 +178,8 @@ def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional
 
     if min_macs is not None:
         monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", min_macs)
+    if min_cout is not None:
+        monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_COUT", min_cout)
 
     def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
         return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], groups,

@@ -210,6 +210,73 @@ def test_channel_tiles_inner_compute_what_eager_does(epilogue: str) -> None:
     assert ["channel tiles inner" in p for p in conv_plans(compiled)] == [True], conv_plans(compiled)
 
 
+def test_channels_form_blocks_positions_when_the_input_outgrows_l2() -> None:
+    """wav2vec2's 512-to-512 conv1d k3 s2 over 3199 steps (6.5 MB of input): each of its 8
+    tiles of channels streamed the whole input (62 ms against eager's 19-20, one thread); in
+    blocks of positions whose input fits in L2, 25 ms. Its input gradient's one-tap phase
+    (width form, a weight too large for the channel tiles to go inner): 12.3 -> 6.4 ms (eager
+    5.5). An input that fits keeps no blocks."""
+    from torchburn.ir import dtypes as dt
+    from torchburn.passes.loopgen.conv import plan_conv
+    from torchburn.passes.loopgen.matmul import CpuInfo
+
+    cpu = CpuInfo(vector_bits=512)
+    big = plan_conv(512, 1, 512, 3, 1599, 1599, 1, dt.f32, cpu, in_positions=3199, input_reuse=1.5)
+    small = plan_conv(512, 1, 512, 3, 99, 99, 1, dt.f32, cpu, in_positions=199, input_reuse=1.5)
+    assert big is not None and big.form == "channels" and big.block > 0
+    assert "position blocks" in big.describe()
+    assert small is not None and small.form == "channels" and small.block == 0
+    # VGG's 256-to-256 3x3 at 56x56: the input (3.2 MB) outgrows L2, but each of its elements
+    # feeds 9 taps (blocked 30.6 ms, not 29.0)
+    vgg = plan_conv(256, 1, 256, 9, 56, 56 * 56, 1, dt.f32, cpu, in_positions=56 * 56, input_reuse=9.0)
+    assert vgg is not None and vgg.form == "channels" and vgg.block == 0
+    # ResNet-50's 64-to-256 1x1 at 56x56: its input (0.8 MB) fits in L2 (blocked 1.95 ms, not 1.70)
+    expand = plan_conv(256, 1, 64, 1, 56, 56 * 56, 1, dt.f32, cpu, stride_one=True, in_positions=56 * 56,
+                       input_reuse=1.0)
+    assert expand is not None and expand.block == 0
+    # the one-tap phase of its input gradient: pointwise rows (width form), 1 MB of weight
+    phase = plan_conv(512, 1, 512, 1, 1600, 1600, 1, dt.f32, cpu, stride_one=True, in_positions=1600)
+    assert phase is not None and phase.form == "width" and not phase.channels_inner and phase.block > 0
+
+
+#: (n, c, co, size, k, stride, padding, dilation, form): cases whose input outgrows `SMALL_L2`,
+#: with several tiles of channels, a partial last block of positions, rows; the width form's
+#: pointwise rows with a weight too large for its channel tiles to go inner.
+BLOCKED = [
+    (2, 16, 80, (600,), (3,), (2,), (1,), (1,), "channels"),
+    (1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), "channels"),
+    (1, 24, 72, (23, 17), (2, 2), (2, 1), (1, 1), (1, 2), "channels"),
+    (2, 64, 80, (300,), (1,), (1,), (0,), (1,), "width"),
+    (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), "width"),
+]
+
+
+@pytest.mark.parametrize("case", BLOCKED, ids=lambda c: f"{c[1]}x{c[2]}-{c[3]}-k{c[4]}-s{c[5]}")
+@pytest.mark.parametrize("epilogue", ["", "res_tanh"])
+def test_position_blocks_compute_what_eager_does(case: tuple, epilogue: str) -> None:  # type: ignore[type-arg]
+    """Both forms in blocks of positions (an L2 of 32 KB): whole and partial blocks, edge
+    tiles of channels and positions, padding rows, a fused residual and tanh."""
+    *args, form = case
+    compiled = ConvCase(*args, 1, True, epilogue).run(SMALL_L2)
+    plans = conv_plans(compiled)
+    assert len(plans) == 1 and plans[0].startswith(form) and "position blocks" in plans[0], plans
+
+
+def test_reference_engine_runs_a_conv_kernel_in_position_blocks() -> None:
+    """The blocked channels form through the NumPy reference interpreter."""
+    from torchburn.ir.parser import parse_graph
+    from torchburn.passes.base import PassManager
+    from torchburn.passes.pipeline import Pipeline
+    from torchburn.runtime.reference import run_arrays
+
+    case = ConvCase(1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), 1, True, "res_tanh")
+    program = PassManager(Pipeline.default().passes(), target=SMALL_L2).run(parse_graph(case.text()))
+    assert any("position blocks" in dict(k.attrs).get("conv", "") for k in program.kernels)
+    a = case.arrays()
+    out = run_arrays(program, a)
+    np.testing.assert_allclose(out["out0"], case.expected(a), rtol=1e-4, atol=1e-4 * np.sqrt(16 * 3))
+
+
 def test_reference_engine_runs_the_conv_kernel() -> None:
     """The same loop program through the NumPy reference interpreter (the golden model)."""
     from torchburn.ir.parser import parse_graph

@@ -278,13 +278,22 @@ GEMM_GRAD_WEIGHT_MIN_REDUCTION = 64
 #: ...and at least this many in all: below it the dot-product kernel is about as fast, and a
 #: GEMM kernel per layer costs more compile time than it saves (the 32x32 model suite).
 GEMM_GRAD_WEIGHT_MIN_MACS = 1 << 21
+#: ...and, for a window of more than one tap, at least this many output channels: each element
+#: of the materialized im2col (taps x the input) feeds `Cout` multiply-adds of the product, and
+#: with fewer the columns cost about what the product saves. One thread, CPU time, a training
+#: step of the one convolution (forward, both gradients), GEMM form against the dot-product
+#: kernel: 64-to-32 3x3 at 128x128 28.9 / 22.3 ms (eager 22.6), 32-to-32 at 128x128 12.9 / 9.4,
+#: 3-to-32 s2 at 224x224 4.1 / 3.9; with 64 output channels (32-to-64 at 128x128) 20.6 / 21.2,
+#: with 256 (128-to-256 at 56x56) 50.6 / 80.8. A 1x1's columns are the input itself (no copy).
+GEMM_GRAD_WEIGHT_MIN_COUT = 64
 
 
 def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
                       attrs: dict[str, Any]) -> Optional[Value]:
     """The weight gradient of an ungrouped convolution as one matrix product, or None where
-    the sizes are symbolic, the convolution is grouped, or the reduction or the whole product is
-    small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`).
+    the sizes are symbolic, the convolution is grouped, the reduction or the whole product is
+    small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`), or a window of several
+    taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`).
 
     `gw[co, (ci, k)] = sum_{n, o} g[n, co, o] * cols[(ci, k), (n, o)]`, where `cols` holds, for
     each tap `k`, the input positions `o*s - p + k*d` (an im2col of the padded input by strided
@@ -301,6 +310,8 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
         return None
     n, c, cout, ks, taps, positions = sz.n, sz.c, sz.cout, sz.ks, sz.taps, sz.positions
     if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
+        return None
+    if taps > 1 and cout < GEMM_GRAD_WEIGHT_MIN_COUT:
         return None
     cols = _columns(b, x, ks, sz.out_sp, attrs)  # [N, C, T, P]
     cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))

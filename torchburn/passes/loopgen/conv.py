@@ -29,6 +29,16 @@ of the tile broadcasts its own weight tap:
 
       xv = x[n, cin(co_r), ih, ramp(ow0*s - p + kw*d, s, W)] ; acc[r][v] = fma(xv, broadcast(w[co_r, ci, kh, kw]), acc[r][v])
 
+**Blocks of positions.** Tiles run channel tile outermost (each sweeps every position, its
+weights kept in cache) unless the input outgrows L2 and each input element feeds few taps:
+then in blocks of position tiles whose
+input fits in a quarter of L2, every channel tile inside a block (`ConvPlan.block`), so the
+input comes from memory once (`position_block`); the width form, where the whole weight fits
+in half of L2, puts its channel tiles innermost instead (`ConvPlan.channels_inner`):
+
+    for ti in 0..n * blocks * tiles_c * B     (n, pb, tc, pi) = unflatten(ti)
+      pt = pb * B + pi ; if pt < position tiles { (*rows, tw) = unflatten(pt); the tile as above }
+
 **Bounds.** A tile is *interior* when every tap of every position it computes lies inside the
 input along the last dim and the tile is whole; its loads are plain. Other tiles clamp every
 input index into the input and select zero for taps in the padding; positions and channels
@@ -45,6 +55,7 @@ keeps the element-by-element nest of `nn_rules.py`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -92,10 +103,18 @@ class ConvPlan:
     #: positions) from the L1/L2 cache while the weight stays in L2; otherwise each tile of
     #: channels streams the whole input (see `CHANNEL_TILES_INNER_MIN_K`).
     channels_inner: bool = False
+    #: Tiles of positions per block (0: none). With a block, the tile loop runs
+    #: blocks of `block` position tiles outermost and, inside a block, every tile of channels
+    #: over the block's positions: the input the block reads stays in L2 while each tile of
+    #: channels reads it, where without blocks every tile of channels streamed the whole input
+    #: (see `position_block`).
+    block: int = 0
 
     def describe(self) -> str:
         kind = "vectors over channels" if self.form == "channels" else "vectors over width"
         order = " channel tiles inner" if self.channels_inner else ""
+        if self.block:
+            order += f" position blocks of {self.block} tiles"
         return (f"{self.form} lanes={self.lanes} cv={self.cv} pos={self.pos} "
                 f"parallel={'yes' if self.parallel else 'no'}{order} ({kind})")
 
@@ -111,12 +130,52 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
+#: Blocks of positions only where each input element feeds at most this many taps (the taps
+#: over the product of the strides; see `position_block`).
+BLOCKED_INPUT_REUSE_MAX = 2.0
+
+
+def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int, weight_bytes: int,
+                   reuse: float, cpu: CpuInfo) -> int:
+    """Position tiles per block (0: no blocks).
+
+    Without blocks, each of the `tiles_c` tiles of channels sweeps every position, so an input
+    larger than L2 comes from memory `tiles_c` times, each tile's many input rows (one stream
+    per input channel, more than a prefetcher follows) missing in every cache. Blocks of
+    positions whose share of the input fits in a quarter of L2 (the rest holds a tile's
+    weights) read the input once, but the whole weight once per block (a contiguous packed
+    stream). That pays where an input element feeds few taps (`reuse`: taps over the product
+    of the strides, at most
+    `BLOCKED_INPUT_REUSE_MAX`: little work per input byte fetched) and the input read again
+    costs more than the weight read again (a byte of scattered rows counted twice). One thread,
+    CPU time, f32, blocked against not: wav2vec2's 512-to-512 conv1d k3 s2 over 3199 steps
+    (reuse 1.5) 25 against 62 ms, eager 19-20; its input gradient's one-tap phase (reuse 1)
+    6.4 against 12.3 ms. VGG's 3x3 layers at stride 1 (reuse 9) lose: 256-to-256 at 56x56
+    30.6 against 29.0 ms, 512-to-512 at 28x28 34.7 against 31.9, 64-to-128 at 112x112 16.6
+    against 15.8; so do inputs that fit in L2 (ResNet-50's 64-to-256 1x1 at 56x56, 0.8 MB:
+    1.95 against 1.70 ms; 1024-to-256 at 14x14 1.31 against 1.24).
+    """
+    if tiles_c < 2 or not position_tiles or position_tiles < 2 or input_bytes <= cpu.l2_bytes:
+        return 0
+    if reuse > BLOCKED_INPUT_REUSE_MAX:
+        return 0
+    per_tile = max(1, input_bytes // position_tiles)
+    block = max(1, (cpu.l2_bytes // 4) // per_tile)
+    if block >= position_tiles:
+        return 0
+    blocks = _cdiv(position_tiles, block)
+    return block if 2 * input_bytes * (tiles_c - 1) >= weight_bytes * (blocks - 1) else 0
+
+
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
               batch: Optional[int], dtype: dt.DType, cpu: CpuInfo, stride_one: bool = False,
-              epilogue: bool = False) -> Optional[ConvPlan]:
+              epilogue: bool = False, in_positions: Optional[int] = None,
+              input_reuse: Optional[float] = None) -> Optional[ConvPlan]:
     """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
     input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
-    and `positions` in all (None: not known), `stride_one` when every stride is 1, `epilogue`
+    and `positions` in all (None: not known), `in_positions` input positions per channel (None:
+    not known), `input_reuse` the taps per input element (taps / the product of the strides;
+    None: taps x positions / in_positions), `stride_one` when every stride is 1, `epilogue`
     when ops are fused after it; None when neither form pays."""
     lanes = cpu.lanes(dtype)
     budget = ACCUMULATORS_WIDE if cpu.vector_bits >= 512 else ACCUMULATORS
@@ -129,6 +188,9 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
     # leaves whole vectors of output positions to the epilogue, where the channels form's
     # epilogue runs on `pos`-wide pieces (EfficientNet's 16-to-96 expansion at 112x112 with
     # batch norm and SiLU, one thread: 1.04 ms against 5.15 ms).
+    if input_reuse is None and positions is not None and in_positions:
+        input_reuse = taps * positions / in_positions
+    reuse = taps if input_reuse is None else input_reuse
     pointwise_rows = taps == 1 and stride_one and out_w is not None and out_w >= 2 * lanes
     # Channels form: at least half of each channel vector is real.
     if cout_g * 2 >= lanes and lanes >= 2 and not pointwise_rows:
@@ -145,7 +207,12 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
             # SiLU: EfficientNet's stem 0.83 -> 0.67 ms, 40->240 1x1 at 28x28 0.72 -> 0.61 ms;
             # with ReLU ResNet's 64-channel 3x3 at 56x56 2.19 -> 1.96 ms).
             pos = _pow2_floor(pos)
-        return ConvPlan("channels", lanes, cv, pos, parallel)
+        block = 0
+        if positions is not None and out_w is not None and in_positions is not None:
+            block = position_block(_cdiv(cb, cv), positions // out_w * _cdiv(out_w, pos),
+                                   cin_g * in_positions * dtype.itemsize, cb * lanes * cin_g * taps * dtype.itemsize,
+                                   reuse, cpu)
+        return ConvPlan("channels", lanes, cv, pos, parallel, block=block)
     # Width form: vectors along the output width, at most the width (2 lanes at least).
     if out_w is None or out_w < 2:
         return None
@@ -163,7 +230,16 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
     input_bytes = groups * cin_g * (positions or 0) * dtype.itemsize
     inner = (cout > rc and cin_g * taps >= CHANNEL_TILES_INNER_MIN_K
              and weight_bytes <= cpu.l2_bytes // 2 and input_bytes > cpu.l2_bytes)
-    return ConvPlan("width", wl, rc, nvec, parallel, channels_inner=inner)
+    block = 0
+    if not inner and cout_g > 1 and cin_g * taps >= CHANNEL_TILES_INNER_MIN_K and positions is not None \
+            and in_positions is not None:
+        # a weight too large for the channel tiles to go inner, over an input that outgrows L2
+        # (wav2vec2's 512-to-512 input gradient's one-tap phase, 1 MB of weight, 3.2 MB of input):
+        # blocks of positions, as the channels form
+        block = position_block(_cdiv(cout, rc), positions // out_w * _cdiv(out_w, nvec * wl),
+                               groups * cin_g * in_positions * dtype.itemsize, weight_bytes,
+                               reuse, cpu)
+    return ConvPlan("width", wl, rc, nvec, parallel, channels_inner=inner, block=block)
 
 
 # ---- small IR helpers ------------------------------------------------------------------------------
@@ -363,11 +439,16 @@ class ConvBuilder(NestHelpers):
         ow_n = self.out_size[e]
         tiles_c = ex.floordiv(ex.add(cb, Const(plan.cv - 1)), Const(plan.cv))
         tiles_w = ex.floordiv(ex.add(ow_n, Const(plan.pos - 1)), Const(plan.pos))
-        extents = [self.c.x.shape[0], groups, tiles_c, *self.out_size[:-1], tiles_w]
         item = self.var("ti")
         kb.push((item,))
-        coords = self.unflatten(item, extents)
-        n, g, tc, outer, tw = coords[0], coords[1], coords[2], coords[3:-1], coords[-1]
+        guard: Optional[Expr] = None
+        if plan.block:
+            extents, (n, g), tc, outer, tw, guard = self.blocked_tiles(item, [self.c.x.shape[0], groups], tiles_c,
+                                                                       tiles_w)
+        else:
+            extents = [self.c.x.shape[0], groups, tiles_c, *self.out_size[:-1], tiles_w]
+            coords = self.unflatten(item, extents)
+            n, g, tc, outer, tw = coords[0], coords[1], coords[2], coords[3:-1], coords[-1]
         b0 = self.let(ex.mul(tc, Const(plan.cv)), "b")
         ow0 = self.let(ex.mul(tw, Const(plan.pos)), "ow")
         blocks = [self.let(ex.add(ex.mul(g, cb), ex.minimum(ex.add(b0, Const(j)), ex.sub(cb, Const(1)))), "gb")
@@ -414,7 +495,32 @@ class ConvBuilder(NestHelpers):
         pos_left = ex.sub(ow_n, ow0)
         self.store_tile(n, co0, outer, ow0, plan.cv * w, plan.pos, ch_left, pos_left,
                         lambda r, q: ex.Load(tile.name, (q, r), ScalarType(self.acc_t)))
+        if guard is not None:
+            kb.emit(lp.If(guard, kb.pop()))
         return lp.block(*self.pack_stmts, self.outer_loop(item, self._product(extents), kb.pop()))
+
+    def blocked_tiles(self, item: Var, lead: list[Expr], tiles_c: Expr, tiles_w: Expr
+                      ) -> tuple[list[Expr], list[Expr], Expr, list[Expr], Expr, Optional[Expr]]:
+        """The tile loop in blocks of positions (`ConvPlan.block`): `item` over `[*lead,
+        position block, channel tile, position tile in the block]`. Returns the extents, the
+        lead coordinates, the channel tile, the outer rows, the width tile and the guard that
+        skips the missing tiles of a partial last block (None when every block is whole; else
+        a frame is pushed for the guarded body, which the caller pops into an `If`)."""
+        block = self.plan.block
+        places = [*self.out_size[:-1], tiles_w]
+        ptiles = self._product(places)
+        blocks_ = ex.floordiv(ex.add(ptiles, Const(block - 1)), Const(block))
+        extents = [*lead, blocks_, tiles_c, Const(block)]
+        coords = self.unflatten(item, extents)
+        pb, tc, pi = coords[-3:]
+        pt = self.let(ex.add(ex.mul(pb, Const(block)), pi), "pt")
+        guard: Optional[Expr] = None
+        whole = static_int(ptiles)
+        if whole is None or whole % block:
+            guard = ex.binary("lt", pt, ptiles)
+            self.kb.push()
+        pcoords = self.unflatten(pt, places)
+        return extents, coords[:-3], tc, pcoords[:-1], pcoords[-1], guard
 
     def _row_index(self, p: Expr) -> Expr:
         """An outer input row index (its `if` guarantees it is inside the input)."""
@@ -462,7 +568,10 @@ class ConvBuilder(NestHelpers):
         tiles_w = ex.floordiv(ex.add(ow_n, Const(span - 1)), Const(span))
         item = self.var("ti")
         kb.push((item,))
-        if plan.channels_inner:
+        guard: Optional[Expr] = None
+        if plan.block:
+            extents, (n,), tc, outer, tw, guard = self.blocked_tiles(item, [c.x.shape[0]], tiles_c, tiles_w)
+        elif plan.channels_inner:
             extents = [c.x.shape[0], *self.out_size[:-1], tiles_w, tiles_c]
             coords = self.unflatten(item, extents)
             n, outer, tw, tc = coords[0], coords[1:-2], coords[-2], coords[-1]
@@ -526,6 +635,8 @@ class ConvBuilder(NestHelpers):
                 kb.emit(lp.Store(tile.name, (Const(r), _ramp(Const(v * w), w)), ex.Load(accs[r][v].name, (lane,), vt)))
         self.store_tile(n, co0, outer, ow0, plan.cv, span, ex.sub(self.cout, co0), ex.sub(ow_n, ow0),
                         lambda r, q: ex.Load(tile.name, (r, q), ScalarType(self.acc_t)))
+        if guard is not None:
+            kb.emit(lp.If(guard, kb.pop()))
         return lp.block(*self.pack_stmts, self.outer_loop(item, self._product(extents), kb.pop()))
 
     def _needs_padded_input(self) -> bool:
@@ -616,9 +727,14 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
         positions = None if o is None or positions is None else positions * o
     if positions == 0:
         return None
+    in_positions: Optional[int] = 1
+    for i in c.in_size:
+        si = static_int(i)
+        in_positions = None if si is None or in_positions is None else in_positions * int(si)
     return plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
-                     epilogue=epilogue)
+                     epilogue=epilogue, in_positions=in_positions,
+                     input_reuse=taps / math.prod(c.stride))
 
 
 def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
