@@ -125,6 +125,31 @@ def test_contract_fastmath_attr() -> None:
     assert "fmul contract" in text and "fadd contract" in text
 
 
+@pytest.mark.parametrize("ahead", [64, 4096])
+def test_prefetch_attr_prefetches_the_streamed_buffer_ahead_within_it(ahead: int) -> None:
+    """Kernel attribute `prefetch = "x:BYTES"`: each vector load of %x also prefetches BYTES
+    further on, the address clamped to %x's last element (4096 bytes ahead of a 1 KiB buffer
+    stays inside it); the results are the loads' own; a malformed attribute is refused."""
+    n = 256
+    x, out = buf("x", dt.f32, (n,)), buf("out", dt.f32, (n,))
+    i = Var("i")
+    lanes = ex.Ramp(ex.mul(i, Const(16)), Const(1), ex.ScalarType(dt.index, 16))
+    value = ex.add(ex.Load("x", (lanes,), ex.ScalarType(dt.f32, 16)), ex.const(1.0, dt.f32, 16))
+    body = loop(i, n // 16, lp.Store("out", (lanes,), value))
+    k = lp.Kernel("k", (x, out), (), body, attrs=(("prefetch", f"x:{ahead}"),))
+    prog = lp.Program("pf", (x,), (out,), (), (), (lp.KernelCall("k", ("x", "out")),), (k,))
+    text = emit_program(prog, TARGET)
+    assert text.count("call void @\"llvm.prefetch.p0\"") == 1
+    assert re.search(r"icmp slt i64 .*, 255", text)  # clamped to the last element
+    c = Compiled(prog)
+    xs, got = torch.randn(n), torch.empty(n)
+    c(xs, got)
+    assert torch.equal(got, xs + 1)
+    bad = replace(prog, kernels=(replace(k, attrs=(("prefetch", "x"),)),))
+    with pytest.raises(CodegenError, match="prefetch"):
+        emit_program(bad, TARGET)
+
+
 def test_program_in_parts_links_kernels_and_loader_globals() -> None:
     """`emit_program_parts`: a module per kernel, each optimized on its own in LLVM's thread
     (`jit.ModuleParts`), then the entry's, then linked. Two kernels using the globals the

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.passes.test_qlinear import Compiled, run_guard_script
 from tests.quant.test_block_types import blocks_graph, gguf_reference, random_blocks
 from torchburn.ir.qblocks import BLOCK_TYPES, WIDE
+from torchburn.passes.quant.qlinear import PREFETCH_BYTES
 from torchburn.passes.quant.qlinear_blocks_i8 import split
 
 pytest.importorskip("gguf")
@@ -48,7 +49,10 @@ def run_case(name: str, m: int, n: int, blocks: int, seed: int, c: Any = None) -
     k = blocks * bt.block
     if c is None:
         c = Compiled(blocks_graph(m, n, k, name, "auto"))
-    plan = dict(c.program.kernels[0].attrs)["qlinear"]
+    attrs = dict(c.program.kernels[0].attrs)
+    plan = attrs["qlinear"]
+    weight = next(p.name for p in c.program.kernels[0].params if p.dtype.name == "u8")
+    assert attrs["prefetch"] == f"{weight}:{PREFETCH_BYTES}"  # the streamed weight, ahead
     raw = random_blocks(name, n, blocks, seed)
     w = gguf_reference(raw, name).astype(np.float64)
     rng = np.random.default_rng(seed)

@@ -58,9 +58,12 @@ class FunctionState:
     """The function being emitted and how to emit into it."""
 
     def __init__(self, ctx: ModuleContext, fn: ir.Function, *, in_parallel: bool = False,
-                 contract: bool = False) -> None:
+                 contract: bool = False, prefetch: Optional[dict[str, int]] = None) -> None:
         self.ctx = ctx
         self.fn = fn
+        #: Buffer -> bytes ahead: its vector loads also prefetch that far ahead (kernel attr
+        #: `prefetch`, `memory.prefetch_ahead`).
+        self.prefetch: dict[str, int] = dict(prefetch or {})
         #: The entry block holds only the function's stack allocations; `finish` ends it with a
         #: branch to `start`, where code begins. (Inserting allocas in front of code already in
         #: a block would shift llvmlite's insertion point.)

@@ -286,7 +286,8 @@ def _emit_kernel(ctx: ModuleContext, program_name: str, kernel: lp.Kernel, unsaf
     # nothing and would make LLVM's work grow with the number of calls, not of distinct kernels.
     fn.attributes.add("noinline")
     attrs = dict(kernel.attrs)
-    fs = FunctionState(ctx, fn, contract="contract" in attrs.get("fastmath", ""))
+    fs = FunctionState(ctx, fn, contract="contract" in attrs.get("fastmath", ""),
+                       prefetch=parse_prefetch(attrs.get("prefetch", "")))
     written = written_buffers(kernel.body)
     scope = Scope()
     for pos, (param, arg) in enumerate(zip(kernel.params, fn.args)):
@@ -356,3 +357,14 @@ def _emit_entry(ctx: ModuleContext, program: lp.Program, functions: dict[str, ir
             args.append(scope.vars[sym.name])
         b.call(functions[kernel.name], args)
     fs.finish()
+
+
+def parse_prefetch(text: str) -> dict[str, int]:
+    """A kernel's `prefetch` attribute, ``"buffer:bytes[,buffer:bytes]"``, as a dict."""
+    out: dict[str, int] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, ahead = item.rpartition(":")
+        if not name or not ahead.isdigit():
+            raise CodegenError(f"kernel attribute prefetch={text!r}: expected buffer:bytes")
+        out[name] = int(ahead)
+    return out

@@ -131,7 +131,7 @@ def _emit_work(se: "StmtEmitter", s: lp.For, buffers: list[BufferRef], var_names
     fn = ir.Function(ctx.module, ir.FunctionType(VOID, arg_types), ctx.unique_name(fs.fn.name + ".par"))
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
-    inner_fs = FunctionState(ctx, fn, in_parallel=True, contract=fs.contract)
+    inner_fs = FunctionState(ctx, fn, in_parallel=True, contract=fs.contract, prefetch=fs.prefetch)
     scope = Scope()
     args = list(fn.args)
     for ref, arg in zip(buffers, args):

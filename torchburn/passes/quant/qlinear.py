@@ -81,6 +81,11 @@ F32 = ScalarType(dt.f32)
 I32 = ScalarType(dt.i32)
 #: Chunks per group up to this many are unrolled in the IR; longer ones stay a loop.
 MAX_UNROLLED_CHUNKS = 8
+#: How far ahead of its loads a kernel streaming a quantized weight prefetches it (kernel
+#: attribute `prefetch`): the hardware prefetchers keep one core's stream short of bytes in
+#: flight; the Q6_K decode GEMV over 660 MB read 19.5 GB/s on two cores, 28.5 with 2 KB ahead,
+#: 1.9 KB-4 KB measured alike within noise, 4 KB already less (docs/benchmarks.md, issue 34).
+PREFETCH_BYTES = 2048
 #: Rows of x per step of the multi-row form, and weight rows per step of each form. The GEMV
 #: takes one weight row per step: its bytes are then read as one sequential stream (four
 #: rows read side by side are four streams, which the prefetchers follow badly: half the
@@ -323,6 +328,8 @@ class QLinearBuilder:
         described = plan.describe()
         previous = kb.attrs.get("qlinear")
         kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"
+        # the weight is read once, in order: its loads prefetch ahead (`codegen.llvm.memory`)
+        kb.attrs["prefetch"] = f"{self.q_load.buffer}:{PREFETCH_BYTES}"
         notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("qlinear", described),)
         kind = "parallel" if plan.parallel else "serial"
         return lp.For(item, Const(0), _cdiv_expr(ql.n, plan.nr), kind, kb.pop(), notes)
