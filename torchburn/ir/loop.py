@@ -150,7 +150,13 @@ class If(Stmt):
 class Kernel:
     """One loop nest over parameter buffers; symbols (sizes, strides) are passed by value.
 
-    `attrs` record where the kernel came from (`origin`: the ATen ops it computes).
+    `attrs` record where the kernel came from (`origin`: the ATen ops it computes) and
+    hints for code generation: `fastmath = "contract"` (fused multiply-adds), `prefetch =
+    "w:2048"` (each vector load of %w also prefetches 2048 bytes further on, clamped to %w:
+    a weight streamed once, as the quantized GEMV kernels read theirs):
+
+        kernel @k0(%x: f32[1, 2048] ..., %w: u8[8192, 1680] ...) attrs {prefetch = "w:2048"} {
+          ... %w[n, ramp(b * 210, 1, 32)] ...   -> LLVM: llvm.prefetch(&w[min(o + 2048, last)]); load
     """
 
     name: str
