@@ -15,10 +15,13 @@ A random-weight Llama of SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads, 
 decode steps run twice: once while `torchburn.runtime.gpu_calls.count_calls()` counts the wgpu
 calls (through wgpu's public methods), once timed without the counting wrappers.
 Printed per decode step: dispatches, buffers / bind groups / command encoders created,
-write_buffer, submits, map and read calls; and the host time: the whole step, the GPU
-launcher's call (binding, residency checks, the program's run), in the run: buffers, uploads
-and encoding, then `submit`, then the wait for the results (the GPU's work on a real GPU;
-llvmpipe's OpenGL path runs the kernels inside `submit`). `--json` writes the same figures.
+write_buffer, submits, map and read calls; and the host time: the whole step, the step less
+the wait for the GPU (the host's own time: the greedy decode submits step t+1 before it waits
+for step t's token, so on a real GPU a step takes about the larger of this and the GPU time),
+the GPU launcher's submission (binding, residency checks, the program's run: buffers, uploads
+and encoding, then `submit`, then encoding the next run's commands ahead) and its result (the
+wait for the GPU's work, on llvmpipe's OpenGL path done inside `submit`; reading; the results).
+`--json` writes the same figures.
 """
 from __future__ import annotations
 
@@ -155,15 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     prompt = [[3, 5, 7, 11]]
     list(llm.generate_ids(prompt, args.tokens + 1, greedy))  # compiles prefill and decode, makes the buffers
 
-    launcher_s = [0.0]
-    call = gl.GpuLauncher.__call__
+    # a launcher call is its submission (`GpuLauncher.submit`: binding, checks, uploads, encoding,
+    # submit) and its result (`PendingCall.result`: waiting for the GPU, reading, the results);
+    # the greedy decode submits step t+1 between the two of step t
+    launcher_s = [0.0, 0.0]
+    submit_fn, result_fn = gl.GpuLauncher.submit, gl.PendingCall.result
 
-    def timed(self: Any, *a: Any) -> Any:
+    def timed_submit(self: Any, *a: Any, **kw: Any) -> Any:
         t = time.perf_counter()
         try:
-            return call(self, *a)
+            return submit_fn(self, *a, **kw)
         finally:
             launcher_s[0] += time.perf_counter() - t
+
+    def timed_result(self: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return result_fn(self)
+        finally:
+            launcher_s[1] += time.perf_counter() - t
 
     def snapshot() -> dict[int, tuple[int, int, float, float, float, float]]:
         return {id(x): (x.calls, x.gpu.dispatches, x.gpu.times.encode_s, x.gpu.times.submit_s, x.gpu.times.wait_s,
@@ -178,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     assert n == args.tokens, n
     # 2. timed: no counting wrappers (the engine's fast encoding path), optionally profiled
     prof = cProfile.Profile() if args.profile else None
-    gl.GpuLauncher.__call__ = timed  # type: ignore[method-assign]
+    gl.GpuLauncher.submit = timed_submit  # type: ignore[method-assign]
+    gl.PendingCall.result = timed_result  # type: ignore[method-assign]
     try:
         steps = llm.generate_ids(prompt, args.tokens + 1, greedy)
         next(steps)
-        launcher_s[0] = 0.0
+        launcher_s[:] = [0.0, 0.0]
         base = snapshot()
         if prof:
             prof.enable()
@@ -192,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         if prof:
             prof.disable()
     finally:
-        gl.GpuLauncher.__call__ = call  # type: ignore[method-assign]
+        gl.GpuLauncher.submit = submit_fn  # type: ignore[method-assign]
+        gl.PendingCall.result = result_fn  # type: ignore[method-assign]
     encode = submit = wait = gpu = ahead = 0.0
     programs = []
     for x in gl.recent_launchers():
@@ -210,20 +225,22 @@ def main(argv: list[str] | None = None) -> int:
                              "fallbacks": x.eager_fallbacks})
     dev = get_device()
     per = {k: counted.get(k, 0) / n for k in SHOWN}
-    us = {"step": wall / n * 1e6, "launcher": launcher_s[0] / n * 1e6,
+    us = {"step": wall / n * 1e6, "host (step - wait)": (wall - wait) / n * 1e6,
+          "launcher submit": launcher_s[0] / n * 1e6, "launcher result": launcher_s[1] / n * 1e6,
           "run: buffers+encode": encode / n * 1e6, "run: submit": (submit - encode) / n * 1e6,
-          "run: wait+read": wait / n * 1e6, "run: encode next (GPU busy)": ahead / n * 1e6}
-    us["outside launcher"] = us["step"] - us["launcher"]
+          "run: wait+read": wait / n * 1e6, "run: encode next": ahead / n * 1e6}
+    us["outside launcher"] = us["step"] - us["launcher submit"] - us["launcher result"]
     if args.gpu_time and not get_device().timestamps:
         print("--gpu-time: the adapter has no timestamp queries; no GPU time")
     elif args.gpu_time:
         us["GPU (timestamps)"] = gpu / n * 1e6
-    us["launcher before run"] = (us["launcher"] - submit / n * 1e6 - us["run: wait+read"]
-                                 - us["run: encode next (GPU busy)"])
+    us["launcher before run"] = us["launcher submit"] - submit / n * 1e6 - us["run: encode next"]
+    us["result after wait"] = us["launcher result"] - us["run: wait+read"]
     print(f"adapter: {dev.adapter.info.get('device')} ({dev.adapter.info.get('backend_type')}), "
           f"storage buffers per stage {dev.caps.max_storage_buffers}")
     print(f"checkpoint {folder}: {n} decode steps, programs: {programs}")
-    print("wgpu calls per decode step (map_sync submits an empty command buffer of its own: 2 submits):")
+    print("wgpu calls per decode step (counted through wgpu's public calls, whose map_sync submits an empty "
+          "command buffer of its own: 2 submits; uncounted runs submit once):")
     for k in SHOWN:
         print(f"  {k:24s} {per[k]:8.1f}")
     print("host microseconds per decode step:")

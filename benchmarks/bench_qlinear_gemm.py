@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    p.add_argument("--forms", default="panel,gemm", help="qlinear forms to time (panel, gemm, rows)")
+    p.add_argument("--forms", default="panel,gemm", help="qlinear forms to time (panel, gemm, rows, tiles: AMX)")
     p.add_argument("--calls", type=int, default=1,
                    help="calls per timing (short calls: a few rows of a small weight); times are per call")
     args = p.parse_args(argv)

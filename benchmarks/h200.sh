@@ -20,8 +20,9 @@
 # (`TESTS="tests/gpu/test_attention.py ..."` picks the test files; `BENCH_ONLY=softmax,attention`
 # picks bench_gpu's rows and `BENCH_ARGS` adds its arguments, e.g. `--per-kernel`; `sweep` runs
 # bench_gpu_sweep (tile shapes of the GEMM and attention kernels, `SWEEP_ARGS`); `host` runs
-# bench_gpu_host on the checkpoint `llm` wrote: the wgpu calls and host microseconds of one
-# decode step. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
+# bench_gpu_host on the checkpoint `llm` writes (or writes it: the same SmolLM2-135M shape): the wgpu
+# calls and host microseconds of one decode step, and its GPU time; `HOST_AB=0` skips its A/B run
+# with the Python dispatch loop. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
 #
 # The .debs must include libglvnd0 (and libegl1, libgl1, libglx0, libopengl0, libgles2) beside
 # libvulkan1: NVIDIA's Vulkan driver is libGLX_nvidia, which needs libGLdispatch; with
@@ -36,6 +37,11 @@
 # caches) all eight contenders of the 135M shape did not fit 430 s (our GPU rows warmed up for
 # 50-76 s each, transformers' static rows 59-70 s): split them with `--only` over commands
 # (gpu,gpu-int8,gpu-int4,cpu,static-f32 in 330 s; cuda-f32,cuda-f16,static-f16 in about 150 s).
+# On a fresh H100 (session 31) six contenders (gpu,gpu-int8,gpu-int4,cpu,static-f32,static-f16)
+# did not fit 430 s either (our GPU rows 62-71 s each, static f32 88 s); on the same machine
+# minutes later, its disk caches warm, gpu,gpu-int4,cpu,static-f32,static-f16 took 262 s with
+# the `llm` part alone, and `llm-qwen --only gpu,static-f32,static-f16` 256 s. `TRANSFERS=0`
+# skips the transfer count after the `llm` part (it compiles the model once more).
 #
 # The `llm` part needs transformers there: carry `.gl/llm.tar.xz` too (transformers cut to the
 # llama, qwen2, mistral and gpt2 models, tokenizers, safetensors, huggingface_hub and their
@@ -90,8 +96,10 @@ if want llm; then
     # then the bytes across the device boundary per decode step on the same checkpoint.
     timeout "${LLM_TIMEOUT:-420}" python3 benchmarks/bench_llm_gpu.py --checkpoint /tmp/smol135 \
         --json "$out/bench_llm_gpu.json" "$@" 2>&1 | tail -30 | tee "$out/bench_llm_gpu.txt"
+    if [ "${TRANSFERS:-1}" != 0 ]; then  # TRANSFERS=0 skips it (it compiles the model again)
     TORCHBURN_DEVICE=gpu timeout 120 python3 benchmarks/bench_gpu_transfers.py /tmp/smol135 \
         2>&1 | tail -12 | tee "$out/bench_gpu_transfers.txt"
+    fi
 fi
 if want llm-qwen; then
     # The same contenders on a random model of Qwen2.5-0.5B's body (896 wide, 24 layers, 14 heads,
@@ -102,8 +110,12 @@ fi
 if want host; then
     # and the device time of its dispatches back to back and each alone (the 20 costliest kernels)
     TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
-        --tokens 32 --gpu-time --kernels 20 --json "$out/bench_gpu_host.json" 2>&1 | tail -55 | tee "$out/bench_gpu_host.txt"
+        --layers 30 --vocab 49152 --tokens 32 --gpu-time --kernels 20 --json "$out/bench_gpu_host.json" 2>&1 \
+        | tail -58 | tee "$out/bench_gpu_host.txt"
     # the same with the Python dispatch loop (before runtime/gpu_encode.py): host us per dispatch
+    # (HOST_AB=0 skips it)
+    if [ "${HOST_AB:-1}" != 0 ]; then
     TORCHBURN_DEVICE=gpu timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/bench_gpu_host.py --checkpoint /tmp/smol135 \
-        --tokens 32 --gpu-time --python-encode 2>&1 | tail -22 | tee "$out/bench_gpu_host_python.txt"
+        --tokens 32 --gpu-time --python-encode 2>&1 | tail -24 | tee "$out/bench_gpu_host_python.txt"
+    fi
 fi

@@ -43,9 +43,10 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      (each distinct kernel root lowered once: loopgen/root_key.py;
      constant slices of buffers passed as views at an offset)
   -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/loop/dedup_kernels.py
-  -> loop passes: simplify, tile (transposes), parallelize, vectorize,    passes/
-     split-accumulators, expand-math, unroll: once per distinct kernel,   compiler/kernel_cache.py
-     results kept across graphs; plan-memory (workspace offsets)
+  -> loop passes: simplify, tile (transposes), split-reductions,          passes/
+     parallelize, vectorize, split-accumulators, expand-math, unroll:     compiler/kernel_cache.py
+     once per distinct kernel, results kept across graphs; plan-memory
+     (workspace offsets)
   -> LLVM IR through llvmlite, a module per distinct kernel, each         codegen/llvm/, runtime/jit.py
      optimized (O2; GEMM-like kernels O3) in a second thread while
      Python emits the next;

@@ -116,3 +116,27 @@ def test_quantized_kernels_name_the_user_line_and_the_numerics(
     assert "quant/linear.py" not in kernel
     assert ("numerics: x is quantized to int8" in str(report)) == note
     assert ("[int8 activations]" in kernel) == note
+
+
+@pytest.mark.parametrize("rows, tiles", [(16, True), (2, False)])
+def test_quantized_kernels_name_the_amx_tile_form(rows: int, tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quantized linear of 16 rows of x on an AMX CPU takes the tile form
+    (`passes/quant/qlinear_tiles.py`) and explain() says so next to its int8 activations;
+    2 rows keep the rows form."""
+    from torchburn.codegen import host_target
+
+    if not host_target().tile_dot():
+        pytest.skip("this CPU (or this process) has no AMX-INT8")
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "int8")
+    reload_config()
+    try:
+        torch.manual_seed(0)
+        layer = torchburn.QuantizedLinear.from_float(torch.nn.Linear(256, 64), quant_type="int4", group_size=32)
+        report = torchburn.explain(lambda x: layer(x) * 2, torch.randn(rows, 256))
+    finally:
+        monkeypatch.undo()
+        reload_config()
+    (sub,) = report.compiled_subgraphs
+    kernel = next(k for k in sub.kernels if "linear_int4" in k)
+    assert "[int8 activations]" in kernel
+    assert ("[AMX tiles]" in kernel) == tiles, kernel

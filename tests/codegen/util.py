@@ -65,10 +65,11 @@ def program(body: lp.Stmt, inputs: Sequence[lp.Buffer], outputs: Sequence[lp.Buf
 class Compiled:
     """A compiled program callable on tensors: `compiled(*inputs_then_outputs, symbols=...)`."""
 
-    def __init__(self, prog: lp.Program) -> None:
+    def __init__(self, prog: lp.Program, target: Optional[Target] = None) -> None:
         self.program = prog
-        self.llvm_ir = emit_program(prog, TARGET)
-        self.native = jit.load_object(jit.compile_llvm_ir(self.llvm_ir, TARGET))
+        target = target or TARGET
+        self.llvm_ir = emit_program(prog, target)
+        self.native = jit.load_object(jit.compile_llvm_ir(self.llvm_ir, target))
         self.entry = self.native.entry(entry_name(prog))
 
     def __call__(self, *tensors: torch.Tensor, symbols: Sequence[int] = (),

@@ -8,6 +8,7 @@ Shapes are small: compilation dominates the time of these tests.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable, Optional
 
 import pytest
@@ -162,6 +163,11 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
 
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(out.shape), x, w.detach()))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
+    # the columns keep the output's spatial dims (`[N, C, T, *O]`, flattened by a view after
+    # them): their kernel runs along output rows, not through a div/mod of flat positions
+    taps = math.prod(weight[2:])
+    assert [op.result.type.rank for op in graph.ops
+            if op.name == "concat" and op.attrs["dim"] == 2 and len(op.operands) == taps] == [3 + nsp]
 
 
 @pytest.mark.parametrize("groups, min_macs, min_cout", [(2, 0, 0), (1, None, 0), (1, 0, None)],
@@ -188,6 +194,22 @@ def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8),
                                                            torch.randn(4, 4 // groups, 3, 3)))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
+
+
+def test_weight_gradient_of_a_7x7_feature_map_is_a_matrix_product() -> None:
+    """ResNet's last stage at batch 1 (512 channels at 7x7: a reduction of 49 per weight
+    element) takes the GEMM form: the dot-product kernel took 8x its time there."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [128], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 128, 7, 7), torch.randn(1, 64, 7, 7),
+                                                           torch.randn(128, 64, 3, 3)))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
 
 
 def test_convolution_bf16_forward() -> None:

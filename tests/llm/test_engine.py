@@ -171,15 +171,16 @@ def test_decode_compiles_once_over_200_steps_and_reads_only_filled_slots(tiny_ch
     torch._dynamo.reset()
     graphs = report.start_recording()
     try:
-        steps = list(llm.generate_ids([[5, 17, 99]], 201, SamplingParams(temperature=0.0)))
+        steps = list(llm.generate_ids([[5, 17, 99, 250, 3, 41]], 201, SamplingParams(temperature=0.0)))
     finally:
         report.stop_recording()
     assert len(steps) == 201
-    # One graph for the prefill bucket (16 tokens), one for every decode step.
+    # One graph for the prefill bucket (16 tokens; a 6-token prompt is cheaper as one padded
+    # chunk than as 6 decode steps), one for every decode step.
     assert len(graphs) == 2, [g.kind for g in graphs]
     assert all(not g.fallback_ops and len(g.subgraphs) == 1 for g in graphs)
     # the prefill's 16 slots, then per decode step the filled slots and its own one
-    assert lengths == [16] + list(range(4, 204))
+    assert lengths == [16] + list(range(7, 207))
     # the KV-cache write is inside the one compiled graph: no index_copy_ outside it, and the
     # decode program stores into the cache input itself (only the new slot)
     assert all("index_copy" in " ".join(sub.ops) for g in graphs for sub in g.subgraphs)
@@ -207,6 +208,11 @@ def test_prefill_plan_pads_little() -> None:
 
     assert prefill_plan(31, 0, 4096) == [(16, 16), (16, 15)]  # not one 64-token chunk (33 padded rows)
     assert prefill_plan(17, 0, 4096) == [(16, 16), (1, 1)]    # the last token by the decode step
+    assert prefill_plan(19, 0, 4096) == [(16, 16)] + [(1, 1)] * 3  # a short tail token by token
+    assert prefill_plan(20, 0, 4096) == [(16, 16), (16, 4)]  # 4 decode steps cost a padded chunk
+    assert prefill_plan(3, 0, 4096) == [(1, 1)] * 3
+    assert prefill_plan(19, 0, 4096, tails=False) == [(16, 16), (16, 3)]  # the GPU engine's plan
+    assert prefill_plan(17, 0, 4096, tails=False) == [(16, 16), (1, 1)]
     assert prefill_plan(50, 0, 4096) == [(64, 50)]
     assert prefill_plan(512, 0, 4096) == [(256, 256), (256, 256)]
     assert prefill_plan(1, 0, 4096) == [(1, 1)]

@@ -59,3 +59,40 @@ def test_llm_decode_step_runs_pinned(tiny_checkpoint) -> None:
     assert llm.steps is not None
     steps = [s for s in llm.steps.entries.values() if s is not None]
     assert steps and all(s.pinned and s.pinned[0] is not None for s in steps)  # type: ignore[attr-defined]
+
+
+def test_a_pinned_launchers_build_is_kept_on_disk_and_reused(monkeypatch, tmp_path) -> None:
+    """What pinning makes from a launcher's source is stored once; a later process (here: the
+    memo cleared) reads it back instead of rewriting the source, and the launcher it gives
+    computes the same; a damaged record is built again."""
+    from torchburn.llm.runtime import pinned_launch
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_CACHE_DIR", str(tmp_path))
+    reload_config()
+    try:
+        _build_kept_and_reused(pinned_launch, monkeypatch, tmp_path)
+    finally:
+        monkeypatch.undo()
+        reload_config()
+
+
+def _build_kept_and_reused(pinned_launch, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 8), torch.randn(8, 4)
+    launcher = _launcher(x, w)
+    monkeypatch.setattr(pinned_launch, "_BUILDS", {})
+    built: list[int] = []
+    real_build = pinned_launch._build
+    monkeypatch.setattr(pinned_launch, "_build", lambda *a: built.append(1) or real_build(*a))
+    assert pin(launcher.launch, {1: w}, [x, w]) is not None and built == [1]
+    records = list(tmp_path.rglob("pn*.tbfx"))
+    assert len(records) == 1
+    monkeypatch.setattr(pinned_launch, "_BUILDS", {})
+    w2 = torch.randn(8, 4)  # another tensor of the same layout: its own address is filled in
+    again = pin(launcher.launch, {1: w2}, [x, w2])
+    assert again is not None and built == [1]  # read back, not rebuilt
+    torch.testing.assert_close(again(x)[0], torch.relu(x @ w2) + 1.0, rtol=1e-5, atol=1e-5)
+    records[0].write_bytes(records[0].read_bytes()[:-7] + b"garbage")
+    monkeypatch.setattr(pinned_launch, "_BUILDS", {})
+    assert pin(launcher.launch, {1: w}, [x, w]) is not None and built == [1, 1]

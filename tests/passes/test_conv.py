@@ -146,10 +146,56 @@ def test_avx512_tiles_leave_registers_to_spare() -> None:
     from torchburn.passes.loopgen.conv import plan_conv
     from torchburn.passes.loopgen.matmul import CpuInfo
 
-    wide = plan_conv(64, 1, 64, 9, 56, 56 * 56, 1, dt.f32, CpuInfo(vector_bits=512))
+    wide = plan_conv(64, 1, 64, 9, 60, 60 * 60, 1, dt.f32, CpuInfo(vector_bits=512))
     assert wide is not None and wide.form == "channels" and (wide.cv, wide.pos) == (4, 5)
     narrow = plan_conv(64, 1, 64, 9, 56, 56 * 56, 1, dt.f32, CpuInfo(vector_bits=256))
     assert narrow is not None and narrow.cv * narrow.pos == 12
+
+
+@pytest.mark.parametrize("out_w,pos", [(28, 4), (56, 4), (14, 5), (60, 5), (128, 5), (3199, 5), (3, 3)])
+def test_tile_positions_waste_least_of_the_row(out_w: int, pos: int) -> None:
+    """Among the 3/4 largest tiles of positions, the fewest tiles x (positions + 1): VGG's
+    28-wide rows take 7 tiles of 4, not 6 of 5 with 2 positions computed for nothing; a
+    128-wide row 26 of 5 (2 wasted), not 32 of 4."""
+    from torchburn.ir import dtypes as dt
+    from torchburn.passes.loopgen.conv import plan_conv
+    from torchburn.passes.loopgen.matmul import CpuInfo
+
+    plan = plan_conv(512, 1, 512, 9, out_w, out_w * out_w, 1, dt.f32, CpuInfo(vector_bits=512))
+    assert plan is not None and plan.form == "channels" and (plan.cv, plan.pos) == (4, pos)
+
+
+def _padded_inputs(c: Compiled, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shapes of `c`'s kernel buffers of `shape`'s rank whose first two dims are `shape`'s
+    and whose spatial dims are at least as large, some larger (padded copies of an input)."""
+    from torchburn.passes.loopgen.matmul import static_int
+
+    found = []
+    for k in c.program.kernels:
+        for p in k.params:
+            dims = tuple(static_int(d) for d in p.shape)
+            if (len(dims) == len(shape) and dims[:2] == shape[:2] and None not in dims
+                    and all(d >= s for d, s in zip(dims[2:], shape[2:])) and dims != shape):  # type: ignore[operator]
+                found.append(dims)
+    return found
+
+
+@pytest.mark.parametrize("size,padding,padded", [((9, 13), (1, 1), (2, 16, 11, 18)),  # padded: 4 tiles of 4
+                                                 ((6, 15), (0, 0), (2, 16, 6, 18))])  # 13 wide: 4 of 4
+def test_channels_form_reads_a_padded_copy(size: tuple, padding: tuple, padded: tuple) -> None:  # type: ignore[type-arg]
+    """Where a tile would clamp and mask its loads (padding, or a last tile of positions that
+    is not whole), the channels form reads a zero-padded copy of the input covering whole
+    tiles: every tile takes the plain path (VGG's 512-channel 3x3 at 28x28, one thread:
+    33.6 -> 29.9 ms)."""
+    case = ConvCase(2, 16, 64, size, (3, 3), (1, 1), padding, (1, 1), 1, True, "res_tanh")
+    compiled = case.run(AVX512_2T)
+    assert _padded_inputs(compiled, (2, 16, *size)) == [padded], conv_plans(compiled)
+
+
+def test_whole_tiles_without_padding_read_the_input_itself() -> None:
+    case = ConvCase(1, 16, 64, (6, 18), (3, 3), (1, 1), (0, 0), (1, 1), 1, True)  # 16 wide: 4 tiles of 4
+    compiled = case.run(AVX512_2T)
+    assert _padded_inputs(compiled, (1, 16, 6, 18)) == [], conv_plans(compiled)
 
 
 @pytest.mark.parametrize("cout,pos", [(64, 4), (32, 8), (48, 4), (16, 16)])

@@ -50,8 +50,10 @@ def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def qlinear_graph(m: "int | str", n: int, k: int, kind: str, group: Optional[int], symmetric: bool,
-                  scale_dtype: str = "f32", epilogue: bool = True, activations: str = "f32") -> str:
-    """`tanh(qlinear(x, ...) + b)` (or the bare product) as tensor IR text."""
+                  scale_dtype: str = "f32", epilogue: bool = True, activations: str = "f32",
+                  form: str = "auto") -> str:
+    """`tanh(qlinear(x, ...) + b)` (or the bare product) as tensor IR text (`form` other than
+    "auto": that CPU kernel)."""
     ins = [f"%x: f32[{m}, {k}]", f"%q: u8[{n}, {k // 2}]" if kind == "int4" else f"%q: i8[{n}, {k}]",
            f"%s: {scale_dtype}[{n}]" if group is None else f"%s: {scale_dtype}[{n}, {k // group}]"]
     operands = "%x, %q, %s"
@@ -60,7 +62,7 @@ def qlinear_graph(m: "int | str", n: int, k: int, kind: str, group: Optional[int
         operands += ", %mn"
     ins.append(f"%b: f32[{n}]")
     attrs = (f'{{kind = "{kind}", group_size = {group or k}, symmetric = {str(symmetric).lower()}, '
-             f'activations = "{activations}"}}')
+             f'activations = "{activations}"' + (f', form = "{form}"' if form != "auto" else "") + "}")
     body = f"  %0 = qlinear({operands}) {attrs} : f32[{m}, {n}]\n"
     if epilogue:
         body += (f"  %1 = expand(%b) {{shape = [{m}, {n}]}} : f32[{m}, {n}]\n"
@@ -437,7 +439,7 @@ def _vnni_host() -> bool:
 
 
 def _check_offset_codes(m: int, n: int, k: int, group: int, seed: int) -> None:
-    text = qlinear_graph(m, n, k, "int8", group, True, scale_dtype="f16", activations="int8")
+    text = qlinear_graph(m, n, k, "int8", group, True, scale_dtype="f16", activations="int8", form="rows")
     c = Compiled(text)
     plan = dict(c.program.kernels[0].attrs)["qlinear"]
     assert "act=int8" in plan and "codes=u8" in plan, plan
@@ -483,7 +485,7 @@ def test_int8_activations_tail_groups_read_scales_as_vectors(m: int, k: int, kin
     from torchburn.ir import loop as lp
 
     n = 11
-    c = Compiled(qlinear_graph(m, n, k, kind, 32, symmetric, epilogue=False, activations="int8"))
+    c = Compiled(qlinear_graph(m, n, k, kind, 32, symmetric, epilogue=False, activations="int8", form="rows"))
     plan = dict(c.program.kernels[0].attrs)["qlinear"]
     assert "act=int8" in plan, plan
     body = c.program.kernels[0].body

@@ -428,7 +428,7 @@ def _small_loops(k: lp.Kernel) -> bool:
         if isinstance(s, lp.For):
             try:
                 start, extent = (ex.evaluate_index(e, SYMBOLS) for e in (s.start, s.extent))
-            except (KeyError, ValueError, ZeroDivisionError):
+            except (KeyError, ValueError, ZeroDivisionError, OverflowError):  # cast<i64>(inf): no loop to run
                 return False
             if abs(start) > 64 or abs(extent) > 64:
                 return False

@@ -192,8 +192,9 @@ class GpuLauncher:
         #: their state once a call has bound them (`_Pinned`); None: every input checked per call.
         self._pin_positions: frozenset[int] = frozenset()
         self._pinned: Optional[_Pinned] = None
-        #: Calls that took the pinned path.
+        #: Calls that took the pinned path, and calls whose result fed an argument (`submit`).
         self.pinned_calls = 0
+        self.fed_calls = 0
 
         def launch(*args: Any) -> tuple[Any, ...]:
             return self(*args)
@@ -346,16 +347,30 @@ class GpuLauncher:
         return self.gpu.benchmark_kernels(env, self._specs(args, env, bound), iters, bound)
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
+        return self.submit(*args).result()
+
+    def submit(self, *args: Any, feed: Optional[tuple[int, int]] = None) -> "PendingCall":
+        """Bind, upload and submit a call; its `result()` waits for the results. Until then
+        the host may submit more calls (`GpuProgram.run_copy(defer=True)`): a decode loop
+        submits step t+1 before it reads step t's token.
+
+        `feed = (k, p)`: after the kernels, result `k` (a computed output) is also copied on
+        the device into the resident copy of argument `p`, a tensor of the same dtype and
+        size that the GPU owns (`gpu_resident.keep_on_gpu`): the next call reads it there
+        (the token a greedy decode step picked is the next step's input, and the host only
+        reads it). A call that cannot feed so (the arguments do not fit, the input is not
+        resident) raises `GpuError`; nothing runs in PyTorch silently in its place."""
         pinned = self._pinned
         if pinned is not None and not pinned.holds(args):
             self._pinned = pinned = None  # checked in full, then pinned again (`_arm`)
         env = self._bind(args, pinned)
         if env is None:
-            return self._slow(args, "sizes, strides, dtype or device differ from the compiled ones")
+            return self._done_slow(args, "sizes, strides, dtype or device differ from the compiled ones", feed)
         for inp in self.wide:
             t = args[inp.position]
             if t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
-                return self._slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as int32)")
+                return self._done_slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as "
+                                       "int32)", feed)
         if self.record_args:
             self.last_args = args
         try:
@@ -363,23 +378,74 @@ class GpuLauncher:
             specs = self._specs(args, env, bound, pinned)
             back = [inp for inp in self.written if inp.buffer.name not in bound or self.write_back_always
                     or not gpu_resident.is_owned(args[inp.position])]
-            views = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back])
+            feeds = () if feed is None else (self._feed(args, bound, feed),)
+            pending = self.gpu.run_copy(env, specs, bound, [inp.buffer.name for inp in back], feeds, defer=True)
         except gpu_resident.GpuStateError:
             raise
-        except GpuFault as err:  # an index out of range: PyTorch raises eager's error
-            return self._slow(args, str(err))
         except GpuError as err:  # the adapter failed or was lost: PyTorch runs it, one warning
-            global _run_failure_warned
-            if not _run_failure_warned:
-                _run_failure_warned = True
-                warnings.warn(f"torchburn: {self.program.name} could not run on the GPU ({err}); calls that "
-                              "fail on the GPU run in PyTorch (warned once per process)", RuntimeWarning, stacklevel=2)
-            return self._slow(args, str(err))
-        self.calls += 1
+            if feed is not None:
+                raise
+            self._warn_failure(err)
+            return PendingCall(self, args, done=self._slow(args, str(err)))
         if pinned is not None:
             self.pinned_calls += 1
         elif self._pin_positions:
             self._arm(args, bound)
+        for inp in self.written:
+            if inp.buffer.name in bound and inp not in back:
+                gpu_resident.written(args[inp.position], None)  # the device keeps it (keep_on_gpu)
+        if feed is not None:
+            gpu_resident.written(args[feed[1]], None)  # the device holds its new values
+            self.fed_calls += 1
+        return PendingCall(self, args, env=env, bound=bound, back=back, pending=pending, fed=feed is not None,
+                           up=up + self.gpu.last_uploaded)
+
+    def _feed(self, args: tuple[Any, ...], bound: dict[str, Any], feed: tuple[int, int]) -> tuple[str, Any]:
+        """(output buffer name, the resident buffer of the fed argument) of `submit`'s `feed`."""
+        k, p = feed
+        names = self.program.result_names()
+        computed = {b.name: (b, stored) for b, _, stored in self.outputs}
+        if not 0 <= k < len(names) or names[k] not in computed:
+            raise GpuError(f"result {k} is not an output the program computes; it cannot be fed")
+        target = next((inp for inp in self.inputs if inp.position == p), None)
+        if target is None or target.buffer.name not in bound or target.upload_dtype is not None:
+            raise GpuError(f"argument {p} has no resident copy stored as is; it cannot be fed")
+        t = args[p]
+        if not gpu_resident.is_owned(t):
+            raise GpuError(f"argument {p} is not owned by the GPU (gpu_resident.keep_on_gpu); it cannot be fed")
+        b, stored = computed[names[k]]
+        if stored is not t.dtype or tuple(int(d.value) for d in b.shape if isinstance(d, Const)) != tuple(t.shape):
+            raise GpuError(f"result {k} and argument {p} differ in dtype or shape; it cannot be fed")
+        return names[k], bound[target.buffer.name]
+
+    def _warn_failure(self, err: Exception) -> None:
+        global _run_failure_warned
+        if not _run_failure_warned:
+            _run_failure_warned = True
+            warnings.warn(f"torchburn: {self.program.name} could not run on the GPU ({err}); calls that "
+                          "fail on the GPU run in PyTorch (warned once per process)", RuntimeWarning, stacklevel=3)
+
+    def _done_slow(self, args: tuple[Any, ...], why: str, feed: Optional[tuple[int, int]]) -> "PendingCall":
+        if feed is not None:
+            raise GpuError(f"{self.program.name}: a fed call cannot run on the GPU engine: {why}")
+        return PendingCall(self, args, done=self._slow(args, why))
+
+    def _finish(self, call: "PendingCall") -> tuple[Any, ...]:
+        """The results of a submitted call (`PendingCall.result`)."""
+        args, env, bound, back = call.args, call.env, call.bound, call.back
+        assert env is not None and bound is not None and call.pending is not None
+        try:
+            views = call.pending.views()
+        except GpuFault as err:  # an index out of range: PyTorch raises eager's error
+            if call.fed:  # the next call may already have read what this one fed: no rerun
+                raise GpuError(f"{self.program.name}: {err} in a call whose output fed the next one") from err
+            return self._slow(args, str(err))
+        except GpuError as err:
+            if call.fed:
+                raise
+            self._warn_failure(err)
+            return self._slow(args, str(err))
+        self.calls += 1  # ran on the GPU (a call whose index check failed ran in PyTorch)
         n_out = len(self.outputs)
         for inp, view in zip(back, views[n_out:]):
             t = args[inp.position]
@@ -387,12 +453,9 @@ class GpuLauncher:
                 gpu_resident.written(t, view)
             else:
                 _write_span(t, inp, env, view)
-        for inp in self.written:
-            if inp.buffer.name in bound and inp not in back:
-                gpu_resident.written(args[inp.position], None)  # the device keeps it (keep_on_gpu)
         tr = self.transfers
         tr.calls += 1
-        tr.last_up = up + self.gpu.last_uploaded
+        tr.last_up = call.up
         tr.last_down = sum(len(v) for v in views)
         tr.bytes_up += tr.last_up
         tr.bytes_down += tr.last_down
@@ -451,6 +514,27 @@ class GpuLauncher:
             args[pos].copy_(out[k])
             out = out[:k] + (args[pos],) + out[k + 1:]
         return out
+
+
+class PendingCall:
+    """A launcher call submitted to the GPU (`GpuLauncher.submit`), or one already done (run in
+    PyTorch); `result()` returns what the call returns, waiting for the GPU only the first time."""
+
+    def __init__(self, launcher: GpuLauncher, args: tuple[Any, ...], *, done: Optional[tuple[Any, ...]] = None,
+                 env: Optional[dict[str, int]] = None, bound: Optional[dict[str, Any]] = None,
+                 back: Optional[list[_Input]] = None, pending: Any = None, fed: bool = False, up: int = 0) -> None:
+        self.launcher = launcher
+        self.args = args
+        self.env, self.bound, self.back, self.pending, self.fed = env, bound, back, pending, fed
+        #: Bytes the submission uploaded.
+        self.up = up
+        self._result = done
+
+    def result(self) -> tuple[Any, ...]:
+        if self._result is None:
+            self._result = self.launcher._finish(self)
+            self.args = ()  # the arguments' tensors are free for the next step's (their buffers too)
+        return self._result
 
 
 def _write_span(t: torch.Tensor, inp: _Input, env: dict[str, int], data: memoryview) -> None:

@@ -285,6 +285,18 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
         return t
 
 
+def discard_device_values(t: torch.Tensor) -> torch.Tensor:
+    """Forget that the GPU holds newer values of `t` without reading them back: the host's
+    values count again, and the next call that reads `t` uploads them (for a tensor the host
+    overwrites whole next, as a decode loop's first token id). Returns `t`."""
+    with _lock:
+        e = _live(_key(t))
+        if e is not None and e.device_newer:
+            e.device_newer = False
+            e.version = -1  # uploaded again at the next bind
+        return t
+
+
 def to_host_all(args: Any) -> None:
     """`to_host` every stale tensor among `args` (cheap when the GPU owns nothing)."""
     if not _owned:

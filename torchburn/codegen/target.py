@@ -22,6 +22,7 @@ import functools
 import os
 
 from ..ir.target import GENERIC, Target, arch_of, vector_bits_for
+from .amx import request_tiles, without_tiles
 from .target_names import NAMED_TARGETS, check_target_name
 
 __all__ = ["Target", "TargetError", "GENERIC", "host_target", "named_target", "runs_here",
@@ -49,13 +50,16 @@ def _machine_fields() -> dict[str, int]:
 
 @functools.lru_cache(maxsize=1)
 def host_target() -> Target:
-    """The machine this process runs on, as LLVM describes it (computed once)."""
+    """The machine this process runs on, as LLVM describes it (computed once); AMX only where
+    the kernel grants this process the tile state (`amx.request_tiles`)."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     triple = llvm.get_process_triple()
     cpu = llvm.get_host_cpu_name()
     features = llvm.get_host_cpu_features().flatten()
+    if "+amx-tile" in features.split(",") and not request_tiles():
+        features = without_tiles(features)  # the kernel said no: compile as for a CPU without AMX
     return Target.from_features(triple, cpu, features, name="host", **_machine_fields())
 
 

@@ -60,30 +60,37 @@ class Engine(Protocol):
 
 #: Appended to a kernel's origin when it quantizes x to int8 (numerics differ from eager).
 INT8_ACTIVATIONS_TAG = " [int8 activations]"
+#: Appended to a kernel's origin when it multiplies by AMX tile products (`tile_dot_u8i8`:
+#: the `qlinear` tile form, `passes/quant/qlinear_tiles.py`).
+TILES_TAG = " [AMX tiles]"
 #: The custom ops whose kernels may quantize x (origins name them: `torchburn.linear_int4.default`).
 QUANTIZED_LINEAR_OPS = ("linear_int4", "linear_int8", "linear_blocks")
 
 
 def kernel_origins(program: "Program") -> tuple[tuple[str, str], ...]:
     """`(name, origin)` of each kernel; a quantized linear computing with int8 activations
-    says so (`INT8_ACTIVATIONS_TAG`), since its result then differs from eager's."""
+    says so (`INT8_ACTIVATIONS_TAG`), since its result then differs from eager's, and one
+    whose products are AMX tile products too (`TILES_TAG`)."""
     out = []
     for k in program.kernels:
         origin = dict(k.attrs).get("origin", "")
-        out.append((k.name, origin + (INT8_ACTIVATIONS_TAG if _uses_int8_activations(k, origin) else "")))
+        calls = _byte_products(k, origin)
+        tags = (INT8_ACTIVATIONS_TAG if calls else "") + (TILES_TAG if any(c.startswith("tile_") for c in calls) else "")
+        out.append((k.name, origin + tags))
     return tuple(out)
 
 
-def _uses_int8_activations(kernel: Any, origin: str) -> bool:
-    """Whether the kernel multiplies int8-quantized x (walked only for quantized linears)."""
+def _byte_products(kernel: Any, origin: str) -> frozenset[str]:
+    """The byte-product calls (`dot4_u8i8_acc` ..., `tile_dot_u8i8` ...) the kernel makes: it
+    multiplies int8-quantized x (walked only for quantized linears)."""
     from ..ir import expr as ex
     from ..ir import loop as lp
 
     if not any(op in origin for op in QUANTIZED_LINEAR_OPS):
-        return False
-    dots = (ex.DOT4_U8I8, ex.DOT4_I8I8)
-    return any(isinstance(e, ex.Call) and e.name in dots
-               for s in lp.walk_stmts(kernel.body) for root in lp.stmt_exprs(s) for e in ex.walk(root))
+        return frozenset()
+    names = ex.DOT4_CALLS | ex.TILE_DOT_CALLS
+    return frozenset(e.name for s in lp.walk_stmts(kernel.body) for root in lp.stmt_exprs(s) for e in ex.walk(root)
+                     if isinstance(e, ex.Call) and e.name in names)
 
 
 class LlvmEngine:

@@ -30,6 +30,10 @@ from .opnames import (  # noqa: F401  (re-exported: `ex.BINARY_OPS` is the usual
     INFIX_OPS,
     NAMED_BINARY_OPS,
     PREDICATES,
+    TILE_DOT_CALLS,
+    TILE_DOT_I8I8,
+    TILE_DOT_U8I8,
+    TILE_ROWS,
     UNARY_FUNCS,
 )
 
@@ -182,6 +186,21 @@ class Call(Expr):
     `dot4_i8i8_acc(acc, a, b)` is the same with `a: i8 x 4L` (signed bytes by signed bytes:
     an int8 weight by int8 activations); without VNNI it is `pabsb`, `psignb`, `pmaddubsw`,
     `pmaddwd` when one operand is known above -128 (`|a| * sign(b, a)`: no pair sum saturates).
+
+    `tile_dot_u8i8(acc, a, b)` is a 16 x 16 byte matrix product: `acc: i32 x 256` (row-major
+    16 x 16), `a: u8 x 16K` (16 rows of K bytes, row-major; K a multiple of 4, at most 64),
+    `b: i8 x 16K` (K / 4 rows of 64 bytes: the four bytes of k = 4q .. 4q + 3 of column j at
+    `64 q + 4 j`, AMX's "VNNI" layout) give `i32 x 256`:
+
+        result[16 i + j] = acc[16 i + j] + sum(a[K i + k] * b[64 (k // 4) + 4 j + k % 4] for k < K)
+
+    (exact products, wrapping i32 sums). With AMX-INT8 it is one `tdpbusd` on tiles loaded
+    from the operands' memory (`codegen/llvm/tiles.py`); elsewhere sixteen rows of K / 4
+    `dot4_u8i8_acc`. `tile_dot_i8i8` takes `a: i8 x 16K` (`tdpbssd`). The many-row `qlinear`
+    kernel's tile form (`passes/quant/qlinear_tiles.py`) multiplies a group of 16 weight rows
+    by 16 rows of quantized x with it:
+
+        let %c = tile_dot_u8i8(broadcast(0, 256), %wt[ramp(0, 1, 512)], %xv[g, ramp(0, 1, 512)])
     """
 
     name: str

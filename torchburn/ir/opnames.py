@@ -20,6 +20,14 @@ NAMED_BINARY_OPS: frozenset[str] = frozenset(
 DOT4_U8I8 = "dot4_u8i8_acc"
 DOT4_I8I8 = "dot4_i8i8_acc"
 DOT4_CALLS: frozenset[str] = frozenset({DOT4_U8I8, DOT4_I8I8})
+#: The byte tile products (see `expr.Call`): a 16 x 16 i32 accumulator, a 16 x K byte tile
+#: (unsigned or signed) and a K x 16 signed byte tile in four-byte groups (AMX's `tdpbusd`,
+#: `tdpbssd`).
+TILE_DOT_U8I8 = "tile_dot_u8i8"
+TILE_DOT_I8I8 = "tile_dot_i8i8"
+TILE_DOT_CALLS: frozenset[str] = frozenset({TILE_DOT_U8I8, TILE_DOT_I8I8})
+#: Rows and columns of a tile product's result (its accumulator has TILE_ROWS * TILE_ROWS lanes).
+TILE_ROWS = 16
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 BINARY_OPS: frozenset[str] = frozenset(INFIX_OPS) | NAMED_BINARY_OPS
 
@@ -37,7 +45,7 @@ PREDICATES: frozenset[str] = frozenset({"isnan", "isinf", "isfinite", "signbit"}
 #: `codegen/llvm/faults.py`). Index values read from tensors go through it.
 CHECKED_INDEX = "checked_index"
 #: Calls that are neither binary operators nor unary functions.
-OTHER_CALLS: frozenset[str] = frozenset({"fma", CHECKED_INDEX}) | DOT4_CALLS
+OTHER_CALLS: frozenset[str] = frozenset({"fma", CHECKED_INDEX}) | DOT4_CALLS | TILE_DOT_CALLS
 #: Every scalar operation an interpretation of the IR implements: the binary operators, the
 #: calls, and the nodes `cast`, `bitcast` and `select`.
 SCALAR_OPS: frozenset[str] = BINARY_OPS | UNARY_FUNCS | OTHER_CALLS | {"cast", "bitcast", "select"}

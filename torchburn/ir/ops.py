@@ -263,7 +263,7 @@ QLINEAR_KINDS = ("int8", "int4", "blocks")
 
 
 #: The values of `qlinear`'s `form` attribute.
-QLINEAR_FORMS = ("auto", "panel", "rows", "gemm")
+QLINEAR_FORMS = ("auto", "panel", "rows", "gemm", "tiles")
 
 
 @define("qlinear", "contraction", -1, """
@@ -286,8 +286,10 @@ elementwise ops after it, which `fuse` puts in the same kernel). Operands are
 Scales and mins are f32, f16 or bf16 and are widened to f32 before use. The optional
 `form` says which CPU kernel computes it: `"auto"` (the default: by M and the target),
 `"panel"` (int8 activations by a packed weight panel, `passes/quant/qgemm_i8.py`), `"rows"`
-(the weight streamed row by row, `qlinear.py` / `qlinear_i8.py`) or `"gemm"` (`dequantize`
-and the float GEMM, pass `qlinear-to-gemm`); the tuner writes it where it measured the forms.
+(the weight streamed row by row, `qlinear.py` / `qlinear_i8.py`), `"gemm"` (`dequantize`
+and the float GEMM, pass `qlinear-to-gemm`) or `"tiles"` (16 weight rows by 16 rows of x per
+AMX tile product, `passes/quant/qlinear_tiles.py`; int4 and grouped int8 on a CPU with
+AMX-INT8, else as "auto"); the tuner writes it where it measured the forms.
 
     %3 = qlinear(%x, %q, %s) {kind = "int4", group_size = 64, symmetric = true} : f32[16, 4096]
     # %x: f32[16, 4096], %q: u8[4096, 2048], %s: f16[4096, 64]

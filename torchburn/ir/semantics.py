@@ -54,7 +54,8 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DType
-from .opnames import CHECKED_INDEX, COMPARISONS, DOT4_CALLS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS
+from .opnames import (CHECKED_INDEX, COMPARISONS, DOT4_CALLS, DOT4_U8I8, OTHER_CALLS, PREDICATES, SCALAR_OPS,
+                      TILE_DOT_CALLS, TILE_DOT_U8I8, TILE_ROWS)
 
 
 class DivisionByZero(ZeroDivisionError):
@@ -505,7 +506,7 @@ def defined(op: str, dtype: DType) -> bool:
         return True
     if op == "bitcast":
         return True
-    if op in DOT4_CALLS:
+    if op in DOT4_CALLS or op in TILE_DOT_CALLS:
         return dtype == dt.i32
     if op == CHECKED_INDEX:
         return dtype == dt.i64
@@ -622,6 +623,23 @@ def bitcast_lanes_value(value: Any, src: DType, lanes_in: int, dst: DType, lanes
 
 # ---- the entry point ----------------------------------------------------------------------------
 
+def _tile_dot(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`tile_dot_u8i8` / `tile_dot_i8i8` over the last axis: acc `(..., 256)` i32, a and b
+    `(..., 16K)`: `acc[16 i + j] + sum(a[K i + k] * b[64 (k // 4) + 4 j + k % 4] for k < K)`,
+    the products exact, the sums wrapping in i32 (leading axes broadcast)."""
+    acc, a, b = np.asarray(acc), np.asarray(a), np.asarray(b)
+    rows = TILE_ROWS
+    k = a.shape[-1] // rows
+    if acc.shape[-1:] != (rows * rows,) or a.shape[-1:] != (rows * k,) or b.shape[-1:] != a.shape[-1:]:
+        raise ValueError(f"tile_dot needs (..., 256), (..., 16K), (..., 16K); got {acc.shape}, {a.shape}, {b.shape}")
+    am = a.astype(np.int64).reshape(a.shape[:-1] + (rows, k))
+    # b[q, j, t] -> b as k x j: k = 4 q + t
+    bm = b.astype(np.int64).reshape(b.shape[:-1] + (k // 4, rows, 4))
+    bm = np.swapaxes(bm, -2, -1).reshape(b.shape[:-1] + (k, rows))
+    prod = (am @ bm).reshape(np.broadcast_shapes(am.shape[:-2], bm.shape[:-2]) + (rows * rows,))
+    return (acc.astype(np.int64) + prod).astype(np.int32)
+
+
 def _dot4(acc: np.ndarray, a: np.ndarray, b: np.ndarray, name: str = DOT4_U8I8) -> np.ndarray:
     """`dot4_u8i8_acc` over the last axis: acc `(..., L)` i32, a `(..., 4L)` u8 (i8 for
     `dot4_i8i8_acc`), b `(..., 4L)` i8: `acc[i] + sum(a[4i + j] * b[4i + j] for j in 0..3)`,
@@ -704,6 +722,11 @@ def evaluate(op: str, dtype: DType, *args: Any) -> Any:
                 raise UndefinedOp(f"{op} accumulates in i32, not {dtype}")
             a_dtype = dt.u8 if op == DOT4_U8I8 else dt.i8
             r = _dot4(to_array(args[0], dt.i32), to_array(args[1], a_dtype), to_array(args[2], dt.i8), op)
+        elif op in TILE_DOT_CALLS:
+            if dtype != dt.i32:
+                raise UndefinedOp(f"{op} accumulates in i32, not {dtype}")
+            a_dtype = dt.u8 if op == TILE_DOT_U8I8 else dt.i8
+            r = _tile_dot(to_array(args[0], dt.i32), to_array(args[1], a_dtype), to_array(args[2], dt.i8))
         else:
             fn = TABLES[_kind(dtype)].get(op)
             if fn is None:

@@ -30,6 +30,11 @@ DOT4_FEATURES: dict[int, tuple[str, ...]] = {
     4: ("avx512vnni", "avx512vl"),
 }
 
+#: Features `tile_dot_u8i8` / `tile_dot_i8i8` need to be one AMX instruction (`tdpbusd`,
+#: `tdpbssd`); the host target drops them where the kernel refuses this process the tile
+#: state (`codegen/amx.py`).
+TILE_FEATURES: tuple[str, ...] = ("amx-tile", "amx-int8")
+
 #: Features of which any one makes `dot4_u8i8_acc` with a u8 operand below 128 two
 #: instructions (`pmaddubsw` + `pmaddwd`), by i32 lane count: the int4 weight's nibbles.
 SMALL_DOT4_FEATURES: dict[int, tuple[str, ...]] = {
@@ -111,6 +116,10 @@ class Target:
             return True
         needed = SMALL_DOT4_FEATURES.get(lanes)
         return needed is not None and self.arch == "x86_64" and any(self.has_feature(f) for f in needed)
+
+    def tile_dot(self) -> bool:
+        """Whether the byte tile products (`tile_dot_u8i8`) are AMX instructions here."""
+        return self.arch == "x86_64" and all(self.has_feature(f) for f in TILE_FEATURES)
 
     def describe(self) -> str:
         if not self.arch:

@@ -438,6 +438,8 @@ class _KernelVerifier:
                 raise bad("a call needs at least one argument")
             if e.name in ex.DOT4_CALLS:
                 return self.dot4_type(e, bad)
+            if e.name in ex.TILE_DOT_CALLS:
+                return self.tile_dot_type(e, bad)
             if e.name in ex.UNARY_FUNCS and len(e.args) != 1:
                 raise bad(f"{e.name} takes one argument, got {len(e.args)}")
             if any(a.type != e.args[0].type for a in e.args):
@@ -502,6 +504,22 @@ class _KernelVerifier:
         if acc.dtype != dt.i32 or a.dtype != a_dtype or b.dtype != dt.i8 or a.lanes != 4 * acc.lanes \
                 or b.lanes != a.lanes:
             raise bad(f"{e.name} needs i32 x L, {a_dtype} x 4L and i8 x 4L, not {acc}, {a} and {b}")
+        return acc
+
+    @staticmethod
+    def tile_dot_type(e: ex.Call, bad: Callable[[str], VerificationError]) -> ex.ScalarType:
+        """`tile_dot_u8i8(acc: i32 x 256, a: u8 x 16K, b: i8 x 16K)` (`tile_dot_i8i8`: `a: i8 x
+        16K`), K a multiple of 4 up to 64, gives `i32 x 256` (see `Call`)."""
+        if len(e.args) != 3:
+            raise bad(f"{e.name} takes 3 arguments, got {len(e.args)}")
+        acc, a, b = (arg.type for arg in e.args)
+        a_dtype = dt.u8 if e.name == ex.TILE_DOT_U8I8 else dt.i8
+        rows = ex.TILE_ROWS
+        k = a.lanes // rows
+        if acc.dtype != dt.i32 or acc.lanes != rows * rows or a.dtype != a_dtype or b.dtype != dt.i8 \
+                or a.lanes != rows * k or b.lanes != a.lanes or k % 4 or not 4 <= k <= 64:
+            raise bad(f"{e.name} needs i32 x {rows * rows}, {a_dtype} x {rows}K and i8 x {rows}K "
+                      f"(K a multiple of 4 up to 64), not {acc}, {a} and {b}")
         return acc
 
 

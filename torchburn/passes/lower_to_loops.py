@@ -84,6 +84,15 @@ from .loopgen.store_views import fused_through_views
 
 #: Values of `lower-to-loops{gemm_swap=...}`.
 SWAP_CHOICES = {"auto": None, "always": True, "never": False}
+#: Rows of x from which a static-M `qlinear` takes the AMX tile form where the target has
+#: AMX-INT8 (`lower-to-loops{qlinear_tile_rows=N}`; up to the panel form's 32 rows). The
+#: rows form costs about the same per row of x, the tile form about the same per 16 rows
+#: (fewer are zeros): on the default model's 576 -> 1536 int4 weight the rows form was 1.7x
+#: faster at 4 rows, the tile form 1.2x at 8 and 1.7x at 12 (`bench_qlinear_gemm.py --forms
+#: rows,tiles`), but the whole 8-row decode step (all its shapes, the 49152-row LM head
+#: among them) took 10% longer with it and the 16-row step 30% less
+#: (`bench_batched_step.py`, docs/serve.md): from 12 rows, so a server's 16-row bucket.
+QLINEAR_TILE_ROWS = 12
 
 
 def _is_root(op: Op, fused: bool) -> bool:
@@ -153,10 +162,16 @@ class LowerToLoops(Pass):
     attention_tiles: bool = True
     #: Whether the target runs the tile form (a GPU maps the row form onto its grid).
     simd_attention: ClassVar[bool] = True
+    #: Rows of x from which a static-M `qlinear` takes the AMX tile form
+    #: (`quant/qlinear_tiles.py`) on a target with AMX-INT8; 0: never (the rows and panel forms).
+    qlinear_tile_rows: int = QLINEAR_TILE_ROWS
 
     def __post_init__(self) -> None:
         if self.gemm_swap not in SWAP_CHOICES:
             raise PassError(f"pass {self.name}: gemm_swap={self.gemm_swap!r}; expected one of {', '.join(SWAP_CHOICES)}")
+        if isinstance(self.qlinear_tile_rows, bool) or not isinstance(self.qlinear_tile_rows, int) \
+                or self.qlinear_tile_rows < 0:
+            raise PassError(f"pass {self.name}: qlinear_tile_rows={self.qlinear_tile_rows!r}; expected an integer >= 0")
         for knob in ("attention_block_q", "attention_block_k", "attention_rows"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -277,7 +292,8 @@ class LowerToLoops(Pass):
         elif qop is not None:  # (the convolution and quantized-product builders load when a graph has one)
             from .quant.qlinear_forms import build_qlinear, plain_qlinear
 
-            body = build_qlinear(kb, op, qop, out, cpu) if self.simd_qlinear else plain_qlinear(kb, op, qop, out)
+            body = build_qlinear(kb, op, qop, out, cpu, tile_rows=self.qlinear_tile_rows) \
+                if self.simd_qlinear else plain_qlinear(kb, op, qop, out)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
         elif self._conv_kernel(op, buffers) and (conv := _conv_root(kb, op, out, cpu)) is not None:

@@ -16,7 +16,7 @@ from .base import Pass, PassError, get_pass, parse_pipeline
 INSERTION_POINTS = ("tensor-start", "after-fusion", "loop-start", "before-codegen")
 
 DEFAULT_TENSOR = ("canonicalize", "form-attention", "fold-batch-norm", "qlinear-to-gemm", "fuse")
-DEFAULT_LOOP = ("simplify", "fuse-sibling-loops", "tile", "parallelize", "vectorize", "split-accumulators", "expand-math", "unroll", "simplify")
+DEFAULT_LOOP = ("simplify", "fuse-sibling-loops", "tile", "split-reductions", "parallelize", "vectorize", "split-accumulators", "expand-math", "unroll", "simplify")
 DEFAULT_FINAL = ("plan-memory",)
 
 PassSpec = Union[Pass, str]

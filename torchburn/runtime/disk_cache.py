@@ -238,10 +238,14 @@ class DiskCache:
             self.stats.hits += 1
         return entry
 
-    def load_graph(self, key: str) -> Optional[dict[str, Any]]:
-        """The FX-graph manifest for `key`, or None (missing, or corrupt: deleted and logged)."""
+    def load_graph(self, key: str, count: bool = True) -> Optional[dict[str, Any]]:
+        """The FX-graph manifest for `key`, or None (missing, or corrupt: deleted and logged).
+        Other keyed-JSON records of a compiled graph (a pinned launcher's build) are kept in
+        the same form, not counted in the FX-graph cache's `stats` (``count=False``)."""
         secret = self.secret()
         manifest = None if secret is None else self._load(self.graph_path(key), lambda data: decode_graph(data, key, secret))
+        if not count:
+            return manifest
         if manifest is None:
             self.stats.graph_misses += 1
         else:

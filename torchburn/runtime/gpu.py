@@ -44,6 +44,7 @@ from blake3 import blake3
 
 from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
 from . import gpu_calls
+from .gpu_async import RawQueue
 from .gpu_encode import Batch, NativeEncoder
 from .config import get_config
 from ..ir import expr as ex
@@ -444,12 +445,49 @@ class _Ahead:
     offsets: list[tuple[int, int]]
     end: int
     native: bool
+    feeds: Sequence[tuple[Any, Any, int]] = ()
 
     def fits(self, dispatches: list[Any], copies: list[tuple[Any, int]], staging: Any,
-             stamps: Optional[tuple[Any, Any]]) -> bool:
+             stamps: Optional[tuple[Any, Any]], feeds: Sequence[tuple[Any, Any, int]] = ()) -> bool:
         return (self.dispatches is dispatches and self.staging is staging and self.stamps is stamps
                 and len(self.copies) == len(copies)
-                and all(a is b and m == n for (a, m), (b, n) in zip(self.copies, copies)))
+                and all(a is b and m == n for (a, m), (b, n) in zip(self.copies, copies))
+                and len(self.feeds) == len(feeds)
+                and all(a is c and b is d and m == n for (a, b, m), (c, d, n) in zip(self.feeds, feeds)))
+
+
+class PendingRun:
+    """A submitted run whose results the host has not read yet (`GpuProgram.run_copy` with
+    `defer=True`): `views()` waits for that submission alone (`runtime/gpu_async.py`), so runs
+    submitted after it may still be on the GPU, and returns what `run_copy` returns. It owns
+    one of the program's two staging buffers until then; a third run that needs that buffer
+    reads this one's results first (they are kept for `views()`)."""
+
+    def __init__(self, program: "GpuProgram", staging: Any, offsets: list[tuple[int, int]], end: int,
+                 index: Optional[int], stamps: Optional[tuple[Any, Any]], times: tuple[float, float, float]) -> None:
+        self.program = program
+        self.staging = staging
+        self.offsets = offsets
+        self.end = end
+        self.index = index
+        self.stamps = stamps
+        self.times = times
+        self._views: Optional[list[memoryview]] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def done(self) -> bool:
+        return self._views is not None or self._error is not None
+
+    def views(self) -> list[memoryview]:
+        if not self.done:
+            with self.program._lock:
+                if not self.done:
+                    self.program._collect(self)
+        if self._error is not None:
+            raise self._error
+        assert self._views is not None
+        return self._views
 
 
 def _grown(need: int, limit: int) -> int:
@@ -513,7 +551,11 @@ class GpuProgram:
         self._slots: dict[str, _Slot] = {}
         #: Per call: (the buffers bound, the bind group), kept while the buffers are the same.
         self._groups: list[Optional[tuple[tuple[Any, ...], Any]]] = [None] * len(self.calls)
-        self._staging: Any = None
+        #: Two staging buffers, used in turn, so that a run can be submitted while the last
+        #: one's results are not read yet (`PendingRun`); the run that holds each.
+        self._stagings: list[Any] = [None, None]
+        self._holders: list[Optional[PendingRun]] = [None, None]
+        self._turn = 0
         #: The fault flag of the kernels that check indices (one u32, zero until an index is out
         #: of range; read back with the results), or None when no kernel checks one.
         self.fault = (device.device.create_buffer(size=16, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST)
@@ -534,10 +576,13 @@ class GpuProgram:
         self._ahead: Optional[_Ahead] = None
         self._prev_dispatches: Optional[list[Any]] = None
         self.ahead_runs = 0
+        #: The most runs submitted and not yet read back at once (2: a run was submitted while
+        #: the one before it was still out, as a pipelined decode does).
+        self.most_in_flight = 0
         #: (bound buffers, all buffers, bind groups, own buffers sized by symbols) of the last run.
         self._kept: Optional[tuple[tuple[tuple[str, Any], ...], dict[str, Any], list[Any], tuple[str, ...]]] = None
         self._call_pipelines = [self.pipelines[k].pipeline for k, _ in self.calls]
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         #: Input uploads so far (resident inputs are not uploaded again).
         self.uploads = 0
         #: Bytes the last run uploaded through its own buffers (not `bound` ones).
@@ -651,13 +696,15 @@ class GpuProgram:
         self._last_dispatches = (plan, groups, found)
         return found
 
-    def _staging_for(self, nbytes: int) -> Any:
-        """The kept staging buffer, grown to hold `nbytes`."""
-        if self._staging is None or self._staging.size < nbytes:
+    def _staging_for(self, nbytes: int, turn: int) -> Any:
+        """Staging buffer `turn` (0 or 1), grown to hold `nbytes`."""
+        buf = self._stagings[turn]
+        if buf is None or buf.size < nbytes:
             usage = self.dev.wgpu.BufferUsage
-            self._staging = self.dev.device.create_buffer(size=_grown(nbytes, self.dev.max_buffer),
-                                                          usage=usage.MAP_READ | usage.COPY_DST)
-        return self._staging
+            buf = self.dev.device.create_buffer(size=_grown(nbytes, self.dev.max_buffer),
+                                                usage=usage.MAP_READ | usage.COPY_DST)
+            self._stagings[turn] = buf
+        return buf
 
     # ---- running ------------------------------------------------------------------------------------
     def _write_inputs(self, plan: _Plan, bufs: dict[str, Any], inputs: Sequence[InputSpec],
@@ -760,13 +807,17 @@ class GpuProgram:
         return used_native
 
     def _record(self, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], copies: list[tuple[Any, int]],
-                staging: Any, stamps: Optional[tuple[Any, Any]]) -> _Ahead:
-        """A run's command buffer: the compute pass, the timestamps' resolve, and the copies of
+                staging: Any, stamps: Optional[tuple[Any, Any]],
+                feeds: Sequence[tuple[Any, Any, int]] = ()) -> _Ahead:
+        """A run's command buffer: the compute pass, the timestamps' resolve, the `feeds`
+        (buffer-to-buffer copies on the device: source, destination, bytes) and the copies of
         `copies` into `staging` (each at a 16-byte aligned offset)."""
         encoder = self.dev.device.create_command_encoder()
         native = self._encode(encoder, dispatches, stamps=stamps)
         if stamps is not None:
             encoder.resolve_query_set(stamps[0], 0, 2, stamps[1], 0)
+        for src, dst, size in feeds:
+            encoder.copy_buffer_to_buffer(src, 0, dst, 0, _round4(size))
         offsets = []
         off = 0
         for buf, size in copies:
@@ -774,66 +825,109 @@ class GpuProgram:
             if size:
                 encoder.copy_buffer_to_buffer(buf, 0, staging, off, _round4(size))
             off += _round16(size)
-        return _Ahead(dispatches, copies, staging, stamps, encoder.finish(), offsets, off, native)
+        return _Ahead(dispatches, copies, staging, stamps, encoder.finish(), offsets, off, native, tuple(feeds))
 
     def run_copy(self, env: dict[str, int], inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]] = None,
-                 read_back: Sequence[str] = ()) -> list[memoryview]:
+                 read_back: Sequence[str] = (), feeds: Sequence[tuple[str, Any]] = (),
+                 defer: bool = False) -> Any:
         """Upload what changed, run every kernel in one submission, and return a copy of each
         output's bytes, then of each input named in `read_back` (its span). `inputs[i]` is
         (owner, stamp, data_fn): the upload is skipped while `owner` is the object last uploaded
-        to that slot and its stamp is equal. Inputs in `bound` use the caller's buffers."""
+        to that slot and its stamp is equal. Inputs in `bound` use the caller's buffers.
+
+        `feeds`: (output name, device buffer) pairs: after the kernels, the output's bytes are
+        also copied into that buffer on the device (the next run of a decode loop reads its
+        token there, and nothing waits for the host). `defer`: return a `PendingRun` right
+        after the submission instead of waiting; its `views()` gives the copies."""
         with self._lock:
-            t0 = time.perf_counter()
-            plan = self._plan(env)
-            bufs, groups = self._resources(plan, bound)
-            self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
-            self._write_symbols(env)
-            stamps = self._timestamps()
-            dispatches = self._dispatches(plan, groups)
-            copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
-            copies += [(bufs[name], plan.sizes[name]) for name in read_back]
-            if self.fault is not None:
-                copies.append((self.fault, 4))
-            if stamps is not None:
-                copies.append((stamps[1], 16))
-            staging = self._staging_for(max(16, sum(_round16(size) for _, size in copies)))
-            ahead, self._ahead = self._ahead, None
-            if ahead is not None and ahead.fits(dispatches, copies, staging, stamps):
-                run = ahead
-                self.ahead_runs += 1
-            else:  # none encoded ahead, or for other dispatches: dropped unsubmitted
-                run = self._record(dispatches, copies, staging, stamps)
-            offsets, off = run.offsets, run.end
-            te = time.perf_counter()
+            pending = self._submit(env, inputs, bound, read_back, feeds)
+        return pending if defer else pending.views()
+
+    def _submit(self, env: dict[str, int], inputs: Sequence[InputSpec], bound: Optional[dict[str, Any]],
+                read_back: Sequence[str], feeds: Sequence[tuple[str, Any]]) -> PendingRun:
+        t0 = time.perf_counter()
+        plan = self._plan(env)
+        bufs, groups = self._resources(plan, bound)
+        self.last_uploaded = self._write_inputs(plan, bufs, inputs, bound)
+        self._write_symbols(env)
+        stamps = self._timestamps()
+        dispatches = self._dispatches(plan, groups)
+        copies = [(bufs[b.name], size) for b, (_, size) in zip(self.program.outputs, plan.out_offsets)]
+        copies += [(bufs[name], plan.sizes[name]) for name in read_back]
+        if self.fault is not None:
+            copies.append((self.fault, 4))
+        if stamps is not None:
+            copies.append((stamps[1], 16))
+        fed = [(bufs[name], dst, plan.sizes[name]) for name, dst in feeds]
+        if any(dst.size < _round4(n) for _, dst, n in fed):
+            raise GpuError("a fed buffer is smaller than the output copied into it")
+        nbytes = max(16, sum(_round16(size) for _, size in copies))
+        turn = self._turn
+        self._turn ^= 1
+        holder = self._holders[turn]
+        if holder is not None and not holder.done:
+            self._collect(holder)  # its staging buffer is needed: read its results now
+        staging = self._staging_for(nbytes, turn)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.fits(dispatches, copies, staging, stamps, fed):
+            run = ahead
+            self.ahead_runs += 1
+        else:  # none encoded ahead, or for other dispatches: dropped unsubmitted
+            run = self._record(dispatches, copies, staging, stamps, fed)
+        te = time.perf_counter()
+        raw = None if gpu_calls.counting() else RawQueue.get()
+        index = None
+        if raw is not None:
+            index = raw.submit(self.dev.queue, [run.commands])
+        else:
             self.dev.queue.submit([run.commands])
-            t1 = time.perf_counter()
-            self.dispatches += len(dispatches)
-            self.native_encodes += run.native
-            if self.encode_ahead and dispatches is self._prev_dispatches:
-                self._ahead = self._record(dispatches, copies, staging, stamps)
-            self._prev_dispatches = dispatches
-            ta = time.perf_counter()
-            try:
-                if not any(size for _, size in offsets):
-                    return [memoryview(b"") for _ in offsets]
+        t1 = time.perf_counter()
+        self.dispatches += len(dispatches)
+        self.native_encodes += run.native
+        if self.encode_ahead and dispatches is self._prev_dispatches:
+            self._ahead = self._record(dispatches, copies, self._staging_for(nbytes, self._turn), stamps, fed)
+        self._prev_dispatches = dispatches
+        ta = time.perf_counter()
+        pending = PendingRun(self, staging, run.offsets, run.end, index, stamps, (te - t0, t1 - t0, ta - t1))
+        self._holders[turn] = pending
+        other = self._holders[turn ^ 1]
+        self.most_in_flight = max(self.most_in_flight, 1 + (other is not None and not other.done))
+        return pending
+
+    def _collect(self, pending: PendingRun) -> None:
+        """Wait for `pending`'s submission and keep its copies (or its error) in it."""
+        tw = time.perf_counter()
+        offsets, off, stamps = pending.offsets, pending.end, pending.stamps
+        try:
+            if not any(size for _, size in offsets):
+                pending._views = [memoryview(b"") for _ in offsets]
+                return
+            raw = RawQueue.get() if pending.index is not None else None
+            if raw is not None:
+                whole = raw.read_mapped(self.dev.device, pending.staging, _round16(off), pending.index)
+            else:
+                staging = pending.staging
                 staging.map_sync(self.dev.wgpu.MapMode.READ, 0, _round16(off))
                 try:  # one read of the whole range (a call each costs a few us), then slices
                     whole = staging.read_mapped(0, _round4(off), copy=True)
                 finally:
                     staging.unmap()
-                views = [whole[o:o + _round4(size)] if size else memoryview(bytearray()) for o, size in offsets]
-                if stamps is not None:
-                    start, end = struct.unpack("<QQ", bytes(views.pop()))
-                    self.times.gpu_s += max(0, end - start) * self.dev.timestamp_period() * 1e-9
-                    self.times.gpu_runs += 1
-                if self.fault is not None:
-                    if bytes(views.pop()) != b"\0\0\0\0":
-                        self.faults += 1
-                        self.dev.queue.write_buffer(self.fault, 0, bytes(16))
-                        raise GpuFault(f"{self.program.name}: an index out of range")
-                return views
-            finally:
-                self.times.add(te - t0, t1 - t0, time.perf_counter() - ta, ta - t1)
+            views = [whole[o:o + _round4(size)] if size else memoryview(bytearray()) for o, size in offsets]
+            if stamps is not None:
+                start, end = struct.unpack("<QQ", bytes(views.pop()))
+                self.times.gpu_s += max(0, end - start) * self.dev.timestamp_period() * 1e-9
+                self.times.gpu_runs += 1
+            if self.fault is not None:
+                if bytes(views.pop()) != b"\0\0\0\0":
+                    self.faults += 1
+                    self.dev.queue.write_buffer(self.fault, 0, bytes(16))
+                    raise GpuFault(f"{self.program.name}: an index out of range")
+            pending._views = views
+        except BaseException as err:  # kept for `views()`, which raises it
+            pending._error = err
+        finally:
+            encode_s, submit_s, ahead_s = pending.times
+            self.times.add(encode_s, submit_s, time.perf_counter() - tw, ahead_s)
 
     def read_buffer(self, buffer: Any, nbytes: int) -> memoryview:
         """A copy of the first `nbytes` of a device buffer (for resident inputs)."""

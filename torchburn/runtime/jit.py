@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 import llvmlite.binding as llvm
 
 from . import faults, threads
-from .shared_lib import ENTRY_FUNCTYPE, ObjectCode, elf_symbols, find_libgomp, load_shared, undefined_symbols  # noqa: F401  (re-exported)
+from .shared_lib import (ENTRY_FUNCTYPE, ObjectCode, check_tile_state, elf_symbols, find_libgomp,  # noqa: F401  (re-exported)
+                         load_shared, undefined_symbols)
 
 if TYPE_CHECKING:  # the target is data; loading cached code never imports the IR
     from ..codegen.target import Target
@@ -556,6 +557,7 @@ def load_object(obj: Union[ObjectCode, bytes]) -> NativeModule:
     _init_llvm()
     _openmp(required=obj.uses_openmp)
     _check_object_symbols(obj)
+    check_tile_state(obj)
     target = Target.from_features(obj.triple, obj.cpu, obj.features)
     with _lock:
         holder = llvm.parse_assembly("")

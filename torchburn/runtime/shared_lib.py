@@ -183,6 +183,20 @@ def _private_folder() -> str:
     return folder
 
 
+def check_tile_state(obj: ObjectCode) -> None:
+    """Code compiled for AMX (a cached object, say) runs only in a process that holds the tile
+    state (`codegen/amx.py`): where the kernel refused it, the first tile instruction would kill
+    the process, so loading says so instead."""
+    if "+amx-tile" not in obj.features.split(","):
+        return
+    from ..codegen.amx import request_tiles
+
+    if not request_tiles():
+        raise RuntimeError("this code was compiled for AMX, but the kernel refused this process the AMX "
+                           "tile state (arch_prctl ARCH_REQ_XCOMP_PERM); recompile for this process's "
+                           "host target (which then has no AMX)")
+
+
 def load_shared(obj: ObjectCode) -> SharedModule:
     """Load `obj.shared` with the dynamic loader; raises OSError when it cannot be loaded.
 
@@ -192,6 +206,7 @@ def load_shared(obj: ObjectCode) -> SharedModule:
     stand for two different libraries (a reused `/proc/self/fd/N` would)."""
     if not obj.shared:
         raise OSError("no shared library in this object code")
+    check_tile_state(obj)
     _prepare(obj.uses_openmp)
     path = os.path.join(_private_folder(), hashlib.sha256(obj.shared).hexdigest() + ".so")
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")

@@ -33,6 +33,7 @@ from .function import FunctionState, Scope
 from .mathfuncs import emit_call
 from .opcontext import OpContext
 from .reduce import emit_reduce
+from .tiles import emit_tile_dot
 from .types import I32, I64, const, lanes_of, reg_type
 
 
@@ -179,6 +180,16 @@ class ExprEmitter:
         acc, a, b = (self.emit(arg) for arg in e.args)
         return emit_dot4_i8i8(self.b, self.fs.ctx, acc, a, b)
 
+    def _tile_dot(self, e: ex.Call) -> ir.Value:
+        """A 16 x 16 byte tile product, see `tiles.py` (a zero accumulator is a `tilezero`)."""
+        if len(e.args) != 3:
+            raise CodegenError(f"{e.name} takes 3 arguments, got {len(e.args)}")
+        first = e.args[0]
+        zero = (isinstance(first, ex.Broadcast) and isinstance(first.value, ex.Const) and first.value.value == 0) \
+            or (isinstance(first, ex.Const) and first.value == 0)
+        acc, a, w = (self.emit(arg) for arg in e.args)
+        return emit_tile_dot(self.b, self.fs.ctx, e.name, acc, a, w, zero)
+
     def _cast(self, e: ex.Cast) -> ir.Value:
         return emit_cast(self.b, self.emit(e.value), e.value.type, e.type)
 
@@ -240,6 +251,8 @@ def _same(kept: object, operand: object) -> bool:
 _CALL_NODES: dict[str, Callable[[ExprEmitter, ex.Call], ir.Value]] = {
     ex.DOT4_U8I8: ExprEmitter._dot4,
     ex.DOT4_I8I8: ExprEmitter._dot4_i8i8,
+    ex.TILE_DOT_U8I8: ExprEmitter._tile_dot,
+    ex.TILE_DOT_I8I8: ExprEmitter._tile_dot,
 }
 #: Nodes whose handlers emit each operand as a value (so emitting operands first is exact).
 _ARITHMETIC = (ex.Binary, ex.Call, ex.Cast, ex.Bitcast, ex.Select, ex.Broadcast, ex.VectorReduce)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...ir import dtypes as dt
 from ...ir import semantics as sem
 from ...ir.dtypes import DType
-from ...ir.opnames import BINARY_OPS, CHECKED_INDEX, DOT4_CALLS, UNARY_FUNCS
+from ...ir.opnames import BINARY_OPS, CHECKED_INDEX, DOT4_CALLS, TILE_DOT_CALLS, UNARY_FUNCS
 from . import binary, casts, mathfuncs
 from .expr import _CALL_NODES
 
@@ -26,7 +26,7 @@ def handles(op: str, dtype: DType) -> bool:
         return op in mathfuncs.UNARY_TABLES[kind] and op in mathfuncs.CALLS
     if op == "fma":
         return kind in mathfuncs.FMA and op in mathfuncs.CALLS
-    if op in DOT4_CALLS:
+    if op in DOT4_CALLS or op in TILE_DOT_CALLS:
         return dtype == dt.i32 and op in _CALL_NODES
     if op == CHECKED_INDEX:
         return dtype == dt.i64 and op in mathfuncs.CALLS

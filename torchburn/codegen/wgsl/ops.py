@@ -110,6 +110,8 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("pow", "i"): "integer pow has no WGSL form (WGSL's pow is float-only)",
     ("dot4_u8i8_acc", "i"): "dot4_u8i8_acc has no WGSL form (CPU quantized kernels only)",
     ("dot4_i8i8_acc", "i"): "dot4_i8i8_acc has no WGSL form (CPU quantized kernels only)",
+    ("tile_dot_u8i8", "i"): "tile_dot_u8i8 has no WGSL form (CPU quantized kernels only)",
+    ("tile_dot_i8i8", "i"): "tile_dot_i8i8 has no WGSL form (CPU quantized kernels only)",
 }
 #: Dtypes no WGSL operation takes, and why. (i64 is not among them: i64 values exist only in
 #: index arithmetic, computed in i32; the launcher range-checks the sizes, see `types.py`.)

@@ -59,6 +59,10 @@ class KVCache:
         self.context = context
         self.tensor = lazy_zeros((2 * c.num_hidden_layers, batch, c.num_key_value_heads,
                                   context, c.head_dim), dtype, device)
+        #: Per-step input tensors a decode loop keeps with the cache, written in place each
+        #: step and each request (the GPU's greedy loop, `LLM._decode_greedy`: the same
+        #: tensors keep the same device buffers and bind groups across steps and requests).
+        self.step_inputs: dict[str, torch.Tensor] = {}
 
     def past(self, filled: int, tokens: int = 0) -> torch.Tensor:
         """The first ``max(filled + tokens, MIN_VIEW)`` slots (a view) for a step of ``tokens``

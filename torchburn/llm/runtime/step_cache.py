@@ -337,13 +337,15 @@ def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[
     rest = [(j, pick[j]) for j in range(len(pick)) if j not in set(fixed)]
     launcher.pin(set(fixed))
 
-    def step(*args: Any) -> tuple[Any, ...]:
+    def arguments(args: Sequence[Any]) -> list[Any]:
         full = list(template)
         for j, g in rest:
             full[j] = g(args)
         for i in bumped:
             increment(full[i])
-        out = call(*full)
+        return full
+
+    def finish(args: Sequence[Any], out: tuple[Any, ...]) -> Any:
         for target, k in writes:
             t = target(args)
             if out[k] is not t:
@@ -352,6 +354,22 @@ def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[
             return out[outputs[0]]
         return tuple(out[k] for k in outputs)
 
+    def step(*args: Any) -> tuple[Any, ...]:
+        return finish(args, call(*arguments(args)))
+
+    def submit(*args: Any, feed: int) -> Callable[[], Any]:
+        """Submit the step without waiting (`GpuLauncher.submit`), its one result also copied
+        on the device into step argument `feed` (a tensor the GPU owns); returns the function
+        that waits for the step's result."""
+        if len(outputs) != 1:
+            raise StaleStep("a step fed on the device has one result")
+        found = [j for j, i in enumerate(plan.launch_args) if plan.inputs[i] == ("arg", feed)]
+        if len(found) != 1:
+            raise StaleStep(f"step argument {feed} is not one launcher argument")
+        pending = launcher.submit(*arguments(args), feed=(outputs[0], found[0]))
+        return lambda: finish(args, pending.result())
+
+    step.submit = submit  # type: ignore[attr-defined]
     return step
 
 

@@ -85,8 +85,12 @@ class _LazyCompile:
 class StepCache:
     """The compiled steps of one `LLM`, by argument signature."""
 
-    def __init__(self, llm: "LLM") -> None:
+    def __init__(self, llm: "LLM", step: Optional[Callable[..., Any]] = None, kind: str = "") -> None:
         self.llm = llm
+        #: The compiled step Dynamo runs on a miss (the LLM's own by default), and what it
+        #: computes when not the logits (its entries and disk keys are its own).
+        self._step = step
+        self.kind = kind
         #: signature -> bound step; None: known not to be cacheable (use Dynamo).
         self.entries: dict[str, Optional[Callable[..., tuple[Any, ...]]]] = {}
         self.stats = sc.StepCacheStats()
@@ -107,7 +111,34 @@ class StepCache:
         return cache.step(dispatch, ids, positions, slots, starts, logit_index, dynamic=False)
 
     def _key(self, cache: KVCache, sig: str) -> Optional[str]:
-        return sc.step_key(self.model_part(), cache.context, sig)
+        return sc.step_key(self.model_part(), cache.context, sig + (f"|{self.kind}" if self.kind else ""))
+
+    def step_fn(self) -> Callable[..., Any]:
+        return self._step if self._step is not None else self.llm._step
+
+    def submit(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               starts: torch.Tensor, feed: int = 0) -> Callable[[], Any]:
+        """A step whose one result is also written into step argument `feed` (the greedy
+        step's token into ``ids``), submitted without waiting where the step is a bound GPU
+        step (`step_cache.bind_gpu`: the result is copied into the argument on the device, and
+        the host may submit the next step before it reads this one's); otherwise run now
+        (through Dynamo the first time) and written into the argument on the host. Returns the
+        function that gives the result."""
+        from ...backend import gpu_resident
+
+        first = int(slots[0])
+        if first + slots.shape[0] > cache.context:
+            raise ValueError(f"slots up to {first + slots.shape[0]} do not fit {cache.context} slots")
+        args = (ids, positions, slots, starts, cache.past(first, int(slots.shape[0])), None)
+        if not torch.is_grad_enabled():
+            fed = getattr(self.entries.get(sc.signature(args)), "submit", None)
+            if fed is not None:
+                return fed(*args, feed=feed)
+        out = self._dispatch(cache, args)
+        target = args[feed]
+        gpu_resident.to_host(target)  # the device's values, if a fed step left it newer
+        target.copy_(out)
+        return lambda: out
 
     def _dispatch(self, cache: KVCache, args: Sequence[Any]) -> Any:
         sig = sc.signature(args)
@@ -134,7 +165,7 @@ class StepCache:
         past = args[4]
         torch._dynamo.mark_dynamic(past, 3, min=MIN_VIEW, max=max(cache.context, MIN_VIEW + 1))
         if grad or sig in self.entries:
-            return self.llm._step(*args)
+            return self.step_fn()(*args)
         with compiling(args[0], self.llm.config.num_hidden_layers):
             return self._record(cache, sig, args)
 
@@ -145,7 +176,7 @@ class StepCache:
 
         seen: list[tuple[Any, ...]] = []
         with observing(lambda *graph: seen.append(graph)):
-            out = self.llm._step(*args)
+            out = self.step_fn()(*args)
         self.entries[sig] = None
         if len(seen) != 1:  # no compilation (Dynamo had it already) or graph breaks
             return out

@@ -137,6 +137,8 @@ class CpuInfo:
     fma: bool = True
     #: None: by the vector width, see above.
     broadcast_operand: Optional[bool] = None
+    #: Whether byte tile products (`tile_dot_u8i8`) are AMX instructions (`Target.tile_dot`).
+    tile_dot: bool = False
 
     @staticmethod
     def of(target: Target) -> "CpuInfo":
@@ -144,7 +146,8 @@ class CpuInfo:
         return CpuInfo(target.vector_bits, target.l1_bytes, target.l2_bytes, target.threads,
                        frozenset(n for n in DOT4_FEATURES if target.native_dot4(n)),
                        frozenset(n for n in DOT4_FEATURES if target.small_dot4(n)),
-                       target.vector_registers(), target.has_fma(), target.fma_broadcast_operand())
+                       target.vector_registers(), target.has_fma(), target.fma_broadcast_operand(),
+                       target.tile_dot())
 
     def lanes(self, dtype: dt.DType) -> int:
         return max(1, self.vector_bits // max(dtype.bits, 8))

@@ -121,7 +121,7 @@ class QLinear:
     activations: str = "auto"
     #: Kind "blocks": the name of the weight's entry in `ir/qblocks.py` (see `qlinear_blocks`).
     block_type: str = ""
-    #: The optional attribute `form` ("auto", "panel", "rows", "gemm"; see the op's docs).
+    #: The optional attribute `form` ("auto", "panel", "rows", "gemm", "tiles"; see the op's docs).
     form: str = "auto"
 
     @staticmethod

@@ -15,6 +15,9 @@ threads, native byte dot products):
     qlinear(%x: f32[512, 4096], ...) {kind = "int4", group = 32}
       -> M >= 16 is static: the panel kernel of `qgemm_i8.py` (int8 activations, weight rows
          packed per work item, output columns in the lanes), where the CPU has byte dot products
+    qlinear(%x: f32[16, 576], ...) {kind = "int4", group = 32}   on a CPU with AMX-INT8
+      -> M >= `lower-to-loops{qlinear_tile_rows}` is static: the tile form of `qlinear_tiles.py`
+         (16 weight rows by 16 rows of x per `tile_dot_u8i8`)
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from .qgemm_i8 import build_qgemm_i8, plan_qgemm_i8
 from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
 from .qlinear_blocks_i8 import build_blocks_i8, plain_columns, plan_blocks_i8
 from .qlinear_i8 import build_qlinear_i8, plan_qlinear_i8
+from .qlinear_tiles import build_qlinear_tiles, plan_qlinear_tiles
 
 if TYPE_CHECKING:
     from ..loopgen.kernel_builder import KernelBuilder
@@ -44,12 +48,13 @@ def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.
 
 
 def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
-                  cpu: CpuInfo, activations: Optional[str] = None) -> lp.Stmt:
+                  cpu: CpuInfo, activations: Optional[str] = None, tile_rows: int = 0) -> lp.Stmt:
     """The CPU kernel computing `root` (a `qlinear`, or the last op of its epilogue) into
     `out`: the SIMD nest when x and the weight can be streamed and K is static, else the
     plain nest. With M known only at run time, the GEMV and the multi-row form are both
     built and chosen by M. `activations` ("auto", "int8", "f32"; by default the op's attribute)
-    says when x is quantized to int8 (`qlinear_i8`)."""
+    says when x is quantized to int8 (`qlinear_i8`). From `tile_rows` rows of x (0: never) a
+    target with AMX-INT8 takes the tile form (`qlinear_tiles`)."""
     ql = QLinear.of(qop)
     if qop.loc and qop.loc not in kb.origins:  # the kernel names the user's line of the linear
         kb.origins.append(qop.loc)
@@ -60,6 +65,9 @@ def build_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer,
     x_load, q_load, row, k, n = probes
 
     def form(m: Optional[int]) -> lp.Stmt:
+        tile_plan = plan_qlinear_tiles(ql, m, cpu, choice, tile_rows)
+        if tile_plan is not None:
+            return build_qlinear_tiles(kb, root, qop, out, tile_plan, (x_load, q_load, row, k, n))
         gemm_plan = plan_qgemm_i8(ql, m, cpu, choice)
         if gemm_plan is not None:
             return build_qgemm_i8(kb, root, qop, out, gemm_plan, (x_load, q_load, row, k, n))

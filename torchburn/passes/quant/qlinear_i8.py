@@ -319,6 +319,20 @@ class Q8Builder(QLinearBuilder):
         # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
         self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
 
+    def quantize_block(self, base: Expr, here: Expr, groups: int, xq: lp.Buffer, xd: lp.Buffer,
+                       xs: lp.Buffer, sums: bool) -> None:
+        """Rows `base .. base + here` of x into rows `0 .. here` of `xq`, `xd` and (with `sums`)
+        `xs`, every group in x's own order (the many-row forms quantize x a block of rows at a
+        time)."""
+        kb = self.kb
+        r, gv = self.var("r"), self.var("g")
+        kb.push()
+        kb.push()
+        self.quantize_group(r, gv, math.gcd(self.plan.agroup, 16), False, xq, xd, xs,
+                            src_row=ex.add(base, r), sums=sums)
+        self.loop(gv, Const(groups), kb.pop())
+        self.loop(r, here, kb.pop())
+
     def quantize_group(self, r: Expr, g: Expr, lanes: int, permuted: bool, xq: lp.Buffer, xd: lp.Buffer,
                        xs: lp.Buffer, src_row: Optional[Expr] = None, sums: Optional[bool] = None,
                        run: tuple[int, int] = (0, 0)) -> None:

@@ -63,8 +63,8 @@ def _static(values: tuple) -> Optional[list[int]]:
 class QLinearToGemm(TensorPass):
     """Rewrite each `qlinear` of at least `min_rows` rows (static sizes) whose f32 weight fits
     in `max_weight_bytes` as `matmul(x, permute(dequantize(...)))` (module docstring); a
-    `qlinear` whose `form` is "gemm" whatever its rows, one whose form is "panel" or "rows"
-    never."""
+    `qlinear` whose `form` is "gemm" whatever its rows, one whose form is "panel", "rows" or
+    "tiles" never."""
 
     name: ClassVar[str] = "qlinear-to-gemm"
     #: Rows of x (all leading dims together) from which the GEMM form is taken.
@@ -97,7 +97,7 @@ class QLinearToGemm(TensorPass):
             m *= d
         k, n = kn
         ql = QLinear.of(op)
-        if ql.form in ("panel", "rows") or 4 * n * k > self.max_weight_bytes:
+        if ql.form in ("panel", "rows", "tiles") or 4 * n * k > self.max_weight_bytes:
             return False
         if ql.form != "gemm":  # "auto": by the rows and the target
             if m < self.min_rows:

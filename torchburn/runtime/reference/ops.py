@@ -21,7 +21,7 @@ IndexOutOfRange = semantics.IndexOutOfRange
 
 #: Ops of `Binary` nodes, of `Call` nodes, and the conversions and selection.
 BINARY: frozenset[str] = frozenset(ex.BINARY_OPS)
-CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma", ex.CHECKED_INDEX} | ex.DOT4_CALLS
+CALLS: frozenset[str] = frozenset(ex.UNARY_FUNCS) | {"fma", ex.CHECKED_INDEX} | ex.DOT4_CALLS | ex.TILE_DOT_CALLS
 OTHER: frozenset[str] = frozenset({"cast", "bitcast", "select"})
 
 
