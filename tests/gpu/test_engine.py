@@ -301,3 +301,15 @@ def test_parameters_stay_resident(gpu) -> None:  # type: ignore[no-untyped-def]
         y = compiled(x)
         assert tr.last_up == 16 * 32 * 4  # the weight; x is the first call's tensor, still resident
         torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_output_that_reshapes_a_product_is_its_buffer_viewed(gpu) -> None:  # type: ignore[no-untyped-def]
+    """`Program.result_views` on the GPU engine: the product's buffer comes back viewed in
+    the output's shape (no copy kernel), at static and symbolic sizes."""
+    a, b = torch.randn(16, 40), torch.randn(40, 36)
+    reports = check_gpu(lambda x, y: (x @ y).reshape(16, 4, 3, 3), a, b, rtol=1e-4, atol=1e-4)
+    assert sum(len(s.kernels) for r in reports for s in r.subgraphs if s.compiled) == 1
+    w = torch.randn(7, 6)
+    for n in (4, 9):
+        check_gpu(lambda x: (x @ w).reshape(x.shape[0], 5, 3, 2), torch.randn(n, 5, 7), rtol=1e-4, atol=1e-4,
+                  dynamic=True)

@@ -350,3 +350,33 @@ def test_program_return_line_round_trips_and_is_verified() -> None:
     assert plain.results == () and plain.result_names() == ("out0",)
     with pytest.raises(VerificationError, match="returns %k0"):
         verify(parse_program(text.replace("return %x,", "return %k0,")))
+
+
+def test_program_returns_a_result_viewed_in_another_shape() -> None:
+    """`return %out0 as [...]` (`Program.result_views`) round-trips; the verifier checks the
+    view holds as many elements as the buffer, at constant and symbolic sizes."""
+    from torchburn.ir.verifier import VerificationError, verify
+
+    text = ("program @f(%y: f32[s0, 6] strides [6, 1]) -> (%out0: f32[s0, 6] strides [6, 1]) symbols(s0) {\n"
+            "  call @k0(%y, %out0)\n"
+            "  return %out0 as [s0, 2, 3], %y\n"
+            "}\n"
+            "kernel @k0(%y: f32[s0, 6] strides [6, 1], %out0: f32[s0, 6] strides [6, 1]) symbols(s0) {\n"
+            "  for i0 in 0..s0 {\n"
+            "    for i1 in 0..6 {\n"
+            "      %out0[i0, i1] = %y[i0, i1]\n"
+            "    }\n"
+            "  }\n"
+            "}\n")
+    p = parse_program(text)
+    assert p.results == ("out0", "y") and p.result_view(0) == (v("s0"), ex.Const(2), ex.Const(3))
+    assert p.result_view(1) is None
+    assert print_program(p) == text
+    verify(p)
+    with pytest.raises(VerificationError, match="holds"):
+        verify(parse_program(text.replace("as [s0, 2, 3]", "as [s0, 2, 2]")))
+    with pytest.raises(VerificationError, match="holds"):
+        verify(parse_program(text.replace("as [s0, 2, 3]", "as [6, 3]")))
+    with pytest.raises(VerificationError, match="not contiguous"):
+        verify(parse_program(text.replace("return %out0 as [s0, 2, 3], %y", "return %y as [s0, 6], %y")
+                             .replace("%y: f32[s0, 6] strides [6, 1]) ->", "%y: f32[s0, 6] strides [12, 1]) ->")))

@@ -231,3 +231,34 @@ def test_an_epilogue_indexes_a_view_of_another_products_buffer_as_it_is(lowering
     x, w, h, u, b = (args[n] for n in ("x", "w", "h", "u", "b"))
     expected = (x @ w + b).reshape(4, 3, 20)[1] + h @ u
     np.testing.assert_allclose(memory[program.outputs[0].name].reshape(3, 20), expected, rtol=1e-5, atol=1e-5)
+
+
+VIEWED_OUTPUT = """graph @g(%a: f32[8, 5], %b: f32[5, 12], %c: f32[6, 4]) {
+  %0 = matmul(%a, %b) : f32[8, 12]
+  %1 = reshape(%0) {shape = [8, 2, 6]} : f32[8, 2, 6]
+  %2 = exp(%c) : f32[6, 4]
+  %3 = reshape(%2) {shape = [24]} : f32[24]
+  %4 = add(%c, %c) : f32[6, 4]
+  %5 = reshape(%4) {shape = [2, 12]} : f32[2, 12]
+  %6 = mul(%4, %c) : f32[6, 4]
+  return %1, %3, %5, %6
+}"""
+
+
+@pytest.mark.parametrize("lowering", [LowerToLoops, LowerToLoopsGpu])
+def test_an_output_that_reshapes_another_kernels_result_is_its_buffer_viewed(lowering) -> None:  # type: ignore[no-untyped-def]
+    """The GEMM stores into the output buffer in its own shape and the program returns it
+    viewed `[8, 2, 6]`: no kernel copies it. A reshape whose operand is computed in its own
+    kernel (`exp`, `add` inlined) keeps its kernel."""
+    target = host_target()
+    graph = PassManager(Pipeline.default().tensor, [], target=target).run(parse_graph(VIEWED_OUTPUT))
+    program = PassManager([lowering()], [], target=target).run(graph)
+    verify(program)
+    text = print_ir(program)
+    assert program.result_view(0) == (ex.Const(8), ex.Const(2), ex.Const(6)), text
+    assert program.buffer(program.results[0]).shape == (ex.Const(8), ex.Const(12))
+    assert [c.args[-1] for c in program.calls] == ["out0", "out1", "out2", "out3"], text  # one kernel an output
+    assert [program.result_view(k) for k in (1, 2, 3)] == [None, None, None]
+    assert parse_program(text.split("\nkernel ")[0] + "\n") == lp.Program(
+        program.name, program.inputs, program.outputs, program.temps, program.symbols, program.calls, (),
+        program.temp_offsets, program.workspace_bytes, program.results, program.result_views)

@@ -468,7 +468,7 @@ class GpuLauncher:
             t = torch.frombuffer(view, dtype=stored, count=n) if n else torch.empty(0, dtype=stored)
             t = t.reshape(shape)
             outs.append(t if stored is final else t.to(final))
-        return self._results(args, outs)
+        return self._results(args, outs, env)
 
     @property
     def result_kinds(self) -> tuple[str, ...]:
@@ -487,13 +487,16 @@ class GpuLauncher:
                 kinds.append(f"copy {inputs[name]}")
         return tuple(kinds)
 
-    def _results(self, args: tuple[Any, ...], outs: list[torch.Tensor]) -> tuple[Any, ...]:
+    def _results(self, args: tuple[Any, ...], outs: list[torch.Tensor], env: dict[str, int]) -> tuple[Any, ...]:
         # as the program says, not `self.graph.outputs` (see `Program.results`)
         inputs = {inp.buffer.name: inp.position for inp in self.inputs}
         computed = {b.name: out for (b, _, _), out in zip(self.outputs, outs)}
         results: list[Any] = []
         for k, name in enumerate(self.program.result_names()):
-            if name in computed:
+            view = self.program.result_view(k)
+            if name in computed and view is not None:  # its buffer in the output's shape
+                results.append(computed[name].view(tuple(ex.evaluate_index(d, env) for d in view)))
+            elif name in computed:
                 results.append(computed[name])
             elif k in self.inplace_results:
                 results.append(args[inputs[name]])  # written in place: the input itself

@@ -196,7 +196,9 @@ class Program:
     """A compiled graph: inputs and outputs (caller's memory), temporaries (workspace), and the
     kernels called in order. Symbols are bound from the inputs' sizes and strides, or passed as
     scalar inputs (`symbol_inputs`), in the order of `symbols`. A final `return` line says
-    what the graph returns when it is not just `outputs` in order (see `results`):
+    what the graph returns when it is not just `outputs` in order (see `results`), and which
+    results are an output buffer viewed in another shape, `return %out0 as [64, 32, 3, 3]`
+    (see `result_views`):
 
         program @f(%x: f16[] strides []) -> () {
           return %x
@@ -220,6 +222,25 @@ class Program:
     #: computed output into an input (`cast(cast(x))` -> `x`) or merged two, and a graph that
     #: hits the compile cache never went through them.
     results: tuple[str, ...] = field(default=())
+    #: Results returned as a reshaped view of their buffer, by position in `results`: a
+    #: graph output that is a reshape of a value computed by a kernel is that kernel's output
+    #: buffer (contiguous, in the value's shape), returned viewed in the output's shape, with no
+    #: kernel copying it (printed `return %out0 as [64, 32, 3, 3]`; `lower-to-loops`):
+    #:
+    #:     %0 = matmul(%a, %b) {kernel = 0} : f32[64, 288]
+    #:     %1 = reshape(%0) {shape = [64, 32, 3, 3], kernel = 1} : f32[64, 32, 3, 3]
+    #:     return %1
+    #:
+    #: lowers to `call @k0(%b, %a, %out0)` into `%out0: f32[64, 288]` and
+    #: `return %out0 as [64, 32, 3, 3]`, where it was a GEMM into a temporary and a copy kernel.
+    result_views: tuple[tuple[int, tuple[Expr, ...]], ...] = field(default=())
+
+    def result_view(self, k: int) -> Optional[tuple[Expr, ...]]:
+        """The shape result `k` is returned viewed in, or None (the buffer as it is)."""
+        for pos, shape in self.result_views:
+            if pos == k:
+                return shape
+        return None
 
     def kernel(self, name: str) -> Kernel:
         for k in self.kernels:

@@ -665,11 +665,14 @@ class _Parser:
         workspace: ex.Expr = ex.Const(0)
         calls: list[lp.KernelCall] = []
         results: tuple[str, ...] = ()
+        result_views: tuple[tuple[int, tuple[ex.Expr, ...]], ...] = ()
         while not self.accept("}"):
             tok = self.peek()
             if self.at_keyword("return"):
                 self.advance()
-                results = tuple(self.comma_list(lambda: self.expect("value", "a buffer name").text, "}"))
+                returned = self.comma_list(self._returned, "}")
+                results = tuple(name for name, _ in returned)
+                result_views = tuple((k, shape) for k, (_, shape) in enumerate(returned) if shape is not None)
                 break
             if self.accept("ident", "temp"):
                 t = self.buffer_decl()
@@ -691,7 +694,14 @@ class _Parser:
         while self.at_keyword("kernel"):
             kernels.append(self.kernel())
         return lp.Program(name, inputs, outputs, tuple(temps), symbols, tuple(calls), tuple(kernels),
-                          tuple(offsets), workspace, results)
+                          tuple(offsets), workspace, results, result_views)
+
+    def _returned(self) -> tuple[str, Optional[tuple[ex.Expr, ...]]]:
+        """One entry of a program's `return` line: `%name`, or `%name as [d0, d1, ...]`."""
+        name = self.expect("value", "a buffer name").text
+        if not self.accept("ident", "as"):
+            return name, None
+        return name, self.dims()
 
     # ---- tensor level ----------------------------------------------------------------------
     def value_ref(self) -> Value:

@@ -333,7 +333,12 @@ class Printer:
                 args.append(self.value_name(a) + ("" if off is None else f" offset {self.expr(off)}"))
             lines.append(f"  call {self.func_name(c.kernel)}({', '.join(args)})")
         if p.results:
-            lines.append("  return " + ", ".join(self.value_name(r) for r in p.results))
+            returned = []
+            for k, r in enumerate(p.results):
+                view = p.result_view(k)
+                returned.append(self.value_name(r) + ("" if view is None else
+                                                      " as [" + ", ".join(self.expr(d) for d in view) + "]"))
+            lines.append("  return " + ", ".join(returned))
         lines.append("}")
         text = "\n".join(lines) + "\n"
         return text + "".join(self.kernel(k) for k in p.kernels)

@@ -16,11 +16,14 @@ nothing parallel or vectorized runs inside a vectorized loop.
 
 Program: unique buffer and kernel names, calls name existing kernels with arguments matching
 the parameters in count, dtype and rank, every symbol a kernel or buffer uses is a program
-symbol, `return` names input or output buffers, and the workspace is planned for every
+symbol, `return` names input or output buffers (one returned viewed in another shape,
+`return %out0 as [...]`, is contiguous and holds as many elements), and the workspace is planned for every
 temporary or for none: passes before memory planning produce temporaries without offsets, so
 only `verify(p, planned=True)` (what codegen needs) demands offsets; a partial plan is always an error.
 """
 from __future__ import annotations
+
+import math
 
 from typing import Callable, Iterable, Optional, Union
 
@@ -542,6 +545,22 @@ def _unique(names: Iterable[str], where: str, what: str) -> None:
         seen.add(n)
 
 
+def _check_result_view(b: lp.Buffer, shape: tuple[ex.Expr, ...], symbols: set[str], where: str) -> None:
+    """A result returned viewed in `shape` (`Program.result_views`): its buffer is contiguous
+    and holds as many elements as `shape` (compared where the sizes are constants, else at two
+    sets of symbol values: equal products of sizes agree at both)."""
+    if tuple(b.strides) != lp.contiguous_strides(tuple(b.shape)):
+        raise VerificationError(where, f"result %{b.name} is returned as a view but is not contiguous")
+    for base in (3, 7):
+        env = {n: base + 2 * i for i, n in enumerate(sorted(symbols))}
+        have = math.prod(ex.evaluate_index(d, env) for d in b.shape)
+        want = math.prod(ex.evaluate_index(d, env) for d in shape)
+        if have != want:
+            raise VerificationError(where, f"result %{b.name} holds {have} elements but its view "
+                                    f"[{', '.join(map(str, shape))}] {want}" + (" (at symbols " + str(env) + ")"
+                                                                               if env else ""))
+
+
 def verify_program(p: lp.Program, planned: bool = False) -> None:
     where = f"program @{p.name}"
     buffers = (*p.inputs, *p.outputs, *p.temps)
@@ -575,6 +594,13 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
     for r in p.results:
         if r not in returnable:
             raise VerificationError(where, f"returns %{r}, which is not an input or output buffer")
+    _unique((f"result {k}" for k, _ in p.result_views), where, "view of")
+    for k, shape in p.result_views:
+        if not 0 <= k < len(p.results):
+            raise VerificationError(where, f"a view of result {k}, but it returns {len(p.results)} values")
+        for d in shape:
+            symbolic(d, f"view shape of result {k}")
+        _check_result_view(p.buffer(p.results[k]), shape, symbols, where)
 
     temp_names = {t.name for t in p.temps}
     _unique((f"%{n}" for n, _ in p.temp_offsets), where, "offset of")

@@ -18,6 +18,23 @@ so kernels read the caller's memory in place. Without a prior `fuse`, every op i
 kernel (correct, just slower). A graph that returns an input as is, or one value twice, lists
 what it returns in the program's `return` line (`Program.results`).
 
+A graph output that is a reshape of a value another kernel computes (and nothing else reads)
+costs no kernel: the producer stores into the output buffer in its own shape, and the
+program returns that buffer viewed in the output's shape (`Program.result_views`; both are
+contiguous, so the view is the same memory):
+
+    %0 = matmul(%a, %b) {kernel = 0} : f32[64, 288]
+    %1 = reshape(%0) {shape = [64, 32, 3, 3], kernel = 1} : f32[64, 32, 3, 3]
+    return %1
+
+becomes (a convolution's weight gradient as a GEMM, which had copied `[Cout, C*9]` into
+`[Cout, C, 3, 3]` by a kernel of its own)
+
+    program @main(%a: ..., %b: ...) -> (%out0: f32[64, 288] strides [288, 1]) {
+      call @k0(%b, %a, %out0)
+      return %out0 as [64, 32, 3, 3]
+    }
+
 An `index_put` or `scatter` marked `inplace` (the importer marks the write-back of a mutated
 graph input, such as a KV cache's new slots) stores into its `self` input's own buffer: the
 kernel writes only the indexed elements and the program returns that input (`return %x`).
@@ -97,6 +114,33 @@ QLINEAR_TILE_ROWS = 12
 
 def _is_root(op: Op, fused: bool) -> bool:
     return "kernel" in op.attrs if fused else True
+
+
+def _output_views(graph: Graph, fused: bool, inplace: dict[Op, Value]) -> dict[Value, Value]:
+    """Graph outputs returned as a view of another kernel's result (module docstring): output
+    -> the reshaped value, where the output is a kernel root `reshape` read by no op and
+    returned once, and its operand is computed by a kernel root (not inlined, not an input)
+    into a buffer of its own: returned by no other position, and neither written in place
+    nor the target of an in-place write."""
+    if not fused:
+        return {}
+    read = {x for op in graph.ops for x in op.operands}
+    counts: dict[Value, int] = {}
+    for v in graph.outputs:
+        counts[v] = counts.get(v, 0) + 1
+    in_place = set(inplace.values()) | {op.result for op in inplace}
+    found: dict[Value, Value] = {}
+    for v, n in counts.items():
+        op = v.producer
+        if (n != 1 or op is None or op.name != "reshape" or "kernel" not in op.attrs or v in read
+                or len(op.results) != 1):
+            continue
+        u = op.operands[0]
+        if (u.producer is None or "kernel" not in u.producer.attrs or len(u.producer.results) != 1
+                or u in counts or u in in_place or u.dtype != v.dtype or u in found.values()):
+            continue
+        found[v] = u
+    return found
 
 
 def _collect_symbols(graph: Graph) -> tuple[Var, ...]:
@@ -196,14 +240,16 @@ class LowerToLoops(Pass):
         for op, x in inplace.items():
             buffers[op.result] = buffers[x]
         outputs: list[lp.Buffer] = []
+        viewed = _output_views(graph, fused, inplace)
         for i, v in enumerate(graph.outputs):
             if v in buffers:
                 continue  # an input returned as is, or an output listed twice
-            b = lp.Buffer(f"out{len(outputs)}", v.dtype, v.shape, contiguous_strides(v.shape))
-            buffers[v] = b
+            stored = viewed.get(v, v)  # a viewed output: its producer's value, stored there
+            b = lp.Buffer(f"out{len(outputs)}", stored.dtype, stored.shape, contiguous_strides(stored.shape))
+            buffers[v] = buffers[stored] = b
             outputs.append(b)
         temps: list[lp.Buffer] = []
-        roots = [op for op in graph.ops if _is_root(op, fused)]
+        roots = [op for op in graph.ops if _is_root(op, fused) and op.result not in viewed]
         for op in roots:
             for r in op.results:
                 if r not in buffers:
@@ -235,10 +281,11 @@ class LowerToLoops(Pass):
             root_calls[n] = calls[-1]
         calls = _readers_first(calls, [(root_calls[roots.index(op)], buffers[x].name) for op, x in inplace.items()])
         results = tuple(buffers[v].name for v in graph.outputs)
-        if results == tuple(b.name for b in outputs):
+        result_views = tuple((k, tuple(v.shape)) for k, v in enumerate(graph.outputs) if v in viewed)
+        if results == tuple(b.name for b in outputs) and not result_views:
             results = ()  # the common case, left implicit (see `Program.results`)
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
-                          tuple(calls), tuple(kernels), results=results)
+                          tuple(calls), tuple(kernels), results=results, result_views=result_views)
 
     def _slice_views(self, graph: Graph, buffers: dict[Value, lp.Buffer]) -> dict[str, tuple[str, Expr]]:
         """Give each constant slice of a buffer (not itself materialized) a view buffer in
