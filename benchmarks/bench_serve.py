@@ -22,6 +22,14 @@ early is counted by the tokens it sent).  Per load:
   clients (and rounds);
 - inter-token latency (ITL): the gaps between content chunks, p50 and p99.
 
+`LLM.generate` in this process, one stream of the first prompt (its ids rendered beforehand;
+greedy, ``--tokens`` tokens, the prefill included: tokens over the wall time from the call
+to the last token) is what one client should reach: it runs once a round, just before the
+1-client loads in even rounds and just after them in odd ones, so each round's 1-client
+figure has a reference taken beside it; the ratio is reported round by round and as the
+median.  ``--baseline-tree DIR`` also runs `torchburn serve` from another checkout (say, the
+tree before a change) in the same rounds, for a before/after under the same load.
+
 Completion tokens come from the stream's usage (``stream_options.include_usage``) where the
 server sends it, else from the count of content chunks (one token each on these servers).
 
@@ -125,13 +133,14 @@ class Contender:
                 self.proc.kill()
 
 
-def ours(gguf: Path, threads: int, parallel: int, context: int) -> Contender:
+def ours(gguf: Path, threads: int, parallel: int, context: int, tree: Path = ROOT,
+         name: str = "torchburn serve") -> Contender:
     port = free_port()
-    return Contender("torchburn serve", [
+    return Contender(name, [
         sys.executable, "-m", "torchburn.llm", "serve", "--model", str(gguf), "--model-name", "m",
         "--port", str(port), "--threads", str(threads), "--parallel", str(parallel),
         "--max-context", str(context), "--quiet"], port, "m",
-        env={"PYTHONPATH": str(ROOT)})
+        env={"PYTHONPATH": str(tree)})
 
 
 def llama_server(binary: Path, gguf: Path, threads: int, parallel: int) -> Contender:
@@ -221,25 +230,35 @@ async def load(c: Contender, clients: int, tokens: int) -> tuple[float, list[Str
         return time.perf_counter() - t0, list(streams)
 
 
-def reference(gguf: Path, threads: int, context: int, tokens: int,
-              rounds: int) -> tuple[float, float]:
+class Reference:
     """`LLM.generate`'s tokens/s in this process for the first prompt (greedy, the prefill
     included, as a client's stream includes it): what one client should get; and its CPU
-    milliseconds per token."""
-    from torchburn.llm.runtime.engine import LLM
-    from torchburn.llm.runtime.sampling import SamplingParams
+    milliseconds per token.  Loaded once (and warmed up by one generation); `run` is one
+    generation, timed, so the rounds can interleave it with the servers' loads."""
 
-    llm = LLM.from_pretrained(gguf, max_context=context, threads=threads)
-    ids = llm.encode_prompt([{"role": "user", "content": PROMPTS[0]}])
-    rates, cpu = [], []
-    for r in range(rounds + 1):          # the first run warms up
+    name = "LLM.generate"
+
+    def __init__(self, gguf: Path, threads: int, context: int, tokens: int) -> None:
+        from torchburn.llm.runtime.engine import LLM
+
+        self.llm = LLM.from_pretrained(gguf, max_context=context, threads=threads)
+        self.ids = self.llm.encode_prompt([{"role": "user", "content": PROMPTS[0]}])
+        self.tokens = tokens
+        self.rates: list[float] = []
+        self.cpu: list[float] = []
+        self.run(record=False)
+
+    def run(self, record: bool = True) -> float:
+        from torchburn.llm.runtime.sampling import SamplingParams
+
         t0, c0 = time.perf_counter(), time.process_time()
-        n = sum(1 for step in llm.generate_ids([ids], tokens, SamplingParams(temperature=0.0))
+        n = sum(1 for step in self.llm.generate_ids([self.ids], self.tokens, SamplingParams(temperature=0.0))
                 if step[0] is not None)
-        if r:
-            rates.append(n / (time.perf_counter() - t0))
-            cpu.append((time.process_time() - c0) / n)
-    return statistics.median(rates), 1e3 * statistics.median(cpu)
+        rate = n / (time.perf_counter() - t0)
+        if record:
+            self.rates.append(rate)
+            self.cpu.append((time.process_time() - c0) / n)
+        return rate
 
 
 def pct(values: list[float], q: float) -> float:
@@ -266,7 +285,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--llama-cpp-python", action="store_true", help="also llama_cpp.server")
     p.add_argument("--skip-ours", action="store_true")
     p.add_argument("--skip-reference", action="store_true",
-                   help="do not time LLM.generate in this process (one stream, the same prompt)")
+                   help="do not time LLM.generate in this process (one stream, the same prompt, "
+                        "once per round beside the 1-client loads)")
+    p.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
+                   help="also run `torchburn serve` from this source tree (another checkout), "
+                        "as 'baseline serve', in the same rounds: a before/after in one run")
     p.add_argument("--startup-timeout", type=float, default=3600.0,
                    help="seconds a server may take to start (ours compiles every batch size)")
     p.add_argument("--json", type=Path, default=None)
@@ -281,6 +304,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     skipped: dict[str, str] = {}
     if not args.skip_ours:
         contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context))
+    if args.baseline_tree is not None:
+        contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context,
+                               args.baseline_tree.resolve(), "baseline serve"))
     if args.build_llama_server:
         build_llama_server()
         args.llama_server = args.llama_server or "auto"
@@ -298,12 +324,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             skipped["llama_cpp.server"] = f"not installed ({e}); pip install 'llama-cpp-python[server]'"
 
     results: dict[str, dict[int, dict[str, Any]]] = {}
+    ref: Optional[Reference] = None
     try:
         for c in contenders:
             t0 = time.perf_counter()
             c.start(args.startup_timeout)
             print(f"{c.name}: up in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             asyncio.run(load(c, 1, 8))          # warm-up request
+        if not args.skip_reference:
+            ref = Reference(args.gguf, args.threads, args.max_context, args.tokens)
         raw: dict[str, dict[int, list[tuple[float, list[Stream]]]]] = {
             c.name: {n: [] for n in loads} for c in contenders}
         cpu: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in loads} for c in contenders}
@@ -311,6 +340,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for r in range(args.rounds):
             order = contenders if r % 2 == 0 else contenders[::-1]
             for n in loads:
+                if n == loads[0] and ref is not None and r % 2 == 0:
+                    loadavg.append(os.getloadavg()[0])
+                    print(f"round {r} LLM.generate: {ref.run():.1f} tok/s", file=sys.stderr)
                 for c in order:
                     loadavg.append(os.getloadavg()[0])
                     c0 = c.cpu_seconds()
@@ -319,6 +351,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     cpu[c.name][n].append((c.cpu_seconds() - c0) / max(sum(s.tokens for s in streams), 1))
                     print(f"round {r} {c.name} {n} clients: {sum(s.tokens for s in streams) / wall:.1f} tok/s",
                           file=sys.stderr)
+                if n == loads[0] and ref is not None and r % 2 == 1:
+                    loadavg.append(os.getloadavg()[0])
+                    print(f"round {r} LLM.generate: {ref.run():.1f} tok/s", file=sys.stderr)
         for name, per in raw.items():
             results[name] = {}
             for n, runs in per.items():
@@ -334,8 +369,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         for c in contenders:
             c.stop()
-    ref = None if args.skip_reference else reference(args.gguf, args.threads, args.max_context,
-                                                     args.tokens, max(args.rounds, 3))
 
     print(f"\n{args.gguf.name}, {args.threads} threads, {args.tokens} tokens per stream, "
           f"{args.rounds} round(s); load average during the runs "
@@ -350,15 +383,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"| {f['server_cpu_ms_per_token']:.1f} |")
     for name, why in skipped.items():
         print(f"| {name} | skipped: {why} |")
+    reference = None
     if ref is not None:
-        print(f"\nLLM.generate in-process, one stream of the first prompt: {ref[0]:.1f} tok/s, "
-              f"{ref[1]:.1f} CPU ms/token")
+        reference = {"tok_s": statistics.median(ref.rates), "tok_s_runs": ref.rates,
+                     "cpu_ms_per_token": 1e3 * statistics.median(ref.cpu)}
+        print(f"\nLLM.generate in this process, one stream of the first prompt, once a round beside "
+              f"the 1-client loads: {reference['tok_s']:.1f} tok/s (rounds: "
+              f"{', '.join(f'{x:.1f}' for x in ref.rates)}), {reference['cpu_ms_per_token']:.1f} CPU ms/token")
+        for name, per in results.items():
+            if 1 in per:
+                ratios = [a / b for a, b in zip(per[1]["tok_s_runs"], ref.rates)]
+                print(f"{name}, 1 client / LLM.generate, round by round: "
+                      f"{', '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f})")
     if args.json:
         args.json.write_text(json.dumps({"gguf": str(args.gguf), "threads": args.threads,
                                          "tokens": args.tokens, "rounds": args.rounds,
                                          "loadavg": [min(loadavg), max(loadavg)],
                                          "results": results, "skipped": skipped,
-                                         "llm_generate_tok_s": ref}, indent=1))
+                                         "llm_generate": reference}, indent=1))
     return 0
 
 

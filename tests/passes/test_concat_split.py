@@ -62,3 +62,34 @@ def test_stacked_slot_write_reads_each_new_row_once() -> None:
     expected[:, :, 3:4] = np.concatenate(list(rows.values()))
     c({"c": cache, **rows, "i": slot})
     np.testing.assert_array_equal(cache, expected)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_stack_of_rows_written_in_place_reads_each_once(batch: int) -> None:
+    """`torch.stack` of the new rows of a batched step decomposes to a concat along dim 0 and a
+    reshape to [N, batch, ...] (`KernelBuilder.stack_parts`): written into the cache in place,
+    each operand is still loaded by its own nest, not through a chain of N selects."""
+    n = 6
+    ins = ", ".join(f"%k{i}: f32[{batch}, 2, 1, 8]" for i in range(n))
+    text = f"""graph @main(%c: f32[{n}, {batch}, 2, 5, 8], {ins}, %i: i64[1]) {{
+  %0 = concat({", ".join(f"%k{i}" for i in range(n))}) {{dim = 0}} : f32[{n * batch}, 2, 1, 8]
+  %1 = reshape(%0) {{shape = [{n}, {batch}, 2, 1, 8]}} : f32[{n}, {batch}, 2, 1, 8]
+  %2 = index_put(%c, %1, %i) {{dims = [3], pos = 3, accumulate = false, inplace = true}} : f32[{n}, {batch}, 2, 5, 8]
+  return %2
+}}"""
+    c = test_matmul.Compiled(text)
+    assert len(c.program.kernels) == 1 and lp.written_inputs(c.program) == {"c"}
+    (k,) = c.program.kernels
+    loads = [e for s in lp.walk_stmts(k.body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
+             if isinstance(e, ex.Load) and e.buffer.startswith("k")]
+    # each operand's vectors of 8 (batch x 2 of them) loaded once: no chain of n selects, which
+    # loaded every operand for every element (n times as many loads)
+    assert sorted(e.buffer for e in loads) == sorted(f"k{i}" for i in range(n) for _ in range(2 * batch))
+    rng = np.random.default_rng(batch)
+    cache = rng.standard_normal((n, batch, 2, 5, 8)).astype(np.float32)
+    rows = {f"k{i}": rng.standard_normal((batch, 2, 1, 8)).astype(np.float32) for i in range(n)}
+    slot = np.array([2], np.int64)
+    expected = cache.copy()
+    expected[:, :, :, 2:3] = np.stack(list(rows.values()))
+    c({"c": cache, **rows, "i": slot})
+    np.testing.assert_array_equal(cache, expected)

@@ -262,8 +262,13 @@ class LLM:
                  logit_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One step (a prefill chunk or a decode token) of ``ids [B, T]`` at slots
         ``first_slot ..``: logits, and the cache updated."""
-        slots = torch.arange(first_slot, first_slot + ids.shape[1])
-        positions = (slots[None, :] - starts[:, None]).clamp(min=0)
+        if ids.shape[1] == 1:  # a decode step: two tiny tensors built from lists (tensor
+            # arithmetic here cost ~30 us a step, most of a server turn's own work)
+            slots = torch.tensor([first_slot])
+            positions = torch.tensor([[max(first_slot - s, 0)] for s in starts.tolist()])
+        else:
+            slots = torch.arange(first_slot, first_slot + ids.shape[1])
+            positions = (slots[None, :] - starts[:, None]).clamp(min=0)
         with self._step_lock, torch.no_grad():
             if self.steps is not None:
                 return self.steps.run(cache, ids, positions, slots, starts, logit_index)

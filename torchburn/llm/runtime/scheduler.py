@@ -451,19 +451,20 @@ class Scheduler:
             return
         self.rows.make_room()
         batch = self.rows.bucket()
-        ids = torch.full((batch, 1), self.llm.pad_id, dtype=torch.long)
+        fed = [[self.llm.pad_id] for _ in range(batch)]
         for row, r in self.running.items():
-            ids[row, 0] = r.pending
+            fed[row][0] = r.pending
+        ids = torch.tensor(fed, dtype=torch.long)   # from a list: a tenth of filling a tensor
         starts = self.rows.row_starts(batch)
         logits = self.llm.run_step(self.rows.view(batch), ids, self.rows.end, starts)[:, -1]
         self.rows.end += 1
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(self.running)
         with torch.no_grad():
-            greedy = greedy_tokens(logits.float())
+            greedy = greedy_tokens(logits.float()).tolist()
             for row, r in list(self.running.items()):
                 if r.params.greedy:
-                    token = int(greedy[row])
+                    token = greedy[row]
                 else:
                     token = int(next_tokens(logits[row:row + 1], r.params, r.generator)[0])
                 self._accept(r, token)

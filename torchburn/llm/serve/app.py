@@ -8,8 +8,10 @@ A streaming client that goes away cancels its request: its row is freed at the n
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
 
 from starlette.applications import Starlette
@@ -36,6 +38,35 @@ MAX_BODY = 8 << 20
 DISCONNECT_POLL = 0.5
 
 
+class Outbox:
+    """Events from the scheduler's thread to the requests' queues on the event loop, with one
+    wake-up of the loop (`call_soon_threadsafe`: a write to its self-pipe, then the loop's
+    thread taking the GIL) for all the events emitted before the loop gets to them: a decode
+    turn's tokens of every running stream arrive together instead of one wake-up each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque[tuple[asyncio.Queue[Event], Event]] = collections.deque()
+        self._lock = threading.Lock()
+        self._woken = False          # a delivery is scheduled and has not yet taken the items
+
+    def put(self, queue: "asyncio.Queue[Event]", event: "Event") -> None:
+        """(any thread) ``event`` for ``queue``, delivered on the loop's thread."""
+        with self._lock:
+            self._items.append((queue, event))
+            if self._woken:
+                return
+            self._woken = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, collections.deque()
+            self._woken = False
+        for queue, event in items:
+            queue.put_nowait(event)
+
+
 class ServerState:
     """What the routes share: the model, its scheduler, its public name and the key."""
 
@@ -47,6 +78,14 @@ class ServerState:
         self.api_key = api_key
         self.created = protocol.now()
         self.draining = False
+        self._outbox: Optional[Outbox] = None
+
+    def outbox(self) -> Outbox:
+        """The event loop's `Outbox` (made by its first request, on the loop's thread)."""
+        loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = Outbox(loop)
+        return self._outbox
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -113,11 +152,11 @@ async def generate(request: Request) -> Response:
                        f"'{state.model_name}').", param="model", code="model_not_found")
     ids = _prompt_ids(state, req)
     budget = _fit(state, ids, req.max_tokens)
-    loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
+    outbox = state.outbox()
 
     def emit(event: "Event") -> None:  # on the scheduler's thread
-        loop.call_soon_threadsafe(events.put_nowait, event)
+        outbox.put(events, event)
 
     job = GenRequest(prompt_ids=ids, max_tokens=budget, params=req.params, emit=emit,
                      seed=req.seed, stop=req.stop)
@@ -167,19 +206,25 @@ async def _whole(state: ServerState, req: protocol.GenerationRequest, job: GenRe
 
 
 async def _stream(state: ServerState, req: protocol.GenerationRequest, job: GenRequest,
-                  events: "asyncio.Queue[Event]", rid: str, created: int) -> AsyncIterator[str]:
+                  events: "asyncio.Queue[Event]", rid: str, created: int) -> AsyncIterator[bytes]:
     name = state.model_name
 
-    def sse(obj: Any) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    def sse(obj: Any) -> bytes:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
+    # a text chunk is this request's one JSON text with only the piece changing: rendered once
+    # around a placeholder, then per token only the piece is encoded (the same bytes as `sse`)
+    head, _, tail = json.dumps(protocol.chunk(req.kind, rid, name, created, "\0"),
+                               ensure_ascii=False).rpartition('"\\u0000"')  # the text is last
+    head, tail = "data: " + head, tail + "\n\n"
+    dumps = json.dumps
     try:
         if req.kind == "chat":
             yield sse(protocol.chunk("chat", rid, name, created, "", role=True))
         while True:
             event = await events.get()
-            if isinstance(event, Text):
-                yield sse(protocol.chunk(req.kind, rid, name, created, event.text))
+            if type(event) is Text:
+                yield (head + dumps(event.text, ensure_ascii=False) + tail).encode()
                 continue
             assert isinstance(event, Finish)
             use = protocol.usage(event.prompt_tokens, event.completion_tokens)
@@ -189,7 +234,7 @@ async def _stream(state: ServerState, req: protocol.GenerationRequest, job: GenR
                 yield sse(protocol.chunk(req.kind, rid, name, created, None, event.reason, use=use))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(req.kind, rid, name, created, use))
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
             return
     finally:
         job.cancel()   # the client went away mid-stream: free the row at the next step

@@ -144,7 +144,24 @@ def split_nest(kb: KernelBuilder, v: Value, prefix: str, body_fn: Callable[[Inde
     which `v[index]` is the operand's element (no select, no load of the other operands):
 
         %out[j0 + 0, j1] = %a[j0, j1]   for j0 in 0..2      (concat(%a, %b) {dim = 0})
-        %out[j0 + 2, j1] = %b[j0, j1]   for j0 in 0..3"""
+        %out[j0 + 2, j1] = %b[j0, j1]   for j0 in 0..3
+
+    and likewise when `v` is a stack of operands (`KernelBuilder.stack_parts`: a reshape to
+    ``[N, a, ...]`` of their concat along dim 0), one nest per operand at its index:
+
+        %out[0, j0, j1] = %a[j0, j1]    for j0 in 0..3      (reshape(concat(%a, %b)) [2, 3, 4])
+        %out[1, j0, j1] = %b[j0, j1]    for j0 in 0..3"""
+    stacked = kb.stack_parts(v)
+    if stacked is not None:   # v[i, ...] = operand i's element (`KernelBuilder.stack_parts`)
+        nests = []
+        for i, operand in enumerate(stacked):
+            def one(j: Index, operand: Value = operand, i: int = i) -> None:
+                idx = (Const(i), *j)
+                kb.define(v, idx, kb.value_at(operand, j))
+                body_fn(idx)
+
+            nests.append(_nest(kb, operand.shape, prefix, one))
+        return lp.block(*nests)
     parts = kb.concat_parts(v)
     if parts is None:
         return _nest(kb, v.shape, prefix, body_fn)

@@ -401,6 +401,30 @@ class KernelBuilder:
             off = ex.add(off, operand.shape[dim])
         return parts
 
+    def stack_parts(self, v: Value) -> Optional[list[Value]]:
+        """The operands of a stack computed in this kernel (not stored), `split_concats` on:
+        `v` a reshape to ``[N, a, *rest]`` of a concat along dim 0 of N operands ``[a, *rest]``
+        (what `torch.stack` decomposes to), so `v[i, ...]` is operand ``i``'s element; else
+        None. A decode step's new keys and values of every layer are stacked so, then written
+        into the KV cache in place: looped over `v` itself, each element was a chain of N
+        selects loading every operand (`_concat`)."""
+        op = v.producer
+        if not self.split_concats or op is None or op.name != "reshape" or v in self.buffers:
+            return None
+        cat = op.operands[0]
+        inner = cat.producer
+        if inner is None or inner.name != "concat" or cat in self.buffers:
+            return None
+        if inner.attrs["dim"] % max(len(cat.shape), 1) != 0:
+            return None
+        parts = list(inner.operands)
+        first = tuple(parts[0].shape)
+        if len(first) < 1 or any(tuple(u.shape) != first for u in parts):
+            return None
+        if tuple(v.shape) != (Const(len(parts)),) + first:
+            return None
+        return parts
+
     def _concat(self, op: Op, idx: Index) -> Expr:
         """Select among the operands; each operand's index is clamped into its own bounds so
         no load ever leaves its buffer (a select evaluates both sides)."""
