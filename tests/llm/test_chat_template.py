@@ -115,9 +115,10 @@ def test_limits_can_be_raised_and_real_templates_are_far_below_them() -> None:
     loop = "{% for i in range(200000) %}x{% endfor %}"
     with pytest.raises(ChatTemplateError, match="max_range"):
         render_chat(loop, HI)
-    assert render_chat(loop, HI, limits=TemplateLimits(max_range=200_000)) == "x" * 200_000
+    # (a time limit far above the default 2 s: 200,000 iterations took longer on a loaded CI machine)
+    assert render_chat(loop, HI, limits=TemplateLimits(max_range=200_000, seconds=60)) == "x" * 200_000
     with pytest.raises(ChatTemplateError, match="max_chars"):
-        render_chat(loop, HI, limits=TemplateLimits(max_range=200_000, max_chars=1000))
+        render_chat(loop, HI, limits=TemplateLimits(max_range=200_000, max_chars=1000, seconds=60))
     slow = "{% for i in range(30000) %}{% for j in range(30000) %}{% endfor %}{% endfor %}"
     start = time.monotonic()
     with pytest.raises(ChatTemplateError, match="0.2 s"):
