@@ -108,7 +108,10 @@ TABLE = [
     (2, 8, 16, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), 2, True, "channels"),
     (1, 6, 20, (5, 9), (3, 2), (2, 1), (0, 2), (1, 3), 1, True, "channels"),  # asymmetric, Cout % 8 != 0
     (1, 8, 8, (3, 3), (3, 3), (1, 1), (2, 2), (1, 1), 1, True, "channels"),   # rows entirely in padding
-    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "channels"),  # pointwise
+    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "gemm"),  # pointwise: panels cross rows of 5
+    (1, 16, 20, (9, 11), (1, 1), (2, 2), (0, 0), (1, 1), 1, True, "gemm"),  # strided pointwise, Cout % MR != 0
+    (2, 24, 16, (3, 21), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "gemm"),  # rows longer than a panel
+    (1, 16, 16, (10, 10), (1, 1), (1, 1), (1, 1), (1, 1), 1, True, "channels"),  # padded 1x1: direct kernel
     (2, 32, 8, (1, 1), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "channels"),    # squeeze-excite 1x1
     (2, 64, 64, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), 1, False, "channels"),  # a deep stage
     (2, 24, 24, (9, 13), (3, 3), (1, 1), (1, 1), (1, 1), 24, False, "width"),   # depthwise
@@ -121,9 +124,11 @@ TABLE = [
     (2, 8, 8, (3, 40), (3, 3), (1, 2), (0, 0), (1, 1), 8, False, "width"),      # strided, no padding
     (1, 12, 40, (3, 35), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "width"),     # pointwise over long rows
     (2, 32, 32, (23,), (3,), (2,), (0,), (1,), 1, True, "channels"),
+    (2, 32, 40, (37,), (1,), (1,), (0,), (1,), 1, True, "gemm"),             # pointwise conv1d
     (1, 1, 32, (100,), (10,), (5,), (0,), (1,), 1, False, "channels"),
     (2, 64, 64, (17,), (5,), (1,), (2,), (1,), 64, False, "width"),
     (1, 4, 8, (5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, True, "channels"),
+    (1, 16, 24, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, False, "gemm"),  # pointwise conv3d
     (1, 6, 6, (4, 1), (3, 1), (1, 1), (1, 0), (1, 1), 6, True, None),           # width 1: per-element nest
 ]
 
@@ -250,8 +255,9 @@ SMALL_L2 = Target(vector_bits=512, l1_bytes=32 * 1024, l2_bytes=32 * 1024, threa
 @pytest.mark.parametrize("epilogue", ["", "res_tanh"])
 def test_channel_tiles_inner_compute_what_eager_does(epilogue: str) -> None:
     """The width form with its channel tiles innermost (an L2 of 32 KB makes a small pointwise
-    layer's input outgrow it): whole and edge tiles of channels and positions, a residual."""
-    case = ConvCase(2, 64, 40, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, epilogue)
+    layer's input outgrow it; fewer than 16 output channels keep it out of the GEMM form):
+    whole and edge tiles of channels and positions, a residual."""
+    case = ConvCase(2, 64, 12, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, epilogue)
     compiled = case.run(SMALL_L2)
     assert ["channel tiles inner" in p for p in conv_plans(compiled)] == [True], conv_plans(compiled)
 
@@ -292,8 +298,8 @@ BLOCKED = [
     (2, 16, 80, (600,), (3,), (2,), (1,), (1,), "channels"),
     (1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), "channels"),
     (1, 24, 72, (23, 17), (2, 2), (2, 1), (1, 1), (1, 2), "channels"),
-    (2, 64, 80, (300,), (1,), (1,), (0,), (1,), "width"),
-    (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), "width"),
+    (2, 64, 80, (300,), (1,), (1,), (1,), (1,), "width"),  # (padded: an unpadded 1x1 takes the GEMM form)
+    (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 1), (1, 1), "width"),
 ]
 
 

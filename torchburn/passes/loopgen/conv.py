@@ -69,7 +69,7 @@ from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder, LoweringError
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, static_int
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, micro_tile, static_int
 
 Index = tuple[Expr, ...]
 
@@ -88,6 +88,9 @@ ACCUMULATORS_WIDE = 20
 #: (`ConvPlan.channels_inner`). ResNet-50's 256-to-64 1x1 at 56x56, one thread: every one of
 #: its 7 channel tiles streamed the 3.2 MB input, 256 rows 12.5 KB apart.
 CHANNEL_TILES_INNER_MIN_K = 64
+#: Pointwise convolutions with at least this many input and output channels take the GEMM
+#: form (`plan_pointwise`).
+POINTWISE_GEMM_MIN_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,14 @@ class ConvPlan:
     #: channels reads it, where without blocks every tile of channels streamed the whole input
     #: (see `position_block`).
     block: int = 0
+    #: GEMM form: output positions per work item (packed input block; see `plan_pointwise`).
+    nc: int = 0
 
     def describe(self) -> str:
+        if self.form == "gemm":
+            order = " channels inner" if self.channels_inner else ""
+            return (f"gemm lanes={self.lanes} mr={self.cv} nr={self.pos * self.lanes} nc={self.nc} "
+                    f"parallel={'yes' if self.parallel else 'no'}{order} (packed product over positions)")
         kind = "vectors over channels" if self.form == "channels" else "vectors over width"
         order = " channel tiles inner" if self.channels_inner else ""
         if self.block:
@@ -170,16 +179,52 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
     return block if 2 * input_bytes * (tiles_c - 1) >= weight_bytes * (blocks - 1) else 0
 
 
+def plan_pointwise(cout: int, cin: int, positions: int, batch: Optional[int], dtype: dt.DType,
+                   cpu: CpuInfo) -> Optional[ConvPlan]:
+    """The GEMM form of a pointwise convolution (`conv_pointwise.py`), or None where the
+    direct kernels are kept: fewer than `POINTWISE_GEMM_MIN_CHANNELS` input or output
+    channels. MR x NR is `matmul.micro_tile`'s. NC positions per work item, so that the packed
+    input block (`Cin x NC`) fills at most a quarter of L2, in a multiple of the threads. The
+    panels of positions run outermost (`channels_inner`: each panel stays in L1 while every
+    micro-panel of channels reads it) where the packed weight fits in half of L2; a larger
+    weight (ResNet-50's 512-to-2048 at 7x7, 4 MB) keeps its micro-panel in L1 instead, over
+    every panel of the block."""
+    if cout < POINTWISE_GEMM_MIN_CHANNELS or cin < POINTWISE_GEMM_MIN_CHANNELS or positions < 1:
+        return None
+    lanes = cpu.lanes(dtype)
+    mr, nvec = micro_tile(cpu)
+    nr = nvec * lanes
+    item = max(dt.compute_dtype(dtype).itemsize, 1)
+    nc_cap = max(nr, (cpu.l2_bytes // 4) // (cin * item) // nr * nr)
+    blocks = _cdiv(positions, min(nc_cap, _cdiv(positions, nr) * nr))
+    flops = 2.0 * cout * cin * positions * (batch or (1 << 20))
+    parallel = cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS
+    if parallel and batch is not None:
+        # as many blocks for every thread, where the positions allow
+        most = _cdiv(positions, nr)
+        more = next((b for b in range(blocks, min(blocks + cpu.threads, most + 1)) if (batch * b) % cpu.threads == 0),
+                    blocks)
+        blocks = more
+    nc = _cdiv(_cdiv(positions, blocks), nr) * nr
+    weight_fits = _cdiv(cout, mr) * mr * cin * item <= cpu.l2_bytes // 2
+    return ConvPlan("gemm", lanes, mr, nvec, parallel, channels_inner=weight_fits, nc=nc)
+
+
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
               batch: Optional[int], dtype: dt.DType, cpu: CpuInfo, stride_one: bool = False,
               epilogue: bool = False, in_positions: Optional[int] = None,
-              input_reuse: Optional[float] = None) -> Optional[ConvPlan]:
+              input_reuse: Optional[float] = None, pointwise: bool = False) -> Optional[ConvPlan]:
     """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
     input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
     and `positions` in all (None: not known), `in_positions` input positions per channel (None:
     not known), `input_reuse` the taps per input element (taps / the product of the strides;
     None: taps x positions / in_positions), `stride_one` when every stride is 1, `epilogue`
-    when ops are fused after it; None when neither form pays."""
+    when ops are fused after it, `pointwise` for a 1x1 convolution without padding (the
+    GEMM form, `plan_pointwise`, in one group where it pays); None when no form pays."""
+    if pointwise and groups == 1 and taps == 1 and positions is not None and (out_w is not None):
+        gemm = plan_pointwise(cout, cin_g, positions, batch, dtype, cpu)
+        if gemm is not None:
+            return gemm
     lanes = cpu.lanes(dtype)
     budget = ACCUMULATORS_WIDE if cpu.vector_bits >= 512 else ACCUMULATORS
     cout_g = cout // groups
@@ -819,10 +864,11 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
     for i in c.in_size:
         si = static_int(i)
         in_positions = None if si is None or in_positions is None else in_positions * int(si)
+    pointwise = taps == 1 and not any(c.padding)
     return plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
                      epilogue=epilogue, in_positions=in_positions,
-                     input_reuse=taps / math.prod(c.stride))
+                     input_reuse=taps / math.prod(c.stride), pointwise=pointwise)
 
 
 def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
@@ -831,6 +877,10 @@ def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: Conv
         if o.loc and o.loc not in kb.origins:
             kb.origins.append(o.loc)
     kb.used_buffers[out.name] = out
+    if plan.form == "gemm":
+        from .conv_pointwise import PointwiseConvBuilder
+
+        return PointwiseConvBuilder(kb, root, conv, out, plan).build()
     builder = ConvBuilder(kb, root, conv, out, plan)
     return builder.build()
 
