@@ -1,10 +1,12 @@
 """Convolution kernels: register-blocked direct convolutions with fused epilogues.
 
-`build_conv` lowers one `conv` (`x: [N, C, *in]`, `w: [Cout, C / groups, *k]`, any number of
-spatial dims, stride, padding, dilation, groups), with the elementwise ops fused after it
-(bias, batch norm, activation, residual add; see `fuse`), to one of two loop nests. Both
-compute a tile of output channels x output positions along the last spatial dim in vector
-accumulators, then run the epilogue on the finished tile before the only store.
+`conv_root.build_conv` lowers one `conv` (`x: [N, C, *in]`, `w: [Cout, C / groups, *k]`, any
+number of spatial dims, stride, padding, dilation, groups), with the elementwise ops fused
+after it (bias, batch norm, activation, residual add; see `fuse`), to one of two loop nests
+built here, or, for an unpadded 1x1 convolution with enough channels, to the packed product of
+`conv_pointwise.py` (`plan_pointwise`). Both direct forms compute a tile of output channels x
+output positions along the last spatial dim in vector accumulators, then run the epilogue on
+the finished tile before the only store.
 
 **Channels form** (`groups` small, many output channels per group): the vectors run along the
 output channels. The weight is packed first, once per call, into vectors of W channels
@@ -68,7 +70,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .nest_helpers import NestHelpers
-from .kernel_builder import KernelBuilder, LoweringError
+from .kernel_builder import KernelBuilder
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, micro_tile, static_int
 
 Index = tuple[Expr, ...]
@@ -199,13 +201,15 @@ def plan_pointwise(cout: int, cin: int, positions: int, batch: Optional[int], dt
     blocks = _cdiv(positions, min(nc_cap, _cdiv(positions, nr) * nr))
     flops = 2.0 * cout * cin * positions * (batch or (1 << 20))
     parallel = cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS
+
+    def block_size(count: int) -> int:
+        return _cdiv(_cdiv(positions, count), nr) * nr
+
     if parallel and batch is not None:
         # as many blocks for every thread, where the positions allow
-        most = _cdiv(positions, nr)
-        more = next((b for b in range(blocks, min(blocks + cpu.threads, most + 1)) if (batch * b) % cpu.threads == 0),
-                    blocks)
-        blocks = more
-    nc = _cdiv(_cdiv(positions, blocks), nr) * nr
+        blocks = next((b for b in range(blocks, _cdiv(positions, nr) + 1)
+                       if batch * _cdiv(positions, block_size(b)) % cpu.threads == 0), blocks)
+    nc = block_size(blocks)
     weight_fits = _cdiv(cout, mr) * mr * cin * item <= cpu.l2_bytes // 2
     return ConvPlan("gemm", lanes, mr, nvec, parallel, channels_inner=weight_fits, nc=nc)
 
@@ -869,31 +873,3 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
                      epilogue=epilogue, in_positions=in_positions,
                      input_reuse=taps / math.prod(c.stride), pointwise=pointwise)
-
-
-def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
-    """The loop nest computing `root` (a conv, or the last op of its epilogue) into `out`."""
-    for o in (root, conv):
-        if o.loc and o.loc not in kb.origins:
-            kb.origins.append(o.loc)
-    kb.used_buffers[out.name] = out
-    if plan.form == "gemm":
-        from .conv_pointwise import PointwiseConvBuilder
-
-        return PointwiseConvBuilder(kb, root, conv, out, plan).build()
-    builder = ConvBuilder(kb, root, conv, out, plan)
-    return builder.build()
-
-
-def conv_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
-    """A convolution kernel for root `op` (a conv or its epilogue's last op), or None when the
-    convolution keeps the element-by-element nest."""
-    conv = fused_conv(op, set(kb.buffers))
-    if conv is None:
-        raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused conv")
-    if conv.operands[0] not in kb.buffers:
-        return None  # the width form loads x directly: x must have a buffer (fuse gives it one)
-    plan = conv_plan_for(conv, cpu, epilogue=op is not conv)
-    if plan is None:
-        return None
-    return build_conv(kb, op, conv, out, plan)

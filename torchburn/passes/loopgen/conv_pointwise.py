@@ -46,6 +46,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType
 from .conv import ConvBuilder, _ramp, _cdiv
 from .matmul import static_int
+from .views import VIEW_INDEX
 
 
 class PointwiseConvBuilder(ConvBuilder):
@@ -60,7 +61,7 @@ class PointwiseConvBuilder(ConvBuilder):
         out_w = static_int(self.out_size[-1])
         positions = self._product(self.out_size)
         cout, cin = self.cout, self.cin_g
-        wa = self.pack_weight_panels(mr)
+        wa = None if self.weight_in_place() else self.pack_weight_panels(mr)
         item = self.var("ti")
         kb.push((item,))
         blocks = ex.floordiv(ex.add(positions, Const(nc - 1)), Const(nc))
@@ -83,11 +84,18 @@ class PointwiseConvBuilder(ConvBuilder):
         for row in accs:
             for a in row:
                 kb.emit(lp.Store(a.name, (lane,), ex.const(0, self.acc_t, w)))
+        chans = [] if wa is not None else [self.let(ex.minimum(ex.add(co0, Const(r)), ex.sub(cout, Const(1))), "cr")
+                                           for r in range(mr)]
         ci = self.var("ci")
         kb.push((ci,))
         bv = [kb.bind(ex.Load(pb.name, (jr, ci, _ramp(Const(v * w), w)), vt), "bv") for v in range(plan.pos)]
+        taps = tuple(Const(0) for _ in c.k_size)
         for r in range(mr):
-            ab = kb.bind(ex.Broadcast(ex.Load(wa.name, (ir, ci, Const(r)), ScalarType(self.acc_t)), vt), "ab")
+            if wa is not None:
+                weight = ex.Load(wa.name, (ir, ci, Const(r)), ScalarType(self.acc_t))
+            else:
+                weight = self.scalar_at(c.w, (chans[r], ci, *taps))
+            ab = kb.bind(ex.Broadcast(kb.bind(weight, "ws"), vt), "ab")
             for v in range(plan.pos):
                 a = accs[r][v]
                 kb.emit(lp.Store(a.name, (lane,), self.fma(ab, bv[v], ex.Load(a.name, (lane,), vt))))
@@ -152,6 +160,19 @@ class PointwiseConvBuilder(ConvBuilder):
         zero = lp.Store(pb.name, (jp, ci, ex.add(count, q)), ex.const(0, self.acc_t))
         kb.emit(self.loop(ci, self.cin_g, self.loop(q, ex.sub(Const(nr), count), zero)))
         kb.emit(self.loop(jp, panels, kb.pop()))
+
+    def weight_in_place(self) -> bool:
+        """Whether the micro-kernel reads the weight where it is (a buffer, or views of one:
+        the input gradient's transposed weight), its MR rows clamped into bounds, as the
+        GEMM reads A; a computed weight is packed once per call instead (`pack_weight_panels`),
+        not computed again for every panel of positions."""
+        v = self.c.w
+        while v not in self.kb.buffers:
+            p = v.producer
+            if p is None or p.name not in VIEW_INDEX:
+                return False
+            v = p.operands[0]
+        return True
 
     def pack_weight_panels(self, mr: int) -> lp.Buffer:
         """`%wa[ir, ci, r] = w[ir * MR + r, ci, 0, ...]`, zero past the output channels: a
