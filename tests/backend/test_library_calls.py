@@ -232,8 +232,8 @@ def test_the_gemm_form_is_not_proposed_for_large_images(tuning: None, monkeypatc
 
 
 def test_the_gemm_form_is_not_proposed_where_ours_is_a_product(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An unpadded 1x1 convolution with 16 channels and more is a packed product in our own
-    kernel (`loopgen/conv_pointwise.py`): im2col and our GEMM would compute the same product
+    """An unpadded 1x1 convolution with 24 input and 16 output channels and more is a packed
+    product in our own kernel (`loopgen/conv_pointwise.py`): im2col and our GEMM would compute the same product
     without its epilogue, so it is not compiled and measured (a 6x6 image would otherwise
     qualify by its 36 positions)."""
     prepared = slow_down(monkeypatch, loser="ours")

@@ -109,9 +109,10 @@ TABLE = [
     (2, 8, 16, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), 2, True, "channels"),
     (1, 6, 20, (5, 9), (3, 2), (2, 1), (0, 2), (1, 3), 1, True, "channels"),  # asymmetric, Cout % 8 != 0
     (1, 8, 8, (3, 3), (3, 3), (1, 1), (2, 2), (1, 1), 1, True, "channels"),   # rows entirely in padding
-    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "gemm"),  # pointwise: panels cross rows of 5
-    (1, 16, 20, (9, 11), (1, 1), (2, 2), (0, 0), (1, 1), 1, True, "gemm"),  # strided pointwise, Cout % MR != 0
+    (2, 24, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "gemm"),  # pointwise: panels cross rows of 5
+    (1, 32, 20, (9, 11), (1, 1), (2, 2), (0, 0), (1, 1), 1, True, "gemm"),  # strided pointwise, Cout % MR != 0
     (2, 24, 16, (3, 21), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "gemm"),  # rows longer than a panel
+    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "channels"),  # 16 input channels: direct
     (1, 16, 16, (10, 10), (1, 1), (1, 1), (1, 1), (1, 1), 1, True, "channels"),  # padded 1x1: direct kernel
     (2, 32, 8, (1, 1), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "channels"),    # squeeze-excite 1x1
     (2, 64, 64, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), 1, False, "channels"),  # a deep stage
@@ -129,7 +130,7 @@ TABLE = [
     (1, 1, 32, (100,), (10,), (5,), (0,), (1,), 1, False, "channels"),
     (2, 64, 64, (17,), (5,), (1,), (2,), (1,), 64, False, "width"),
     (1, 4, 8, (5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, True, "channels"),
-    (1, 16, 24, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, False, "gemm"),  # pointwise conv3d
+    (1, 24, 24, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, False, "gemm"),  # pointwise conv3d
     (1, 6, 6, (4, 1), (3, 1), (1, 1), (1, 0), (1, 1), 6, True, None),           # width 1: per-element nest
 ]
 
@@ -458,10 +459,10 @@ def test_no_access_outside_buffers() -> None:
 
 
 def test_pointwise_layers_take_the_gemm_form() -> None:
-    """An unpadded 1x1 convolution with at least 16 input and output channels is a packed
+    """An unpadded 1x1 convolution with at least 24 input and 16 output channels is a packed
     product (`conv_pointwise.py`): ResNet-50's 256-to-64 1x1 at 56x56 took 2.7 ms in the width
     form and 1.5 ms so (one thread, AVX2; eager 1.4-1.5). Few channels (a squeeze-excitation's
-    reduction) keep the direct kernels; a weight larger than half of L2 (512-to-2048) keeps its
+    reduction, EfficientNet's 16-channel expansion) keep the direct kernels; a weight larger than half of L2 (512-to-2048) keeps its
     micro-panel in L1 over the panels instead of running the panels outermost; blocks of
     positions come in a multiple of the threads."""
     from torchburn.ir import dtypes as dt
@@ -479,6 +480,9 @@ def test_pointwise_layers_take_the_gemm_form() -> None:
     assert (wide.cv, wide.pos * wide.lanes) == (8, 32)
     few = plan_conv(8, 1, 32, 1, 1, 1, 1, dt.f32, avx2, stride_one=True, pointwise=True)
     assert few is not None and few.form != "gemm"
+    # EfficientNet's 16-to-96 expansion at 112x112: 16 input channels keep the width form
+    expansion = plan_conv(96, 1, 16, 1, 112, 112 * 112, 1, dt.f32, avx2, stride_one=True, pointwise=True)
+    assert expansion is not None and expansion.form == "width"
     two = CpuInfo(vector_bits=256, l2_bytes=512 * 1024, threads=2)
     for positions in (56 * 56, 28 * 28, 14 * 14, 7 * 7):
         plan = plan_conv(256, 1, 256, 1, int(positions ** 0.5), positions, 1, dt.f32, two, pointwise=True)
@@ -496,12 +500,12 @@ def test_reference_engine_runs_the_pointwise_gemm_kernel(epilogue: str) -> None:
     from torchburn.runtime.reference import run_arrays
 
     for stride in (1, 2):
-        case = ConvCase(1, 16, 20, (7, 13), (1, 1), (stride, stride), (0, 0), (1, 1), 1, True, epilogue)
+        case = ConvCase(1, 24, 20, (7, 13), (1, 1), (stride, stride), (0, 0), (1, 1), 1, True, epilogue)
         program = PassManager(Pipeline.default().passes(), target=AVX2).run(parse_graph(case.text()))
         assert [dict(k.attrs)["conv"].split()[0] for k in program.kernels if "conv" in dict(k.attrs)] == ["gemm"]
         a = case.arrays()
         out = run_arrays(program, a)
-        np.testing.assert_allclose(out["out0"], case.expected(a), rtol=1e-4, atol=1e-4 * np.sqrt(16))
+        np.testing.assert_allclose(out["out0"], case.expected(a), rtol=1e-4, atol=1e-4 * np.sqrt(24))
 
 
 def test_bottleneck_training_step_in_gemm_form() -> None:
@@ -516,11 +520,11 @@ def test_bottleneck_training_step_in_gemm_form() -> None:
     class Bottleneck(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.reduce = torch.nn.Conv2d(32, 16, 1, bias=False)
-            self.bn1 = torch.nn.BatchNorm2d(16)
-            self.mid = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False)
-            self.bn2 = torch.nn.BatchNorm2d(16)
-            self.expand = torch.nn.Conv2d(16, 48, 1, bias=False)
+            self.reduce = torch.nn.Conv2d(32, 24, 1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(24)
+            self.mid = torch.nn.Conv2d(24, 24, 3, stride=2, padding=1, bias=False)
+            self.bn2 = torch.nn.BatchNorm2d(24)
+            self.expand = torch.nn.Conv2d(24, 48, 1, bias=False)
             self.bn3 = torch.nn.BatchNorm2d(48)
             self.project = torch.nn.Conv2d(32, 48, 1, stride=2, bias=True)
 

@@ -90,16 +90,21 @@ ACCUMULATORS_WIDE = 20
 #: (`ConvPlan.channels_inner`). ResNet-50's 256-to-64 1x1 at 56x56, one thread: every one of
 #: its 7 channel tiles streamed the 3.2 MB input, 256 rows 12.5 KB apart.
 CHANNEL_TILES_INNER_MIN_K = 64
-#: Pointwise convolutions with at least this many input and output channels take the GEMM
-#: form (`plan_pointwise`).
-POINTWISE_GEMM_MIN_CHANNELS = 16
+#: Pointwise convolutions with at least this many input channels and output channels take
+#: the GEMM form (`plan_pointwise`). With 16 input channels the width form was faster (one
+#: thread, AVX2, BN folded: EfficientNet's 16-to-96 expansion at 112x112 1.2-1.5 ms against
+#: 1.9-2.1 ms: each tile's product is 16 steps long, and copying the input costs a sixth of
+#: it); from 24 the GEMM form was (24-to-144 at 56x56 0.52-0.59 against 0.82-0.94 ms).
+POINTWISE_GEMM_MIN_CIN = 24
+POINTWISE_GEMM_MIN_COUT = 16
 
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """Blocking of one convolution: `form` "channels" or "width", `lanes` per vector, `cv`
-    vectors (channels form) or channels (width form) per tile, `pos` output positions (channels
-    form) or vectors of positions (width form) per tile, and whether the tiles run on threads."""
+    """Blocking of one convolution: `form` "channels", "width" or "gemm" (`plan_pointwise`),
+    `lanes` per vector, `cv` vectors (channels form) or channels (width form; MR in the gemm
+    form) per tile, `pos` output positions (channels form) or vectors of positions (width form;
+    NR / lanes in the gemm form) per tile, and whether the tiles run on threads."""
 
     form: str
     lanes: int
@@ -184,14 +189,14 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
 def plan_pointwise(cout: int, cin: int, positions: int, batch: Optional[int], dtype: dt.DType,
                    cpu: CpuInfo) -> Optional[ConvPlan]:
     """The GEMM form of a pointwise convolution (`conv_pointwise.py`), or None where the
-    direct kernels are kept: fewer than `POINTWISE_GEMM_MIN_CHANNELS` input or output
-    channels. MR x NR is `matmul.micro_tile`'s. NC positions per work item, so that the packed
+    direct kernels are kept: fewer than `POINTWISE_GEMM_MIN_CIN` input or
+    `POINTWISE_GEMM_MIN_COUT` output channels. MR x NR is `matmul.micro_tile`'s. NC positions per work item, so that the packed
     input block (`Cin x NC`) fills at most a quarter of L2, in a multiple of the threads. The
     panels of positions run outermost (`channels_inner`: each panel stays in L1 while every
     micro-panel of channels reads it) where the packed weight fits in half of L2; a larger
     weight (ResNet-50's 512-to-2048 at 7x7, 4 MB) keeps its micro-panel in L1 instead, over
     every panel of the block."""
-    if cout < POINTWISE_GEMM_MIN_CHANNELS or cin < POINTWISE_GEMM_MIN_CHANNELS or positions < 1:
+    if cout < POINTWISE_GEMM_MIN_COUT or cin < POINTWISE_GEMM_MIN_CIN or positions < 1:
         return None
     lanes = cpu.lanes(dtype)
     mr, nvec = micro_tile(cpu)

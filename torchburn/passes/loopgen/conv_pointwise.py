@@ -8,8 +8,9 @@ input in place: each tile of output channels reads `Cin` rows of the input `P` e
 (12.5 KB for ResNet-50's 56x56 layers), whose lines fall into a few L1 sets and are evicted
 before the next tile of channels reads them again, one stream per row (more than a prefetcher
 follows). This kernel runs it the way `matmul.py`'s GEMM does (BLIS style): the weight is
-packed once per call into micro-panels of MR output channels (`%wa[Cout / MR, Cin, MR]`, zero
-past `Cout`), and each work item, a block of NC positions of one image, first copies its input
+read in place in micro-panels of MR output channels (rows clamped into bounds, as the GEMM
+reads A; a computed weight is packed once per call into `%wa[Cout / MR, Cin, MR]`, zero past
+`Cout`, and read from there), and each work item, a block of NC positions of one image, first copies its input
 into NR-wide panels of consecutive positions (`%pb[NC / NR, Cin, NR]`, zero past `P`), so the
 micro-kernel streams both operands from contiguous memory:
 
@@ -20,7 +21,7 @@ micro-kernel streams both operands from contiguous memory:
         for ir in 0..cdiv(Cout, MR)
           acc[r][v] = 0                                          MR x NR/W accumulators
           for ci in 0..Cin
-            bv_v = %pb[jr, ci, ramp(v*W, 1, W)] ; ab_r = broadcast(%wa[ir, ci, r])
+            bv_v = %pb[jr, ci, ramp(v*W, 1, W)] ; ab_r = broadcast(w[min(co0 + r, Cout - 1), ci])
             acc[r][v] = fma(ab_r, bv_v, acc[r][v])
           %ct[r, ramp(v*W, 1, W)] = acc[r][v]
           for row segment s of the tile: for r < rows: for c < len_s:
@@ -33,9 +34,11 @@ along the row, no division per element). The epilogue is the convolution's (bias
 norm, activation, residual add; `ConvBuilder.epilogue`), run on the finished tile before the
 only store.
 
-One thread, CPU time, f32, AVX2 (lanes 8, MR x NR 6 x 16): ResNet-50's 256-to-64 1x1 at 56x56
-2.73 ms in the width form's kernel (eager, oneDNN, 1.59), its 64-to-256 3.5 ms (eager 1.39);
-see `plan_conv` for what this form measured.
+One thread, CPU time, f32, AVX2 (lanes 8, MR x NR 6 x 16), before (the direct kernels) and
+after: ResNet-50's 256-to-64 1x1 at 56x56 2.75-3.19 -> 1.46-1.99 ms (eager, oneDNN, 1.36-1.75),
+its 64-to-256 3.22-3.41 -> 1.28-1.67 ms (eager 1.23-1.60), its 512-to-2048 at 7x7 4.30-4.83 ->
+2.10-2.25 ms (eager 1.72-2.02); the training step of ResNet-50 with the tuner off 1.20x ->
+1.02x eager's time (docs/benchmarks.md, issue 35, session 32).
 """
 from __future__ import annotations
 
