@@ -2,6 +2,7 @@
 
     python tools/profile_conv.py --model unet --mode training --batch 1 --steps 5
     python tools/profile_conv.py --model resnet18 --mode inference --size tiny --top 20
+    TORCHBURN_TUNE=off python tools/profile_conv.py --model resnet50 --threads 1 --clock cpu
 
 Eager is profiled with `torch.profiler` (self CPU time per ATen op). The TorchBurn step is
 compiled, then each compiled graph's native call is swapped for its kernels called one by one
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="rows per table")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
     parser.add_argument("--ir", type=int, default=0, metavar="N", help="print the loop IR of the N slowest kernels")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="each kernel's wall time, or the calling thread's CPU time (steadier on a loaded "
+                             "machine; with one thread)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHBURN_CACHE_DIR", "off")
     import torch
@@ -108,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     print(_eager_profile(ours_step, args.steps, args.top))
 
     profilers = [StepProfiler(launcher, model) for launcher in launchers]
+
+    def spent(k: Any) -> float:
+        return k.cpu_seconds if args.clock == "cpu" else k.seconds
+
     import contextlib
 
     with contextlib.ExitStack() as stack:
@@ -119,19 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     total = 0.0
     for index, (launcher, p) in enumerate(zip(launchers, profilers)):
         n = max(p.calls, 1)
-        seconds = sum(k.seconds for k in p.kernels) / n
+        seconds = sum(spent(k) for k in p.kernels) / n
         total += seconds
         print(f"\n## torchburn graph {index} ({launcher.name}): {seconds * 1e3:.1f} ms in {len(p.kernels)} kernel calls "
               f"(mean of {n} calls)\n")
         print("| kernel | ms/step | share | what (ATen ops fused) | module |\n|---|---:|---:|---|---|")
-        for k in sorted(p.kernels, key=lambda k: -k.seconds)[:args.top]:
-            print(f"| {k.kernel} | {k.seconds / n * 1e3:.2f} | {100 * k.seconds / n / max(seconds, 1e-12):.1f}% | {k.what[:90]} | "
+        for k in sorted(p.kernels, key=lambda k: -spent(k))[:args.top]:
+            form = dict(p.program.kernel(k.kernel).attrs).get("conv", "").split(" lanes")[0]
+            print(f"| {k.kernel} | {spent(k) / n * 1e3:.2f} | {100 * spent(k) / n / max(seconds, 1e-12):.1f}% | "
+                  f"{k.what[:90]}{' [' + form + ']' if form else ''} | "
                   f"{k.where.split(' (')[0]} |")
         for k in p.kernels:
             g = by_group[_family(k.what, p.program.kernel(k.kernel))]
-            g[0] += k.seconds / n
+            g[0] += spent(k) / n
             g[1] += 1
-    slowest = sorted(((k.seconds / max(p.calls, 1), k.kernel, p) for p in profilers for k in p.kernels),
+    slowest = sorted(((spent(k) / max(p.calls, 1), k.kernel, p) for p in profilers for k in p.kernels),
                      key=lambda x: -x[0])[:args.ir]
     for seconds, name, p in slowest:
         from torchburn.ir.printer import print_kernel

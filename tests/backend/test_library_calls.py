@@ -231,6 +231,17 @@ def test_the_gemm_form_is_not_proposed_for_large_images(tuning: None, monkeypatc
     assert "ours-gemm" not in prepared and "ours" in prepared
 
 
+def test_the_gemm_form_is_not_proposed_where_ours_is_a_product(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unpadded 1x1 convolution with 24 input and 16 output channels and more is a packed
+    product in our own kernel (`loopgen/conv_pointwise.py`): im2col and our GEMM would compute the same product
+    without its epilogue, so it is not compiled and measured (a 6x6 image would otherwise
+    qualify by its 36 positions)."""
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = nn.Sequential(nn.Conv2d(256, 256, 1, stride=2), nn.ReLU()).eval()
+    torchburn.explain(model, torch.randn(2, 256, 12, 12))
+    assert "ours-gemm" not in prepared and "ours" in prepared
+
+
 @pytest.mark.parametrize("options, message", [({"tune": "fast"}, "option tune='fast'"),
                                               ({"tune_budget_s": -1}, "tune_budget_s=-1"),
                                               ({"tune_budget_s": "10"}, "tune_budget_s='10'")])

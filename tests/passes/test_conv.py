@@ -8,6 +8,7 @@ with guard pages around every operand.
 """
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -108,7 +109,11 @@ TABLE = [
     (2, 8, 16, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), 2, True, "channels"),
     (1, 6, 20, (5, 9), (3, 2), (2, 1), (0, 2), (1, 3), 1, True, "channels"),  # asymmetric, Cout % 8 != 0
     (1, 8, 8, (3, 3), (3, 3), (1, 1), (2, 2), (1, 1), 1, True, "channels"),   # rows entirely in padding
-    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "channels"),  # pointwise
+    (2, 24, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "gemm"),  # pointwise: panels cross rows of 5
+    (1, 32, 20, (9, 11), (1, 1), (2, 2), (0, 0), (1, 1), 1, True, "gemm"),  # strided pointwise, Cout % MR != 0
+    (2, 24, 16, (3, 21), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "gemm"),  # rows longer than a panel
+    (2, 16, 24, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 1, False, "channels"),  # 16 input channels: direct
+    (1, 16, 16, (10, 10), (1, 1), (1, 1), (1, 1), (1, 1), 1, True, "channels"),  # padded 1x1: direct kernel
     (2, 32, 8, (1, 1), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "channels"),    # squeeze-excite 1x1
     (2, 64, 64, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), 1, False, "channels"),  # a deep stage
     (2, 24, 24, (9, 13), (3, 3), (1, 1), (1, 1), (1, 1), 24, False, "width"),   # depthwise
@@ -121,9 +126,11 @@ TABLE = [
     (2, 8, 8, (3, 40), (3, 3), (1, 2), (0, 0), (1, 1), 8, False, "width"),      # strided, no padding
     (1, 12, 40, (3, 35), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, "width"),     # pointwise over long rows
     (2, 32, 32, (23,), (3,), (2,), (0,), (1,), 1, True, "channels"),
+    (2, 32, 40, (37,), (1,), (1,), (0,), (1,), 1, True, "gemm"),             # pointwise conv1d
     (1, 1, 32, (100,), (10,), (5,), (0,), (1,), 1, False, "channels"),
     (2, 64, 64, (17,), (5,), (1,), (2,), (1,), 64, False, "width"),
     (1, 4, 8, (5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, True, "channels"),
+    (1, 24, 24, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, False, "gemm"),  # pointwise conv3d
     (1, 6, 6, (4, 1), (3, 1), (1, 1), (1, 0), (1, 1), 6, True, None),           # width 1: per-element nest
 ]
 
@@ -250,8 +257,9 @@ SMALL_L2 = Target(vector_bits=512, l1_bytes=32 * 1024, l2_bytes=32 * 1024, threa
 @pytest.mark.parametrize("epilogue", ["", "res_tanh"])
 def test_channel_tiles_inner_compute_what_eager_does(epilogue: str) -> None:
     """The width form with its channel tiles innermost (an L2 of 32 KB makes a small pointwise
-    layer's input outgrow it): whole and edge tiles of channels and positions, a residual."""
-    case = ConvCase(2, 64, 40, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, epilogue)
+    layer's input outgrow it; fewer than 16 output channels keep it out of the GEMM form):
+    whole and edge tiles of channels and positions, a residual."""
+    case = ConvCase(2, 64, 12, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), 1, True, epilogue)
     compiled = case.run(SMALL_L2)
     assert ["channel tiles inner" in p for p in conv_plans(compiled)] == [True], conv_plans(compiled)
 
@@ -292,8 +300,8 @@ BLOCKED = [
     (2, 16, 80, (600,), (3,), (2,), (1,), (1,), "channels"),
     (1, 16, 80, (17, 41), (1, 3), (1, 2), (1, 0), (1, 1), "channels"),
     (1, 24, 72, (23, 17), (2, 2), (2, 1), (1, 1), (1, 2), "channels"),
-    (2, 64, 80, (300,), (1,), (1,), (0,), (1,), "width"),
-    (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 0), (1, 1), "width"),
+    (2, 64, 80, (300,), (1,), (1,), (1,), (1,), "width"),  # (padded: an unpadded 1x1 takes the GEMM form)
+    (1, 64, 72, (5, 37), (1, 1), (1, 1), (0, 1), (1, 1), "width"),
 ]
 
 
@@ -448,3 +456,101 @@ def test_no_access_outside_buffers() -> None:
                           text=True, env=env, timeout=1200, cwd=root)
     assert proc.returncode == 0 and "GUARDS OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:],
                                                                  proc.stderr[-4000:])
+
+
+def test_pointwise_layers_take_the_gemm_form() -> None:
+    """An unpadded 1x1 convolution with at least 24 input and 16 output channels is a packed
+    product (`conv_pointwise.py`): ResNet-50's 256-to-64 1x1 at 56x56 took 2.7 ms in the width
+    form and 1.5 ms so (one thread, AVX2; eager 1.4-1.5). Few channels (a squeeze-excitation's
+    reduction, EfficientNet's 16-channel expansion) keep the direct kernels; a weight larger than half of L2 (512-to-2048) keeps its
+    micro-panel in L1 over the panels instead of running the panels outermost; blocks of
+    positions come in a multiple of the threads."""
+    from torchburn.ir import dtypes as dt
+    from torchburn.passes.loopgen.conv import plan_conv
+    from torchburn.passes.loopgen.matmul import CpuInfo
+
+    avx2 = CpuInfo(vector_bits=256, l2_bytes=512 * 1024)
+    squeeze = plan_conv(64, 1, 256, 1, 56, 56 * 56, 1, dt.f32, avx2, stride_one=True, pointwise=True)
+    assert squeeze is not None and squeeze.form == "gemm" and squeeze.channels_inner
+    assert (squeeze.cv, squeeze.pos * squeeze.lanes) == (6, 16) and squeeze.nc % 16 == 0
+    assert squeeze.nc * 256 * 4 <= avx2.l2_bytes // 4
+    assert "gemm" in squeeze.describe() and "nr=16" in squeeze.describe()
+    wide = plan_conv(2048, 1, 512, 1, 7, 49, 1, dt.f32, CpuInfo(vector_bits=512), stride_one=True, pointwise=True)
+    assert wide is not None and wide.form == "gemm" and not wide.channels_inner
+    assert (wide.cv, wide.pos * wide.lanes) == (8, 32)
+    few = plan_conv(8, 1, 32, 1, 1, 1, 1, dt.f32, avx2, stride_one=True, pointwise=True)
+    assert few is not None and few.form != "gemm"
+    # EfficientNet's 16-to-96 expansion at 112x112: 16 input channels keep the width form
+    expansion = plan_conv(96, 1, 16, 1, 112, 112 * 112, 1, dt.f32, avx2, stride_one=True, pointwise=True)
+    assert expansion is not None and expansion.form == "width"
+    two = CpuInfo(vector_bits=256, l2_bytes=512 * 1024, threads=2)
+    for positions in (56 * 56, 28 * 28, 14 * 14, 7 * 7):
+        plan = plan_conv(256, 1, 256, 1, int(positions ** 0.5), positions, 1, dt.f32, two, pointwise=True)
+        assert plan is not None and plan.form == "gemm" and plan.parallel
+        assert -(-positions // plan.nc) % 2 == 0, (positions, plan.nc)
+
+
+@pytest.mark.parametrize("epilogue", ["", "res_tanh"])
+def test_reference_engine_runs_the_pointwise_gemm_kernel(epilogue: str) -> None:
+    """The GEMM form (panels across rows of 7, a partial last micro-panel of channels and
+    panel of positions, a strided input) through the NumPy reference interpreter."""
+    from torchburn.ir.parser import parse_graph
+    from torchburn.passes.base import PassManager
+    from torchburn.passes.pipeline import Pipeline
+    from torchburn.runtime.reference import run_arrays
+
+    for stride in (1, 2):
+        case = ConvCase(1, 24, 20, (7, 13), (1, 1), (stride, stride), (0, 0), (1, 1), 1, True, epilogue)
+        program = PassManager(Pipeline.default().passes(), target=AVX2).run(parse_graph(case.text()))
+        assert [dict(k.attrs)["conv"].split()[0] for k in program.kernels if "conv" in dict(k.attrs)] == ["gemm"]
+        a = case.arrays()
+        out = run_arrays(program, a)
+        np.testing.assert_allclose(out["out0"], case.expected(a), rtol=1e-4, atol=1e-4 * np.sqrt(24))
+
+
+def test_bottleneck_training_step_in_gemm_form() -> None:
+    """A ResNet bottleneck (1x1 reduce, 3x3, 1x1 expand, a strided 1x1 projection, batch norm
+    and ReLU) through `torch.compile`, one training step: the output and every gradient equal
+    eager's, and the pointwise forward convolutions and input gradients ran in the GEMM form
+    (their weight gradients are products of `_grad_weight_gemm`)."""
+    from torchburn.llm.cli.profile import StepProfiler, capture_launchers
+
+    torch.manual_seed(0)
+
+    class Bottleneck(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reduce = torch.nn.Conv2d(32, 24, 1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(24)
+            self.mid = torch.nn.Conv2d(24, 24, 3, stride=2, padding=1, bias=False)
+            self.bn2 = torch.nn.BatchNorm2d(24)
+            self.expand = torch.nn.Conv2d(24, 48, 1, bias=False)
+            self.bn3 = torch.nn.BatchNorm2d(48)
+            self.project = torch.nn.Conv2d(32, 48, 1, stride=2, bias=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.bn1(self.reduce(x)))
+            y = torch.relu(self.bn2(self.mid(y)))
+            return torch.relu(self.bn3(self.expand(y)) + self.project(x))
+
+    eager = Bottleneck().train()
+    model = copy.deepcopy(eager)
+    x = torch.randn(2, 32, 10, 9)
+    x_eager = x.clone().requires_grad_(True)
+    x_ours = x.clone().requires_grad_(True)
+    torch._dynamo.reset()
+    with capture_launchers() as launchers:
+        out = torch.compile(model, backend="torchburn", dynamic=False)(x_ours)
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        out.backward(cot)
+    expected = eager(x_eager)
+    expected.backward(cot)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x_ours.grad, x_eager.grad, rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    forms = [dict(k.attrs).get("conv", "").split(" ")[0] for launcher in launchers
+             for k in StepProfiler(launcher, model).program.kernels]
+    # forward: reduce, expand, the strided projection; backward: the input gradients of
+    # expand and reduce (the projection's is a phase of a strided gradient: also pointwise)
+    assert forms.count("gemm") >= 5, forms

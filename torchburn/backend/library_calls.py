@@ -224,10 +224,16 @@ GEMM_FORM_MAX_POSITIONS = 64
 def _gemm_form_plausible(node: torch.fx.Node) -> bool:
     """Whether `ours-gemm` is worth measuring for `node` (a prune, as Triton's
     `prune_configs_by`: a candidate that cannot win costs a compile and its rounds)."""
+    from ..passes.loopgen.conv import POINTWISE_GEMM_MIN_CIN, POINTWISE_GEMM_MIN_COUT
+
     if node.target is not aten.convolution.default or node.args[8] != 1 or node.args[6]:
         return False
     w, out = node.args[1].meta["val"], node.meta["val"]
-    return math.prod(int(k) for k in w.shape[2:]) == 1 or math.prod(int(o) for o in out.shape[2:]) <= GEMM_FORM_MAX_POSITIONS
+    pointwise = math.prod(int(k) for k in w.shape[2:]) == 1
+    if (pointwise and not any(node.args[4]) and int(w.shape[0]) >= POINTWISE_GEMM_MIN_COUT
+            and int(w.shape[1]) >= POINTWISE_GEMM_MIN_CIN):
+        return False  # `ours` is this product already, with its epilogue (`loopgen/conv_pointwise.py`)
+    return pointwise or math.prod(int(o) for o in out.shape[2:]) <= GEMM_FORM_MAX_POSITIONS
 
 
 def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,

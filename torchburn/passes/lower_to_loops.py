@@ -472,8 +472,8 @@ def _used_symbols(params: tuple[lp.Buffer, ...], body: lp.Stmt, symbols: tuple[V
 
 
 def _conv_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
-    """`loopgen.conv.conv_root` (its module loads with the first convolution)."""
-    from .loopgen.conv import conv_root
+    """`loopgen.conv_root.conv_root` (its modules load with the first convolution)."""
+    from .loopgen.conv_root import conv_root
 
     return conv_root(kb, op, out, cpu)
 

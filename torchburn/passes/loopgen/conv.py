@@ -1,10 +1,12 @@
 """Convolution kernels: register-blocked direct convolutions with fused epilogues.
 
-`build_conv` lowers one `conv` (`x: [N, C, *in]`, `w: [Cout, C / groups, *k]`, any number of
-spatial dims, stride, padding, dilation, groups), with the elementwise ops fused after it
-(bias, batch norm, activation, residual add; see `fuse`), to one of two loop nests. Both
-compute a tile of output channels x output positions along the last spatial dim in vector
-accumulators, then run the epilogue on the finished tile before the only store.
+`conv_root.build_conv` lowers one `conv` (`x: [N, C, *in]`, `w: [Cout, C / groups, *k]`, any
+number of spatial dims, stride, padding, dilation, groups), with the elementwise ops fused
+after it (bias, batch norm, activation, residual add; see `fuse`), to one of two loop nests
+built here, or, for an unpadded 1x1 convolution with enough channels, to the packed product of
+`conv_pointwise.py` (`plan_pointwise`). Both direct forms compute a tile of output channels x
+output positions along the last spatial dim in vector accumulators, then run the epilogue on
+the finished tile before the only store.
 
 **Channels form** (`groups` small, many output channels per group): the vectors run along the
 output channels. The weight is packed first, once per call, into vectors of W channels
@@ -68,8 +70,8 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .nest_helpers import NestHelpers
-from .kernel_builder import KernelBuilder, LoweringError
-from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, static_int
+from .kernel_builder import KernelBuilder
+from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, micro_tile, static_int
 
 Index = tuple[Expr, ...]
 
@@ -88,13 +90,21 @@ ACCUMULATORS_WIDE = 20
 #: (`ConvPlan.channels_inner`). ResNet-50's 256-to-64 1x1 at 56x56, one thread: every one of
 #: its 7 channel tiles streamed the 3.2 MB input, 256 rows 12.5 KB apart.
 CHANNEL_TILES_INNER_MIN_K = 64
+#: Pointwise convolutions with at least this many input channels and output channels take
+#: the GEMM form (`plan_pointwise`). With 16 input channels the width form was faster (one
+#: thread, AVX2, BN folded: EfficientNet's 16-to-96 expansion at 112x112 1.2-1.5 ms against
+#: 1.9-2.1 ms: each tile's product is 16 steps long, and copying the input costs a sixth of
+#: it); from 24 the GEMM form was (24-to-144 at 56x56 0.52-0.59 against 0.82-0.94 ms).
+POINTWISE_GEMM_MIN_CIN = 24
+POINTWISE_GEMM_MIN_COUT = 16
 
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """Blocking of one convolution: `form` "channels" or "width", `lanes` per vector, `cv`
-    vectors (channels form) or channels (width form) per tile, `pos` output positions (channels
-    form) or vectors of positions (width form) per tile, and whether the tiles run on threads."""
+    """Blocking of one convolution: `form` "channels", "width" or "gemm" (`plan_pointwise`),
+    `lanes` per vector, `cv` vectors (channels form) or channels (width form; MR in the gemm
+    form) per tile, `pos` output positions (channels form) or vectors of positions (width form;
+    NR / lanes in the gemm form) per tile, and whether the tiles run on threads."""
 
     form: str
     lanes: int
@@ -112,8 +122,14 @@ class ConvPlan:
     #: channels reads it, where without blocks every tile of channels streamed the whole input
     #: (see `position_block`).
     block: int = 0
+    #: GEMM form: output positions per work item (packed input block; see `plan_pointwise`).
+    nc: int = 0
 
     def describe(self) -> str:
+        if self.form == "gemm":
+            order = " channels inner" if self.channels_inner else ""
+            return (f"gemm lanes={self.lanes} mr={self.cv} nr={self.pos * self.lanes} nc={self.nc} "
+                    f"parallel={'yes' if self.parallel else 'no'}{order} (packed product over positions)")
         kind = "vectors over channels" if self.form == "channels" else "vectors over width"
         order = " channel tiles inner" if self.channels_inner else ""
         if self.block:
@@ -170,16 +186,54 @@ def position_block(tiles_c: int, position_tiles: Optional[int], input_bytes: int
     return block if 2 * input_bytes * (tiles_c - 1) >= weight_bytes * (blocks - 1) else 0
 
 
+def plan_pointwise(cout: int, cin: int, positions: int, batch: Optional[int], dtype: dt.DType,
+                   cpu: CpuInfo) -> Optional[ConvPlan]:
+    """The GEMM form of a pointwise convolution (`conv_pointwise.py`), or None where the
+    direct kernels are kept: fewer than `POINTWISE_GEMM_MIN_CIN` input or
+    `POINTWISE_GEMM_MIN_COUT` output channels. MR x NR is `matmul.micro_tile`'s. NC positions per work item, so that the packed
+    input block (`Cin x NC`) fills at most a quarter of L2, in a multiple of the threads. The
+    panels of positions run outermost (`channels_inner`: each panel stays in L1 while every
+    micro-panel of channels reads it) where the packed weight fits in half of L2; a larger
+    weight (ResNet-50's 512-to-2048 at 7x7, 4 MB) keeps its micro-panel in L1 instead, over
+    every panel of the block."""
+    if cout < POINTWISE_GEMM_MIN_COUT or cin < POINTWISE_GEMM_MIN_CIN or positions < 1:
+        return None
+    lanes = cpu.lanes(dtype)
+    mr, nvec = micro_tile(cpu)
+    nr = nvec * lanes
+    item = max(dt.compute_dtype(dtype).itemsize, 1)
+    nc_cap = max(nr, (cpu.l2_bytes // 4) // (cin * item) // nr * nr)
+    blocks = _cdiv(positions, min(nc_cap, _cdiv(positions, nr) * nr))
+    flops = 2.0 * cout * cin * positions * (batch or (1 << 20))
+    parallel = cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS
+
+    def block_size(count: int) -> int:
+        return _cdiv(_cdiv(positions, count), nr) * nr
+
+    if parallel and batch is not None:
+        # as many blocks for every thread, where the positions allow
+        blocks = next((b for b in range(blocks, _cdiv(positions, nr) + 1)
+                       if batch * _cdiv(positions, block_size(b)) % cpu.threads == 0), blocks)
+    nc = block_size(blocks)
+    weight_fits = _cdiv(cout, mr) * mr * cin * item <= cpu.l2_bytes // 2
+    return ConvPlan("gemm", lanes, mr, nvec, parallel, channels_inner=weight_fits, nc=nc)
+
+
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
               batch: Optional[int], dtype: dt.DType, cpu: CpuInfo, stride_one: bool = False,
               epilogue: bool = False, in_positions: Optional[int] = None,
-              input_reuse: Optional[float] = None) -> Optional[ConvPlan]:
+              input_reuse: Optional[float] = None, pointwise: bool = False) -> Optional[ConvPlan]:
     """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
     input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
     and `positions` in all (None: not known), `in_positions` input positions per channel (None:
     not known), `input_reuse` the taps per input element (taps / the product of the strides;
     None: taps x positions / in_positions), `stride_one` when every stride is 1, `epilogue`
-    when ops are fused after it; None when neither form pays."""
+    when ops are fused after it, `pointwise` for a 1x1 convolution without padding (the
+    GEMM form, `plan_pointwise`, in one group where it pays); None when no form pays."""
+    if pointwise and groups == 1 and taps == 1 and positions is not None and (out_w is not None):
+        gemm = plan_pointwise(cout, cin_g, positions, batch, dtype, cpu)
+        if gemm is not None:
+            return gemm
     lanes = cpu.lanes(dtype)
     budget = ACCUMULATORS_WIDE if cpu.vector_bits >= 512 else ACCUMULATORS
     cout_g = cout // groups
@@ -819,31 +873,8 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
     for i in c.in_size:
         si = static_int(i)
         in_positions = None if si is None or in_positions is None else in_positions * int(si)
+    pointwise = taps == 1 and not any(c.padding)
     return plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
                      epilogue=epilogue, in_positions=in_positions,
-                     input_reuse=taps / math.prod(c.stride))
-
-
-def build_conv(kb: KernelBuilder, root: Op, conv: Op, out: lp.Buffer, plan: ConvPlan) -> lp.Stmt:
-    """The loop nest computing `root` (a conv, or the last op of its epilogue) into `out`."""
-    for o in (root, conv):
-        if o.loc and o.loc not in kb.origins:
-            kb.origins.append(o.loc)
-    kb.used_buffers[out.name] = out
-    builder = ConvBuilder(kb, root, conv, out, plan)
-    return builder.build()
-
-
-def conv_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
-    """A convolution kernel for root `op` (a conv or its epilogue's last op), or None when the
-    convolution keeps the element-by-element nest."""
-    conv = fused_conv(op, set(kb.buffers))
-    if conv is None:
-        raise LoweringError(f"lower-to-loops: kernel root {op.name} has no fused conv")
-    if conv.operands[0] not in kb.buffers:
-        return None  # the width form loads x directly: x must have a buffer (fuse gives it one)
-    plan = conv_plan_for(conv, cpu, epilogue=op is not conv)
-    if plan is None:
-        return None
-    return build_conv(kb, op, conv, out, plan)
+                     input_reuse=taps / math.prod(c.stride), pointwise=pointwise)
