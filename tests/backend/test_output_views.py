@@ -36,6 +36,18 @@ def test_a_gemm_returned_reshaped_is_one_kernel(name: str) -> None:
     assert _kernels(reports) == 1, [s.kernels for r in reports for s in r.subgraphs]
 
 
+@pytest.mark.parametrize("name", ["llvm", "reference"])
+def test_scalar_and_one_dim_views(name: str) -> None:
+    """A 0-d result (a dot product, `[1, 1]` viewed `[]`) and a 1-d one."""
+    x, y = torch.randn(37), torch.randn(37)
+    with engine(name):
+        for fn in (torch.dot, torch.inner, lambda a, b: (a[:, None] @ b[None, :]).reshape(-1)):
+            out, reports = run_compiled(fn, x, y)
+            assert_fully_compiled(reports)
+            torch.testing.assert_close(out, fn(x, y), rtol=1e-5, atol=1e-4)
+            assert out.shape == fn(x, y).shape
+
+
 def test_symbolic_sizes_view_the_output_buffer() -> None:
     w = torch.randn(7, 6)
 

@@ -258,7 +258,7 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
         raise ValueError(f"{p.name}: the program returns {names}, the graph {len(g.outputs)} values")
     results = [source_of[n] for n in names]
     for k, shape in p.result_views:  # an output buffer returned in another shape: a view, no copy
-        results[k] += f".view({', '.join(python_expr(d) for d in shape)}{',' if len(shape) == 1 else ''})"
+        results[k] += f".view(({', '.join(python_expr(d) for d in shape)}{',' if len(shape) == 1 else ''}))"
     body.append(f"return {_tuple_src(results)}")
     # `launch(a0, ...)` and the same body taking AOTAutograd's boxed argument list, which
     # saves the frame `make_boxed_func` would add to every call
