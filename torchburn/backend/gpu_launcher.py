@@ -183,6 +183,8 @@ class GpuLauncher:
         #: ids of each decode step, takes it over when free: the bind groups stay valid).
         self._last_buffer: list[Any] = [None] * len(self.inputs)
         #: Graph result index -> argument position, for the results that are in-place writes.
+        #: Results returned viewed in another shape (`Program.result_views`), by position.
+        self._result_views = dict(self.program.result_views)
         self.inplace_results = {k: inp.position for k, name in enumerate(self.program.result_names())
                                 for inp in self.written if inp.buffer.name == name}
         #: Bytes across the device boundary (of the last call, in all, resident), shared with
@@ -493,7 +495,7 @@ class GpuLauncher:
         computed = {b.name: out for (b, _, _), out in zip(self.outputs, outs)}
         results: list[Any] = []
         for k, name in enumerate(self.program.result_names()):
-            view = self.program.result_view(k)
+            view = self._result_views.get(k)
             if name in computed and view is not None:  # its buffer in the output's shape
                 results.append(computed[name].view(tuple(ex.evaluate_index(d, env) for d in view)))
             elif name in computed:
