@@ -7,6 +7,8 @@ transformers recommends; fp32 and fp16), all on the same random weights.
     python benchmarks/bench_llm_gpu.py --json out.json --reps 7 --prompt 128 --tokens 128
     python benchmarks/bench_llm_gpu.py --quick               # tiny model, any machine (llvmpipe)
     python benchmarks/bench_llm_gpu.py --only gpu,gpu-int4   # a subset of the contenders
+    python benchmarks/bench_llm_gpu.py --only gpu,base:gpu --baseline-tree /tmp/main   # A/B: "base:" rows
+                                                             # run that checkout's code, same session
 
 The checkpoint is a random-weight Llama with SmolLM2-135M's configuration (hidden 576, 30
 layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings), made with
@@ -237,12 +239,20 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- driver
+#: A contender's name with this prefix runs `--baseline-tree`'s code (its own copy of this script).
+BASE = "base: "
+
+
 def _spawn(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--model", str(folder),
+    root, script = ROOT, Path(__file__).resolve()
+    if name.startswith(BASE):
+        root = Path(args.baseline_tree).resolve()
+        script, name = root / "benchmarks" / Path(__file__).name, name[len(BASE):]
+    cmd = [sys.executable, str(script), "--worker", name, "--model", str(folder),
            "--prompt", str(args.prompt), "--tokens", str(args.tokens)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
 
@@ -265,10 +275,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     names = list(CONTENDERS)
     if args.only:
-        wanted = [SHORT.get(s.strip(), s.strip()) for s in args.only.split(",")]
-        unknown = [w for w in wanted if w not in CONTENDERS]
+        wanted = []
+        for s in args.only.split(","):
+            s = s.strip()
+            base = s.startswith("base:")
+            s = s[len("base:"):] if base else s
+            wanted.append((BASE if base else "") + SHORT.get(s, s))
+        unknown = [w for w in wanted if w.removeprefix(BASE) not in CONTENDERS]
         if unknown:
-            raise SystemExit(f"unknown contenders {unknown}; choose from {', '.join(SHORT)}")
+            raise SystemExit(f"unknown contenders {unknown}; choose from {', '.join(SHORT)} (base:NAME with "
+                             "--baseline-tree)")
+        if any(w.startswith(BASE) for w in wanted) and not (
+                args.baseline_tree and (Path(args.baseline_tree) / "benchmarks" / Path(__file__).name).is_file()):
+            raise SystemExit("base: contenders need --baseline-tree, a checkout holding benchmarks/bench_llm_gpu.py")
         names = wanted
     config = QUICK if args.quick else SHAPES[args.shape]
     if args.checkpoint and (Path(args.checkpoint) / "config.json").is_file():
@@ -355,6 +374,7 @@ def print_report(payload: dict[str, Any]) -> None:
              ("torchburn gpu int4", "transformers cuda static f16"),
              ("torchburn gpu int8", "transformers cuda static f16"),
              ("torchburn gpu int4", "torchburn cpu f32")]
+    pairs += [(n.removeprefix(BASE), n) for n in med if n.startswith(BASE)]
     for a, b in pairs:
         if a in med and b in med:
             print(f"decode {a} / {b}: {med[a] / med[b]:.2f}x")
@@ -375,6 +395,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", default=None, help="write the figures here")
     p.add_argument("--checkpoint", default=None,
                    help="keep the random checkpoint in this folder (reused when it holds one)")
+    p.add_argument("--baseline-tree", default=None,
+                   help="another checkout (e.g. main): its code runs the contenders named base:NAME")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

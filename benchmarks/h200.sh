@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md, on the lent H200 machine (see docs/benchmarks.md, "GPU").
 #
+# `bash benchmarks/gpu_carry.sh` builds `.gl/` here (once per machine; it is not tracked).
 # That machine has Python 3.12 and PyTorch with CUDA but no wgpu, no Vulkan loader and no
 # network, so the checkout carries them, ignored by git (`.gl/`: the Vulkan/GL loader .debs and
 # two folders for Python 3.12 / manylinux, installed with `pip install --target --python-version 3.12
@@ -62,7 +63,12 @@ ldconfig
 mkdir -p /tmp/site
 tar -xJf .gl/site.tar.xz -C /tmp/site || exit 1
 tar -xJf .gl/llvmlite.tar.xz -C /tmp/site || exit 1
+# numpy only where the image lacks it (the H100 image of 2026-12 has numpy 2.5)
+python3 -c "import numpy" 2>/dev/null || [ ! -f .gl/numpy.tar.xz ] || tar -xJf .gl/numpy.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
+# another checkout to compare with in the same session (bench_llm_gpu's `base:` contenders,
+# `--baseline-tree /tmp/base/base`): `git archive --prefix=base/ main | xz > .gl/base.tar.xz` here
+if [ -f .gl/base.tar.xz ]; then mkdir -p /tmp/base && tar -xJf .gl/base.tar.xz -C /tmp/base; fi
 # what `pip install .` would add: the `torch_dynamo_backends` entry point (backend="torchburn")
 mkdir -p /tmp/site/torchburn-0.1.0.dist-info
 printf 'Metadata-Version: 2.1\nName: torchburn\nVersion: 0.1.0\n' > /tmp/site/torchburn-0.1.0.dist-info/METADATA

@@ -4,7 +4,7 @@ passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
     gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse
                          (no qlinear-to-gemm: a quantized product stays one kernel on the GPU)
-                         | lower-to-loops-gpu | gpu-split-wide, gpu-split-k, gpu-map
+                         | lower-to-loops-gpu | gpu-inline-rows, gpu-split-wide, gpu-split-k, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
 """
@@ -14,6 +14,7 @@ import dataclasses
 
 from ..tensor.expand_attention import ExpandAttention
 from ..tensor.fusion import Fuse
+from .inline_rows import GpuInlineRows
 from .lower import LowerToLoopsGpu
 from .map import GpuMap
 from .split import GpuSplitWide
@@ -25,7 +26,8 @@ from ..pipeline import Pipeline, user_loop_passes
 def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     """The GPU variant of a pipeline: the same tensor passes, the user's loop passes but none
     of the built-in CPU loop passes (threads, SIMD, unrolling), matrix products lowered as plain
-    nests (`lower-to-loops-gpu`), then `gpu-split-wide` (kernels binding too many buffers,
+    nests (`lower-to-loops-gpu`), then `gpu-inline-rows` (a one-row kernel, a decode step's
+    RMSNorm, computed inside the product that reads it, `inline_rows.py`), `gpu-split-wide` (kernels binding too many buffers,
     `gpu_split.py`), `gpu-split-k` (products with few output tiles, `gpu_split_k.py`) and
     `gpu-map` last (unless the user placed them). Row fusion stays:
     `gpu-map` gives its row kernels a workgroup per row (`gpu_rows.py`). A fused `attention`
@@ -38,6 +40,9 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     if not any(x.name == GpuSplitWide.name for x in loop):
         # before the mapping, so that each chunk is mapped on its own
         loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitWide())
+    if not any(x.name == GpuInlineRows.name for x in loop):
+        # first: a norm's row computed inside the product that reads it is one dispatch less
+        loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuSplitWide.name), GpuInlineRows())
     if not any(x.name == GpuSplitK.name for x in loop):
         # before the mapping: the parts are a GEMM, their sum an elementwise kernel
         loop.insert(next(k for k, x in enumerate(loop) if x.name == GpuMap.name), GpuSplitK())
