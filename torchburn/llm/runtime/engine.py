@@ -170,7 +170,8 @@ class LLM:
         file, or a Hugging Face id; ``None`` loads the default SmolLM2-135M-Instruct GGUF.
 
         ``quant``: None keeps the checkpoint's weights (GGUF block types stay quantized),
-        "int8"/"int4" quantize float weights on load (docs/llm.md lists which).
+        "int8"/"int4" quantize float weights on load (docs/llm.md lists which), "f16" stores
+        the float linears and token embedding as float16 for the GPU engine (f32 arithmetic).
         """
         from ...runtime.gc_pause import gc_paused
         from .device import select_device
@@ -179,8 +180,12 @@ class LLM:
         from ..model.weights import QUANT_CHOICES
 
         if quant not in QUANT_CHOICES:
-            raise ValueError(f"quant must be one of None, 'int8', 'int4'; got {quant!r}")
+            raise ValueError(f"quant must be one of None, 'int8', 'int4', 'f16'; got {quant!r}")
         chosen = select_device(device, threads)
+        if quant == "f16" and chosen != "gpu":
+            raise ValueError("quant='f16' stores float16 weights for the GPU engine (device='gpu'), which "
+                             "converts them as its products load them; on the CPU engine use None, 'int8' or "
+                             "'int4'")
         path = resolve(source)
         defaults = None
         # mapping the weight cache makes ~100k small objects: no full collections meanwhile
