@@ -54,3 +54,28 @@ def test_embedding_id_equal_to_vocabulary_size_raises_on_the_gpu(gpu) -> None:  
     assert launcher.gpu.faults == 1 and launcher.eager_fallbacks == 1
     torch.testing.assert_close(compiled(ids, weight), F.embedding(ids, weight) + 1)
     assert launcher.calls == 2 and launcher.eager_fallbacks == 1 and launcher.gpu.faults == 1
+
+
+@pytest.mark.parametrize("n", [3, 100])
+def test_int64_values_past_32_bits_run_in_pytorch(gpu, n: int) -> None:  # type: ignore[no-untyped-def]
+    """The GPU stores int64 as int32: a call whose int64 input holds a value past 32 bits runs
+    in PyTorch (eager's numbers), a few values checked through a list, many by reductions; the
+    next call with small values runs on the GPU again."""
+    from torchburn.backend import gpu_launcher
+
+    def f(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return x + (i * 2).float()
+
+    x = torch.randn(n)
+    small = torch.arange(n, dtype=torch.long)
+    big = small.clone()
+    big[n // 2] = 3 << 32
+    compiled = torch.compile(f, backend="torchburn", fullgraph=True)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(x, small), f(x, small))
+    launcher = gpu_launcher.recent_launchers()[-1]
+    assert launcher.eager_fallbacks == 0
+    torch.testing.assert_close(compiled(x, big), f(x, big))
+    assert launcher.eager_fallbacks == 1
+    torch.testing.assert_close(compiled(x, small), f(x, small))
+    assert launcher.eager_fallbacks == 1

@@ -370,7 +370,7 @@ class GpuLauncher:
             return self._done_slow(args, "sizes, strides, dtype or device differ from the compiled ones", feed)
         for inp in self.wide:
             t = args[inp.position]
-            if t.numel() and (int(t.min()) < -(1 << 31) or int(t.max()) >= 1 << 31):
+            if t.numel() and not _fits_int32(t):
                 return self._done_slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as "
                                        "int32)", feed)
         if self.record_args:
@@ -540,6 +540,15 @@ class PendingCall:
             self._result = self.launcher._finish(self)
             self.args = ()  # the arguments' tensors are free for the next step's (their buffers too)
         return self._result
+
+
+def _fits_int32(t: torch.Tensor) -> bool:
+    """Whether an int64 tensor's values fit int32: a few values (a decode step's positions
+    and slots) through a list, without two reductions' dispatch."""
+    if t.numel() <= 64:
+        values = t.reshape(-1).tolist()
+        return -(1 << 31) <= min(values) and max(values) < 1 << 31
+    return -(1 << 31) <= int(t.min()) and int(t.max()) < 1 << 31
 
 
 def _write_span(t: torch.Tensor, inp: _Input, env: dict[str, int], data: memoryview) -> None:

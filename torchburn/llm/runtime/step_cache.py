@@ -357,16 +357,21 @@ def bind_gpu(plan: StepPlan, launcher: Any, model: torch.nn.Module) -> Callable[
     def step(*args: Any) -> tuple[Any, ...]:
         return finish(args, call(*arguments(args)))
 
+    fed_places: dict[int, int] = {}
+
     def submit(*args: Any, feed: int) -> Callable[[], Any]:
         """Submit the step without waiting (`GpuLauncher.submit`), its one result also copied
         on the device into step argument `feed` (a tensor the GPU owns); returns the function
         that waits for the step's result."""
         if len(outputs) != 1:
             raise StaleStep("a step fed on the device has one result")
-        found = [j for j, i in enumerate(plan.launch_args) if plan.inputs[i] == ("arg", feed)]
-        if len(found) != 1:
-            raise StaleStep(f"step argument {feed} is not one launcher argument")
-        pending = launcher.submit(*arguments(args), feed=(outputs[0], found[0]))
+        place = fed_places.get(feed)
+        if place is None:  # once per fed argument, not a scan of ~280 arguments per step
+            found = [j for j, i in enumerate(plan.launch_args) if plan.inputs[i] == ("arg", feed)]
+            if len(found) != 1:
+                raise StaleStep(f"step argument {feed} is not one launcher argument")
+            place = fed_places[feed] = found[0]
+        pending = launcher.submit(*arguments(args), feed=(outputs[0], place))
         return lambda: finish(args, pending.result())
 
     step.submit = submit  # type: ignore[attr-defined]
