@@ -10,7 +10,10 @@ machine's load shows less than in wall time. The tuner is off by default (`--tun
 let it choose the quantized linears' forms as a server's warm-up does): off, every kernel is
 the compiler's own choice and two source trees compare kernel for kernel. Tokens per CPU
 second at B rows against one row is what bounds "16 clients >= 4x one client"
-(docs/benchmarks.md, "Serving").
+(docs/benchmarks.md, "Serving"). `--prefill 64,256` also times one-row prefill chunks of
+those tokens (a row's CPU ms per token in the third column); run it with
+TORCHBURN_QLINEAR_INVARIANT=1 and =0 to see what the server's batch-invariant quantized
+linears cost (docs/benchmarks.md, "Batch-invariant quantized linears").
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--filled", type=int, default=64, help="cached slots per row")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--tune", choices=("off", "cached", "search"), default="off")
+    p.add_argument("--prefill", default="", help="also one-row prefill chunks of these tokens (e.g. 64,256)")
     args = p.parse_args(argv)
     os.environ["TORCHBURN_THREADS"] = "1"
     os.environ["TORCHBURN_TUNE"] = args.tune
@@ -63,7 +67,24 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{one_row / per_row:.2f}x" if one_row else ""
         print(f"| {b} | {med * 1e3:.2f} ({times[len(times) // 4] * 1e3:.2f}-{times[3 * len(times) // 4] * 1e3:.2f}) | "
               f"{per_row * 1e3:.2f} | {ratio} | {compile_s:.0f} |", flush=True)
-    print(f"one thread, thread CPU time, {args.steps} steps at {args.filled} filled slots, tune {args.tune}; "
+    for t in (int(v) for v in args.prefill.split(",") if v):
+        cache = llm.cache_for(1)
+        ids = torch.full((1, t), 100, dtype=torch.long)
+        starts = torch.zeros(1, dtype=torch.long)
+        with torch.no_grad():
+            llm.run_step(cache, ids, 0, starts)
+            times = []
+            for _ in range(max(args.steps // 5, 3)):
+                c0 = time.thread_time()
+                llm.run_step(cache, ids, 0, starts)
+                times.append(time.thread_time() - c0)
+        llm.release_cache(cache)
+        times.sort()
+        med = statistics.median(times)
+        print(f"| prefill {t} | {med * 1e3:.2f} ({times[len(times) // 4] * 1e3:.2f}-{times[3 * len(times) // 4] * 1e3:.2f}) | "
+              f"{med / t * 1e3:.2f} | | |", flush=True)
+    print(f"one thread, thread CPU time, {args.steps} steps at {args.filled} filled slots, tune {args.tune}, "
+          f"TORCHBURN_QLINEAR_INVARIANT={os.environ.get('TORCHBURN_QLINEAR_INVARIANT', '0')}; "
           f"load average {os.getloadavg()[0]:.1f}")
     return 0
 

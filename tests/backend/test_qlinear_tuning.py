@@ -164,3 +164,22 @@ def test_form_attribute_is_checked() -> None:
     text = qlinear_graph(8, 16, 64, "int4", 32, True).replace('activations = "f32"', 'form = "fast"')
     with pytest.raises((OpError, ValueError), match="unknown form"):
         verify(parse_graph(text))
+
+
+def test_invariant_mode_measures_nothing_and_writes_rows(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCHBURN_QLINEAR_INVARIANT=1: the tuner measures no form (nothing to choose) and the
+    lowering writes `form = "rows"`, so 80 rows take the rows form (the panel's size otherwise)
+    and each row equals the same row computed alone, bit for bit."""
+    from tests.helpers import assert_fully_compiled, run_compiled
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_INVARIANT", "1")
+    reload_config()
+    prepared = only_winner(monkeypatch, "gemm")
+    layer = _layer()
+    x = torch.randn(2, 40, 256)
+    with torch.no_grad():
+        out, reports = run_compiled(layer, x)
+        alone, _ = run_compiled(layer, x[1:2, 7:8])
+    assert_fully_compiled(reports)
+    assert prepared == [] and not any(line.startswith("qlinear ") for r in reports for line in r.tuning)
+    assert torch.equal(out[1, 7], alone[0, 0])

@@ -22,10 +22,23 @@ PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog, hello th
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _llm(folder: Path, compile: bool = False) -> LLM:
-    llm = LLM.from_pretrained(folder, device="cpu", max_context=128, compile=compile)
+def _llm(folder: Path, compile: bool = False, quant: str | None = None) -> LLM:
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=128, compile=compile, quant=quant)
     llm.eos_ids = frozenset()  # every answer runs its full length
     return llm
+
+
+@pytest.fixture
+def invariant(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """TORCHBURN_QLINEAR_INVARIANT=1, as `torchburn serve` sets it: quantized linears take their
+    rows form at any number of rows (docs/quantization.md, "Batch invariance")."""
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_INVARIANT", "1")
+    reload_config()
+    yield
+    monkeypatch.undo()
+    reload_config()
 
 
 class Collect:
@@ -240,16 +253,20 @@ def test_start_gives_back_the_callers_openmp_team(tiny_checkpoint) -> None:
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile: bool) -> None:
+@pytest.mark.parametrize("compile,quant", [(False, None), (True, None), (True, "int4")])
+def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile: bool, quant: str | None,
+                                                        request: pytest.FixtureRequest) -> None:
     """Requests waiting at once run one batched prefill (prompts of different lengths
     left-padded, a repeated prompt once, a one-token prompt with nothing to prefill) and each
     still gets `LLM.generate`'s greedy text; a prompt a prefix entry mostly holds prefills
-    its rest alone. Compiled, the warm-up made every graph they use."""
+    its rest alone. Compiled, the warm-up made every graph they use. Quantized (int4), as
+    `torchburn serve` runs it (TORCHBURN_QLINEAR_INVARIANT=1)."""
+    if quant is not None:
+        request.getfixturevalue("invariant")
     _, folder = tiny_checkpoint("llama")
     if compile:   # Dynamo compiles every shape here (not reusing another test's same-shaped graph)
         torch._dynamo.reset()
-    llm = _llm(folder, compile=compile)
+    llm = _llm(folder, compile=compile, quant=quant)
     prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[5], PROMPTS[2], PROMPTS[0], "a"]
     n = 6
     expected = [llm.generate(p, max_new_tokens=n, temperature=0) for p in prompts]
@@ -277,6 +294,37 @@ def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile
         assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
         if llm.steps is not None:   # 11 step shapes, past Dynamo's default limit of 8: none eager
             assert len(warm) > 8 and all(llm.steps.entries.values()), llm.steps.entries
+
+
+def _step_logits(llm: LLM, rows: list[list[int]], decode: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last position's logits of one prefill step over `rows` (equal lengths, from slot 0)
+    and of one decode step of `decode` (a token per row) after it."""
+    cache = llm.cache_for(len(rows))
+    try:
+        starts = torch.zeros(len(rows), dtype=torch.long)
+        prefill = llm.run_step(cache, torch.tensor(rows), 0, starts).clone()
+        step = llm.run_step(cache, torch.tensor(decode)[:, None], len(rows[0]), starts).clone()
+    finally:
+        llm.release_cache(cache)
+    return prefill, step
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_quantized_steps_give_each_row_its_logits_alone(tiny_checkpoint, invariant, quant: str) -> None:
+    """Bit for bit: 16 prompts of 16 tokens prefilled in one step (256 rows of x: the panel or
+    dequantize + GEMM form's size) and decoded in one 16-row step (the AMX tile form's) give
+    every row the logits it gets alone (16 and 1 rows: the rows form). Under the default
+    forms this fails (docs/quantization.md, "Batch invariance")."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=True, quant=quant)
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randint(3, 300, (16, 16), generator=g).tolist()
+    decode = torch.randint(3, 300, (16,), generator=g).tolist()
+    prefill, step = _step_logits(llm, rows, decode)
+    for b in (0, 7, 15):
+        alone_prefill, alone_step = _step_logits(llm, rows[b:b + 1], decode[b:b + 1])
+        assert torch.equal(prefill[b], alone_prefill[0]), (b, (prefill[b] - alone_prefill[0]).abs().max())
+        assert torch.equal(step[b], alone_step[0]), (b, (step[b] - alone_step[0]).abs().max())
 
 
 @pytest.mark.parametrize("together", [False, True])

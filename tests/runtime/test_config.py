@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
     "TORCHBURN_DEBUG": ("1", "debug", True, None),
     "TORCHBURN_DUMP": ("/tmp/tb-dump", "dump_dir", Path("/tmp/tb-dump"), None),
     "TORCHBURN_QLINEAR_ACTIVATIONS": ("f32", "qlinear_activations", "f32", "int4"),
+    "TORCHBURN_QLINEAR_INVARIANT": ("1", "qlinear_invariant", True, None),
     "TORCHBURN_TARGET": ("avx2", "target", "avx2", "sparc"),
     "TORCHBURN_STRICT": ("1", "strict", True, None),
     "TORCHBURN_TUNE": ("cached", "tune", "cached", "fast"),

@@ -107,8 +107,13 @@ def choose_qlinear_forms(gm: torch.fx.GraphModule, tuner: Tuner,
                          compile_alone: CompileAlone) -> dict[torch.fx.Node, Choice]:
     """Measure the forms of each quantized linear of `gm` with static rows (MIN_ROWS <= M < MAX_ROWS) and
     mark the nodes where an explicit form beat `auto` (`node.meta[QLINEAR_FORM]`). Returns the
-    choices (also in `tuner.choices`, which explain() shows)."""
+    choices (also in `tuner.choices`, which explain() shows). Under TORCHBURN_QLINEAR_INVARIANT
+    every `qlinear` takes the rows form (`quant/lowering.py`): nothing is measured."""
+    from ..runtime.config import get_config
+
     chosen: dict[torch.fx.Node, Choice] = {}
+    if get_config().qlinear_invariant:
+        return chosen
     gen = torch.Generator().manual_seed(0)
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in QUANTIZED_LINEARS:

@@ -5,7 +5,9 @@ block-quantized token embedding `torchburn::embedding_blocks` (`quant/embedding.
 to an `index` of the asked rows' bytes and the IR's `dequantize` of those rows.
 
 The `activations` attribute carries TORCHBURN_QLINEAR_ACTIVATIONS (int8, f32 or auto) into
-the IR, so the CPU kernel's choice is part of the graph and of every cache key built from it.
+the IR, so the CPU kernel's choice is part of the graph and of every cache key built from it;
+so does the `form` attribute, "rows" under TORCHBURN_QLINEAR_INVARIANT (batch invariance:
+docs/quantization.md).
 
 It lives in `quant/` (DESIGN.md: quant owns its ops and their lowerings) and registers with
 the frontend's registry when `torchburn.quant.ops` is imported: a graph can only hold these
@@ -41,6 +43,10 @@ QLINEAR_FORM = "torchburn_qlinear_form"
 
 
 def _form(b: Builder) -> dict[str, str]:
+    """The `form` attribute: "rows" under TORCHBURN_QLINEAR_INVARIANT (every row of x computed
+    alike whatever the rows), else the tuner's choice, else none ("auto")."""
+    if get_config().qlinear_invariant:
+        return {"form": "rows"}
     form = b.node.meta.get(QLINEAR_FORM) if b.node is not None else None
     return {"form": str(form)} if form else {}
 

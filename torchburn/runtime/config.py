@@ -156,6 +156,10 @@ class Config:
     bounds_check: bool = False
     #: "int8", "f32" or "auto": the activations of `qlinear` kernels (docs/quantization.md).
     qlinear_activations: str = "auto"
+    #: `TORCHBURN_QLINEAR_INVARIANT`: every `qlinear` takes its rows form whatever its rows of x
+    #: (no panel, tile or dequantize + GEMM form, no tuner choice), so each row's result is the
+    #: same bits alone and beside others (docs/quantization.md, "Batch invariance").
+    qlinear_invariant: bool = False
     #: The CPU code is compiled for (`codegen/target.py` resolves the name; "host" by default).
     target: str = "host"
     #: An internal compiler error raises (`backend.InternalCompilerError`) instead of leaving
@@ -200,6 +204,7 @@ class Config:
             dump_dir=Path(dump) if dump else None,
             bounds_check=bounds,
             qlinear_activations=_choice(env, "TORCHBURN_QLINEAR_ACTIVATIONS", "auto", ("auto", "int8", "f32")),
+            qlinear_invariant=_flag(env, "TORCHBURN_QLINEAR_INVARIANT"),
             target=_target_name(env),
             strict=_flag(env, "TORCHBURN_STRICT"),
             tune=_choice(env, "TORCHBURN_TUNE", "search", TUNE_MODES),

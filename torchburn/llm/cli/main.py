@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds running requests may take to finish after SIGTERM")
     serve.add_argument("--no-warmup", action="store_true",
                        help="compile the batch sizes on first use instead of at start")
+    serve.add_argument("--qlinear-forms", choices=["invariant", "fastest"], default=None,
+                       help="quantized linears: 'invariant' (the default, unless "
+                            "TORCHBURN_QLINEAR_INVARIANT says otherwise) computes each request's "
+                            "rows as it would alone, so its greedy text does not depend on the "
+                            "others; 'fastest' lets batched steps take the panel, tile and "
+                            "dequantize + GEMM kernels (docs/serve.md)")
     return parser
 
 
@@ -216,6 +222,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"error: --{name.replace('_', '-')} must be >= {low}", file=sys.stderr)
             return 2
     check_port_free(args.host, args.port)
+    if args.qlinear_forms is not None or "TORCHBURN_QLINEAR_INVARIANT" not in os.environ:
+        from ...runtime.config import reload_config
+
+        os.environ["TORCHBURN_QLINEAR_INVARIANT"] = "0" if args.qlinear_forms == "fastest" else "1"
+        reload_config()
     llm = _load(args)
     name = args.model_name or default_model_name(args.model, llm)
     print(f"torchburn: serving {name!r} on http://{args.host}:{args.port}/v1 "

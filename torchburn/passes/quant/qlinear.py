@@ -263,6 +263,11 @@ def plan_qlinear(ql: QLinear, m: Optional[int], cpu: CpuInfo) -> QPlan:
 class QLinearBuilder:
     """Builds the SIMD nest of the module docstring for one plan."""
 
+    #: The rows of x one pass of the nest computes: from `row_base`, `row_count` of them (None:
+    #: all of x's). `Q8Builder` sets them per block of rows whose quantized x fits its buffer.
+    row_base: Expr = Const(0)
+    row_count: Optional[Expr] = None
+
     def __init__(self, kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, plan: QPlan,
                  x_load: ex.Load, q_load: ex.Load, row_var: Var, k_var: Var, n_var: Var) -> None:
         self.kb, self.root, self.qop, self.out, self.plan = kb, root, qop, out, plan
@@ -315,16 +320,21 @@ class QLinearBuilder:
         ib = self.var("ib")
         kb.push()
         i0 = self.let(ex.mul(ib, Const(plan.mr)), "i")
-        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(ql.m, Const(1))), "ia") for r in range(plan.mr)]
+        rows = [self.let(ex.minimum(ex.add(i0, Const(r)), ex.sub(self.rows_m, Const(1))), "ia") for r in range(plan.mr)]
         return item, n0, ns, tile, ib, i0, rows
+
+    @property
+    def rows_m(self) -> Expr:
+        """The rows of x this pass computes (`row_count`, else M)."""
+        return self.ql.m if self.row_count is None else self.row_count
 
     def close_tiles(self, tile: lp.Buffer, item: Var, ib: Var, i0: Expr, n0: Expr) -> lp.For:
         """The epilogue of the filled tile and the two loops `open_tiles` began."""
         kb, plan, ql = self.kb, self.plan, self.ql
-        rows_left = ex.minimum(Const(plan.mr), ex.sub(ql.m, i0))
+        rows_left = ex.minimum(Const(plan.mr), ex.sub(self.rows_m, i0))
         cols_left = ex.minimum(Const(plan.nr), ex.sub(ql.n, n0))
-        kb.emit(self.epilogue(tile, i0, n0, rows_left, cols_left))
-        kb.emit(lp.For(ib, Const(0), _cdiv_expr(ql.m, plan.mr), "serial", kb.pop()))
+        kb.emit(self.epilogue(tile, ex.add(self.row_base, i0), n0, rows_left, cols_left))
+        kb.emit(lp.For(ib, Const(0), _cdiv_expr(self.rows_m, plan.mr), "serial", kb.pop()))
         described = plan.describe()
         previous = kb.attrs.get("qlinear")
         kb.attrs["qlinear"] = described if previous is None else f"{previous} | {described}"

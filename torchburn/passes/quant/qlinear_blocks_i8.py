@@ -52,10 +52,11 @@ masks merged by `vpternlogq`), four dot products, four scale patterns (a load, a
 sign extension) and integer multiply-adds, and one conversion and fma: 57 instructions per
 210 bytes (95 with 256-bit chunks; the f32 form spent about 600); Q5_0 25 per two blocks.
 
-Used for kind "blocks" at M below the panel kernel's rows (decode, small batches), where the
-table gives `wide` and the integer split, x fits its stack buffer (`MAX_XQ_BYTES`) and the
-target has a byte dot product on 8 i32 lanes (or activations "int8" is asked for); else
-`qlinear_blocks`' f32 form. Before (tensor IR) and after (loop IR, abridged):
+Used for kind "blocks" at M below the panel kernel's rows (decode, small batches), and at
+any M with the form "rows" (batch invariance), where the table gives `wide` and the integer
+split, MR rows of x fit its stack buffers (`MAX_XQ_BYTES` for xq, qs and xc together; more
+rows run a block at a time, as `qlinear_i8`'s) and the target has a byte dot product on 8
+i32 lanes (or activations "int8" is asked for); else `qlinear_blocks`' f32 form. Before (tensor IR) and after (loop IR, abridged):
 
     %0 = qlinear(%x, %q) {kind = "blocks", block_type = "Q6_K", group_size = 256, ...} : f32[1, 2048]
 
@@ -77,7 +78,7 @@ from ...ir.qblocks import BLOCK, LANE, WIDE, BlockType, block_type
 from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
 from .qlinear import MR_ROWS, QLinear
 from .qlinear_blocks import ByteAt, instantiate
-from .qlinear_i8 import MAX_XQ_BYTES, Q8Builder, Q8Plan, _dot4, lane_segments
+from .qlinear_i8 import MAX_XQ_BYTES, Q8Builder, Q8Plan, _dot4, block_rows, lane_segments
 
 if TYPE_CHECKING:
     from ...ir.tensor import Op
@@ -190,22 +191,25 @@ def plan_blocks_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) -> 
     its stack buffers, a block type without a `Split`, or ("auto") no byte dot product on 8
     lanes on the target (native, or `pmaddubsw`: the codes are below 64)."""
     k = static_int(ql.k)
-    # x's bytes and its two i32 sums of four (xq, qs, xc: 3 M K bytes) are stack buffers
-    if ql.kind != "blocks" or choice == "f32" or m is None or k is None or 3 * max(m, 1) * k > MAX_XQ_BYTES:
+    if ql.kind != "blocks" or choice == "f32" or k is None or (m is None and ql.form != "rows"):
+        return None
+    # x's bytes and its two i32 sums of four (xq, qs, xc: 3 rows x K bytes) are stack buffers
+    rows = block_rows(m, k, MAX_XQ_BYTES // 3)
+    if rows is None:
         return None
     bt = block_type(ql.block_type)
     if k % bt.block or split(bt) is None:
         return None
     if choice == "auto" and LANES not in (cpu.dot4_lanes | cpu.small_dot4_lanes):
         return None
-    mr = 1 if m <= 1 else min(m, MR_ROWS)
+    mr = MR_ROWS if m is None else 1 if m <= 1 else min(m, MR_ROWS)
     n = static_int(ql.n)
-    flops = 2.0 * max(m, 1) * (n if n is not None else 1 << 20) * k
+    flops = 2.0 * (max(m, 1) if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
     # legacy blocks (one chunk, one scale): two to a 512-bit dot product where it is one instruction
     wide = 2 * LANES in cpu.dot4_lanes
     pack = 2 if bt.block == WIDE and wide and k // bt.block >= 2 else 1
     pair = wide and bt.block > WIDE and paired_codes(bt) is not None
-    return BlocksI8Plan(mr, 1, max(m, 1), bt.block, WIDE, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
+    return BlocksI8Plan(mr, 1, rows, bt.block, WIDE, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
                         bt.name, pair)
 
 
@@ -263,7 +267,7 @@ class BlocksI8Builder(Q8Builder):
 
         return at
 
-    def build(self) -> lp.Stmt:
+    def build_rows(self) -> lp.Stmt:
         kb, plan, ql = self.kb, self.plan, self.ql
         bt = block_type(plan.block_type)
         sp = split(bt)

@@ -18,6 +18,11 @@ threads, native byte dot products):
     qlinear(%x: f32[16, 576], ...) {kind = "int4", group = 32}   on a CPU with AMX-INT8
       -> M >= `lower-to-loops{qlinear_tile_rows}` is static: the tile form of `qlinear_tiles.py`
          (16 weight rows by 16 rows of x per `tile_dot_u8i8`)
+    qlinear(%x: f32[256, 576], ...) {kind = "int4", group = 32, form = "rows"}
+      -> the rows form at any M (static or not; x quantized a block of rows at a time where
+         M x K exceeds its buffer): what TORCHBURN_QLINEAR_INVARIANT writes, since each form
+         adds a row's float terms in its own order and only within one form is a row's
+         result independent of the other rows (docs/quantization.md, "Batch invariance")
 """
 from __future__ import annotations
 

@@ -69,9 +69,21 @@ Integer sums are exact, so the only approximation is x's rounding, well below th
 weight's own error (docs/quantization.md has the figures).
 
 Chunks of B = gcd(bytes per half group, vector bytes) never cross a group, a pack's loads
-span its P whole groups, and x is quantized into a local buffer of exactly M x K bytes (packs
+span its P whole groups, and x is quantized into a local buffer of exactly R x K bytes (packs
 reordered within themselves), so no load leaves its buffer. Used when
-B >= 16 and M is known (or 1 in the GEMV branch); `plan_qlinear_i8` says when.
+B >= 16 and M is known (or 1 in the GEMV branch, or any M with the form "rows");
+`plan_qlinear_i8` says when.
+
+**Rows of x in blocks.** R is M where M x K bytes fit `MAX_XQ_BYTES`, else a multiple of MR
+(M unknown: at most ROW_BLOCK): the nest then runs once per block of R rows, each quantizing
+its rows into the same buffers (`Q8Builder.build`). Every (row of x, weight row) pair has its
+own accumulators and the same sequence of operations whatever MR, R, M or the row's place:
+a row's result is the same bits alone and beside others, which the form "rows" at every M
+(TORCHBURN_QLINEAR_INVARIANT) relies on (docs/quantization.md, "Batch invariance").
+
+    for mb in 0..cdiv(M, R)                   (only where M may exceed R)
+      xq[0..R, :], d_x, xs = quantize(x[mb R .. mb R + R, :])
+      parallel for w in 0..N  { the nest above over rows 0..min(R, M - mb R) }
 """
 from __future__ import annotations
 
@@ -84,7 +96,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, _lanes_index, _Probe, static_int
+from ..loopgen.matmul import MIN_PARALLEL_FLOPS, CpuInfo, _cdiv_expr, _lanes_index, _Probe, static_int
 from .qlinear import MAX_UNROLLED_CHUNKS, MR_ROWS, QLinear, QLinearBuilder, x_lanes_index
 
 if TYPE_CHECKING:
@@ -99,6 +111,9 @@ INT8_ACT_GROUP = 128
 MIN_CHUNK = 16
 #: Bytes of x summed by one dot product of `quad_sums` (i32 sums of four bytes, 8 lanes).
 XC_BYTES = 32
+#: Rows of x per block where M is known only at run time (form "rows": every M takes this
+#: kernel, see `Q8Builder.build`).
+ROW_BLOCK = 64
 #: Groups whose scales (and mins, and x's scales and sums) are read as one vector per block:
 #: a scalar f16 scale costs a load, an insert and a conversion per group and weight row.
 GROUP_BLOCK = 8
@@ -164,28 +179,41 @@ def plan_qlinear_i8(ql: QLinear, m: Optional[int], cpu: CpuInfo, choice: str) ->
     (NR = 1): its bytes are one sequential stream (several rows side by side are several
     streams, which the prefetchers follow badly: half the bandwidth or less when rows are long)."""
     k = static_int(ql.k)
-    if choice == "f32" or m is None or k is None:
+    if choice == "f32" or k is None or (m is None and ql.form != "rows"):
         return None
     agroup = activation_group(ql)
     span = ql.group // 2 if ql.kind == "int4" else agroup
     vector_bytes = max(cpu.vector_bits // 8, MIN_CHUNK)
     chunk = math.gcd(span, vector_bytes)
-    if chunk < MIN_CHUNK or max(m, 1) * k > MAX_XQ_BYTES:
+    rows = block_rows(m, k, MAX_XQ_BYTES)
+    if chunk < MIN_CHUNK or rows is None:
         return None
     fast = cpu.dot4_lanes | cpu.small_dot4_lanes
     if choice == "auto" and chunk // 4 not in fast:
         return None
     pack = _pack(ql, agroup, span, chunk, k // agroup, vector_bytes, fast, choice)
-    mr = 1 if m <= 1 else min(m, MR_ROWS)
+    mr = MR_ROWS if m is None else 1 if m <= 1 else min(m, MR_ROWS)
     nr = 1  # a second weight row per step shares x's loads but not the per-row work (below)
     n = static_int(ql.n)
-    flops = 2.0 * m * (n if n is not None else 1 << 20) * k
+    flops = 2.0 * (m if m is not None else 1 << 10) * (n if n is not None else 1 << 20) * k
     # One chunk per dot product's group (or pack), and `vpdpbusd` itself on every width used:
     # a u8 operand above 127 would saturate `pmaddubsw`'s pair sums.
     offset = (ql.kind == "int8" and chunk == span and k % XC_BYTES == 0
               and {chunk // 4, chunk * pack // 4, XC_BYTES // 4} <= cpu.dot4_lanes)
-    return Q8Plan(mr, nr, max(m, 1), agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
+    return Q8Plan(mr, nr, rows, agroup, chunk, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS, pack,
                   offset_codes=offset)
+
+
+def block_rows(m: Optional[int], k: int, limit: int) -> Optional[int]:
+    """Rows of x quantized at a time into a buffer of at most `limit` bytes per K bytes of a
+    row: all M where they fit, else a multiple of MR_ROWS (the nest then runs once per block
+    of rows, `Q8Builder.build`; M unknown: blocks of at most ROW_BLOCK); None where not even
+    MR_ROWS rows fit."""
+    fit = limit // k
+    if m is not None and max(m, 1) <= fit:
+        return max(m, 1)
+    rows = min(fit, ROW_BLOCK) // MR_ROWS * MR_ROWS
+    return rows if rows >= MR_ROWS else None
 
 
 def _dot4(acc: Expr, a: Expr, b: Expr) -> Expr:
@@ -314,10 +342,11 @@ class Q8Builder(QLinearBuilder):
             if hi > lo:
                 gv = self.var("g")
                 kb.push()
-                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs, run=run)
+                self.quantize_group(r, ex.add(gv, Const(lo)) if lo else gv, lanes, permuted, xq, xd, xs,
+                                    src_row=ex.add(self.row_base, r), run=run)
                 self.loop(gv, Const(hi - lo), kb.pop())
         # M may be below the static bound (the GEMV branch of a symbolic M, M = 0).
-        self.loop(r, ex.minimum(Const(plan.rows), ql.m), kb.pop())
+        self.loop(r, ex.minimum(Const(plan.rows), self.rows_m), kb.pop())
 
     def quantize_block(self, base: Expr, here: Expr, groups: int, xq: lp.Buffer, xd: lp.Buffer,
                        xs: lp.Buffer, sums: bool) -> None:
@@ -395,11 +424,30 @@ class Q8Builder(QLinearBuilder):
             sums = ex.Binary("mul", sums, ex.const(factor, dt.i32, lanes), ScalarType(dt.i32, lanes))
         kb.emit(lp.Store(out.name, (r, ex.Ramp(ex.mul(j, Const(lanes)), Const(1), ScalarType(dt.index, lanes))), sums))
         self.loop(j, Const(k // XC_BYTES), kb.pop())
-        self.loop(r, ex.minimum(Const(plan.rows), self.ql.m), kb.pop())
+        self.loop(r, ex.minimum(Const(plan.rows), self.rows_m), kb.pop())
         return out
 
     # ---- the nest ----------------------------------------------------------------------------
     def build(self) -> lp.Stmt:
+        """The nest, once per block of `plan.rows` rows of x where M may exceed them (x is
+        quantized a block at a time into buffers of `plan.rows` rows; each row's sums are
+        the same in every block, so the results do not depend on M)."""
+        m = static_int(self.ql.m)
+        if m is not None and m <= self.plan.rows:
+            return self.build_rows()
+        kb, rows = self.kb, self.plan.rows
+        kb.push()
+        mb = self.var("mb")
+        kb.push()
+        self.row_base = self.let(ex.mul(mb, Const(rows)), "base")
+        self.row_count = self.let(ex.minimum(Const(rows), ex.sub(self.ql.m, self.row_base)), "here")
+        kb.emit(self.build_rows())
+        self.row_base, self.row_count = Const(0), None
+        kb.emit(lp.For(mb, Const(0), _cdiv_expr(self.ql.m, rows), "serial", kb.pop()))
+        return kb.pop()
+
+    def build_rows(self) -> lp.Stmt:
+        """The nest of the module docstring for the rows `row_base ..` (`row_count` of them)."""
         kb, plan, ql = self.kb, self.plan, self.ql
         k = static_int(ql.k)
         assert k is not None
