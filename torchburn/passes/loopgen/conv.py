@@ -75,8 +75,8 @@ from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, fused_product, micro_tile, stat
 
 Index = tuple[Expr, ...]
 
-#: Vector accumulators a micro-kernel keeps (16 vector registers on AVX2: the rest hold the
-#: weight vectors and a broadcast).
+#: Vector accumulators a micro-kernel keeps at most (16 vector registers on AVX2: the rest hold
+#: the weight vectors and broadcasts; a channels-form tile may keep fewer, `channels_tile`).
 ACCUMULATORS = 12
 #: The same on 512-bit targets (AVX-512, 32 registers). Not 24: 24 accumulators, 4 weight vectors
 #: and a broadcast leave 3 registers, and LLVM spilled accumulators in the inner loop (119
@@ -97,6 +97,36 @@ CHANNEL_TILES_INNER_MIN_K = 64
 #: it); from 24 the GEMM form was (24-to-144 at 56x56 0.52-0.59 against 0.82-0.94 ms).
 POINTWISE_GEMM_MIN_CIN = 24
 POINTWISE_GEMM_MIN_COUT = 16
+#: Vector registers a channels-form tile leaves for the input broadcasts that LLVM keeps live
+#: across the (fully unrolled) taps of the last dim: with stride-1 taps, position `q + 1` of
+#: tap `k` reads what position `q` of tap `k + 1` does, and LLVM reuses the broadcast instead
+#: of loading it again (`channels_tile`).
+REUSED_BROADCASTS = 2
+
+
+def channels_tile(cv: int, budget: int, cpu: CpuInfo, k_last: int) -> tuple[int, int]:
+    """Vectors of channels and positions of a channels-form tile: at most `budget`
+    accumulators (`cv x pos`), and no more registers in all than the file holds: the
+    accumulators, the tile's `cv` weight vectors, the broadcast of an input element (unless
+    the fma takes it from memory, AVX-512) and the broadcasts reused across the taps of the
+    last dim (`REUSED_BROADCASTS`, where it has more than one tap). Where `cv` weight vectors
+    leave too few registers for `budget / cv` positions, the tile keeps two weight vectors and
+    as many positions as fit: on AVX2 (16 registers) 4 x 3 needed 4 + 12 + 1 + 2 and LLVM
+    spilled weight vectors to the stack in the inner loop (12 stack accesses per 36 fmas in
+    ResNet's 64-channel 3x3 at 56x56). One thread, CPU time, ResNet-50's 3x3 layers without an
+    epilogue, 4 x 3 -> 2 x 5: 64-to-64 at 56x56 4.80 -> 2.97-3.09 ms (eager 2.8-2.9), 128 at
+    28x28 6.77 -> 2.82 (eager 2.7-3.1), 256 at 14x14 4.05 -> 3.13 (eager 3.0), 512 at 7x7 8.90
+    -> 5.26-5.40 (eager 4.4-4.6); the 7x7 stride-2 stem 8.41 -> 5.91 (eager 6.0-6.3). Of the
+    tiles that fit, 2 x 5 was faster than 3 x 3 (3.62, 3.38, 5.58 ms) and 4 x 2 (3.40, 3.84 at
+    256, 6.36 at 512): fewer weight vectors, fewer streams of weights per tile."""
+    spare = 0 if cpu.folds_broadcast() else 1
+    reused = min(max(k_last - 1, 0), REUSED_BROADCASTS)
+    registers = cpu.vector_registers()
+    pos = max(1, budget // cv)
+    if cv * pos + cv + spare + reused > registers:
+        cv = min(cv, 2)
+        pos = max(1, min(budget // cv, (registers - spare - reused - cv) // cv))
+    return cv, pos
 
 
 @dataclass(frozen=True)
@@ -222,14 +252,15 @@ def plan_pointwise(cout: int, cin: int, positions: int, batch: Optional[int], dt
 def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int], positions: Optional[int],
               batch: Optional[int], dtype: dt.DType, cpu: CpuInfo, stride_one: bool = False,
               epilogue: bool = False, in_positions: Optional[int] = None,
-              input_reuse: Optional[float] = None, pointwise: bool = False) -> Optional[ConvPlan]:
+              input_reuse: Optional[float] = None, pointwise: bool = False, k_last: int = 1) -> Optional[ConvPlan]:
     """The blocking for a convolution with `cout` output channels in `groups` groups, `cin_g`
     input channels per group, `taps` kernel taps, `out_w` output positions along the last dim
     and `positions` in all (None: not known), `in_positions` input positions per channel (None:
     not known), `input_reuse` the taps per input element (taps / the product of the strides;
     None: taps x positions / in_positions), `stride_one` when every stride is 1, `epilogue`
     when ops are fused after it, `pointwise` for a 1x1 convolution without padding (the
-    GEMM form, `plan_pointwise`, in one group where it pays); None when no form pays."""
+    GEMM form, `plan_pointwise`, in one group where it pays), `k_last` the taps along the last
+    dim (`channels_tile`); None when no form pays."""
     if pointwise and groups == 1 and taps == 1 and positions is not None and (out_w is not None):
         gemm = plan_pointwise(cout, cin_g, positions, batch, dtype, cpu)
         if gemm is not None:
@@ -254,7 +285,7 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
         cb = _cdiv(cout_g, lanes)
         # the most vectors per tile (at most 4) that waste the fewest on the last tile of a group
         cv = min(range(min(4, cb), 0, -1), key=lambda v: _cdiv(cb, v) * v - cb)
-        pos = max(1, budget // cv)
+        cv, pos = channels_tile(cv, budget, cpu, k_last)
         if out_w is not None:
             pos = min(pos, out_w)
         if epilogue and pos >= 4:
@@ -877,4 +908,4 @@ def conv_plan_for(conv: Op, cpu: CpuInfo, epilogue: bool = False) -> Optional[Co
     return plan_conv(cout, c.groups, cin_g, taps, out[-1], positions, static_int(conv.result.shape[0]),
                      dt.compute_dtype(conv.result.dtype), cpu, stride_one=all(st == 1 for st in c.stride),
                      epilogue=epilogue, in_positions=in_positions,
-                     input_reuse=taps / math.prod(c.stride), pointwise=pointwise)
+                     input_reuse=taps / math.prod(c.stride), pointwise=pointwise, k_last=ks[-1])

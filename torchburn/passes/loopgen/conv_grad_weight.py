@@ -23,15 +23,17 @@ class GradWeightBuilder(NestHelpers):
     """The weight gradient `gw[co, ci, *k] = sum_{n, o} g[n, co, o] * x[n, cin(co) + ci, o*s - p + k*d]`
     in dot-product form: the reduction runs in vectors along the output width (both `g` and,
     for stride 1, `x` are contiguous there), R output channels x T taps of the last dim per
-    tile, a scalar loop for the last OW % W positions, the lanes summed at the end:
+    tile (as many as the vector registers hold with a vector of `g` per row and of `x` per
+    tap), a scalar loop for the last OW % W positions, the lanes summed at the end:
 
         parallel for ti in 0..items                  co block, ci, outer taps, tap block
           acc[r][t] = 0 (W lanes); sum[r][t] = 0
           for n { for oh { ih = oh*s - p + kh*d; if 0 <= ih < H {
-            for ov in 0..OW / W {
+            for ov in lo..hi {                  (every tap inside the row: plain loads)
               gv_r = g[n, co_r, oh, ramp(ov*W, 1, W)]
-              xv_t = x[n, cin_r + ci, ih, ramp(ov*W*s - p + kw_t*d, s, W)]   (clamped, masked off the interior)
+              xv_t = x[n, cin_r + ci, ih, ramp(ov*W*s - p + kw_t*d, s, W)]
               acc[r][t] = fma(gv_r, xv_t, acc[r][t]) }
+            for ov in 0..lo and hi..OW / W { the same, x clamped and masked }
             for ow in OW / W * W..OW { sum[r][t] += g[..ow] * x[..] } }}}
           gw[co_r, ci, kh, kw_t] = vreduce_add(acc[r][t]) + sum[r][t]      (valid r, t only)
     """
@@ -91,11 +93,8 @@ class GradWeightBuilder(NestHelpers):
         rows_in = [kb.bind(ex.add(ex.sub(ex.mul(o, Const(self.stride[s])), Const(self.padding[s])),
                                   ex.mul(ktaps[s], Const(self.dilation[s]))), "ih") for s, o in enumerate(outs)]
         # vector part
-        ov = self.var("ov")
-        kb.push((ov,))
-        base = self.let(ex.mul(ov, Const(w)), "ob")
 
-        def vector_body(masked: bool) -> lp.Stmt:
+        def vector_body(base: Expr, masked: bool) -> lp.Stmt:
             kb.push()
             gv = [kb.bind(ex.cast(ex.Load(gname, (n, c, *outs, _ramp(base, w)), ScalarType(self.g.dtype, w)),
                                   self.acc_t), "gv") for c in cos]
@@ -117,14 +116,30 @@ class GradWeightBuilder(NestHelpers):
                                      ex.Binary("add", ex.Binary("mul", gv[r], xv, vt), ex.Load(a.name, (lane,), vt), vt)))
             return kb.pop()
 
-        first = ex.add(ex.sub(ex.mul(base, Const(s_e)), Const(p_e)), ex.mul(k0, Const(d_e)))
-        last = ex.add(ex.sub(ex.mul(ex.add(base, Const(w - 1)), Const(s_e)), Const(p_e)),
-                      ex.mul(ex.add(k0, Const(self.tw - 1)), Const(d_e)))
-        inside = ex.Binary("and", ex.binary("ge", first, Const(0)), ex.binary("le", last, ex.sub(in_w, Const(1))),
-                           ex.BOOL)
-        inside = ex.Binary("and", inside, ex.binary("le", ex.add(k0, Const(self.tw)), kw_n), ex.BOOL)
-        kb.emit(lp.If(inside, vector_body(False), vector_body(True)))
-        vec_loop = lp.For(ov, Const(0), ex.floordiv(ow_n, Const(w)), "serial", kb.pop())
+        # The vectors of positions whose every tap lies inside the row (`lo <= ov < hi`) take
+        # plain loads, in a loop of their own; the rest, at both ends, clamp and mask. (An `if`
+        # per vector inside one loop left LLVM 16 registers for the plain path and the masked
+        # one's gathers together: 8 of the 12 accumulators lived on the stack, a load and a
+        # store per fma; see `GradWeightBuilder`.)
+        span = Const(w * s_e)
+        ov_n = ex.floordiv(ow_n, Const(w))
+        lo = ex.minimum(ex.floordiv(ex.add(ex.maximum(ex.sub(Const(p_e), ex.mul(k0, Const(d_e))), Const(0)),
+                                           Const(w * s_e - 1)), span), ov_n)
+        reach = ex.sub(ex.sub(ex.add(ex.sub(in_w, Const(1)), Const(p_e)), Const((w - 1) * s_e)),
+                       ex.mul(ex.add(k0, Const(self.tw - 1)), Const(d_e)))
+        hi = ex.maximum(ex.minimum(ex.floordiv(ex.maximum(ex.add(reach, span), Const(0)), span), ov_n), lo)
+        whole = ex.binary("le", ex.add(k0, Const(self.tw)), kw_n)
+        lo = self.let(lo, "lo")
+        hi = self.let(ex.select(whole, hi, lo), "hi")
+
+        def vector_loop(start: Expr, end: Expr, masked: bool) -> lp.Stmt:
+            ov = self.var("ov")
+            kb.push((ov,))
+            base = self.let(ex.mul(ov, Const(w)), "ob")
+            kb.emit(vector_body(base, masked))
+            return lp.For(ov, start, ex.sub(end, start), "serial", kb.pop())
+
+        vec_loop = lp.block(vector_loop(Const(0), lo, True), vector_loop(lo, hi, False), vector_loop(hi, ov_n, True))
         # scalar tail
         ot = self.var("ot")
         kb.push((ot,))
@@ -184,6 +199,10 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
     kw = int(static_int(op.result.shape[-1]) or 1)
     taps = min(kw, 4)
     rows = max(1, min(int(static_int(op.result.shape[0]) or 1), ACCUMULATORS // taps, 4))
+    # The registers hold the accumulators, a vector of `g` per row and of `x` per tap: 4 rows
+    # of 3 taps needed 19 of AVX2's 16, and LLVM kept accumulators on the stack.
+    while rows > 1 and rows * taps + rows + taps > cpu.vector_registers():
+        rows -= 1
     flops = 2.0
     for d in (*op.result.shape, *g.shape[:1], *g.shape[2:]):
         flops *= int(static_int(d) or 1)
