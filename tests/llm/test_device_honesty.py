@@ -54,6 +54,17 @@ def _forced_logits(llm, tokens: list[int]) -> torch.Tensor:  # type: ignore[no-u
     return torch.stack(out)
 
 
+def _assert_picks_the_clear_top_tokens(ref: torch.Tensor, got: torch.Tensor, tokens: list[int]) -> None:
+    """`got`'s top token is the CPU engine's at every step whose top two logits in `ref` are at
+    least `MARGIN` apart, and at least half the steps are such steps."""
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
+    assert clear.sum() >= len(tokens) // 2, "too few steps with a clear top token to test anything"
+    picked = got.argmax(-1)
+    bad = [i for i in range(len(tokens)) if clear[i] and picked[i] != tokens[i]]
+    assert not bad, f"steps {bad}: GPU {picked[bad].tolist()} vs CPU {[tokens[i] for i in bad]}"
+
+
 def _decode_launcher(before: set[int]):  # type: ignore[no-untyped-def]
     from torchburn.backend import gpu_launcher
 
@@ -103,12 +114,7 @@ def test_quantized_decode_fed_the_cpu_tokens_picks_the_cpu_top_token(tiny_checkp
     ref = _forced_logits(cpu_llm, tokens)
     assert ref.argmax(-1).tolist() == tokens  # the forced run is the greedy run
     got = _forced_logits(_load(folder, "gpu", quant), tokens)
-    top2 = ref.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
-    assert clear.sum() >= len(tokens) // 2, "too few steps with a clear top token to test anything"
-    picked = got.argmax(-1)
-    bad = [i for i in range(len(tokens)) if clear[i] and picked[i] != tokens[i]]
-    assert not bad, f"steps {bad}: GPU {picked[bad].tolist()} vs CPU {[tokens[i] for i in bad]}"
+    _assert_picks_the_clear_top_tokens(ref, got, tokens)
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
 
 
@@ -127,12 +133,7 @@ def test_f16_decode_fed_the_cpu_tokens_picks_the_cpu_top_token(tiny_checkpoint, 
     gpu_llm = _load(folder, "gpu", "f16")
     assert type(gpu_llm.model.layers[0].mlp.down_proj) is HalfLinear
     got = _forced_logits(gpu_llm, tokens)
-    top2 = ref.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
-    assert clear.sum() >= len(tokens) // 2, "too few steps with a clear top token to test anything"
-    picked = got.argmax(-1)
-    bad = [i for i in range(len(tokens)) if clear[i] and picked[i] != tokens[i]]
-    assert not bad, f"steps {bad}: GPU {picked[bad].tolist()} vs CPU {[tokens[i] for i in bad]}"
+    _assert_picks_the_clear_top_tokens(ref, got, tokens)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     greedy = [s[0] for s in gpu_llm.generate_ids([PROMPT], 48, SamplingParams(temperature=0.0))]
     assert greedy == tokens

@@ -39,6 +39,13 @@ def test_stored_concat_copies_each_operand_once(dim: int) -> None:
     np.testing.assert_allclose(result, expected, rtol=1e-6)
 
 
+def _operand_loads(program: lp.Program) -> list[ex.Load]:
+    """The loads of the new rows (`%k0`, `%k1`, ...) in the program's one kernel."""
+    (k,) = program.kernels
+    return [e for s in lp.walk_stmts(k.body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
+            if isinstance(e, ex.Load) and e.buffer.startswith("k")]
+
+
 def test_stacked_slot_write_reads_each_new_row_once() -> None:
     """A decode step's KV write: new rows of every layer stacked, stored in place at a slot."""
     n = 6
@@ -50,9 +57,7 @@ def test_stacked_slot_write_reads_each_new_row_once() -> None:
 }}"""
     c = test_matmul.Compiled(text)
     assert len(c.program.kernels) == 1 and lp.written_inputs(c.program) == {"c"}
-    (k,) = c.program.kernels
-    loads = [e for s in lp.walk_stmts(k.body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
-             if isinstance(e, ex.Load) and e.buffer.startswith("k")]
+    loads = _operand_loads(c.program)
     assert sorted(e.buffer for e in loads) == sorted(f"k{i}" for i in range(n))  # once each (was n each)
     rng = np.random.default_rng(1)
     cache = rng.standard_normal((n, 1, 5, 8)).astype(np.float32)
@@ -79,9 +84,7 @@ def test_stack_of_rows_written_in_place_reads_each_once(batch: int) -> None:
 }}"""
     c = test_matmul.Compiled(text)
     assert len(c.program.kernels) == 1 and lp.written_inputs(c.program) == {"c"}
-    (k,) = c.program.kernels
-    loads = [e for s in lp.walk_stmts(k.body) for e0 in lp.stmt_exprs(s) for e in ex.walk(e0)
-             if isinstance(e, ex.Load) and e.buffer.startswith("k")]
+    loads = _operand_loads(c.program)
     # each operand's vectors of 8 (batch x 2 of them) loaded once: no chain of n selects, which
     # loaded every operand for every element (n times as many loads)
     assert sorted(e.buffer for e in loads) == sorted(f"k{i}" for i in range(n) for _ in range(2 * batch))

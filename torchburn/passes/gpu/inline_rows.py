@@ -88,7 +88,7 @@ from ...ir.expr import Const, Expr, Var
 from ...ir.transform import StmtMutator
 from ..base import LoopPass, PassError, register_pass
 from ..loop.dedup_kernels import dedup_program
-from ..loop.loop_utils import NameSupply, _Freshen, substitute_stmt
+from ..loop.loop_utils import NameSupply, _Freshen, substitute_stmt, vars_through_lets
 
 
 @dataclass
@@ -198,19 +198,6 @@ class _Site:
     row_iterations: int
 
 
-def _deps(e: Expr, lets: dict[str, Expr]) -> set[str]:
-    out: set[str] = set()
-    todo = list(ex.free_vars(e))
-    while todo:
-        v = todo.pop()
-        if v in out:
-            continue
-        out.add(v)
-        if v in lets:
-            todo.extend(ex.free_vars(lets[v]))
-    return out
-
-
 def reader_site(k: lp.Kernel, param: str, position: int) -> Optional[_Site]:
     """Where the prefix of a row read through `param` goes in `k` (`_Site`), or None when the
     loads are not all inside loops over the row's elements in one enclosing loop's body, or
@@ -238,7 +225,7 @@ def reader_site(k: lp.Kernel, param: str, position: int) -> Optional[_Site]:
             if any(_static(e) != 0 and not (isinstance(e, Var) and e.name in unit)
                    for i, e in enumerate(load.index) if i != position):
                 return False  # another element than the row's (a loop of one iteration is at 0)
-            deps = _deps(load.index[position], lets)
+            deps = vars_through_lets(load.index[position], lets)
             first = next((n for n, (f, _, _) in enumerate(loops) if f.var.name in deps), None)
             if first is None or first == 0:
                 return False  # no loop over the row, or nothing enclosing it
@@ -377,8 +364,12 @@ class GpuInlineRows(LoopPass):
         if self.max_recompute == 0:
             return program
         start = program
+        # per kernel name (kernels are never renamed; a fused one gets a new name): each
+        # kernel taken apart once, not once per round
+        rows: dict[str, Optional[_Row]] = {}
+        written: dict[str, set[str]] = {}
         for _ in range(len(program.calls)):
-            fused = self._inline_one(program)
+            fused = self._inline_one(program, rows, written)
             if fused is None:
                 break
             program = fused
@@ -391,17 +382,23 @@ class GpuInlineRows(LoopPass):
                           kernels=tuple(k for k in program.kernels if k.name in called))
         return dedup_program(program)
 
-    def _inline_one(self, program: lp.Program) -> Optional[lp.Program]:
-        """`program` with its first inlinable producer call inlined into its reader, or None."""
+    def _inline_one(self, program: lp.Program, rows: dict[str, Optional[_Row]],
+                    written: dict[str, set[str]]) -> Optional[lp.Program]:
+        """`program` with its first inlinable producer call inlined into its reader, or None
+        (`rows`, `written`: `one_row` and `_written` of the kernels seen, by name)."""
         temps = {t.name for t in program.temps}
         returned = set(program.result_names()) | {b.name for b in program.outputs}
         kernels = {k.name: k for k in program.kernels}
-        written = {name: _written(k) for name, k in kernels.items()}
+        for name, k in kernels.items():
+            if name not in written:
+                written[name] = _written(k)
         writes = [{c.args[n] for n, p in enumerate(kernels[c.kernel].params) if p.name in written[c.kernel]}
                   for c in program.calls]
         for i, call in enumerate(program.calls):
             producer = kernels[call.kernel]
-            row = one_row(producer)
+            if producer.name not in rows:
+                rows[producer.name] = one_row(producer)
+            row = rows[producer.name]
             if row is None:
                 continue
             out_pos = next(n for n, p in enumerate(producer.params) if p.name == row.out)
@@ -424,9 +421,8 @@ class GpuInlineRows(LoopPass):
             site = reader_site(reader, param, row.position)
             if site is None:
                 continue
-            prefix_work = sum(n for s in row.prefix if (n := _iterations(s)))
-            if any(_iterations(s) is None for s in row.prefix) or \
-                    prefix_work > self.max_recompute * site.row_iterations:
+            work = [_iterations(s) for s in row.prefix]
+            if any(n is None for n in work) or sum(work) > self.max_recompute * site.row_iterations:  # type: ignore[arg-type]
                 continue
             bind: dict[str, str] = {}
             by_arg = {(a, reader_call.offset(n)): reader.params[n] for n, a in enumerate(reader_call.args)}

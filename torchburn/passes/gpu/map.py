@@ -74,6 +74,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr
 from ..base import LoopPass, PassError, register_pass
+from ..loop.loop_utils import vars_through_lets
 from .regroup import regrouped_loops
 from .rows import rows_annotate
 from ..loopgen.attention import TASKS
@@ -196,20 +197,6 @@ def _reduction(s: lp.Stmt, locals_: set[str]) -> Optional[_Reduction]:
     return _Reduction(loops, op, st.buffer, total)
 
 
-def _closure(e: Expr, lets: dict[str, Expr]) -> set[str]:
-    """The variables `e` reads, looking through `let`s."""
-    out: set[str] = set()
-    todo = list(ex.free_vars(e))
-    while todo:
-        name = todo.pop()
-        if name in out:
-            continue
-        out.add(name)
-        if name in lets:
-            todo.extend(ex.free_vars(lets[name]))
-    return out
-
-
 def _gemm_depth(s: lp.Stmt, params: Mapping[str, lp.Buffer], symbols: AbstractSet[str] = frozenset()) -> int:
     """Loops of the nest a matrix product (as `lower-to-loops-gpu` writes it) maps onto, or 0:
     parallel output loops (batch.., i, j) around `alloc %acc; %acc[0] = 0; for k { %acc[0] =
@@ -239,7 +226,7 @@ def _gemm_depth(s: lp.Stmt, params: Mapping[str, lp.Buffer], symbols: AbstractSe
     if not _factors_split(body[:-1], prod, prod_let, {f.var.name for f in loops[:-2]} | set(symbols), i, j,
                           red.loops[0].var.name):
         return 0
-    ca, cb = _closure(prod.a, lets), _closure(prod.b, lets)
+    ca, cb = vars_through_lets(prod.a, lets), vars_through_lets(prod.b, lets)
     if (j not in ca and i not in cb) or (i not in ca and j not in cb):
         return len(loops)
     return 0

@@ -437,6 +437,20 @@ def freshen(s: lp.Stmt, names: NameSupply, suffix: str = "") -> lp.Stmt:
     return _Freshen(names, suffix).visit_stmt(s)
 
 
+def vars_through_lets(e: Expr, lets: Mapping[str, Expr]) -> set[str]:
+    """The variables `e` reads, looking through the `let`s (name -> value) it names."""
+    out: set[str] = set()
+    todo = list(ex.free_vars(e))
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        if name in lets:
+            todo.extend(ex.free_vars(lets[name]))
+    return out
+
+
 def map_kernels(program: lp.Program, fn: Callable[[lp.Kernel], lp.Kernel]) -> lp.Program:
     """Apply `fn` to every kernel of a program, keeping the program object when nothing changed."""
     new = tuple(fn(k) for k in program.kernels)
