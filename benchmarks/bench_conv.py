@@ -17,10 +17,15 @@ stronger Inductor); `torchburn` (`backend="torchburn"`, `--tb-option KEY=VALUE` 
 `options={...}`; a value is read as JSON where it parses, else as a string); `torchburn-notune`
 (the same with `tune="off"`: every kernel ours, nothing measured; docs/tuning.md).
 
-Each compiled contender is checked against eager on its first call: the output (its largest
+Each compiled contender is checked on its first call: the output against eager's (its largest
 difference within 1e-3 of its largest entry) and, in training, every parameter's gradient
-(within 2e-2 of the model's largest gradient entry: see `GRAD_TOL` for why so loose). The
-check column shows TorchBurn's two errors (output/gradients, as those fractions); a row that
+against a float64 step of the same model and inputs (`GradReference`): the worst difference, as
+a fraction of the largest float64 gradient entry, must stay within `GRAD_FACTOR` times the
+rounding noise of the row (how far eager float32, with oneDNN and without, and float64 with its
+inputs perturbed by one float32 rounding land from float64) plus `GRAD_FLOOR`. A deep net at
+batch 1 is so badly conditioned that honest float32 steps differ by percents (see
+`GRAD_FACTOR`); a shallow one by 1e-6, where the bound is as tight. The check column shows
+TorchBurn's errors (output vs eager / gradients vs float64) and the gradient bound; a row that
 fails is marked `WRONG` (the JSON has what failed) and left out of the geomeans.
 
 Times are medians of interleaved rounds (`benchmarks/common.py`) with the interquartile range;
@@ -40,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -52,13 +58,29 @@ MODES = ("inference", "training")
 INFERENCE_ONLY = frozenset({"inductor-freezing"})
 #: Output check: the largest difference from eager, as a fraction of the largest expected entry.
 OUT_TOL = 1e-3
-#: Gradient check: the largest difference of any parameter's gradient from eager's, as a fraction
-#: of the model's largest gradient entry. Loose because a training step at full size is badly
-#: conditioned: a pre-activation within rounding of 0 flips a ReLU's (or a max pool's) choice,
-#: and batch norm spreads the change over the channel. ResNet-18 at batch 1: eager with oneDNN
-#: off (another summation order) differs from a float64 step by 7.9e-3 (layers.2.conv1.weight),
-#: eager with oneDNN by 4.8e-6; TorchBurn by the same 7.9e-3.
-GRAD_TOL = 2e-2
+#: Gradient check: a contender's worst parameter-gradient difference from a float64 step, over
+#: the largest float64 gradient entry, may be `GRAD_FACTOR` times the row's rounding noise (the
+#: same figure for eager float32 with oneDNN on and off, and for float64 with the inputs perturbed
+#: by a relative 2**-24, the largest of the three) plus `GRAD_FLOOR`. Measured, not argued: a
+#: training step of a deep net at batch 1 is badly conditioned, since a pre-activation within
+#: rounding of 0 flips its ReLU and batch norm over one image spreads the change over the channel.
+#: ResNet-50 at batch 1 (issue 35, the stem's weight gradient the worst): eager float32 with oneDNN
+#: 1.5e-2 from float64, without oneDNN 1.8e-2, float64 with the input perturbed by 2**-24
+#: 0.4e-2 to 1.0e-2 (three seeds), TorchBurn 2.1e-2 (tuned or not); 27 of its 9.6 million ReLU
+#: inputs change sign between float32 and float64. TorchBurn compiling the float64 model lands
+#: 4.7e-13 from eager float64, so the kernels compute the right thing. ResNet-18 at batch 1:
+#: eager with and without oneDNN and TorchBurn all 7.8e-3, float64 perturbed 5e-7 (the same
+#: flip in every float32 step: why the float32 references). The old check (within 2e-2 of eager
+#: float32) failed ResNet-50's row for us and Inductor alike (eager without oneDNN was 2.0e-2
+#: from eager with it), and passed anything under 2e-2 on a shallow net whose honest error is
+#: 1e-6. The factor leaves room for a flip or two more than the references (ResNet-50: ours
+#: 1.1x the noise); a wrong kernel is off by far more.
+GRAD_FACTOR = 4.0
+#: The bound's floor, for rows whose noise is near 0: float32 sums of up to 1e5 terms (a weight
+#: gradient over 8 images of 112x112) in another order differ by about 1e-5 of the largest entry.
+GRAD_FLOOR = 1e-4
+#: The relative perturbation of the float64 noise reference: one float32 rounding.
+PERTURBATION = 2.0 ** -24
 
 
 def parse_tb_options(items: list[str]) -> dict[str, Any]:
@@ -102,27 +124,82 @@ def _freezing(who: str) -> Any:
     return torch._inductor.config.patch(freezing=True) if who == "inductor-freezing" else contextlib.nullcontext()
 
 
-def check(got: Any, expected: Any, model: Any, eager: Any, mode: str) -> dict[str, Any]:
-    """How far the compiled contender's output (and, in training, parameter gradients) are
-    from eager's: `out_err`, the largest difference over the largest expected entry;
-    `grad_err`, the largest gradient difference over the model's largest gradient entry;
-    `error`, what fails the tolerances (None if nothing)."""
+@dataclass
+class GradReference:
+    """A float64 training step of a row's model and inputs: the parameters' gradients, the
+    largest gradient entry (`scale`), and the rounding noise (`noise`: for each of eager float32
+    with oneDNN, eager float32 without it and float64 with the inputs perturbed by
+    `PERTURBATION`, its worst gradient difference from `grads` over `scale`)."""
+
+    grads: dict[str, Any]
+    scale: float
+    noise: dict[str, float]
+
+    def error(self, model: Any) -> tuple[float, str]:
+        """`model`'s worst parameter-gradient difference from float64 over `scale`, and where."""
+        grads = dict(model.named_parameters())
+        return max((float((grads[n].grad.double() - g).abs().max()) / self.scale, n) for n, g in self.grads.items())
+
+    def bound(self) -> float:
+        """The largest `error` a contender may have: `GRAD_FACTOR` x the noise + `GRAD_FLOOR`."""
+        return GRAD_FACTOR * max(self.noise.values()) + GRAD_FLOOR
+
+
+def grad_reference(eager: Any, eager_step: Any, case: Any, kw: dict[str, Any]) -> GradReference:
+    """The `GradReference` of one training step of `eager` (copied, never changed) on `kw`;
+    `eager_step` is the float32 model that already took that step with oneDNN (its gradients
+    are one of the noise figures)."""
+    import warnings
+
+    import torch
+
+    from benchmarks.bench_models import _step
+
+    def step(dtype: Any, onednn: bool = True, perturb: bool = False) -> Any:
+        model = copy.deepcopy(eager).to(dtype)
+        gen = torch.Generator().manual_seed(11)
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()}
+        if perturb:
+            inputs = {k: v * (1 + PERTURBATION * torch.randn(v.shape, generator=gen, dtype=dtype))
+                      if v.is_floating_point() else v for k, v in inputs.items()}
+        with warnings.catch_warnings():  # the flags' setter warns about TF32 on Intel GPUs
+            warnings.simplefilter("ignore")
+            with torch.backends.mkldnn.flags(enabled=onednn):
+                _step(model, case, inputs, "training")()
+        return model
+
+    exact = step(torch.float64)
+    grads = {n: p.grad.detach().clone() for n, p in exact.named_parameters() if p.grad is not None}
+    ref = GradReference(grads, max(float(g.abs().max()) for g in grads.values()) or 1.0, {})
+    ref.noise["eager"] = ref.error(eager_step)[0]
+    ref.noise["eager-no-onednn"] = ref.error(step(torch.float32, onednn=False))[0]
+    ref.noise["float64-perturbed"] = ref.error(step(torch.float64, perturb=True))[0]
+    return ref
+
+
+def check(got: Any, expected: Any, model: Any, mode: str, reference: Optional[GradReference] = None) -> dict[str, Any]:
+    """How far the compiled contender's output is from eager's (`out_err`, the largest
+    difference over the largest expected entry) and, in training, its parameter gradients from
+    `reference`'s float64 ones (`grad_err`, see `GradReference.error`, against `grad_bound`);
+    `error`, what fails (None if nothing)."""
     scale = float(expected.detach().abs().max()) or 1.0
     result: dict[str, Any] = {"out_err": float((got.detach() - expected.detach()).abs().max()) / scale,
                               "error": None}
     if result["out_err"] > OUT_TOL:
         result["error"] = f"output off by {result['out_err']:.1e} of its largest entry"
     if mode == "training":
-        pairs = [(n, p, q) for (n, p), q in zip(model.named_parameters(), eager.parameters()) if q.grad is not None]
-        missing = [n for n, p, _ in pairs if p.grad is None]
+        assert reference is not None, "a training row needs its float64 reference"
+        params = dict(model.named_parameters())
+        missing = [n for n in reference.grads if params[n].grad is None]
         if missing:
             result["error"] = f"no gradient for {missing[:3]}"
             return result
-        gscale = max(float(q.grad.abs().max()) for _, _, q in pairs) or 1.0
-        worst, name = max((float((p.grad - q.grad).abs().max()), n) for n, p, q in pairs)
-        result["grad_err"] = worst / gscale
-        if result["grad_err"] > GRAD_TOL and result["error"] is None:
-            result["error"] = f"gradient of {name} off by {result['grad_err']:.1e} of the largest gradient entry"
+        result["grad_err"], name = reference.error(model)
+        result["grad_bound"] = reference.bound()
+        if result["grad_err"] > result["grad_bound"] and result["error"] is None:
+            result["error"] = (f"gradient of {name} off by {result['grad_err']:.1e} of the largest float64 gradient "
+                               f"entry, past {result['grad_bound']:.1e} ({GRAD_FACTOR:g} x the rounding noise "
+                               f"{max(reference.noise.values()):.1e} + {GRAD_FLOOR:g})")
     return result
 
 
@@ -141,6 +218,7 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
     step_mode = "forward" if mode == "inference" else "training"
     reference = copy.deepcopy(eager)
     expected = _step(reference, case, kw, step_mode)()
+    grad_ref = grad_reference(eager, reference, case, kw) if mode == "training" else None
     fns: dict[str, Callable[[], Any]] = {}
     compile_s: dict[str, dict[str, Any]] = {}
     checks: dict[str, dict[str, Any]] = {}
@@ -171,11 +249,11 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
             compile_s[who].update(compile_split(records))
             compile_s[who]["fallback_ops"] = sorted({op for r in records for op in r.fallback_ops})
             compile_s[who]["internal_errors"] = [s.name for r in records for s in r.internal_errors]
-        checks[who] = check(got, expected, model, reference, mode)
+        checks[who] = check(got, expected, model, mode, grad_ref)
         fns[who] = fn
     timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds, clock=CLOCKS[clock])
     return {"model": name, "size": size, "batch": batch, "mode": mode, "timings": timings, "compile": compile_s,
-            "checks": checks, "errors": errors}
+            "checks": checks, "errors": errors, "grad_noise": grad_ref.noise if grad_ref else None}
 
 
 def _ms(s: float) -> str:
@@ -205,8 +283,9 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     bad = [w for w, e in r["checks"].items() if e["error"]] + [f"{w} failed" for w in r["errors"]]
     if tb and tb["internal_errors"]:
         bad.append(f"torchburn internal errors: {len(tb['internal_errors'])}")
-    ours = r["checks"].get("torchburn")
-    err = (f" (ours {ours['out_err']:.0e}" + (f"/{ours['grad_err']:.0e}" if "grad_err" in ours else "") + ")") if ours else ""
+    ours = r["checks"].get("torchburn") or r["checks"].get("torchburn-notune")
+    err = (f" (ours {ours['out_err']:.0e}" + (f"/{ours['grad_err']:.0e} of {ours['grad_bound']:.0e}"
+                                                  if "grad_err" in ours else "") + ")") if ours else ""
     cells.append(("WRONG: " + ", ".join(bad) if bad else "ok") + err)
     return cells
 
