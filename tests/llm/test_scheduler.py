@@ -285,13 +285,14 @@ def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile
             assert c.done.wait(600)
     finally:
         s.stop()
+    used = _signatures(llm)    # before `generate` below compiles its own chunks
     assert [c.text for c in got] == expected
     assert [c.text for c in again] == [llm.generate(p, max_new_tokens=n, temperature=0)
                                        for p in (PROMPTS[5], PROMPTS[5] + " again")]
     assert (s.stats.batched_prefills, s.stats.batched_prompts) == (1, 4)
     assert s.stats.prefilled_tokens == s.stats.prompt_tokens - s.prefixes.reused_tokens
     if compile:
-        assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
+        assert used == warm, "a request compiled a step the warm-up did not"
         if llm.steps is not None:   # 11 step shapes, past Dynamo's default limit of 8: none eager
             assert len(warm) > 8 and all(llm.steps.entries.values()), llm.steps.entries
 
@@ -389,3 +390,57 @@ def test_a_waiting_request_cancelled_frees_its_queue_place(tiny_checkpoint) -> N
     while not s.idle:
         s.step()
     assert ca.finish.reason == "length" and cc.finish.reason == "length"
+
+
+def _record_logits(monkeypatch: pytest.MonkeyPatch, s: Scheduler) -> dict[int, list[torch.Tensor]]:
+    """Each running request's logits row of every decode step, by `id(request)`."""
+    from torchburn.llm.runtime import scheduler as scheduler_module
+
+    seen: dict[int, list[torch.Tensor]] = {}
+    real = scheduler_module.greedy_tokens
+
+    def record(logits: torch.Tensor) -> torch.Tensor:
+        for row, r in s.running.items():
+            seen.setdefault(id(r), []).append(logits[row].clone())
+        return real(logits)
+
+    monkeypatch.setattr(scheduler_module, "greedy_tokens", record)
+    return seen
+
+
+def test_invariant_serving_gives_each_request_its_logits_alone(tiny_checkpoint, invariant,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bit for bit, every decode step's logits: requests run one at a time against the same
+    requests arriving together (one batched prefill, right-padded), joining beside running
+    rows (other slots, other starts), and continuing a prompt that a prefix entry holds part
+    of (the rest from a chunk boundary), on a quantized model as `torchburn serve` runs it.
+    Needs the invariant linears (rows form), attention blocks counted from each row's end
+    (`block_origin`) and the aligned prefill (`Scheduler._aligned`); any of them missing,
+    rows part after a few steps."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=True, quant="int4")
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[5], PROMPTS[0], PROMPTS[5] + " and once more", "a"]
+    n = 6
+    alone_s = Scheduler(llm, parallel=4, prefix_cache=0)
+    assert alone_s.invariant
+    alone_logits = _record_logits(monkeypatch, alone_s)
+    alone, held = [], []       # requests held: an id is not reused while they live
+    for p in prompts:
+        held.append(_submit(alone_s, llm, p, n)[0])
+        while not alone_s.idle:
+            alone_s.step()
+        alone.append(alone_logits[id(held[-1])])
+    s = Scheduler(llm, parallel=4, prefix_cache=4)
+    seen = _record_logits(monkeypatch, s)
+    first = [_submit(s, llm, p, n)[0] for p in prompts[:3]]   # arrive together
+    s.step()
+    s.step()
+    late = [_submit(s, llm, p, n)[0] for p in prompts[3:]]     # join beside running rows
+    while not s.idle:
+        s.step()
+    assert s.stats.batched_prefills == 1 and s.prefixes.reused_tokens >= 16
+    for k, r in enumerate(first + late):
+        got = seen[id(r)]
+        assert len(got) == len(alone[k]) == n
+        for step, (a, b) in enumerate(zip(got, alone[k])):
+            assert torch.equal(a, b), (prompts[k], step, float((a - b).abs().max()))

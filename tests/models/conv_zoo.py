@@ -493,7 +493,7 @@ CASES: dict[str, ConvCase] = {c.name: c for c in [
     _case("vgg11_bn", "VGG-11 with batch norm (224x224)",
           lambda: VGG(VGG11), lambda: VGG([8, "M", 16, 16, "M"], classes=10), (3, 224, 224), (3, 8, 8)),
     _case("conv3d", "3-D conv net: conv3d, batch norm, max pool (16 frames of 112x112)",
-          lambda: Conv3dNet((32, 64, 128)), lambda: Conv3dNet((4, 8, 8)), (3, 16, 112, 112), (3, 4, 8, 8)),
+          lambda: Conv3dNet((32, 64, 128)), lambda: Conv3dNet((4, 8, 8)), (3, 16, 112, 112), (3, 4, 16, 16)),
 ]}
 
 

@@ -75,9 +75,10 @@ def test_one_kernel_and_no_score_matrix() -> None:
     body = print_ir(c.program.kernels[0])
     assert "parallel for" in body and "ramp(" in body
     # causal: the key blocks of a tile of rows stop at the diagonal of its last row (in blocks
-    # of 16 with AVX-512's 32 vector registers, 13 with AVX2's 16)
-    found = re.search(r"let (e\d+) = top\d+ \+ 1\n\s*for jb\d+ in 0\.\.\(\1 \+ (\d+)\) // (\d+)", body)
-    assert found and int(found.group(2)) + 1 == int(found.group(3)), body
+    # of 16 with AVX-512's 32 vector registers, 13 with AVX2's 16), counted back from there
+    found = re.search(r"let (e\d+) = top\d+ \+ 1\n\s*let (nb\d+) = \(\1 \+ (\d+)\) // (\d+)\n"
+                      r"\s*let lead\d+ = \2 \* \4 - \1\n\s*for jb\d+ in 0\.\.\2 ", body)
+    assert found and int(found.group(3)) + 1 == int(found.group(4)), body
 
 
 def _sdpa(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],

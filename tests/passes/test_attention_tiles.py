@@ -216,3 +216,38 @@ def test_the_option_keeps_the_row_form() -> None:
     text = _causal_graph(4, 2, 40, 40, 32, True, 0.25)
     assert "alloc %qt" not in print_ir(Compiled(text, lowering=rows).program.kernels[0])
     assert "alloc %qt" in print_ir(Compiled(text).program.kernels[0])
+
+
+@pytest.mark.parametrize("t", [1, 3, 16])
+def test_a_rows_result_does_not_depend_on_where_it_starts(t: int) -> None:
+    """Bit for bit: the same query rows over the same keys give the same result whether their
+    keys sit from slot 0 of the cache or after 1-100 slots of another request's keys (masked),
+    in the row form (decode: 1 and 3 rows) and the tile form (a 16-token chunk). Key blocks
+    count back from a segment's end (`block_origin`), where a row's keys end wherever it
+    starts; counted from slot 0 they grouped the keys by the row's start, and a request's
+    tokens depended on its company in the server's batch (docs/serve.md)."""
+    hq, hk, d, filled = 6, 2, 64, 45
+    g = torch.Generator().manual_seed(t)
+    q = torch.randn(1, hq, t, d, generator=g)
+    own_kp, own_vp = (torch.randn(1, hk, filled, d, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, hk, t, d, generator=g) for _ in range(2))
+    results = {}
+    for shift in (0, 1, 5, 31, 32, 33, 100):
+        other_kp, other_vp = (torch.randn(1, hk, shift, d, generator=g) * 3 for _ in range(2))
+        pad_kp, pad_vp = (torch.randn(1, hk, t, d, generator=g) for _ in range(2))  # the step's own slots
+        kp, vp = torch.cat([other_kp, own_kp, pad_kp], -2), torch.cat([other_vp, own_vp, pad_vp], -2)
+        p = shift + filled + t
+        slot = torch.arange(t)[:, None] + shift + filled
+        old_ok = ((torch.arange(p)[None, :] < shift + filled) & (torch.arange(p)[None, :] >= shift)).expand(t, p)
+        new_ok = torch.arange(t)[None, :] + shift + filled <= slot
+        c = Compiled(_engine_graph(hq, hk, t, p, d, "f32"))
+        assert ("alloc %qt" in print_ir(c.program.kernels[0])) == (t >= 8)
+        arrays = {"q": q.numpy(), "kp": kp.numpy(), "vp": vp.numpy(), "k": k.numpy(), "v": v.numpy(),
+                  "mp": torch.where(old_ok, 0.0, MASKED)[None, None].numpy(),
+                  "mn": torch.where(new_ok, 0.0, MASKED)[None, None].numpy()}
+        results[shift] = _run(c, arrays, (1, hq, t, d))
+    want = _eager_engine(q, own_kp, own_vp, k, v, torch.ones(1, 1, t, filled, dtype=torch.bool),
+                         (torch.arange(t)[None, :] <= torch.arange(t)[:, None])[None, None])
+    torch.testing.assert_close(results[0], want, rtol=2e-5, atol=2e-5)
+    for shift, out in results.items():
+        assert torch.equal(out, results[0]), (shift, float((out - results[0]).abs().max()))

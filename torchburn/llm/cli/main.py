@@ -102,9 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--qlinear-forms", choices=["invariant", "fastest"], default=None,
                        help="quantized linears: 'invariant' (the default, unless "
                             "TORCHBURN_QLINEAR_INVARIANT says otherwise) computes each request's "
-                            "rows as it would alone, so its greedy text does not depend on the "
-                            "others; 'fastest' lets batched steps take the panel, tile and "
-                            "dequantize + GEMM kernels (docs/serve.md)")
+                            "rows as it would alone (and prefills prompts in aligned chunks of "
+                            "16), so its greedy text does not depend on the others; 'fastest' "
+                            "lets batched steps take the panel, tile and dequantize + GEMM "
+                            "kernels and prompts the cheapest chunks (docs/serve.md)")
     return parser
 
 

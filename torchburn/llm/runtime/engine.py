@@ -301,19 +301,33 @@ class LLM:
 
     def prefill_chunks(self, rows: list[list[int]], cache: KVCache,
                        starts: torch.Tensor, first: int = 0,
-                       buckets: Sequence[int] = PREFILL_BUCKETS) -> Generator[int, None, torch.Tensor]:
+                       buckets: Sequence[int] = PREFILL_BUCKETS,
+                       aligned: int = 0) -> Generator[int, None, torch.Tensor]:
         """`_prefill` one chunk at a time: yields the slots filled so far after each chunk's
         step and returns the last logits [B, V], so that a caller (the server's scheduler) can
-        run other steps between the chunks of a long prompt."""
+        run other steps between the chunks of a long prompt.
+
+        ``aligned`` (a chunk length; ``first`` a multiple of it): every row starts at slot 0
+        (right-padded, ``starts`` zeros) and runs in chunks of exactly ``aligned`` tokens
+        (the last padded), so each of a row's tokens is computed in the same chunk, at the same
+        place, whatever the other rows and wherever the prefill starts: the batch-invariant
+        prefill of `Scheduler` (a row's last logits are then at its own length, not at -1)."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
-            tokens[b, n - len(r):] = torch.tensor(r, dtype=torch.long)
+            at = 0 if aligned else n - len(r)
+            tokens[b, at:at + len(r)] = torch.tensor(r, dtype=torch.long)
+        if aligned and (first % aligned or bool(starts.any())):
+            raise ValueError(f"an aligned prefill starts at a multiple of {aligned} with rows from slot 0; "
+                             f"got first={first}, starts={starts.tolist()}")
         slot = first
         logits = None
         tails = self.device != "gpu"  # a GPU step's rows are nearly free beside the step
-        for size, real in prefill_plan(n, first, self.max_context, buckets, tails):
-            if real == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
+        plan = ([(aligned if at + aligned <= self.max_context else min(aligned, n - at), min(aligned, n - at))
+                 for at in range(first, n, aligned)] if aligned  # exact only at the context's end
+                else prefill_plan(n, first, self.max_context, buckets, tails))
+        for size, real in plan:
+            if size == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step
                 logits = self.run_step(cache, tokens[:, slot:slot + 1].contiguous(), slot, starts)
                 slot += 1
             else:

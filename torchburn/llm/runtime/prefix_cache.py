@@ -50,9 +50,11 @@ class PrefixCache:
         """How many first ids of ``ids`` an entry holds (nothing changes)."""
         return self._best(ids)[1]
 
-    def take(self, ids: Sequence[int]) -> tuple[PrefixEntry, int]:
+    def take(self, ids: Sequence[int], align: int = 1) -> tuple[PrefixEntry, int]:
         """The entry to prefill ``ids`` into and how many of its first ids it already holds
-        (at most ``len(ids) - 1``: the last token is always run, for its logits)."""
+        (at most ``len(ids) - 1``: the last token is always run, for its logits). Short of
+        that, the count is a multiple of ``align``: an aligned prefill (`Scheduler`'s batch
+        invariant one) starts at a chunk boundary."""
         self._clock += 1
         best, shared = self._best(ids)
         if best is None or (shared == 0 and len(self.entries) < max(self.size, 1)):
@@ -60,6 +62,8 @@ class PrefixCache:
             self.entries.append(best)
         best.used = self._clock
         shared = min(shared, len(ids) - 1)
+        if shared < len(ids) - 1:
+            shared -= shared % align
         best.ids = list(ids[:shared])   # what it holds until the prefill fills the rest
         self.reused_tokens += shared
         return best, shared

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Generator, Optional, Sequence, Union
 
 import torch
 
+from ...runtime.config import get_config
 from ...runtime.omp_team import release as release_omp_team
 from .batch_cache import BatchCache
 from .prefix_cache import PrefixCache
@@ -144,7 +145,7 @@ class Scheduler:
     """Runs requests on ``llm`` in a batch of up to ``parallel`` rows, ``max_queue`` waiting."""
 
     def __init__(self, llm: "LLM", parallel: int = 4, max_queue: int = 64,
-                 prefix_cache: int = 4) -> None:
+                 prefix_cache: int = 4, invariant: Optional[bool] = None) -> None:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1; got {parallel}")
         if max_queue < 0:
@@ -154,6 +155,9 @@ class Scheduler:
         self.max_queue = max_queue
         self.rows = BatchCache(llm._new_cache(parallel))
         self.prefixes = PrefixCache(lambda: llm._new_cache(1), prefix_cache)
+        #: Batch-invariant prefills (`_aligned`): by default where the linears are
+        #: (TORCHBURN_QLINEAR_INVARIANT, which `torchburn serve` sets).
+        self.invariant = get_config().qlinear_invariant if invariant is None else invariant
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}
         self.stats = Stats()
@@ -243,7 +247,7 @@ class Scheduler:
         # prefix entry: another graph than the shared rows' (another cache, other strides)
         self.llm.run_step(entry.cache, torch.full((1, 1), self.llm.pad_id, dtype=torch.long), 1,
                           torch.zeros(1, dtype=torch.long))
-        for n in PREFILL_BUCKETS:
+        for n in ((TOGETHER_CHUNK,) if self.invariant else PREFILL_BUCKETS):
             if n <= self.llm.max_context:
                 ids = torch.full((1, n), self.llm.pad_id, dtype=torch.long)
                 self.llm.run_step(entry.cache, ids, 0, torch.zeros(1, dtype=torch.long),
@@ -379,6 +383,19 @@ class Scheduler:
                 self.stats.interleaved_chunks += 1
                 return
 
+    @property
+    def _aligned(self) -> int:
+        """The chunk length of an invariant prefill, 0 for the cheapest chunks.
+
+        Invariant: every prompt, alone or batched, from slot 0 or from a prefix entry, is
+        prefilled in chunks of `TOGETHER_CHUNK` tokens starting at multiples of it (padded
+        on the right), so each token's keys and values are computed in the same chunk with
+        the same attention blocks (`passes/loopgen/attention.py`, `block_origin`) and the
+        same linears (rows form) whatever the company: a request's greedy text does not
+        depend on the other requests. Otherwise a prompt alone takes `prefill_plan`'s
+        cheapest chunks (16/64/256, a tail through decode steps) and a batch is left-padded."""
+        return TOGETHER_CHUNK if self.invariant else 0
+
     def _begin(self, r: Request) -> None:
         r.text = TextStream(self.llm.tokenizer, r.stop)
         r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None
@@ -400,10 +417,10 @@ class Scheduler:
         ids = r.prompt_ids
         head = ids[:-1]
         self._begin(r)
-        entry, cached = self.prefixes.take(ids)
+        entry, cached = self.prefixes.take(ids, self._aligned or 1)
         if cached < len(head):
             yield from self.llm.prefill_chunks([head], entry.cache, torch.zeros(1, dtype=torch.long),
-                                               cached)
+                                               cached, aligned=self._aligned)
         self.prefixes.filled(entry, head)
         self.stats.prefilled_tokens += len(ids) - cached
         self._join(r, entry.cache, len(head))
@@ -421,17 +438,19 @@ class Scheduler:
         n = max(len(h) for h in heads)
         batch = bucket_for(len(heads), self.parallel)
         rows = [list(h) for h in heads] + [[self.llm.pad_id]] * (batch - len(heads))
-        starts = torch.tensor([n - len(h) for h in rows], dtype=torch.long)
+        # left-padded to end together, or (invariant) all from slot 0, right-padded
+        offset = {h: 0 if self.invariant else n - len(h) for h in heads}
+        starts = torch.tensor([0 if self.invariant else n - len(h) for h in rows], dtype=torch.long)
         if self._scratch is None:
             self._scratch = BatchCache(self.llm._new_cache(self.parallel))
         scratch = self._scratch.view(batch)
         for r in rs:
             self._begin(r)
-        yield from self.llm.prefill_chunks(rows, scratch, starts, 0, (TOGETHER_CHUNK,))
+        yield from self.llm.prefill_chunks(rows, scratch, starts, 0, (TOGETHER_CHUNK,), aligned=self._aligned)
         self.stats.batched_prefills += 1
         self.stats.batched_prompts += len(heads)
         for h, k in heads.items():
-            self.prefixes.keep(h, scratch, k, n - len(h))
+            self.prefixes.keep(h, scratch, k, offset[h])
         ran: set[tuple[int, ...]] = set()
         for r in rs:
             h = tuple(r.prompt_ids[:-1])
@@ -441,7 +460,7 @@ class Scheduler:
             else:
                 ran.add(h)
                 self.stats.prefilled_tokens += len(r.prompt_ids)
-            self._join(r, scratch, len(h), heads[h], n - len(h))
+            self._join(r, scratch, len(h), heads[h], offset[h])
 
     def _decode(self) -> None:
         for row, r in list(self.running.items()):

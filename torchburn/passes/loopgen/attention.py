@@ -9,14 +9,15 @@ so the result is the exact softmax, whatever the order of the blocks:
     parallel for r in 0..B*Hk*ceil(Tq/R) {             # batch x kv head x query block
       (for each of the task's G*R rows, unrolled: its head h, its row i)
         m = -inf; l = 0; acc[:] = 0
-        for jb in 0..ceil(E/BK) {                      # E = Tk, or min(Tk, i+1) when causal
-          s[:] = -inf
-          for jj in 0..min(BK, E - jb*BK) {            # bounds-safe: only real keys
-            s[jj] = scale * sum_d q[i, d] k[jb*BK+jj, d]   (+ mask, or -inf where masked)
+        lead = ceil(E/BK)*BK - E                       # E = Tk, or min(Tk, i+1) when causal
+        for jb in 0..ceil(E/BK) {                      # blocks counted back from the end
+          j0 = jb*BK - lead; s[:] = -inf
+          for jj in max(0, -j0)..BK {                  # bounds-safe: only real keys
+            s[jj] = scale * sum_d q[i, d] k[j0+jj, d]   (+ mask, or -inf where masked)
           }
           m_new = max(m, max(s)); corr = exp(m - m_new)
           s[:] = exp(s[:] - m_new); l = l * corr + sum(s); acc[:] *= corr
-          for jj in 0..min(BK, E - jb*BK) { acc[:] += s[jj] * v[jb*BK+jj, :] }
+          for jj in max(0, -j0)..BK { acc[:] += s[jj] * v[j0+jj, :] }
           m = m_new
         }
         out[i, :] = acc[:] / l                         # rows past Tq store nothing
@@ -26,6 +27,10 @@ A task takes the `G` query heads of one key/value head and `R` rows of each (`R 
 decode), so each key and value row is loaded once for all of them. The GPU form
 (`max_rows = 1`) is a perfect nest over `(*B, Hq, Tq)`, one row per iteration, which `gpu-map`
 turns into a grid of one invocation per row.
+
+The blocks end at the segment's end, not start at key 0, so that a row's keys fall into the
+same blocks and lanes wherever the row starts in a shared cache (`block_origin`): a request's
+result is then the same alone and beside others (the server's batch invariance).
 
 The loops over `d` are unit-stride in every buffer, so `vectorize` gives them the target's
 vector width (the dot product becomes a vector reduction); the outer loop is parallel. With a
@@ -49,7 +54,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
 from .kernel_builder import KernelBuilder, LoweringError
-from .attention_tiles import TilePlan, build_tiles, tiles_apply
+from .attention_tiles import TilePlan, block_origin, build_tiles, tiles_apply
 from .store_views import through
 from .views import Index
 
@@ -62,6 +67,7 @@ TASKS = "tasks"
 
 def _ceil_div(a: Expr, b: int) -> Expr:
     return ex.floordiv(ex.add(a, b - 1), b)
+
 
 
 class _Nest:
@@ -85,13 +91,14 @@ class _Nest:
         self.kb.emit(lp.Store(buf.name, (i,), value))
 
     def loop(self, prefix: str, extent: Expr, body: Callable[[Var], None], kind: str = "serial",
-             annotations: tuple[tuple[str, str], ...] = ()) -> None:
-        """`for v in 0..extent { body(v) }`, the body built in a scope of its own."""
+             annotations: tuple[tuple[str, str], ...] = (), start: Expr = Const(0)) -> None:
+        """`for v in start..extent { body(v) }`, the body built in a scope of its own."""
         v = Var(self.kb.fresh(prefix))
         self.kb.push((v,))
         body(v)
         stmts = self.kb.pop()
-        self.kb.emit(lp.For(v, Const(0), extent, kind, stmts, annotations))
+        count = extent if start == Const(0) else ex.sub(extent, start)
+        self.kb.emit(lp.For(v, start, count, kind, stmts, annotations))
 
     def value(self, operand: Value, idx: tuple[Expr, ...]) -> Expr:
         """An operand element widened to f32."""
@@ -225,10 +232,13 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
         else:
             extent = tk
 
+        # Blocks end at the segment's end: the first one lacks `lead` keys (see `block_origin`).
+        nblocks = kb.bind(_ceil_div(extent, block_k), "nb")
+        lead = kb.bind(ex.sub(ex.mul(nblocks, block_k), extent), "lead")
+
         def per_block(jb: Var, k: Value = k, v: Value = v, mask: Optional[Value] = mask, kvh: Expr = kvh,
-                      extent: Expr = extent) -> None:
-            j0 = kb.bind(ex.mul(jb, block_k), "j")
-            live = kb.bind(ex.minimum(Const(block_k), ex.sub(extent, j0)), "n")
+                      lead: Expr = lead) -> None:
+            j0, first = block_origin(kb, jb, block_k, lead)
             for _, _, _, s in state:
                 n.loop("jj", Const(block_k), lambda c, s=s: n.put(s, NEG_INF, c))
 
@@ -258,7 +268,7 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
                         sc = kb.bind(ex.select(ex.binary("le", j, row.ic), sc, NEG_INF))
                     n.put(s, sc, jj)
 
-            n.loop("jj", live, score)
+            n.loop("jj", Const(block_k), score, start=first)
             corrs = []
             for m, l, acc, s in state:
                 bm = n.local("bm", 1)
@@ -296,9 +306,9 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
 
             for corr, (_, _, acc, _) in zip(corrs, state):
                 n.loop("d", Const(dv), lambda c, acc=acc, corr=corr: n.put(acc, ex.Binary("mul", n.get(acc, c), corr, F32), c))
-            n.loop("jj", live, gather)
+            n.loop("jj", Const(block_k), gather, start=first)
 
-        n.loop("jb", _ceil_div(extent, block_k), per_block)
+        n.loop("jb", nblocks, per_block)
     for row, (m, l, acc, _) in zip(rows, state):
         inv = kb.bind(ex.Binary("div", Const(1.0, F32), n.get(l), F32))
 

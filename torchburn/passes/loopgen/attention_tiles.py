@@ -10,14 +10,15 @@ the online softmax never sums across lanes:
       m[:] = -inf; l[:] = 0; %acc[c, :] = 0           # per row (lane): max, sum, output^T
       for each segment, the last one first:
         for jb in 0..ceil(E/BK) {                     # E = Tk, or min(Tk, last row + 1) when causal
+          j0 = jb*BK - (ceil(E/BK)*BK - E)             # blocks end at E (`block_origin`)
           (masked: %mk[jj, :] = mask[rows, j0 + jj]; a block whose mask is dead for every row
            of a tile already holding a live maximum is skipped, see below)
           s[jj][v] = sum_d broadcast(k[j0+jj, d]) * %qt[d, v*W..]     # BK x RV accumulators, fma
-          s = s (+ %mk) (-inf past E, past the diagonal)
+          s = s (+ %mk) (-inf before key 0, past the diagonal)
           m_new = max(m, max_jj s[jj]); corr = exp(m - m_new); %p[jj] = exp(s[jj] - m_new)
           l = l * corr + sum_jj %p[jj]
           for c-chunks of CC: a[cc][v] = %acc[c0+cc, v*W..] * corr
-                              for jj < live: a[cc][v] += broadcast(v[j0+jj, c0+cc]) * %p[jj][v]
+                              for jj >= -j0: a[cc][v] += broadcast(v[j0+jj, c0+cc]) * %p[jj][v]
                               %acc[c0+cc, v*W..] = a[cc][v]
         }
       out[i0 + rr, c] = %acc[c, rr] / l[rr]           # rows past Tq store nothing
@@ -100,6 +101,28 @@ def tiles_apply(op: Op) -> bool:
     return not (isinstance(tq, Const) and int(tq.value) < MIN_ROWS)
 
 
+def block_origin(kb: KernelBuilder, jb: Expr, block_k: int, lead: Expr) -> tuple[Expr, Expr]:
+    """`(j0, first)`: key block `jb` covers keys `j0 + first .. j0 + BK` of its segment, where
+    the blocks are counted back from the segment's end (`lead` = ceil(E/BK)*BK - E keys
+    missing from block 0, `first` = lead there and 0 after).
+
+    Why from the end: a row's keys end where the segment does (a decode or prefill step's
+    cache view ends at the step's own slots), wherever the row starts in the cache (a request
+    beside others, left-padded, or moved by a compaction: the slots before its start are
+    masked). Blocks counted from slot 0 would group its keys differently in each case, and
+    the online softmax rounds per block; from the end each key keeps its block and its lane,
+    the masked slots add exact zeros, and a row's result does not depend on its company."""
+    j0 = kb.bind(ex.sub(ex.mul(jb, block_k), lead), "j")
+    first = kb.bind(ex.maximum(Const(0), ex.sub(lead, ex.mul(jb, block_k))), "j")
+    return j0, first
+
+
+def _clamp(j: Expr, last: Expr) -> Expr:
+    """Key index `j` clamped into `0..last` (the block's keys outside the segment are loaded
+    from its edge and given -inf scores)."""
+    return ex.minimum(ex.maximum(j, Const(0)), last)
+
+
 class _Tiles:
     """Builds the nest of the module docstring into `kb`."""
 
@@ -149,13 +172,14 @@ class _Tiles:
         return ex.Broadcast(Const(x, F32), self.vt)
 
     def loop(self, prefix: str, extent: Expr, body: Callable[[Var], object], kind: str = "serial",
-             annotations: tuple[tuple[str, str], ...] = ()) -> None:
-        """`for v in 0..extent { body(v) }`, the body built in a scope of its own."""
+             annotations: tuple[tuple[str, str], ...] = (), start: Expr = Const(0)) -> None:
+        """`for v in start..extent { body(v) }`, the body built in a scope of its own."""
         v = Var(self.kb.fresh(prefix))
         self.kb.push((v,))
         body(v)
         stmts = self.kb.pop()
-        self.kb.emit(lp.For(v, Const(0), extent, kind, stmts, annotations))
+        count = extent if start == Const(0) else ex.sub(extent, start)
+        self.kb.emit(lp.For(v, start, count, kind, stmts, annotations))
 
     def scalar(self, operand: Value, idx: tuple[Expr, ...]) -> Expr:
         return self.kb.bind(ex.cast(self.kb.value_at(operand, idx), dt.f32), "x")
@@ -225,29 +249,32 @@ class _Tiles:
         extent = kb.bind(ex.minimum(tk, ex.add(t.top, 1)), "e") if self.causal else tk
         klast = kb.bind(ex.sub(tk, 1), "kl")
         bk = plan.block_k
+        # blocks counted back from the segment's end, as the row form's (`block_origin`)
+        nblocks = kb.bind(ex.floordiv(ex.add(extent, bk - 1), bk), "nb")
+        lead = kb.bind(ex.sub(ex.mul(nblocks, bk), extent), "lead")
 
         def per_block(jb: Var) -> None:
-            j0 = kb.bind(ex.mul(jb, bk), "j")
-            live = kb.bind(ex.minimum(Const(bk), ex.sub(extent, j0)), "n")
+            j0, first = block_origin(kb, jb, bk, lead)
             if mask is None:
-                self.block(t, k, v, None, j0, live, klast)
+                self.block(t, k, v, None, j0, first, klast)
                 return
             mk = self.local("mk", (bk, plan.rows))
             self.gather_mask(t, mask, mk, j0, klast)
             dead = self.dead(t, mk)
             kb.push()
-            self.block(t, k, v, mk, j0, live, klast)
+            self.block(t, k, v, mk, j0, first, klast)
             kb.emit(lp.If(ex.binary("eq", dead, Const(False, ex.BOOL)), kb.pop()))
 
-        self.loop("jb", ex.floordiv(ex.add(extent, bk - 1), bk), per_block)
+        self.loop("jb", nblocks, per_block)
 
     def gather_mask(self, t: "_Task", mask: Value, mk: lp.Buffer, j0: Expr, klast: Expr) -> None:
         """`%mk[jj, rr] = mask[row rr, key j0 + jj]` as an additive f32 (a boolean false is
-        -inf); keys past the segment read its last key (their scores become -inf anyway)."""
+        -inf); keys before the segment (block 0's missing ones) read its first key (their
+        scores become -inf anyway)."""
         kb = self.kb
 
         def per_key(jj: Var) -> None:
-            j = kb.bind(ex.minimum(ex.add(j0, jj), klast), "j")
+            j = kb.bind(_clamp(ex.add(j0, jj), klast), "j")
 
             def per_lane(rr: Var) -> None:
                 i = kb.bind(ex.minimum(ex.add(t.i0, rr), t.last), "i")
@@ -299,26 +326,27 @@ class _Tiles:
         self.loop("d", Const(self.d), mac)
         return sacc
 
-    def block(self, t: "_Task", k: Value, v: Value, mk: Optional[lp.Buffer], j0: Expr, live: Expr,
+    def block(self, t: "_Task", k: Value, v: Value, mk: Optional[lp.Buffer], j0: Expr, first: Expr,
               klast: Expr) -> None:
-        """Scores, online softmax and P @ V of one block of `BK` keys (`live` of them real)."""
+        """Scores, online softmax and P @ V of one block of `BK` keys (those from `first` on
+        real: keys `j0 + first .. j0 + BK`)."""
         kb, plan, w = self.kb, self.plan, self.w
         bk, rv = plan.block_k, plan.row_vectors
-        keys = [kb.bind(ex.minimum(ex.add(j0, jj), klast), "j") for jj in range(bk)]
+        keys = [kb.bind(_clamp(ex.add(j0, jj), klast), "j") for jj in range(bk)]
         scores: list[list[lp.Buffer]] = []
         for k0 in range(0, bk, plan.score_keys):
             scores += self.scores(t, k, keys[k0:k0 + plan.score_keys])
         p = self.local("p", (bk, plan.rows))
         neg = self.fconst(float("-inf"))
         zero = self.fconst(0.0)
-        live_v = self.splat(live)
+        first_v = self.splat(first)
         for jj in range(bk):
             jv = self.splat(ex.add(j0, jj))
             for r in range(rv):
                 sc: Expr = self.vload(scores[jj][r], Const(0))
                 if mk is not None:
                     sc = ex.Binary("add", sc, self.vload(mk, Const(jj), Const(r * w)), self.vt)
-                keep = ex.binary("lt", self.splat(Const(jj)), live_v)
+                keep = ex.binary("ge", self.splat(Const(jj)), first_v)
                 if self.causal:
                     keep = ex.binary("and", keep, ex.binary("le", jv, t.rows[r]))
                 self.vstore(p, kb.bind(ex.select(keep, sc, neg), "sc"), Const(jj), Const(r * w))
@@ -344,10 +372,10 @@ class _Tiles:
         c0 = 0
         while c0 < self.dv:
             cc = min(plan.chunk, self.dv - c0)
-            self.pv_chunk(t, v, p, corrs, j0, live, c0, cc)
+            self.pv_chunk(t, v, p, corrs, j0, first, c0, cc)
             c0 += cc
 
-    def pv_chunk(self, t: "_Task", v: Value, p: lp.Buffer, corrs: list[Expr], j0: Expr, live: Expr,
+    def pv_chunk(self, t: "_Task", v: Value, p: lp.Buffer, corrs: list[Expr], j0: Expr, first: Expr,
                  c0: int, cc: int) -> None:
         """`%acc[c0..c0+cc, :]` rescaled by the correction, plus the block's P @ V."""
         kb, plan, w = self.kb, self.plan, self.w
@@ -366,7 +394,7 @@ class _Tiles:
                 for r in range(rv):
                     self.vstore(a[c][r], self.fma(x, pv[r], self.vload(a[c][r], Const(0))), Const(0))
 
-        self.loop("jj", live, axpy)
+        self.loop("jj", Const(plan.block_k), axpy, start=first)
         for c in range(cc):
             for r in range(rv):
                 self.vstore(t.acc, self.vload(a[c][r], Const(0)), Const(c0 + c), Const(r * w))
