@@ -451,7 +451,14 @@ def test_invariant_prefill_at_the_context_end(tiny_checkpoint, invariant, monkey
     the tokens from there run one a step (`aligned_plan`), alone and in a batch alike. Bit for
     bit, every decode step's logits of prompts ending there, one at a time against together;
     and the warm-up compiled every step they take. Before, that chunk ran exact, as long as
-    the batch's longest prompt: 3 to 6 rows alone, 6 together, shapes the warm-up never made."""
+    the batch's longest prompt: 3 to 6 rows alone, 6 together, shapes the warm-up never made,
+    and a prompt's last keys differed in the last place (its past segment ended elsewhere).
+    The linears take f32 activations (their rows form too): int8 ones quantize most such
+    differences away before the logits."""
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")   # undone with `invariant`'s
+    reload_config()
     _, folder = tiny_checkpoint("llama")
     torch._dynamo.reset()   # every shape compiled here, none reused from another test
     llm = LLM.from_pretrained(folder, device="cpu", max_context=40, compile=True, quant="int4")
