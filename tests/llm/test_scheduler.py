@@ -269,11 +269,10 @@ def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile
     llm = _llm(folder, compile=compile, quant=quant)
     prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[5], PROMPTS[2], PROMPTS[0], "a"]
     n = 6
-    expected = [llm.generate(p, max_new_tokens=n, temperature=0) for p in prompts]
     s = Scheduler(llm, parallel=8, prefix_cache=4)
     if compile:
         s.warm_up()
-    warm = _signatures(llm)
+    warm = _signatures(llm)    # `generate` (below) compiles its own chunks: only the warm-up's here
     got = [_submit(s, llm, p, n)[1] for p in prompts]   # all waiting before the loop starts
     s.start()
     try:
@@ -286,6 +285,7 @@ def test_requests_that_arrive_together_prefill_together(tiny_checkpoint, compile
     finally:
         s.stop()
     used = _signatures(llm)    # before `generate` below compiles its own chunks
+    expected = [llm.generate(p, max_new_tokens=n, temperature=0) for p in prompts]
     assert [c.text for c in got] == expected
     assert [c.text for c in again] == [llm.generate(p, max_new_tokens=n, temperature=0)
                                        for p in (PROMPTS[5], PROMPTS[5] + " again")]
@@ -444,3 +444,49 @@ def test_invariant_serving_gives_each_request_its_logits_alone(tiny_checkpoint, 
         assert len(got) == len(alone[k]) == n
         for step, (a, b) in enumerate(zip(got, alone[k])):
             assert torch.equal(a, b), (prompts[k], step, float((a - b).abs().max()))
+
+
+def test_invariant_prefill_at_the_context_end(tiny_checkpoint, invariant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context of 40 slots (not a multiple of 16): the chunk at slot 32 would overrun it, so
+    the tokens from there run one a step (`aligned_plan`), alone and in a batch alike. Bit for
+    bit, every decode step's logits of prompts ending there, one at a time against together;
+    and the warm-up compiled every step they take. Before, that chunk ran exact, as long as
+    the batch's longest prompt: 3 to 6 rows alone, 6 together, shapes the warm-up never made,
+    and a prompt's last keys differed in the last place (its past segment ended elsewhere).
+    The linears take f32 activations (their rows form too): int8 ones quantize most such
+    differences away before the logits."""
+    from torchburn.runtime.config import reload_config
+
+    monkeypatch.setenv("TORCHBURN_QLINEAR_ACTIVATIONS", "f32")   # undone with `invariant`'s
+    reload_config()
+    _, folder = tiny_checkpoint("llama")
+    torch._dynamo.reset()   # every shape compiled here, none reused from another test
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=40, compile=True, quant="int4")
+    llm.eos_ids = frozenset()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 300, (t,), generator=g).tolist() for t in (39, 36, 34, 20)]
+    s = Scheduler(llm, parallel=4, prefix_cache=0)   # no entry kept: each prompt from slot 0
+    assert s.invariant
+    s.warm_up()
+    warm = _signatures(llm)
+    seen = _record_logits(monkeypatch, s)
+
+    def submit(ids: list[int]) -> Request:
+        r = Request(prompt_ids=ids, max_tokens=3, params=GREEDY, emit=Collect())
+        s.submit(r)
+        return r
+
+    alone = []
+    for p in prompts:
+        alone.append(submit(p))
+        while not s.idle:
+            s.step()
+    together = [submit(p) for p in prompts]
+    while not s.idle:
+        s.step()
+    assert s.stats.batched_prefills == 1
+    assert _signatures(llm) == warm, "a request compiled a step the warm-up did not"
+    for p, a, b in zip(prompts, alone, together):
+        assert len(seen[id(a)]) == len(seen[id(b)]) == min(3, llm.max_context - len(p))
+        for step, (x, y) in enumerate(zip(seen[id(a)], seen[id(b)])):
+            assert torch.equal(x, y), (len(p), step, float((x - y).abs().max()))

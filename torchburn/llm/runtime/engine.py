@@ -83,6 +83,25 @@ def prefill_plan(n: int, first: int, max_context: int,
     return best[first][1]
 
 
+def aligned_plan(n: int, first: int, max_context: int, aligned: int) -> list[tuple[int, int]]:
+    """(padded size, real tokens) of each chunk of an aligned prefill (`LLM.prefill_chunks`'s
+    ``aligned``) of slots ``first .. n``: chunks of exactly ``aligned`` tokens at multiples of
+    it (the last padded), whatever ``n``; where a chunk would overrun ``max_context``, its
+    tokens one at a time through the decode step (``(1, 1)`` each). A token's chunk then
+    depends only on its slot, never on the longest row of a batch: an exact last chunk of
+    ``n - at`` tokens would change with ``n`` (another step shape, another attention form, its
+    past segment ending elsewhere), so a row's keys beside a longer prompt would differ from
+    its keys alone, and the step shape would be one the warm-up never compiled.
+
+        aligned_plan(35, 0, 40, 16) == [(16, 16), (16, 16), (1, 1), (1, 1), (1, 1)]
+        aligned_plan(35, 16, 64, 16) == [(16, 16), (16, 3)]"""
+    plan: list[tuple[int, int]] = []
+    for at in range(first, n, aligned):
+        real = min(aligned, n - at)
+        plan += [(aligned, real)] if at + aligned <= max_context else [(1, 1)] * real
+    return plan
+
+
 class ContextError(ValueError):
     """A prompt that does not fit in ``max_context``."""
 
@@ -309,9 +328,11 @@ class LLM:
 
         ``aligned`` (a chunk length; ``first`` a multiple of it): every row starts at slot 0
         (right-padded, ``starts`` zeros) and runs in chunks of exactly ``aligned`` tokens
-        (the last padded), so each of a row's tokens is computed in the same chunk, at the same
-        place, whatever the other rows and wherever the prefill starts: the batch-invariant
-        prefill of `Scheduler` (a row's last logits are then at its own length, not at -1)."""
+        (the last padded; at the context's end, one token a step: `aligned_plan`), so each of
+        a row's tokens is computed in the same chunk, at the same place, whatever the other
+        rows and wherever the prefill starts: the batch-invariant prefill of `Scheduler`. The
+        logits returned are then those of slot ``n - 1`` for every row, a right-padded row's
+        pad there: `Scheduler` runs each prompt's last token through a decode step instead."""
         n = max(len(r) for r in rows)
         tokens = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for b, r in enumerate(rows):
@@ -323,8 +344,7 @@ class LLM:
         slot = first
         logits = None
         tails = self.device != "gpu"  # a GPU step's rows are nearly free beside the step
-        plan = ([(aligned if at + aligned <= self.max_context else min(aligned, n - at), min(aligned, n - at))
-                 for at in range(first, n, aligned)] if aligned  # exact only at the context's end
+        plan = (aligned_plan(n, first, self.max_context, aligned) if aligned
                 else prefill_plan(n, first, self.max_context, buckets, tails))
         for size, real in plan:
             if size == 1:  # one token (a one-token prompt, a chunked prompt's last): the decode step

@@ -9,7 +9,7 @@ so the result is the exact softmax, whatever the order of the blocks:
     parallel for r in 0..B*Hk*ceil(Tq/R) {             # batch x kv head x query block
       (for each of the task's G*R rows, unrolled: its head h, its row i)
         m = -inf; l = 0; acc[:] = 0
-        lead = ceil(E/BK)*BK - E                       # E = Tk, or min(Tk, i+1) when causal
+        lead = ceil(E/BK)*BK - E                       # E = Tk, or min(Tk, the task's last row + 1) if causal
         for jb in 0..ceil(E/BK) {                      # blocks counted back from the end
           j0 = jb*BK - lead; s[:] = -inf
           for jj in max(0, -j0)..BK {                  # bounds-safe: only real keys
@@ -67,7 +67,6 @@ TASKS = "tasks"
 
 def _ceil_div(a: Expr, b: int) -> Expr:
     return ex.floordiv(ex.add(a, b - 1), b)
-
 
 
 class _Nest:
