@@ -226,3 +226,30 @@ def test_lane_pattern_load_is_a_load_and_a_shuffle(pattern, expect) -> None:
     res = torch.empty(4, n)
     k(xv, res)
     assert torch.equal(res, xv.view(4, n)[:, expect])
+
+
+@pytest.mark.parametrize("strides, merged", [(None, True), ((80, 24, 6, 1), False)], ids=["contiguous", "padded"])
+def test_delinearized_index_is_one_affine_address(strides, merged) -> None:
+    """out[q, 0:4] = x[0:4, q // 20, q // 5 % 4, q % 5] and out2[c, q] = x[c, q // 20, ...]: an
+    index through a reshape of `x`'s last three dims. Where they are contiguous the address is
+    `c * 60 + q` (no division left, `memory.linear_offset`); with rows padded to 6 elements
+    the pieces stay apart. Both read the same elements."""
+    x = buf("x", dt.f32, (4, 3, 4, 5), strides)
+    out = buf("out", dt.f32, (60, 4))
+    out2 = buf("out2", dt.f32, (4, 60))
+    q, c = Var("q"), Var("c")
+    lanes = ex.Ramp(Const(0), Const(1), st(dt.index, 4))
+    pieces = (ex.floordiv(q, 20), ex.mod(ex.floordiv(q, 5), 4), ex.mod(q, 5))
+    body = lp_block(
+        loop(q, 60, store(out, (q, ramp(0, lanes=4)), ex.Load("x", (lanes, *pieces), st(dt.f32, 4)))),
+        loop(c, 4, loop(q, 60, store(out2, (c, q), load(x, c, *pieces)))),
+    )
+    k = Compiled(program(body, [x], [out, out2]))
+    divisions = [line for line in k.llvm_ir.splitlines() if "div " in line or "rem " in line]
+    assert (divisions == []) == merged
+    storage = torch.randn(4 * 80)
+    xv = storage[:240].view(4, 3, 4, 5) if strides is None else storage.as_strided((4, 3, 4, 5), strides)
+    res, res2 = torch.empty(60, 4), torch.empty(4, 60)
+    k(xv, res, res2)
+    assert torch.equal(res, xv.reshape(4, 60).t())
+    assert torch.equal(res2, xv.reshape(4, 60))

@@ -134,6 +134,7 @@ def test_strided_input_gradient_is_one_convolution_per_phase() -> None:
     ((3, 5, 12, 12), (4, 5, 3, 3), 1, 2, 2),
     ((2, 6, 100), (3, 6, 5), 3, 2, 1),
     ((1, 3, 5, 6, 7), (2, 3, 2, 3, 2), (1, 2, 1), 1, 1),
+    ((1, 8, 4, 10, 12), (16, 8, 3, 3, 3), 1, 1, 1),  # the 3-D net's cube window (the GEMM reads `[C*T, P]` in place)
 ])
 def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: tuple[int, ...], stride: Any,
                                                padding: Any, dilation: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,14 @@ one contiguous load of the span and a `shufflevector` (a broadcast or a byte shu
 gather would take one load per lane). Alignment is
 always the element's natural alignment: nothing more is known about tensor storage.
 
+An index read through a reshape of contiguous dims holds the delinearized pieces of one
+expression (a GEMM reading `[C*T, P]` from a buffer `[C, T, D, H, W]`), and the sum keeps them
+apart: `(x // 3136) * 3136 + (x // 56 % 56) * 56 + x % 56` costs three divisions per element in
+an inner loop, where the address is `x`. `linear_offset` merges such terms before the address
+is emitted (`(x // c) * c s + (x % c) * s -> x s` and `(x // a % b) * a s + (x % a) * s ->
+(x % (a b)) s`, exact for floor and truncating division alike), so LLVM sees an affine address
+and strength-reduces it.
+
 Bools live in memory as bytes (0/1) and in registers as i1; conversion happens here.
 
 In bounds mode (`ModuleContext.bounds_check`, `TORCHBURN_DEBUG=bounds`) every address goes
@@ -160,7 +168,7 @@ def lane_pattern(buf: Buffer, index: Sequence[ex.Expr], lanes: int) -> Optional[
 
 def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
     """The flattened element offset of a (vector) index as `base + lane * stride`, if affine."""
-    base: ex.Expr = _ZERO
+    bases: list[tuple[ex.Expr, ex.Expr]] = []
     stride: ex.Expr = _ZERO
     for i, s in zip(index, buf.strides):
         if i.dtype != ex.INDEX.dtype:
@@ -168,9 +176,59 @@ def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
         aff = lane_affine(i)
         if aff is None:
             return None
-        base = ex.add(base, ex.mul(aff.base, s))
+        bases.append((aff.base, s))
         stride = ex.add(stride, ex.mul(aff.stride, s))
-    return LaneAffine(base, stride)
+    return LaneAffine(linear_offset(bases), stride)
+
+
+def linear_offset(terms: Sequence[tuple[ex.Expr, ex.Expr]]) -> ex.Expr:
+    """`sum(i * s)` over the (index, stride) `terms` (scalar index expressions), with the
+    delinearized pieces of one expression merged back (see the module's docstring):
+
+        [(x // 3136, 3136), (x // 56 % 56, 56), (x % 56, 1)]  ->  x
+        [(c, 1354752), (x // 56, 56), (x % 56, 1)]           ->  c * 1354752 + x
+    """
+    pending = [(_as_index(i), s) for i, s in terms]
+    merged = True
+    while merged:
+        merged = False
+        for lo in range(len(pending)):
+            for hi in range(len(pending)):
+                m = None if hi == lo else _merge_pieces(pending[hi], pending[lo])
+                if m is not None:
+                    pending = [t for j, t in enumerate(pending) if j not in (hi, lo)] + [m]
+                    merged = True
+                    break
+            if merged:
+                break
+    off: ex.Expr = _ZERO
+    for i, s in pending:
+        off = ex.add(off, ex.mul(i, s))
+    return off
+
+
+def _const_int(e: ex.Expr) -> Optional[int]:
+    if isinstance(e, ex.Const) and e.type.dtype.is_int and e.type.lanes == 1:
+        return int(e.value)
+    return None
+
+
+def _merge_pieces(hi: tuple[ex.Expr, ex.Expr], lo: tuple[ex.Expr, ex.Expr]) -> Optional[tuple[ex.Expr, ex.Expr]]:
+    """One term for `hi` and `lo` where `lo` is `(x % c, s)` and `hi` is `(x // c, c s)` (->
+    `(x, s)`) or `(x // c % b, c s)` (-> `(x % (c b), s)`); None otherwise. Constants only."""
+    (p, sp), (q, sq) = hi, lo
+    if not (isinstance(q, ex.Binary) and q.op == "mod" and isinstance(p, ex.Binary)):
+        return None
+    x, c, s_hi, s_lo = q.a, _const_int(q.b), _const_int(sp), _const_int(sq)
+    if c is None or s_hi is None or s_lo is None or c <= 0 or s_lo == 0 or s_hi != c * s_lo:
+        return None
+    if p.op == "floordiv" and p.a == x and _const_int(p.b) == c:
+        return x, sq
+    b = _const_int(p.b)
+    if (p.op == "mod" and b is not None and b > 0 and isinstance(p.a, ex.Binary) and p.a.op == "floordiv"
+            and p.a.a == x and _const_int(p.a.b) == c):
+        return ex.mod(x, ex.Const(c * b, x.type)), sq
+    return None
 
 
 def _check_index(buf: Buffer, index: Sequence[ex.Expr]) -> int:
@@ -242,15 +300,18 @@ class Access:
         return ptrs
 
     def _scalar_offset(self) -> ir.Value:
-        off: ex.Expr = _ZERO
-        for i, s in zip(self.index, self.buf.strides):
-            off = ex.add(off, ex.mul(_as_index(i), s))
-        return self.em.index_value(off)
+        return self.em.index_value(linear_offset(list(zip(self.index, self.buf.strides))))
 
     def _vector_offsets(self) -> ir.Value:
-        """The offsets of all lanes as an `<N x i64>` (general gather/scatter path)."""
+        """The offsets of all lanes as an `<N x i64>` (general gather/scatter path): `base +
+        lane * stride` where the offset is affine, else the sum over the dims."""
         b = self.em.b
         vt = ir.VectorType(I64, self.lanes)
+        if self.affine is not None:
+            base = self.em.splat(self.em.index_value(self.affine.base), self.lanes)
+            step = self.em.splat(self.em.index_value(self.affine.stride), self.lanes)
+            lane = ir.Constant(vt, list(range(self.lanes)))
+            return b.add(base, b.mul(lane, step))
         total: ir.Value = splat_const(vt, 0)
         for i, s in zip(self.index, self.buf.strides):
             iv = self.em.index_value(i)
