@@ -31,6 +31,7 @@ EXPECTED: dict[str, tuple[str, str, Any, "str | None"]] = {
     "TORCHBURN_STRICT": ("1", "strict", True, None),
     "TORCHBURN_TUNE": ("cached", "tune", "cached", "fast"),
     "TORCHBURN_TUNE_BUDGET": ("2.5", "tune_budget_s", 2.5, "-1"),
+    "TORCHBURN_ADAPTIVE_THREADS": ("0", "adaptive_threads", False, None),
 }
 
 

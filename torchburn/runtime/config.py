@@ -112,8 +112,8 @@ def _target_name(env: Mapping[str, str]) -> str:
         return check_target_name(raw)
     except ValueError as err:
         raise ConfigError(f"TORCHBURN_TARGET={raw.strip()!r}: {err}") from None
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+def _flag(env: Mapping[str, str], name: str, default: str = "0") -> bool:
+    return env.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
 
 
 #: The words of TORCHBURN_DEBUG that are not a plain on/off flag.
@@ -170,6 +170,9 @@ class Config:
     tune: str = "search"
     #: `TORCHBURN_TUNE_BUDGET`: seconds of measuring per compiled graph in "search" mode.
     tune_budget_s: float = 30.0
+    #: `TORCHBURN_ADAPTIVE_THREADS`: the LLM engine's CPU steps choose their team size by
+    #: measured step time, at most the configured count (`llm/runtime/thread_governor.py`).
+    adaptive_threads: bool = True
 
     @property
     def wants_gpu(self) -> bool:
@@ -209,6 +212,7 @@ class Config:
             strict=_flag(env, "TORCHBURN_STRICT"),
             tune=_choice(env, "TORCHBURN_TUNE", "search", TUNE_MODES),
             tune_budget_s=_seconds(env, "TORCHBURN_TUNE_BUDGET", 30.0),
+            adaptive_threads=_flag(env, "TORCHBURN_ADAPTIVE_THREADS", "1"),
         )
 
 

@@ -32,6 +32,7 @@ from .kv_pool import KVPool
 from .sampling import SamplingParams, greedy_tokens, next_tokens
 from .step_runner import StepCache, _LazyCompile, compiling, step_cache_enabled
 from .text_stream import TextStream, cut_at_stop
+from .thread_governor import ThreadGovernor
 
 #: Prefill chunk lengths (prompts are padded up to the next one; longer ones are chunked).
 PREFILL_BUCKETS = (16, 64, 256)
@@ -100,6 +101,18 @@ def aligned_plan(n: int, first: int, max_context: int, aligned: int) -> list[tup
         real = min(aligned, n - at)
         plan += [(aligned, real)] if at + aligned <= max_context else [(1, 1)] * real
     return plan
+
+
+def _thread_governor(device: str) -> Optional[ThreadGovernor]:
+    """A `ThreadGovernor` for the CPU engine's steps where more than one thread is configured
+    and `TORCHBURN_ADAPTIVE_THREADS` is on."""
+    from ...runtime.config import get_config
+
+    config = get_config()
+    threads = config.num_threads or torch.get_num_threads()
+    if device != "cpu" or not config.adaptive_threads or threads < 2:
+        return None
+    return ThreadGovernor(threads)
 
 
 class ContextError(ValueError):
@@ -171,6 +184,8 @@ class LLM:
         #: and fed to the next step there), run by `_decode_greedy`.
         self.greedy_steps = (StepCache(self, _LazyCompile(self._greedy_step), "greedy")
                              if self.steps is not None and device == "gpu" else None)
+        #: The CPU steps' team size, chosen by their measured time (None: the configured count).
+        self.governor = _thread_governor(device)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -294,16 +309,21 @@ class LLM:
             slots = torch.arange(first_slot, first_slot + ids.shape[1])
             positions = (slots[None, :] - starts[:, None]).clamp(min=0)
         with self._step_lock, torch.no_grad():
-            if self.steps is not None:
-                return self.steps.run(cache, ids, positions, slots, starts, logit_index)
-            shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
-            if self.compiled and shape not in self._compiled_shapes:
-                self._compiled_shapes.add(shape)
-                with compiling(ids, self.config.num_hidden_layers):
-                    return cache.step(self._step, ids, positions, slots, starts, logit_index,
-                                      dynamic=self.compiled)
-            return cache.step(self._step, ids, positions, slots, starts, logit_index,
-                              dynamic=self.compiled)
+            def step() -> torch.Tensor:
+                if self.steps is not None:
+                    return self.steps.run(cache, ids, positions, slots, starts, logit_index)
+                shape = (tuple(ids.shape), logit_index is None, torch.is_grad_enabled())
+                if self.compiled and shape not in self._compiled_shapes:
+                    self._compiled_shapes.add(shape)
+                    with compiling(ids, self.config.num_hidden_layers):
+                        return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                                          dynamic=self.compiled)
+                return cache.step(self._step, ids, positions, slots, starts, logit_index,
+                                  dynamic=self.compiled)
+
+            if self.governor is None:
+                return step()
+            return self.governor.run((tuple(ids.shape), logit_index is None), step)
 
     def _prefill(self, rows: list[list[int]], cache: KVCache,
                  starts: torch.Tensor, first: int = 0,

@@ -1,0 +1,112 @@
+"""The LLM engine's team size chosen by measured step time (`llm/runtime/thread_governor.py`):
+on a simulated clock, it keeps the configured count on a quiet machine, moves to fewer threads
+when steps on all of them slow down (a busy machine), moves back when the load goes, backs off
+its probes while they lose, and keeps each step shape apart; in the engine, it changes no
+token and no logit."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+from torchburn.llm.runtime.thread_governor import MAX_BACKOFF, ThreadGovernor, team_sizes
+
+
+def test_team_sizes_are_the_halvings() -> None:
+    assert team_sizes(1) == [1] and team_sizes(2) == [2, 1] and team_sizes(6) == [6, 3, 1]
+    assert team_sizes(16) == [16, 8, 4, 2, 1]
+    with pytest.raises(ValueError, match="threads"):
+        team_sizes(0)
+    with pytest.raises(ValueError, match="probe_every"):
+        ThreadGovernor(2, probe_every=1)
+
+
+class Machine:
+    """A step's time by team size, on a clock the governor reads."""
+
+    def __init__(self, threads: int, probe_every: int = 8) -> None:
+        self.now = 0.0
+        self.size = 0
+        self.cost: dict[int, float] = {}
+        self.gov = ThreadGovernor(threads, probe_every=probe_every, apply=self._apply, clock=lambda: self.now)
+
+    def _apply(self, n: int) -> None:
+        self.size = n
+
+    def steps(self, n: int, shape: object = "decode") -> list[int]:
+        def step() -> int:
+            self.now += self.cost[self.size]
+            return self.size
+
+        return [self.gov.run(shape, step) for _ in range(n)]
+
+
+def test_quiet_keeps_the_configured_count_and_load_moves_it() -> None:
+    m = Machine(2)
+    m.cost = {2: 0.010, 1: 0.016}                      # quiet: two threads 1.6x one
+    quiet = m.steps(200)
+    assert quiet[:4] == [2, 2, 1, 1]                   # each size measured (first step uncounted)
+    assert quiet[4:].count(1) <= len(quiet[4:]) // 8 + 1 and quiet[-1] == 2
+    m.cost = {2: 1.0, 1: 0.1}                          # a busy machine: barriers wait for the OS
+    busy = m.steps(400)
+    assert busy.index(1) <= 1                          # one slow step moves it
+    probes = busy.count(2)
+    assert busy[-1] == 1 and probes <= 12, probes      # probes back off while they lose
+    m.cost = {2: 0.010, 1: 0.016}                      # the load went away
+    back = m.steps(8 * MAX_BACKOFF + 8)
+    assert back[-1] == 2 and back[-4:] == [2, 2, 2, 2]
+
+
+def test_shapes_are_measured_apart() -> None:
+    m = Machine(4)
+    m.cost = {4: 0.004, 2: 0.006, 1: 0.010}
+    assert m.steps(6, "decode") == [4, 4, 2, 2, 1, 1]
+    assert m.steps(2, "prefill") == [4, 4]             # a new shape starts with its own measurements
+    assert set(m.gov.averages("decode")) == {4, 2, 1} and set(m.gov.averages("prefill")) == {4}
+
+
+def test_one_thread_never_changes() -> None:
+    m = Machine(1)
+    m.cost = {1: 0.01}
+    assert m.steps(20) == [1] * 20
+
+
+def test_the_team_size_changes_no_token_and_no_logit(tiny_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled, steps alternating 2 and 1 threads (a probe every other step) give the same
+    logits, bit for bit, as a fixed count: every parallel loop computes whole outputs."""
+    from torchburn.llm import LLM
+    from torchburn.llm.runtime.sampling import SamplingParams
+    from torchburn.runtime.threads import num_threads, set_num_threads
+
+    _, folder = tiny_checkpoint("llama")
+    llm = LLM.from_pretrained(folder, device="cpu", max_context=64, compile=True, threads=2)
+    llm.eos_ids = frozenset()
+    ids = llm.tokenizer.encode("the quick brown fox jumps over the lazy dog")
+    seen: list[torch.Tensor] = []
+    sizes: list[int] = []
+    real: Callable[..., torch.Tensor] = llm.run_step
+
+    def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(*args, **kwargs)
+        seen.append(out.clone())
+        sizes.append(num_threads())
+        return out
+
+    monkeypatch.setattr(llm, "run_step", record)
+    greedy = SamplingParams(temperature=0.0)
+    old = num_threads()
+    try:
+        llm.governor = None
+        set_num_threads(2)
+        fixed = list(llm.stream_ids(ids, 12, greedy, None, None))
+        fixed_logits, seen[:] = list(seen), []
+        llm.governor = ThreadGovernor(2, probe_every=2)
+        adaptive = list(llm.stream_ids(ids, 12, greedy, None, None))
+    finally:
+        set_num_threads(old)
+    assert {1, 2} <= set(sizes), sizes
+    assert adaptive == fixed
+    assert len(seen) == len(fixed_logits)
+    for a, b in zip(seen, fixed_logits):
+        assert torch.equal(a, b)
