@@ -196,6 +196,26 @@ def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 
+@pytest.mark.parametrize("width, form", [(32, "conv_grad_weight"), (64, "conv_grad_weight"), (28, "matmul"),
+                                         (16, "matmul")])
+def test_weight_gradient_over_rows_of_whole_vectors_keeps_its_kernel(width: int, form: str) -> None:
+    """A 3x3 weight gradient with many output channels over rows of at least
+    `DOT_GRAD_WEIGHT_MIN_WIDTH` positions, a multiple of `DOT_GRAD_WEIGHT_WIDTH_STEP`, keeps
+    the dot-product kernel (whole vectors, no tail: faster than the columns and the product);
+    rows of 28 (a tail each) or 16 take the product."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 64, 24, width), torch.randn(1, 64, 24, width),
+                                                           torch.randn(64, 64, 3, 3)))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == [form]
+
+
 def test_weight_gradient_of_a_7x7_feature_map_is_a_matrix_product() -> None:
     """ResNet's last stage at batch 1 (512 channels at 7x7: a reduction of 49 per weight
     element) takes the GEMM form: the dot-product kernel took 8x its time there."""
