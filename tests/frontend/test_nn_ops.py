@@ -197,6 +197,26 @@ def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 
+@pytest.mark.parametrize("width, form", [(32, "conv_grad_weight"), (64, "conv_grad_weight"), (28, "matmul"),
+                                         (16, "matmul")])
+def test_weight_gradient_over_rows_of_whole_vectors_keeps_its_kernel(width: int, form: str) -> None:
+    """A 3x3 weight gradient with many output channels over rows of at least
+    `DOT_GRAD_WEIGHT_MIN_WIDTH` positions, a multiple of `DOT_GRAD_WEIGHT_WIDTH_STEP`, keeps
+    the dot-product kernel (whole vectors, no tail: faster than the columns and the product);
+    rows of 28 (a tail each) or 16 take the product."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 64, 24, width), torch.randn(1, 64, 24, width),
+                                                           torch.randn(64, 64, 3, 3)))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == [form]
+
+
 def test_weight_gradient_of_a_7x7_feature_map_is_a_matrix_product() -> None:
     """ResNet's last stage at batch 1 (512 channels at 7x7: a reduction of 49 per weight
     element) takes the GEMM form: the dot-product kernel took 8x its time there."""
@@ -211,6 +231,44 @@ def test_weight_gradient_of_a_7x7_feature_map_is_a_matrix_product() -> None:
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 128, 7, 7), torch.randn(1, 64, 7, 7),
                                                            torch.randn(128, 64, 3, 3)))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
+
+
+@pytest.mark.parametrize("shape, weight, stride, padding, output_padding, groups, form", [
+    ((1, 16, 8, 8), (16, 8, 2, 2), 2, 0, 0, 1, "matmul"),          # the U-Net's 2x2/2 up-sampling
+    ((2, 12, 5, 6), (12, 6, 4, 3), 2, 1, 1, 1, "matmul"),          # overlapping taps, output padding
+    ((2, 8, 20), (8, 5, 3), 3, 1, 2, 1, "matmul"),                 # 1-D
+    ((1, 8, 6, 6), (8, 3, 3, 3), 2, 1, 0, 2, "conv_grad_weight"),  # grouped: the dot-product kernel
+])
+def test_transposed_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: tuple[int, ...], stride: int,
+                                                          padding: int, output_padding: int, groups: int, form: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight gradient of a transposed convolution is a convolution's with grad and input
+    swapped (`gw[ci, co, *k] = sum x[n, ci, o] * g[n, co, o*s - p + k*d]`): the same GEMM form
+    (`_grad_weight_gemm`, the grad's strided columns) where the convolution is ungrouped, the
+    dot-product kernel otherwise; against eager, with output padding, 1-D and 2-D."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchburn.frontend.importer import import_graph
+    from torchburn.frontend.lowerings import nn as nn_lowerings
+
+    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)  # small sizes, the large layers' form
+    monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_COUT", 0)
+    conv = {3: F.conv_transpose1d, 4: F.conv_transpose2d}[len(shape)]
+    x, w = t(*shape), t(*weight)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return conv(a, b, stride=stride, padding=padding, output_padding=output_padding, groups=groups)
+
+    check_grad(fn, x, w, rtol=1e-4, atol=1e-4)
+    out = fn(x.detach(), w.detach())
+    nsp = len(shape) - 2
+
+    def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [g.shape[1]], [stride] * nsp, [padding] * nsp, [1] * nsp,
+                                                   True, [output_padding] * nsp, groups, [True, True, True])
+
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(out.shape), x.detach(), w.detach()))
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == [form]
 
 
 def test_convolution_bf16_forward() -> None:

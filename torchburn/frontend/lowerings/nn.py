@@ -293,6 +293,19 @@ GEMM_GRAD_WEIGHT_MIN_MACS = 1 << 21
 #: 3-to-32 s2 at 224x224 4.1 / 3.9; with 64 output channels (32-to-64 at 128x128) 20.6 / 21.2,
 #: with 256 (128-to-256 at 56x56) 50.6 / 80.8. A 1x1's columns are the input itself (no copy).
 GEMM_GRAD_WEIGHT_MIN_COUT = 64
+#: ...and, for a window of more than one tap, an output width that is not a multiple of
+#: `DOT_GRAD_WEIGHT_WIDTH_STEP` of at least `DOT_GRAD_WEIGHT_MIN_WIDTH`: over such rows the
+#: dot-product kernel (`conv_grad_weight`, reading zero-padded rows in whole vectors of 8
+#: lanes, no tail) is faster than the columns and the product at any number of channels.
+#: The weight gradient alone, one thread, CPU time, AVX2 (Zen 3), GEMM form against the
+#: dot-product kernel: 64-to-64 3x3 at 128x128 30.7 / 16.0 ms (eager 26-35), 128-to-64 at
+#: 64x64 10.6 / 8.4 (eager 9.5-9.9), 64-to-64 at 56x56 5.0 / 3.9 (eager 4.1-4.4), 128-to-128
+#: at 32x32 4.95 / 3.73 (eager 5.1-5.2), 64-to-128 2.24 / 1.85; ResNet's 7x7 s2 stem (112
+#: wide) 6.0 / 5.2. Rows of 28 or 14 (a tail in every row) took the dot-product kernel 3-5x
+#: the product's time (128 channels at 28x28 3.6 / 10.8 ms); rows of 16 were about even
+#: (256 at 16x16 6.4 / 5.4, 128-to-256 2.1 / 2.2): both keep the product.
+DOT_GRAD_WEIGHT_MIN_WIDTH = 32
+DOT_GRAD_WEIGHT_WIDTH_STEP = 8
 
 
 def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
@@ -300,7 +313,8 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     """The weight gradient of an ungrouped convolution as one matrix product, or None where
     the sizes are symbolic, the convolution is grouped, the reduction or the whole product is
     small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`), or a window of several
-    taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`).
+    taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`) or long rows of whole vectors
+    (`DOT_GRAD_WEIGHT_MIN_WIDTH`).
 
     `gw[co, (ci, k)] = sum_{n, o} g[n, co, o] * cols[(ci, k), (n, o)]`, where `cols` holds, for
     each tap `k`, the input positions `o*s - p + k*d` (an im2col of the padded input by strided
@@ -319,6 +333,9 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
         return None
     if taps > 1 and cout < GEMM_GRAD_WEIGHT_MIN_COUT:
+        return None
+    ow = sz.out_sp[-1]
+    if taps > 1 and ow >= DOT_GRAD_WEIGHT_MIN_WIDTH and ow % DOT_GRAD_WEIGHT_WIDTH_STEP == 0:
         return None
     cols = _columns(b, x, ks, sz.out_sp, attrs)  # [N, C, T, P]
     cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))
@@ -353,7 +370,15 @@ def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes
         gi = b.cast(gi, x.dtype)
     if output_mask[1]:
         if transposed:
-            gw = b.op("conv_grad_weight", xc, gc, window=w.shape[2:], **attrs)
+            # The weight gradient of a transposed convolution is a convolution's with the
+            # roles of grad and input swapped: the input's channels are the rows (`gw[ci, co,
+            # *k]`), the grad the strided columns. The same GEMM form where it pays: the
+            # dot-product kernel read strided lanes of the grad, a gather each (the weight
+            # gradient alone, one thread, CPU time: the U-Net's 128-to-64 2x2/2 at 32x32 4.2
+            # -> 1.15 ms, eager 1.2-1.4; 256-to-128 at 16x16 3.9 -> 1.0, eager 1.3).
+            gw = _grad_weight_gemm(b, xc, gc, w.shape[2:], attrs)
+            if gw is None:
+                gw = b.op("conv_grad_weight", xc, gc, window=w.shape[2:], **attrs)
         else:
             gw = _grad_weight_gemm(b, gc, xc, w.shape[2:], attrs)
             if gw is None:

@@ -36,6 +36,15 @@ class GradWeightBuilder(NestHelpers):
             for ov in 0..lo and hi..OW / W { the same, x clamped and masked }
             for ow in OW / W * W..OW { sum[r][t] += g[..ow] * x[..] } }}}
           gw[co_r, ci, kh, kw_t] = vreduce_add(acc[r][t]) + sum[r][t]      (valid r, t only)
+
+    With padding or a stride along the last dim, the input's rows are first copied,
+    zero-padded and split by phase of the stride, into a workspace (`padded_rows`, once per
+    call): tap `kw` of the positions `ov*W..` then reads phase `kw*d % s` at `ov*W + kw*d // s
+    ..`, a plain vector for every position (no clamped, masked or strided loads: each of those
+    was a gather) and one vector loop per row:
+
+        for n, c, *rows, ph < s, q < Q { i = q*s + ph - p; xp[.., ph, q] = select(0 <= i < W, x[.., clamp(i)], 0) }
+        ... for ov in 0..OW / W { xv_t = xp[n, cin_r + ci, ih, (kw_t*d) % s, ramp(ov*W + (kw_t*d) // s, 1, W)] ... }
     """
 
     def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, lanes: int, rows: int, taps: int,
@@ -59,9 +68,47 @@ class GradWeightBuilder(NestHelpers):
         self.kb.used_buffers[buf.name] = buf
         return buf.name
 
+    def padded_rows(self) -> lp.Buffer:
+        """`%xp[n, c, *rows, ph, q] = x[n, c, *rows, q*s + ph - p]`, zero outside the row, for
+        every `q` the output's positions read (`OW + (KW - 1)*d // s`): a workspace filled
+        once per call, before the tiles (see the class docstring)."""
+        kb = self.kb
+        e = len(self.stride) - 1
+        s_e, p_e, d_e = self.stride[e], self.padding[e], self.dilation[e]
+        in_w, ow_n = self.x.shape[2 + e], self.g.shape[2 + e]
+        width = ex.add(ow_n, Const((int(static_int(self.k_size[e]) or 1) - 1) * d_e // s_e))
+        outer = tuple(self.x.shape[:-1])
+        xt = ScalarType(self.x.dtype)
+        xp = kb.scratch(self.x.dtype, (*outer, Const(s_e), width))
+        vars_ = kb.loops(outer, "x")
+        zero = Const(0, xt)
+        if s_e == 1:
+            # zeros, the row, zeros: plain vectors (a clamped index would be a gather)
+            left = ex.minimum(Const(p_e), width)
+            mid = ex.maximum(Const(0), ex.minimum(in_w, ex.sub(width, Const(p_e))))
+            right = ex.sub(ex.sub(width, left), mid)
+            j, iw, k = self.var("j"), self.var("iw"), self.var("j")
+            kb.push(vars_)
+            kb.emit(self.loop(j, left, lp.Store(xp.name, (*vars_, Const(0), j), zero)))
+            load = ex.Load(self.buffer(self.x), (*vars_, iw), xt)
+            kb.emit(self.loop(iw, mid, lp.Store(xp.name, (*vars_, Const(0), ex.add(iw, Const(p_e))), load)))
+            kb.emit(self.loop(k, right, lp.Store(xp.name, (*vars_, Const(0), ex.add(ex.add(left, mid), k)), zero)))
+            self.pack = kb.nest(vars_, outer, kb.pop())
+            return xp
+        ph, q = self.var("ph"), self.var("q")
+        kb.push((*vars_, ph, q))
+        i = kb.bind(ex.sub(ex.add(ex.mul(q, Const(s_e)), ph), Const(p_e)), "i")
+        load = kb.bind(ex.Load(self.buffer(self.x), (*vars_, _clamp(i, in_w)), xt), "x")
+        kb.emit(lp.Store(xp.name, (*vars_, ph, q), ex.select(kb.bind(_in_range(i, in_w)), load, zero)))
+        self.pack = kb.nest((*vars_, ph, q), (*outer, Const(s_e), width), kb.pop())
+        return xp
+
     def build(self) -> lp.Stmt:
         kb, w, nsp = self.kb, self.lanes, len(self.stride)
         e = nsp - 1
+        padded = self.padding[e] > 0 or self.stride[e] > 1
+        self.pack: Optional[lp.Stmt] = None
+        xp = self.padded_rows() if padded else None
         vt = ScalarType(self.acc_t, w)
         st = ScalarType(self.acc_t)
         lane = _ramp(Const(0), w)
@@ -78,6 +125,10 @@ class GradWeightBuilder(NestHelpers):
         cos = [self.let(ex.minimum(ex.add(co0, Const(r)), ex.sub(self.cout, Const(1))), "cr") for r in range(self.rows)]
         kws = [self.let(ex.minimum(ex.add(k0, Const(t)), ex.sub(kw_n, Const(1))), "kt") for t in range(self.tw)]
         cabs = [self.let(ex.add(ex.mul(ex.floordiv(c, self.cout_g), self.cin_g), ci), "cx") for c in cos]
+        e_s, e_d = self.stride[e], self.dilation[e]
+        # the padded copy's phase and offset of each tap (`padded_rows`)
+        phase = [self.let(ex.mod(ex.mul(k, Const(e_d)), Const(e_s)), "ph") for k in kws] if xp is not None else []
+        qoff = [self.let(ex.floordiv(ex.mul(k, Const(e_d)), Const(e_s)), "qo") for k in kws] if xp is not None else []
         tiles = [(r, t) for r in range(self.rows) for t in range(self.tw)]
         accs = {rt: self.local("acc", (w,)) for rt in tiles}
         sums = {rt: self.local("sum", (1,)) for rt in tiles}
@@ -102,7 +153,11 @@ class GradWeightBuilder(NestHelpers):
                 start = kb.bind(ex.add(ex.sub(ex.mul(base, Const(s_e)), Const(p_e)), ex.mul(kws[t], Const(d_e))), "iw")
                 iv = _ramp(start, w, Const(s_e))
                 for r in range(self.rows):
-                    if masked:
+                    if xp is not None:
+                        q0 = kb.bind(ex.add(base, qoff[t]), "iw")
+                        xv = ex.cast(ex.Load(xp.name, (n, cabs[r], *rows_in, phase[t], _ramp(q0, w)),
+                                             ScalarType(self.x.dtype, w)), self.acc_t)
+                    elif masked:
                         ivl = kb.bind(iv, "iv")
                         xv: Expr = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(ivl, in_w)),
                                                    ScalarType(self.x.dtype, w)), self.acc_t)
@@ -139,7 +194,11 @@ class GradWeightBuilder(NestHelpers):
             kb.emit(vector_body(base, masked))
             return lp.For(ov, start, ex.sub(end, start), "serial", kb.pop())
 
-        vec_loop = lp.block(vector_loop(Const(0), lo, True), vector_loop(lo, hi, False), vector_loop(hi, ov_n, True))
+        if xp is not None:
+            vec_loop = vector_loop(Const(0), ov_n, False)
+        else:
+            vec_loop = lp.block(vector_loop(Const(0), lo, True), vector_loop(lo, hi, False),
+                                vector_loop(hi, ov_n, True))
         # scalar tail
         ot = self.var("ot")
         kb.push((ot,))
@@ -148,9 +207,14 @@ class GradWeightBuilder(NestHelpers):
             gs = kb.bind(ex.cast(ex.Load(gname, (n, cos[r], *outs, pos), ScalarType(self.g.dtype)), self.acc_t), "gs")
             for t in range(self.tw):
                 iw = kb.bind(ex.add(ex.sub(ex.mul(pos, Const(s_e)), Const(p_e)), ex.mul(kws[t], Const(d_e))), "iw")
-                xs: Expr = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(iw, in_w)), ScalarType(self.x.dtype)),
-                                   self.acc_t)
-                if p_e > 0:
+                xs: Expr
+                if xp is not None:
+                    xs = ex.cast(ex.Load(xp.name, (n, cabs[r], *rows_in, phase[t], ex.add(pos, qoff[t])),
+                                         ScalarType(self.x.dtype)), self.acc_t)
+                else:
+                    xs = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(iw, in_w)), ScalarType(self.x.dtype)),
+                                 self.acc_t)
+                if xp is None and p_e > 0:
                     xs = ex.select(kb.bind(_in_range(iw, in_w)), kb.bind(xs, "xs"), Const(0, st))
                 prod = kb.bind(ex.Binary("mul", gs, kb.bind(xs, "xs"), st))
                 sm = sums[(r, t)]
@@ -180,7 +244,8 @@ class GradWeightBuilder(NestHelpers):
         total_items: Expr = Const(1)
         for x in extents:
             total_items = ex.mul(total_items, x)
-        return lp.For(item, Const(0), total_items, "parallel" if self.parallel else "serial", kb.pop(), notes)
+        tiles_loop = lp.For(item, Const(0), total_items, "parallel" if self.parallel else "serial", kb.pop(), notes)
+        return tiles_loop if self.pack is None else lp.block(self.pack, tiles_loop)
 
 
 def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
