@@ -438,9 +438,9 @@ class Scheduler:
         n = max(len(h) for h in heads)
         batch = bucket_for(len(heads), self.parallel)
         rows = [list(h) for h in heads] + [[self.llm.pad_id]] * (batch - len(heads))
-        # left-padded to end together, or (invariant) all from slot 0, right-padded
-        offset = {h: 0 if self.invariant else n - len(h) for h in heads}
-        starts = torch.tensor([0 if self.invariant else n - len(h) for h in rows], dtype=torch.long)
+        # each row's first slot: left-padded to end together, or (invariant) all from slot 0
+        starts = torch.tensor([0 if self.invariant else n - len(r) for r in rows], dtype=torch.long)
+        offset = dict(zip(heads, starts.tolist()))
         if self._scratch is None:
             self._scratch = BatchCache(self.llm._new_cache(self.parallel))
         scratch = self._scratch.view(batch)
