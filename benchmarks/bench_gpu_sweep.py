@@ -1,5 +1,5 @@
 """Sweep the GPU engine's tile shapes against PyTorch CUDA, in one process (for choosing the
-defaults of `gpu-map`'s `gemm_tile` and `attention_tile` on a device).
+defaults of `gpu-map`'s `gemm_tile`, `attention_tile` and `row_lanes` on a device).
 
     TORCHBURN_WGPU_BACKEND=vulkan python benchmarks/bench_gpu_sweep.py [--quick] [--json F]
 
@@ -12,6 +12,11 @@ to see what naga's index clamping and loop counters cost): our kernel time (inpu
 resident, one submission of many runs), the error against the CUDA result, and PyTorch CUDA
 eager's time by CUDA events (TF32 off). Rows print as they finish, so a run cut short by a
 time limit still reports what it measured. Ratios are PyTorch time / ours (above 1: faster).
+
+`--only gemv`: a decode step's matrix-vector products (`--gemv-shapes`, `NxK`), each weight
+dtype of `--gemv-dtypes` (f32, f16 storage, int4, int8, ggml blocks such as Q4_K) and each
+`gpu-map{row_lanes=L}` of `--gemv-lanes` (0: the pass's choice): our kernel time against
+PyTorch CUDA's f16 GEMV of the same shape.
 """
 from __future__ import annotations
 
@@ -42,6 +47,12 @@ GEMM_SHAPES = ("4096x4096x4096", "512x2304x768", "512x768x768", "512x3072x768", 
 ATTENTION_TILES = ("rows", "64x64/4x8", "64x32/4x4", "64x64/4x4", "32x64/4x8", "32x32/4x4", "64x32/8x4",
                    "128x32/8x4", "16x64/4x8")
 ATTENTION_SHAPES = ("4x12x1024x64", "4x12x128x64")
+#: A decode step's matrix-vector products, `NxK` (output rows x input features): SmolLM2-135M's
+#: k/v, gate+up, down and output head, Qwen2.5-0.5B's q/o, gate+up, down and output head.
+GEMV_SHAPES = ("192x576", "3072x576", "576x1536", "49152x576", "896x896", "9728x896", "896x4864", "151936x896")
+GEMV_DTYPES = ("f32", "f16", "int4", "int8", "Q4_K", "Q6_K")
+#: `gpu-map{row_lanes=...}`: invocations per output element (0: the pass's own choice).
+GEMV_LANES = ("0", "32", "64", "128", "256")
 
 
 @contextlib.contextmanager
@@ -109,6 +120,67 @@ def sweep_gemm(shapes: list[str], tiles: list[str], record: dict[str, Any], line
                  f"  (compile {compile_s:.1f} s) {summary}", lines)
 
 
+def _gemv_layer(dtype: str, n: int, k: int) -> torch.nn.Module:
+    """A linear layer of `n` x `k` whose weight is stored as `dtype` (random values)."""
+    from torchburn.llm.model.decoder import HalfLinear
+    from torchburn.quant import BlockWeight, QuantizedLinear
+
+    lin = torch.nn.Linear(k, n, bias=False)
+    if dtype == "f32":
+        return lin
+    if dtype == "f16":
+        half = HalfLinear(k, n, bias=False)
+        half.weight.data = lin.weight.data.half()
+        return half
+    if dtype in ("int4", "int8"):
+        return QuantizedLinear.from_float(lin, dtype, 32 if dtype == "int4" else None, True, torch.float16)
+    from torchburn.ir.qblocks import BLOCK_TYPES
+
+    bt = BLOCK_TYPES[dtype]
+    # bytes below 0x3c: every float16 field (scales) finite and below 1
+    raw = torch.randint(0, 0x3C, (n, k // bt.block * bt.nbytes), dtype=torch.uint8)
+    return QuantizedLinear.from_weight(BlockWeight(raw, dtype), None)
+
+
+def sweep_gemv(shapes: list[str], dtypes: list[str], lanes: list[str], record: dict[str, Any], lines: list[str],
+               iters: int) -> None:
+    """Each decode-step product (one row of x) in each weight dtype and each `row_lanes`:
+    our kernel time against PyTorch CUDA's f16 and f32 GEMV (cuBLAS) of the same shape."""
+    for shape in shapes:
+        n, k = (int(x) for x in shape.split("x"))
+        x = torch.randn(1, k)
+        w = torch.randn(n, k)
+        ref32 = cuda_kernels(lambda a, b: a @ b.t(), (x, w), iters)
+        ref16 = cuda_kernels(lambda a, b: a @ b.t(), (x.half(), w.half()), iters)
+        rows = record.setdefault("gemv", {}).setdefault(shape, {"torch_f32_s": ref32, "torch_f16_s": ref16})
+        emit(f"GEMV {shape}: PyTorch CUDA f32 {ref32 * 1e6:.1f} us, f16 {ref16 * 1e6:.1f} us" if ref32 else
+             f"GEMV {shape}", lines)
+        for dtype in dtypes:
+            try:
+                layer = _gemv_layer(dtype, n, k)
+                with torch.no_grad():
+                    expected = layer(x)
+            except Exception as e:  # noqa: BLE001 - a dtype the shape cannot take (block size)
+                emit(f"  {dtype:>5}: skipped: {type(e).__name__}: {str(e)[:120]}", lines)
+                continue
+            for lane in lanes:
+                opts = {"passes": {"before-codegen": [f"gpu-map{{row_lanes={lane}}}"]}}
+                try:
+                    _, launchers, out = ours(layer, (x,), opts)
+                    if not launchers:
+                        raise RuntimeError("no new kernels: the same program as an earlier row")
+                    t = kernel_time(launchers, iters)
+                    err = float((out - expected).abs().max() / (expected.abs().max() + 1e-30))
+                    summary = [s for z in launchers for s in z.compiled.kernel_summary()]
+                except Exception as e:  # noqa: BLE001 - one setting failing does not stop the sweep
+                    emit(f"  {dtype:>5} lanes {lane:>3}: failed: {type(e).__name__}: {' '.join(str(e).split())[:150]}",
+                         lines)
+                    continue
+                rows.setdefault(dtype, {})[lane] = {"seconds": t, "rel_err": err, "kernels": summary}
+                vs = f"  {ref16 / t:.2f}x CUDA f16" if ref16 else ""
+                emit(f"  {dtype:>5} lanes {lane:>3}: {t * 1e6:8.1f} us{vs}  err {err:.1e}  {summary}", lines)
+
+
 def sweep_attention(shapes: list[str], tiles: list[str], record: dict[str, Any], lines: list[str], iters: int) -> None:
     for shape in shapes:
         b, h, t_, d = (int(x) for x in shape.split("x"))
@@ -147,7 +219,10 @@ def main() -> None:
     ap.add_argument("--gemm-tiles", default=",".join(GEMM_TILES))
     ap.add_argument("--attention-shapes", default=",".join(ATTENTION_SHAPES))
     ap.add_argument("--attention-tiles", default=",".join(ATTENTION_TILES))
-    ap.add_argument("--only", default="gemm,attention", help="parts in the order to run them")
+    ap.add_argument("--gemv-shapes", default=",".join(GEMV_SHAPES))
+    ap.add_argument("--gemv-dtypes", default=",".join(GEMV_DTYPES))
+    ap.add_argument("--gemv-lanes", default=",".join(GEMV_LANES))
+    ap.add_argument("--only", default="gemm,attention", help="parts in the order to run them (gemm, attention, gemv)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", help="write the figures as JSON here")
     args = ap.parse_args()
@@ -161,7 +236,7 @@ def main() -> None:
     lines: list[str] = []
     emit(f"adapter: {info['name']} ({info['backend']}); torch {torch.__version__}", lines)
     if args.quick:
-        args.gemm_shapes, args.attention_shapes = "200x260x132", "1x2x70x16"
+        args.gemm_shapes, args.attention_shapes, args.gemv_shapes = "200x260x132", "1x2x70x16", "70x256"
     try:
         for part in args.only.split(","):  # in the order given
             if part == "gemm":
@@ -169,6 +244,9 @@ def main() -> None:
             elif part == "attention":
                 sweep_attention(args.attention_shapes.split(","), args.attention_tiles.split(","), record, lines,
                                 args.iters)
+            elif part == "gemv":
+                sweep_gemv(args.gemv_shapes.split(","), args.gemv_dtypes.split(","), args.gemv_lanes.split(","),
+                           record, lines, args.iters)
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")

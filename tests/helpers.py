@@ -12,13 +12,14 @@ from torchburn.backend.entry import torchburn_backend
 
 
 def run_compiled(fn: Callable[..., Any], *args: Any, dynamic: Optional[bool] = False,
-                 reset: bool = True) -> tuple[Any, list[rep.GraphReport]]:
-    """Compile `fn` with a fresh Dynamo cache, run it, and return (result, graph reports)."""
+                 reset: bool = True, options: Optional[dict[str, Any]] = None) -> tuple[Any, list[rep.GraphReport]]:
+    """Compile `fn` with a fresh Dynamo cache (and the backend's `options`), run it, and return
+    (result, graph reports)."""
     if reset:
         torch._dynamo.reset()
     records = rep.start_recording()
     try:
-        out = torch.compile(fn, backend=torchburn_backend, dynamic=dynamic, fullgraph=True)(*args)
+        out = torch.compile(fn, backend=torchburn_backend, dynamic=dynamic, fullgraph=True, options=options)(*args)
     finally:
         rep.stop_recording()
     return out, list(records)

@@ -128,12 +128,19 @@ def test_f16_without_shader_f16_is_stored_as_f32() -> None:
 
 def run_on_device(k, arrays: dict[str, np.ndarray], outputs: tuple[str, ...] = ("out",),  # type: ignore[no-untyped-def]
                   symbols: dict[str, int] = {}) -> list[np.ndarray]:
+    """Run kernel `k` on the device; each input array is converted to what the device stores
+    for its dtype (`host_dtype` of the program's caps: i16 widened to i32, u8/i8 packed as is)."""
+    from torchburn.codegen.wgsl import host_dtype, program_caps
+    from torchburn.ir import semantics as sem
     from torchburn.runtime.gpu import GpuProgram, get_device
 
     dev = get_device()
     prog = as_program(k, outputs)
     gp = GpuProgram(dev, prog, emit_program(prog, dev.caps))
-    specs = [(None, None, lambda a=arrays[b.name]: np.ascontiguousarray(a).tobytes()) for b in prog.inputs]
+    caps = program_caps(prog, dev.caps)
+    host = {b.name: sem.storage(host_dtype(b.dtype, caps)) for b in prog.inputs}
+    specs = [(None, None, lambda a=arrays[b.name], t=host[b.name]: np.ascontiguousarray(a.astype(t)).tobytes())
+             for b in prog.inputs]
     views = gp.run_copy(dict(symbols), specs)
     return [np.frombuffer(v, dtype=np.float32)[:int(np.prod(arrays[b.name].shape))].reshape(arrays[b.name].shape)
             for v, b in zip(views, prog.outputs)]
@@ -166,7 +173,8 @@ NARROW_CASES = [(op, d) for d in ("i8", "i16", "u8") for op in ("add", "sub", "m
 
 @pytest.mark.parametrize("op,d", NARROW_CASES)
 def test_integer_ops_wrap_as_the_semantics_on_the_device(gpu, op: str, d: str) -> None:  # type: ignore[no-untyped-def]
-    """i8/i16/u8 live in i32 on the device; results wrap back as `ir/semantics.py` says
+    """i8/i16/u8 values live in i32 on the device (i16 stored widened, u8/i8 packed four to a
+    word: this program writes no 8-bit buffer); results wrap back as `ir/semantics.py` says
     (i8 `100 + 100` is -56), and shifts past the width give 0 or the sign, not WGSL's modulo."""
     from torchburn.ir import dtypes as dt
     from torchburn.ir import semantics as sem
@@ -188,5 +196,5 @@ def test_integer_ops_wrap_as_the_semantics_on_the_device(gpu, op: str, d: str) -
           }}
         }}
     """)
-    (out,) = run_on_device(k, {"x": a.astype(np.int32), "y": b.astype(np.int32), "out": np.zeros(8, np.float32)})
+    (out,) = run_on_device(k, {"x": a, "y": b, "out": np.zeros(8, np.float32)})
     np.testing.assert_array_equal(out, sem.evaluate(op, dtype, a, b).astype(np.float32))

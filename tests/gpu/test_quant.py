@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.gpu.conftest import check_gpu
+from tests.helpers import run_compiled
 from torchburn.quant import QuantizedLinear
 
 
@@ -22,18 +23,59 @@ def test_quantized_linear_on_gpu(gpu, quant_type: str, group: Optional[int], sym
     check_gpu(layer, torch.randn(3, 64), rtol=1e-4, atol=1e-4)
 
 
+def kernel_summaries(reports: list) -> list[str]:  # type: ignore[type-arg]
+    return [k for r in reports for sg in r.subgraphs for k in sg.kernels]
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_block_weights_on_gpu(gpu, name: str) -> None:  # type: ignore[no-untyped-def]
     """Weights in ggml blocks (`qlinear` kind "blocks"): the plain form generated from the
-    block table, on the wgpu engine, equal to the eager op."""
+    block table, on the wgpu engine, equal to the eager op; one row of x (a decode step) takes
+    the `blocks` form of the rows mapping (`passes/gpu/block_rows.py`)."""
     from tests.quant.test_block_types import random_blocks
     from torchburn.ir.qblocks import BLOCK_TYPES
     from torchburn.quant import BlockWeight
+    from torchburn.quant.blocks import dequantize_blocks
 
     bt = BLOCK_TYPES[name]
     raw = random_blocks(name, 24, 256 // bt.block, 0)
     layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), name), torch.randn(24))
     check_gpu(layer, torch.randn(3, 256), rtol=1e-4, atol=1e-4)
+    # one row: the row's invocations sum in another order than eager (blocks interleaved), so
+    # the bound is f32 rounding of the sum of |x| |w| (random scales cancel a lot)
+    x = torch.randn(1, 256)
+    magnitude = float((x.abs() @ dequantize_blocks(BlockWeight(layer.blocks, name)).abs().t()).max())
+    reports = check_gpu(layer, x, rtol=0, atol=1e-5 * magnitude)
+    assert any("rows/blocks" in k for k in kernel_summaries(reports)), kernel_summaries(reports)
+
+
+@pytest.mark.parametrize("name,blocks,lanes", [("Q4_0", 3, 0), ("Q8_0", 5, 64), ("Q4_0", 7, 64), ("Q8_0", 2, 128)])
+def test_block_rows_with_a_partial_last_step(gpu, name: str, blocks: int, lanes: int) -> None:  # type: ignore[no-untyped-def]
+    """A row's invocations take several blocks a step (32 lanes of 16-element loops: 2; 64 lanes
+    of 32: 2; 128 of 32: 4): a block count that is not a multiple leaves invocations idle in the
+    last step, and rows past the end idle in the last workgroup; the sum is still exact."""
+    from tests.quant.test_block_types import random_blocks
+    from torchburn.quant import BlockWeight
+
+    raw = random_blocks(name, 33, blocks, 2)
+    layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), name), None)
+    x = torch.randn(1, 32 * blocks)
+    with torch.no_grad():
+        expected = layer(x)
+    options = {"passes": {"before-codegen": [f"gpu-map{{row_lanes={lanes}}}"]}} if lanes else None
+    out, reports = run_compiled(layer, x, options=options)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert any("rows/blocks" in k for k in kernel_summaries(reports)), kernel_summaries(reports)
+
+
+@pytest.mark.parametrize("quant_type", ["int8", "int4"])
+def test_decode_products_share_workgroups(gpu, quant_type: str) -> None:  # type: ignore[no-untyped-def]
+    """One row of x against 96 outputs (a decode step's product): a row of invocations per
+    output, several outputs a workgroup, the weight's bytes packed four to a word."""
+    torch.manual_seed(1)
+    layer = QuantizedLinear.from_float(torch.nn.Linear(512, 96), quant_type, 32, True, torch.float16)
+    reports = check_gpu(layer, torch.randn(1, 512), rtol=1e-4, atol=1e-4)
+    assert any(k.startswith("k0: rows") for k in kernel_summaries(reports)), kernel_summaries(reports)
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])  # what files give their embedding

@@ -148,12 +148,19 @@ def test_independent_reductions_share_one_tree() -> None:
     assert body.index("l_acc8 = v_t7;") < body.index("tb_va_acc8")  # the init precedes its loop
 
 
-def test_short_rows_share_a_workgroup_and_use_the_tree() -> None:
+def test_short_rows_share_a_workgroup() -> None:
+    """Rows of 32 invocations, two a workgroup: combined by a tree in workgroup memory, or by
+    shuffles inside each row's invocations where the adapter has subgroups (whatever their
+    size: blocks of min(32, subgroup size) lanes, then workgroup memory between blocks)."""
     k = softmax_kernel(40)
     assert k.body.annotation("gpu_row_wg") == "32" and k.body.annotation("gpu_wg") == "64"
-    shader = emit_kernel(k, (), Caps(subgroups=True))  # rows share subgroups: no subgroup ops
-    assert shader.summary.endswith("/tree") and "tb_live" in shader.source
-    assert shader.grid.groups[0].value == 4  # 8 rows, 2 per workgroup
+    tree = emit_kernel(k, (), Caps(subgroups=False))
+    assert tree.summary.endswith("/tree") and "tb_live" in tree.source and "subgroup" not in tree.source
+    assert tree.grid.groups[0].value == 4  # 8 rows, 2 per workgroup
+    shuffled = emit_kernel(k, (), Caps(subgroups=True))
+    assert shuffled.summary.endswith("/subgroup") and "tb_live" in shuffled.source
+    assert "subgroupShuffleXor" in shuffled.source and "subgroupAdd" not in shuffled.source
+    assert "let tb_b = min(32u, tb_sg_n);" in shuffled.source
 
 
 def test_f16_rows_store_f16_and_accumulate_in_f32() -> None:

@@ -158,7 +158,7 @@ class GpuLauncher:
         self.calls = 0
         self.eager_fallbacks = 0
         self.uploads = 0
-        caps = self.gpu.dev.caps
+        caps = self.gpu.caps
         self.inputs: list[_Input] = []
         tensor_inputs = [v for v in graph.inputs if isinstance(v, Value)]
         for b, v in zip(self.program.inputs, tensor_inputs):

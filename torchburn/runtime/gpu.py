@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 from blake3 import blake3
 
-from ..codegen.wgsl import Caps, KernelShader, storage_itemsize
+from ..codegen.wgsl import Caps, KernelShader, program_caps, storage_itemsize
 from . import gpu_calls
 from .gpu_async import RawQueue
 from .gpu_encode import Batch, NativeEncoder
@@ -115,7 +115,7 @@ def gpu_unavailable_reason() -> str:
 _SUBGROUP_PROBE = """@group(0) @binding(0) var<storage, read_write> b: array<f32>;
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) n: u32) {
-  b[lid] = subgroupAdd(b[lid]) + f32(n);
+  b[lid] = subgroupAdd(b[lid]) + subgroupShuffleXor(b[lid], 1u) + f32(n);
 }
 """
 
@@ -528,6 +528,8 @@ class GpuProgram:
     def __init__(self, device: GpuDevice, program: lp.Program, shaders: Sequence[KernelShader]) -> None:
         self.dev = device
         self.program = program
+        #: The device's caps as this program's buffers use them (`program_caps`: packed bytes).
+        self.caps = program_caps(program, device.caps)
         self.shaders = list(shaders)
         self.pipelines = [device.pipeline(s) for s in self.shaders]
         index = {s.name: k for k, s in enumerate(self.shaders)}
@@ -597,7 +599,8 @@ class GpuProgram:
         n = span_elements(b, env)
         if n > _I32_MAX:
             raise GpuError(f"%{name} spans {n} elements; WGSL indexes with 32-bit integers")
-        size = n * storage_itemsize(b.dtype, self.dev.caps)
+        size = n * storage_itemsize(b.dtype, self.caps)
+        size += -size % 4  # packed bytes (`Caps.packed_bytes`) in whole words
         if size > self.dev.max_binding:
             raise GpuError(f"%{name} needs {size} bytes; the device binds at most {self.dev.max_binding}")
         return size

@@ -32,7 +32,7 @@ from .expr import ExprRenderer, Helpers, Rendered
 from .gemm import GemmEmitter
 from .kernel_state import Access, Local
 from .shader import Binding, Grid, KernelShader
-from .types import Caps, WgslUnsupported, storage_type, value_type, vec
+from .types import Caps, WgslUnsupported, packed, storage_type, value_type, vec
 
 MAX_GROUPS_X = 65535
 
@@ -404,6 +404,11 @@ class KernelEmitter:
         out = []
         for name, acc in self.params.items():
             el = storage_type(acc.buffer.dtype, self.caps)
+            if packed(acc.buffer.dtype, self.caps):
+                if acc.written:
+                    raise WgslUnsupported(f"kernel @{self.kernel.name} writes %{name}, stored as packed bytes")
+                out.append(Binding(name, el, False))  # a word holds four elements: vec4 loads too
+                continue
             out.append(Binding(name, vec(el, 4) if acc.vec4 else el, acc.written))
         return tuple(out)
 
@@ -432,6 +437,8 @@ class KernelEmitter:
     def accessors(self, b: Binding) -> list[str]:
         d = self.params[b.buffer].buffer.dtype
         t = value_type(d, self.caps)
+        if packed(d, self.caps):
+            return self._byte_accessors(b.buffer, signed=d.kind == "i", vec4=self.params[b.buffer].vec4)
         is_vec = b.element.startswith("vec4")
         scalar_ref = "b_{0}[u32(i) >> 2u][u32(i) & 3u]" if is_vec else "b_{0}[i]"
         scalar_ref = scalar_ref.format(b.buffer)
@@ -457,6 +464,22 @@ class KernelEmitter:
                     out.append(f"fn st4_{b.buffer}(i: i32, v: vec4<bool>) {{ {ref4} = select(vec4<u32>(0u), vec4<u32>(1u), v); }}")
                 else:
                     out.append(f"fn st4_{b.buffer}(i: i32, v: vec4<{t}>) {{ {ref4} = v; }}")
+        return out
+
+    @staticmethod
+    def _byte_accessors(name: str, signed: bool, vec4: bool) -> list[str]:
+        """Loads of a packed byte buffer (`Caps.packed_bytes`): element `i` is byte `i % 4` of
+        word `i / 4`, sign-extended for i8 (`extractBits` of an i32 extends the top bit); a vec4
+        load (at a multiple of 4) is one word."""
+        word = f"b_{name}[u32(i) >> 2u]"
+        if signed:
+            out = [f"fn ld_{name}(i: i32) -> i32 {{ return extractBits(bitcast<i32>({word}), (u32(i) & 3u) * 8u, 8u); }}"]
+            four = f"(vec4<i32>(bitcast<i32>({word})) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u)"
+        else:
+            out = [f"fn ld_{name}(i: i32) -> i32 {{ return i32(extractBits({word}, (u32(i) & 3u) * 8u, 8u)); }}"]
+            four = f"vec4<i32>((vec4<u32>({word}) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u))"
+        if vec4:
+            out.append(f"fn ld4_{name}(i: i32) -> vec4<i32> {{ return {four}; }}")
         return out
 
     def assemble(self, bindings: tuple[Binding, ...], wg: int, body: list[str]) -> str:

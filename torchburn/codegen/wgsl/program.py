@@ -4,12 +4,28 @@ program-level checks.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ...ir import loop as lp
 from ...ir.expr import Const, Var
 from .kernel import KernelEmitter
 from .rows import RowsEmitter
 from .shader import KernelShader
-from .types import Caps, WgslUnsupported, storage_type
+from .types import PACKABLE, Caps, WgslUnsupported, storage_type
+
+
+def program_caps(program: lp.Program, caps: Caps) -> Caps:
+    """The device's caps as this program's buffers use them: `packed_bytes` (u8/i8 buffers four
+    to a word, `types.py`) where no kernel stores to an 8-bit buffer. Four invocations writing
+    the bytes of one word would race, and a buffer's storage must be the same for every kernel
+    that binds it (a deduplicated kernel is called with several), so the choice is the
+    program's. Quantized weights are such buffers: read, never written."""
+    for k in program.kernels:
+        params = {b.name: b for b in k.params}
+        for s in lp.walk_stmts(k.body):
+            if isinstance(s, lp.Store) and s.buffer in params and params[s.buffer].dtype in PACKABLE:
+                return caps
+    return dataclasses.replace(caps, packed_bytes=True)
 
 
 def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps) -> KernelShader:
@@ -20,7 +36,9 @@ def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps)
 
 
 def emit_program(program: lp.Program, caps: Caps) -> list[KernelShader]:
-    """Every kernel of a program, in program order (the calls say which runs when)."""
+    """Every kernel of a program, in program order (the calls say which runs when), for the
+    program's caps (`program_caps`)."""
+    caps = program_caps(program, caps)
     for b in (*program.inputs, *program.outputs, *program.temps):
         storage_type(b.dtype, caps)
     return [emit_kernel(k, program.symbols, caps) for k in program.kernels]

@@ -12,9 +12,11 @@ static row length each loop runs a constant trip count `C`, and:
   loop overwrites at the same place is dropped (softmax writes its output once);
 - **reductions** are combined after the loop that computes them: each invocation's partial,
   then a tree in workgroup memory over the row's `R` invocations (all accumulators of the loop
-  in the same tree), or, where the adapter has `subgroups` and a row has the whole workgroup,
-  `subgroupAdd`/`Max`/... and one workgroup-memory step across subgroups. Every invocation
-  then holds the row's value for the loops that follow.
+  in the same tree), or, where the adapter has `subgroups`: a row that has the whole
+  workgroup, `subgroupAdd`/`Max`/... and one workgroup-memory step across subgroups; several
+  rows a workgroup, `subgroupShuffleXor` butterflies inside each row's invocations
+  (`_reduce_lanes_subgroup`). Every invocation then holds the row's value for the loops that
+  follow.
 
 Stores outside the loops over the row (a per-row result) are made by the row's lane 0. Any row
 length is safe: the last step's elements past the end are skipped, and rows past the end of a
@@ -38,7 +40,7 @@ from .types import WgslUnsupported, value_type
 #: Registers (scalars per invocation) the row cache may take.
 MAX_CACHE_SCALARS = 64
 #: Steps per loop over the row up to which the loop is unrolled (register indices constant).
-MAX_UNROLL = 16
+MAX_UNROLL = 32
 #: Combiners with a subgroup builtin.
 SUBGROUP_OPS = {"add": "subgroupAdd", "mul": "subgroupMul", "min": "subgroupMin", "max": "subgroupMax"}
 
@@ -115,17 +117,22 @@ class RowsEmitter(KernelEmitter):
         self.unflatten(linear, loops, extents)
         self.row_allocs = {s.buffer.name: s.buffer for s in _stmts(inner) if isinstance(s, lp.Alloc)}
         self.lanes_loops = [s for s in _stmts(inner) if isinstance(s, lp.For) and s.annotation("gpu") == "lanes"]
-        extent = self.lanes_loops[0].extent
-        self.vec = 4 if all(f.annotation("gpu_vec") == "4" for f in self.lanes_loops) and self._plan_rows_vec4() else 1
+        self.vec = 1
         self.steps: Optional[int] = None
-        if isinstance(extent, Const):
-            self.steps = -(-int(extent.value) // (self.vec * self.row_wg))
-        self.cache = self._plan_cache()
+        if self.lanes_loops:
+            extent = self.lanes_loops[0].extent
+            if all(f.annotation("gpu_vec") == "4" for f in self.lanes_loops) and self._plan_rows_vec4():
+                self.vec = 4
+            if isinstance(extent, Const):
+                self.steps = -(-int(extent.value) // (self.vec * self.row_wg))
+            self.cache = self._plan_cache()
+        elif not any(isinstance(s, lp.For) and s.annotation("gpu") == "blocks" for s in _stmts(inner)):
+            raise WgslUnsupported(f"kernel @{self.kernel.name}: a row body without loops over the row")
         self.uses_subgroups = False
-        self.subgroup_ok = self.caps.subgroups and per_group == 1
+        self.subgroup_ok = self.caps.subgroups
         self._row_scope(_stmts(inner))
         groups = ex.floordiv(ex.add(product(extents), Const(per_group - 1)), Const(per_group))
-        summary = "rows" + ("/vec4" if self.vec == 4 else "") + ("/cached" if self.cache.slots else "") + (
+        summary = "rows" + ("" if self.lanes_loops else "/blocks") + ("/vec4" if self.vec == 4 else "") + ("/cached" if self.cache.slots else "") + (
             "/subgroup" if self.uses_subgroups else "/tree")
         return self._finish(Grid((groups, Const(1), Const(1)), wg, "rows"), wg, summary)
 
@@ -161,9 +168,12 @@ class RowsEmitter(KernelEmitter):
     @staticmethod
     def _probe(s: lp.Store) -> lp.Let:
         v = s.value
-        assert isinstance(v, ex.Binary)
         cur = ex.Load(s.buffer, s.index, v.type)
-        other = v.b if v.a == cur else v.a
+        if isinstance(v, ex.Call):  # `fma(x, w, acc)`: what varies is x * w
+            other: Expr = ex.Binary("mul", v.args[0], v.args[1], v.type)
+        else:
+            assert isinstance(v, ex.Binary)
+            other = v.b if v.a == cur else v.a
         return lp.Let(Var(f"tb_probe_{s.buffer}", other.type), other)
 
     def _canon(self, f: lp.For, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
@@ -203,7 +213,55 @@ class RowsEmitter(KernelEmitter):
         return plan
 
     # ---- statements -----------------------------------------------------------------------------------
+    def _blocks(self, s: lp.For) -> None:
+        """A serial loop over a row's ggml blocks (`passes/gpu/block_rows.py`): the row's `R`
+        invocations take `G = R / E` blocks a step, `E` invocations a block, each one element
+        of every element loop (`gpu = "block_lanes"`, extent `E`); the accumulators of
+        `gpu_accs` are combined across the row once the loop is done."""
+        ops_ = dict(x.split("=") for x in (s.annotation("gpu_accs") or "").split(",") if x)
+        for a, op in ops_.items():
+            if a not in self.locals or op not in ops.COMBINE:
+                raise WgslUnsupported(f"block loop accumulator {a}={op} is not a scalar local with a combiner")
+        elements = [x for x in _stmts(s.body) if isinstance(x, lp.For)]
+        extents = {x.extent for x in elements}
+        if len(extents) != 1 or not isinstance(next(iter(extents)), Const):
+            raise WgslUnsupported("element loops of one block loop must share one constant extent")
+        e = int(next(iter(extents)).value)  # type: ignore[attr-defined]
+        if e & (e - 1) or self.row_wg % e:
+            raise WgslUnsupported(f"element loops of {e} do not divide a row of {self.row_wg} invocations")
+        g = self.row_wg // e
+        blocks = self.r.scalar(s.extent)
+        self.line(f"let tb_sub = tb_lane / {e}u;")
+        self.line(f"let tb_l = i32(tb_lane % {e}u);")
+        self.line(f"for (var tb_bo: u32 = 0u; tb_bo < (u32({blocks}) + {g - 1}u) / {g}u; tb_bo = tb_bo + 1u) {{")
+        self.indent += 1
+        self.line(f"let v_{s.var.name} = i32(tb_bo * {g}u + tb_sub);")
+        guard = [f"v_{s.var.name} < {blocks}"] if not (isinstance(s.extent, Const) and int(s.extent.value) % g == 0) else []
+        guard += [self.live] if self.live else []
+        if guard:
+            self.line(f"if ({' && '.join(guard)}) {{")
+            self.indent += 1
+        for x in _stmts(s.body):
+            if isinstance(x, lp.For):
+                self.line("{")
+                self.indent += 1
+                self.line(f"let v_{x.var.name} = tb_l;")
+                self.stmt(x.body)
+                self.indent -= 1
+                self.line("}")
+            else:
+                self.stmt(x)
+        if guard:
+            self.indent -= 1
+            self.line("}")
+        self.indent -= 1
+        self.line("}")
+        self.pending += list(ops_.items())
+
     def _stmt_For(self, s: lp.For) -> None:
+        if s.annotation("gpu") == "blocks" and self.in_lanes is None:
+            self._blocks(s)
+            return
         if s.annotation("gpu") != "lanes" or self.in_lanes is not None:
             super()._stmt_For(s)
             return
@@ -339,6 +397,10 @@ class RowsEmitter(KernelEmitter):
             arrays[a] = name
         to = {a: (f"select(0u, 1u, l_{a})" if types[a].is_bool else f"l_{a}") for a, _ in accs}
         back = {a: (f" != 0u" if types[a].is_bool else "") for a, _ in accs}
+        if sub and self.row_wg < self.wg:
+            self.uses_subgroups = True
+            self._reduce_lanes_subgroup(accs, arrays)
+            return
         if sub:
             self.uses_subgroups = True
             for a, op in accs:
@@ -366,6 +428,32 @@ class RowsEmitter(KernelEmitter):
             step //= 2
         for a, _ in accs:
             self.line(f"l_{a} = {arrays[a]}[lid - tb_lane]{back[a]};")
+        self.line("workgroupBarrier();")
+
+    def _reduce_lanes_subgroup(self, accs: list[tuple[str, str]], arrays: dict[str, str]) -> None:
+        """Several rows a workgroup, with subgroups: each row's `R` invocations (aligned at
+        multiples of `R`) combine by `subgroupShuffleXor` over blocks of `B = min(R, subgroup
+        size)` lanes, which stay inside the row and inside one subgroup whatever the adapter's
+        subgroup size; where the subgroup is smaller than the row (`B < R`), the blocks' values
+        meet in workgroup memory. The barrier is unconditional (uniform control flow); on a
+        32-wide subgroup with 32 invocations a row no value goes through memory."""
+        R = self.row_wg
+        self.line(f"let tb_b = min({R}u, tb_sg_n);")
+        for a, op in accs:
+            comb = ops.fill(ops.COMBINE[op], a=f"l_{a}", b=f"subgroupShuffleXor(l_{a}, tb_m)")
+            self.line(f"for (var tb_m: u32 = 1u; tb_m < tb_b; tb_m = tb_m << 1u) {{ l_{a} = {comb}; }}")
+            self.line(f"if (tb_b < {R}u && (lid & (tb_b - 1u)) == 0u) {{ {arrays[a]}[lid / tb_b] = l_{a}; }}")
+        self.line("workgroupBarrier();")
+        self.line(f"if (tb_b < {R}u) {{")
+        self.indent += 1
+        self.line("let tb_first = (lid - tb_lane) / tb_b;")
+        for a, op in accs:
+            red = arrays[a]
+            comb = ops.fill(ops.COMBINE[op], a=f"l_{a}", b=f"{red}[tb_first + tb_i]")
+            self.line(f"l_{a} = {red}[tb_first];")
+            self.line(f"for (var tb_i: u32 = 1u; tb_i < {R}u / tb_b; tb_i = tb_i + 1u) {{ l_{a} = {comb}; }}")
+        self.indent -= 1
+        self.line("}")
         self.line("workgroupBarrier();")
 
     def _stmt_Store(self, s: lp.Store) -> None:

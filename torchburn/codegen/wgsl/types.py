@@ -12,9 +12,16 @@ the host converts a tensor to before upload (and back after download).
 | bf16 | f32 (casts round to bf16) | f32 | converted to f32 |
 | i32 | i32 | i32 | as is |
 | i8, i16, u8 | i32 (casts wrap) | i32 | converted to i32 |
+| i8, u8 of a program that writes none (`packed_bytes`) | i32 | u32, four bytes a word | as is (raw bytes) |
 | bool | bool | u32 | converted to i32 |
 | i64 | i32 (token ids, positions, slots: values must fit 32 bits) | i32 | converted to i32, range-checked |
 | f64 | rejected | rejected | rejected |
+
+Packed bytes: a quantized model's weights are u8 (int4 nibbles, ggml blocks) or i8 (int8), read
+and never written. Widened to i32 they take four times the memory and the bandwidth of what a
+decode step must read (an int4 weight cost as much as an f16 one). A program none of whose
+kernels writes an 8-bit buffer stores them as they are, four to a `u32` word
+(`program_caps`); the accessor `ld_x(i)` extracts byte `i % 4` of word `i / 4`.
 """
 from __future__ import annotations
 
@@ -42,6 +49,9 @@ class Caps:
     max_storage_buffers: int = 8
     max_invocations: int = 256
     max_workgroup_storage: int = 16384
+    #: 8-bit integer buffers (u8, i8) stored four to a `u32` word, not widened to i32: set per
+    #: program by `program_caps` when no kernel of it writes one.
+    packed_bytes: bool = False
 
 
 #: value type, storage element type and host upload dtype of each IR dtype (native f16 aside).
@@ -64,9 +74,20 @@ _REJECT = {
 }
 
 
+#: The dtypes `Caps.packed_bytes` stores four to a word.
+PACKABLE = (dt.u8, dt.i8)
+
+
+def packed(d: DType, caps: Caps) -> bool:
+    """Whether a buffer of dtype `d` is stored as bytes packed in `u32` words."""
+    return caps.packed_bytes and d in PACKABLE
+
+
 def _row(d: DType, caps: Caps) -> tuple[str, str, Optional[DType]]:
     if d == dt.f16 and caps.f16:
         return ("f16", "f16", None)
+    if packed(d, caps):
+        return ("i32", "u32", None)
     row = _TABLE.get(d.name)
     if row is None:
         raise WgslUnsupported(_REJECT.get(d.name, f"dtype {d} has no WGSL form"))
@@ -92,6 +113,10 @@ def host_dtype(d: DType, caps: Caps) -> DType:
 
 
 def storage_itemsize(d: DType, caps: Caps) -> int:
+    """Bytes one element takes on the device (a packed byte buffer's size is rounded up to whole
+    words where it is allocated)."""
+    if packed(d, caps):
+        return 1
     return 2 if storage_type(d, caps) == "f16" else 4
 
 

@@ -5,9 +5,11 @@ Five mappings:
 
 - **rows** (row kernels, as row fusion leaves softmax, LayerNorm, RMSNorm and row reductions:
   loops over the row inside the parallel row loops, reductions into scalar accumulators and
-  the elementwise loops that use them): a workgroup, or a fraction of one, per row, every loop
-  over the row shared by the row's invocations (`gpu = "rows"` / `gpu = "lanes"`, see
-  `gpu_rows.py`); tried first.
+  the elementwise loops that use them; and matrix-vector products, a row per output
+  element): a workgroup, or a fraction of one, per row, every loop over the row shared by the
+  row's invocations (`gpu = "rows"` / `gpu = "lanes"`, see `rows.py`; `row_lanes` the
+  invocations per row); tried first. A product over ggml blocks (a serial loop over blocks of
+  short element loops) takes the `blocks` form (`block_rows.py`).
 
 - **grid** (elementwise kernels, and reductions too short to share): the outer perfect nest
   of parallel loops becomes the invocation grid, one invocation per element (a loop of one
@@ -28,7 +30,8 @@ Five mappings:
 - **gemm** (matrix products): the whole nest becomes a tiled GEMM (`gpu = "gemm"`,
   `gpu_tile = "BMxBNxBK/TMxTN"`), the tile chosen so that the grid fills the device. A
   product of at most `gemv_rows` static output rows (a decode step's matrix-vector products)
-  is mapped as a reduction instead (**block** below: a workgroup per output element).
+  is mapped as a row kernel instead (**rows** above: a fraction of a workgroup per output
+  element, several outputs a workgroup).
 
 Before:
 
@@ -76,6 +79,7 @@ from ...ir.expr import Const, Expr
 from ..base import LoopPass, PassError, register_pass
 from ..loop.loop_utils import vars_through_lets
 from .regroup import regrouped_loops
+from .block_rows import block_rows_annotate
 from .rows import rows_annotate
 from ..loopgen.attention import TASKS
 
@@ -323,11 +327,21 @@ class GpuMap(LoopPass):
     #: Matrix products with at most this many output rows (batch x M, static) are mapped as
     #: reductions, not GEMM tiles (matrix-vector products: decode steps).
     gemv_rows: int = 4
+    #: Invocations per row of a row kernel (a power of two up to `workgroup`), or 0: chosen by
+    #: the row length and count (`rows.py`, `row_lanes`).
+    row_lanes: int = 0
+    #: Elements each invocation of a row takes where a kernel has many rows (0 lanes: auto).
+    row_lane_elements: int = 16
     #: Flash-attention prefill tile `BQxBK/TMxTN` (`codegen/wgsl/attention_tiled.py`), "rows"
     #: (an invocation per query row) or "auto" (the first tile that fits the device).
     attention_tile: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.row_lanes and (self.row_lanes & (self.row_lanes - 1) or self.row_lanes > self.workgroup):
+            raise PassError(f"pass {self.name}: row_lanes={self.row_lanes}; expected 0 (auto) or a power of two "
+                            f"up to workgroup={self.workgroup}")
+        if self.row_lane_elements < 1:
+            raise PassError(f"pass {self.name}: row_lane_elements={self.row_lane_elements}; expected at least 1")
         for knob, pattern in (("gemm_tile", _GEMM_TILE), ("attention_tile", _ATTENTION_TILE)):
             value = getattr(self, knob)
             if value != "auto" and not (isinstance(value, str) and re.fullmatch(pattern, value)):
@@ -354,7 +368,10 @@ class GpuMap(LoopPass):
         loops, _ = _perfect_nest(nest)
         n = _parallel_prefix(loops, params)
         if self.rows and loops:
-            rows = rows_annotate(loops, n, set(params), self.workgroup, self.vectorize)
+            rows = rows_annotate(loops, n, set(params), self.workgroup, self.vectorize, self.row_lanes,
+                                 self.row_lane_elements)
+            if rows is None:
+                rows = block_rows_annotate(loops, n, self.workgroup, self.row_lanes)
             if rows is not None:
                 return replace(k, body=lp.block(*prelude, rows) if prelude else rows)
         # Grid and block kernels are one nest: leading invariant `let`s move into its body.
@@ -415,8 +432,8 @@ class GpuMap(LoopPass):
 
     def _few_rows(self, body: lp.Stmt) -> bool:
         """A product of at most `gemv_rows` output rows (an LLM's decode step): a GEMM tile
-        would compute mostly padding on few workgroups; the reduction mapping below gives a
-        workgroup per output element instead, the k loop shared by its invocations."""
+        would compute mostly padding on few workgroups; the rows mapping gives each output
+        element a row of invocations instead, the k loop shared by them."""
         loops, _ = _perfect_nest(body)
         rows = 1
         for f in loops[:-1]:

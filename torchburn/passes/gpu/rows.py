@@ -63,17 +63,21 @@ def _stmts(s: lp.Stmt) -> tuple[lp.Stmt, ...]:
 
 
 def accumulator_update(s: lp.Stmt, locals_: set[str]) -> Optional[str]:
-    """The combiner of `%acc[0] = %acc[0] <op> x` on a scalar local (x not reading %acc), or None."""
+    """The combiner of `%acc[0] = %acc[0] <op> x` (or `fma(x, w, %acc[0])`, an add) on a scalar
+    local (x, w not reading %acc), or None."""
     if not (isinstance(s, lp.Store) and s.buffer in locals_ and s.index == (Const(0),)):
         return None
     v = s.value
     cur = ex.Load(s.buffer, s.index, v.type)
-    if not (isinstance(v, ex.Binary) and v.op in ROW_COMBINERS and cur in (v.a, v.b)):
+    if isinstance(v, ex.Call) and v.name == "fma" and len(v.args) == 3 and v.args[2] == cur:
+        op, others = "add", v.args[:2]  # `acc = fma(x, w, acc)`: a quantized product's update
+    elif isinstance(v, ex.Binary) and v.op in ROW_COMBINERS and cur in (v.a, v.b):
+        op, others = v.op, (v.b if v.a == cur else v.a,)
+    else:
         return None
-    other = v.b if v.a == cur else v.a
-    if any(isinstance(n, ex.Load) and n.buffer == s.buffer for n in ex.walk(other)):
+    if any(isinstance(n, ex.Load) and n.buffer == s.buffer for o in others for n in ex.walk(o)):
         return None
-    return v.op
+    return op
 
 
 def _loop_ok(f: lp.For, locals_: set[str], params: set[str]) -> bool:
@@ -137,10 +141,32 @@ def _read_across_lanes(stmts: tuple[lp.Stmt, ...], row_loops: list[lp.For], para
                for f in row_loops for x in lp.walk_stmts(f) for e in lp.stmt_exprs(x) for n in ex.walk(e))
 
 
+def row_lanes(row_length: Optional[int], vec: bool, rows: Optional[int], workgroup: int,
+              lanes: int = 0, lane_elements: int = 16, many_rows: int = 64) -> int:
+    """Invocations per row. `lanes` > 0 fixes it (a power of two within the workgroup). Else a
+    row of few elements or of symbolic length gets one element (four, vectorized) per
+    invocation, up to the workgroup; a kernel of at least `many_rows` static rows (a decode
+    step's matrix-vector product: a row per output element) gives each invocation about
+    `lane_elements` elements instead, at least 32 invocations (a subgroup's worth) a row: more
+    rows share a workgroup, each invocation issues several loads at once, and a row's partial
+    sums combine in fewer steps."""
+    if lanes:
+        return lanes
+    per = workgroup if row_length is None else -(-row_length // (4 if vec else 1))
+    row_wg = 32
+    while row_wg < per and row_wg < workgroup:
+        row_wg *= 2
+    if rows is not None and row_length is not None and rows >= many_rows:
+        while row_wg > 32 and row_length / row_wg < lane_elements:
+            row_wg //= 2
+    return row_wg
+
+
 def rows_annotate(loops: list[lp.For], n: int, params: set[str], workgroup: int,
-                  vectorize: bool) -> Optional[lp.Stmt]:
+                  vectorize: bool, lanes: int = 0, lane_elements: int = 16) -> Optional[lp.Stmt]:
     """The nest of `loops[0]` with the `rows` mapping (module docstring), or None when the body
-    inside the first `n` (parallel) loops is not a row kernel."""
+    inside the first `n` (parallel) loops is not a row kernel. `lanes`, `lane_elements`: the
+    invocations per row (`row_lanes`)."""
     if n == 0:
         return None
     inner = loops[n - 1].body
@@ -170,10 +196,11 @@ def rows_annotate(loops: list[lp.For], n: int, params: set[str], workgroup: int,
     if isinstance(extent, Const) and int(extent.value) < MIN_ROW:
         return None
     vec = vectorize and isinstance(extent, Const) and int(extent.value) % 4 == 0
-    per = int(extent.value) // (4 if vec else 1) if isinstance(extent, Const) else workgroup
-    row_wg = 32
-    while row_wg < per and row_wg < workgroup:
-        row_wg *= 2
+    rows: Optional[int] = 1
+    for f in loops[:n]:
+        rows = int(f.extent.value) * rows if isinstance(f.extent, Const) and rows is not None else None
+    row_wg = row_lanes(int(extent.value) if isinstance(extent, Const) else None, vec, rows, workgroup,
+                       lanes, lane_elements)
     wg = max(row_wg, min(workgroup, 64))
     lane_ann = (("gpu", "lanes"),) + ((("gpu_vec", "4"),) if vec else ())
 
