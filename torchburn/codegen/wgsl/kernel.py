@@ -24,6 +24,7 @@ from typing import Optional
 
 from ...ir import expr as ex
 from ...ir import loop as lp
+from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.expr import Const, Expr, Var
 from . import ops
@@ -260,6 +261,10 @@ class KernelEmitter:
     def _stmt_Let(self, s: lp.Let) -> None:
         text, _ = self.r.render(s.value)
         self.line(f"let v_{s.var.name} = {text};")
+        if s.value.type.dtype == dt.i64 and self.r.is_nonneg(s.value):
+            # index arithmetic on known non-negative values (`k % 32` of a loop variable): later
+            # divisions by it, or of it, are unsigned, not through the flooring helpers
+            self.r.nonneg.add(s.var.name)
 
     def _stmt_Alloc(self, s: lp.Alloc) -> None:
         b = s.buffer
