@@ -143,3 +143,13 @@ def test_bytes_are_packed_where_no_kernel_writes_them() -> None:
 
 def run_program_map(p: lp.Program) -> lp.Program:
     return p.with_kernels(tuple(run_pass(GpuMap(), k) for k in p.kernels))
+
+
+def test_rows_written_whole_keep_a_lane_per_element() -> None:
+    """A softmax of 1024 rows writes its rows: a lane per (vec4) element as before, so the row
+    stays in registers between its loops; only per-row reductions spread fewer lanes."""
+    from tests.gpu.test_rows import SOFTMAX
+
+    k = run_pass(GpuMap(), kernel(SOFTMAX.format(n=1000, d="f32").replace("0..8 {", "0..1024 {")
+                                  .replace("[8, 1000]", "[1024, 1000]")))
+    assert k.body.annotation("gpu") == "rows" and k.body.annotation("gpu_row_wg") == "256"

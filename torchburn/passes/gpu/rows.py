@@ -145,8 +145,9 @@ def row_lanes(row_length: Optional[int], vec: bool, rows: Optional[int], workgro
               lanes: int = 0, lane_elements: int = 16, many_rows: int = 64) -> int:
     """Invocations per row. `lanes` > 0 fixes it (a power of two within the workgroup). Else a
     row of few elements or of symbolic length gets one element (four, vectorized) per
-    invocation, up to the workgroup; a kernel of at least `many_rows` static rows (a decode
-    step's matrix-vector product: a row per output element) gives each invocation about
+    invocation, up to the workgroup; a kernel of at least `many_rows` static rows (`rows`, None
+    for a kernel that writes its rows; a decode step's matrix-vector product, a row per output
+    element, does not) gives each invocation about
     `lane_elements` elements instead, at least 32 invocations (a subgroup's worth) a row: more
     rows share a workgroup, each invocation issues several loads at once, and a row's partial
     sums combine in fewer steps."""
@@ -199,6 +200,11 @@ def rows_annotate(loops: list[lp.For], n: int, params: set[str], workgroup: int,
     rows: Optional[int] = 1
     for f in loops[:n]:
         rows = int(f.extent.value) * rows if isinstance(f.extent, Const) and rows is not None else None
+    if any(isinstance(x, lp.Store) and x.buffer in params for f in row_loops for x in lp.walk_stmts(f)):
+        # a row kernel that writes its rows (softmax, LayerNorm) keeps a lane per element: the
+        # row stays in registers between its loops (`codegen/wgsl/rows.py`); only reductions
+        # to a value per row (products, a norm's statistics) spread fewer lanes over many rows
+        rows = None
     row_wg = row_lanes(int(extent.value) if isinstance(extent, Const) else None, vec, rows, workgroup,
                        lanes, lane_elements)
     wg = max(row_wg, min(workgroup, 64))
