@@ -340,7 +340,7 @@ class LowerToLoops(Pass):
             from .quant.qlinear_forms import build_qlinear, plain_qlinear
 
             body = build_qlinear(kb, op, qop, out, cpu, tile_rows=self.qlinear_tile_rows) \
-                if self.simd_qlinear else plain_qlinear(kb, op, qop, out)
+                if self.simd_qlinear else plain_qlinear(kb, op, qop, out, grouped=True)
         elif op.name == "matmul" or (get_op(op.name).category == "elementwise" and fused_matmul(op, set(buffers))):
             body = gemm_root(kb, op, out, cpu, self.gemm_options())
         elif self._conv_kernel(op, buffers) and (conv := _conv_root(kb, op, out, cpu)) is not None:

@@ -231,6 +231,57 @@ def build_qlinear_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) 
     return kb.nest(vars_, shape, body, origin)
 
 
+def build_qlinear_grouped(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> Optional[lp.Stmt]:
+    """An int4 product as `build_qlinear_plain` computes it (the same sums in the same order),
+    with the k loop split by quantization group: per group its scale (and minimum) once, then
+    a loop over the group's `h = g / 2` bytes taking their low nibbles (elements `j`) and one
+    taking their high nibbles (elements `h + j`). The GPU form: `gpu-map` maps this nest as it
+    maps ggml blocks (`passes/gpu/block_rows.py`: a row's invocations share out the groups,
+    one byte each per loop), where the flat k loop re-derived group, byte and nibble from `k`
+    per element. None when K is not a static multiple of the group (or the weight is not int4).
+
+        for i0, n { acc = 0; for g in 0..K/32 { let d = %s[n, g]
+          for j in 0..16 { acc = fma(%x[i0, g * 32 + j], cast<f32>(%q[n, g * 16 + j] & 15 - 8) * d, acc) }
+          for j in 0..16 { acc = fma(%x[i0, g * 32 + 16 + j], cast<f32>(%q[n, g * 16 + j] >> 4 & 15 - 8) * d, acc) } }
+          %out[i0, n] = acc }
+    """
+    ql = QLinear.of(qop)
+    k_static = static_int(ql.k)
+    if ql.kind != "int4" or k_static is None or k_static % ql.group:
+        return None
+    g_size, h = ql.group, ql.group // 2
+    shape = qop.result.shape
+    vars_ = kb.loops(shape, "i")
+    lead, n = vars_[:-1], vars_[-1]
+    g = Var(kb.fresh("g"))
+    kb.push()
+    acc = lp.Buffer(kb.fresh("acc"), dt.f32, (Const(1),), (Const(1),), "local")
+    kb.emit(lp.Alloc(acc))
+    kb.emit(lp.Store(acc.name, (Const(0),), Const(0.0, F32)))
+    kb.push()
+    scale = kb.bind(_f32(kb.value_at(ql.scales, (n,) if ql.per_channel else (n, g))), "d")
+    low = None if ql.symmetric else kb.bind(_f32(kb.value_at(ql.mins, (n, g))), "m")  # type: ignore[arg-type]
+    for half in (0, 1):
+        j = Var(kb.fresh("j"))
+        kb.push()
+        byte = ex.cast(kb.value_at(ql.q, (n, ex.add(ex.mul(g, Const(h)), j))), dt.i32)
+        nibble = ex.Binary("shr", byte, Const(4, I32), I32) if half else byte
+        code = kb.bind(ex.Binary("and", nibble, Const(15, I32), I32), "q")
+        if low is None:
+            w = kb.bind(ex.Binary("mul", _f32(ex.Binary("sub", code, Const(8, I32), I32)), scale, F32), "w")
+        else:
+            w = kb.bind(ex.Binary("add", ex.Binary("mul", _f32(code), scale, F32), low, F32), "w")
+        xv = _f32(kb.value_at(ql.x, (*lead, ex.add(ex.mul(g, Const(g_size)), ex.add(Const(half * h), j)))))
+        kb.emit(lp.Store(acc.name, (Const(0),), _fma(xv, w, ex.Load(acc.name, (Const(0),), F32))))
+        kb.emit(lp.For(j, Const(0), Const(h), "serial", kb.pop()))
+    kb.emit(lp.For(g, Const(0), Const(k_static // g_size), "serial", kb.pop()))
+    total = kb.bind(ex.Load(acc.name, (Const(0),), F32), "x")
+    _store_epilogue(kb, root, qop, out, tuple(vars_), total)
+    body = kb.pop()
+    origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
+    return kb.nest(vars_, shape, body, origin)
+
+
 @dataclass(frozen=True)
 class QPlan:
     """Blocking of one SIMD `qlinear`: MR rows of x by NR weight rows per step, chunks of L

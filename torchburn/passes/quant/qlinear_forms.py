@@ -33,7 +33,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const
 from ...ir.tensor import Op
 from ..loopgen.matmul import CpuInfo, static_int
-from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_plain, plan_qlinear
+from .qlinear import QLinear, QLinearBuilder, _probes, build_qlinear_grouped, build_qlinear_plain, plan_qlinear
 from .qgemm_i8 import build_qgemm_i8, plan_qgemm_i8
 from .qlinear_blocks import BlocksBuilder, build_blocks_plain, plan_blocks
 from .qlinear_blocks_i8 import build_blocks_i8, plain_columns, plan_blocks_i8
@@ -44,11 +44,16 @@ if TYPE_CHECKING:
     from ..loopgen.kernel_builder import KernelBuilder
 
 
-def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
+def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, grouped: bool = False) -> lp.Stmt:
     """The per-element nest (GPUs, and operands the SIMD forms cannot stream): the block
-    table's for kind "blocks", else `build_qlinear_plain`."""
+    table's for kind "blocks", else `build_qlinear_plain`; with `grouped` (the GPU lowering),
+    int4 with its k loop split by group where K allows (`build_qlinear_grouped`)."""
     if qop.attrs["kind"] == "blocks":
         return build_blocks_plain(kb, root, qop, out)
+    if grouped:
+        nest = build_qlinear_grouped(kb, root, qop, out)
+        if nest is not None:
+            return nest
     return build_qlinear_plain(kb, root, qop, out)
 
 
