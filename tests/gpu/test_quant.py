@@ -72,12 +72,12 @@ def test_block_rows_with_a_partial_last_step(gpu, name: str, blocks: int, lanes:
 def test_decode_products_share_workgroups(gpu, quant_type: str) -> None:  # type: ignore[no-untyped-def]
     """One row of x against 96 outputs (a decode step's product): a row of invocations per
     output, several outputs a workgroup, the weight's bytes packed four to a word; int4 takes
-    the blocks form over its groups
-    (`build_qlinear_grouped`: a group's scale once, one byte per invocation and loop)."""
+    the blocks form over its groups (`build_qlinear_grouped`: a group's scale once, then four
+    bytes, one packed word, and four f32 of x an invocation and loop)."""
     torch.manual_seed(1)
     layer = QuantizedLinear.from_float(torch.nn.Linear(512, 96), quant_type, 32, True, torch.float16)
     reports = check_gpu(layer, torch.randn(1, 512), rtol=1e-4, atol=1e-4)
-    form = "k0: rows/blocks" if quant_type == "int4" else "k0: rows/"
+    form = "k0: rows/blocks/vec4" if quant_type == "int4" else "k0: rows/"
     assert any(k.startswith(form) for k in kernel_summaries(reports)), kernel_summaries(reports)
 
 

@@ -34,6 +34,7 @@ from .gemm import GemmEmitter
 from .kernel_state import Access, Local
 from .shader import Binding, Grid, KernelShader
 from .types import Caps, WgslUnsupported, packed, storage_type, value_type, vec
+from .vec4 import runs_of_four
 
 MAX_GROUPS_X = 65535
 
@@ -84,6 +85,9 @@ class KernelEmitter:
         self.vector_vars: set[str] = set()
         #: The innermost grid loop variable of vectorized code.
         self.vec_var: Optional[str] = None
+        #: Vectorized accesses may add multiples of 4 to the variable (`vec4.runs_of_four`; the
+        #: blocks form of row kernels, `rows.py`), not only index by it.
+        self.vec_offsets = False
         self.block_mode = False
         #: Inside a cooperative reduction loop (global stores there are not guarded).
         self.in_threads = False
@@ -211,7 +215,13 @@ class KernelEmitter:
                 return False
             if buffer not in self.params or not index:
                 return None
-            if index[-1] != Var(v) or any(v in ex.free_vars(i) or ex.free_vars(i) & varying for i in index[:-1]):
+            if any(ex.free_vars(i) & varying for i in index):
+                return None
+            if self.vec_offsets:
+                # `g * 16 + j`: four values of j from a multiple of 4 read one aligned vec4
+                if not runs_of_four(index, Var(v)):
+                    return None
+            elif index[-1] != Var(v) or any(v in ex.free_vars(i) for i in index[:-1]):
                 return None
             b = self.params[buffer].buffer
             if b.strides[-1] != Const(1):
@@ -289,7 +299,7 @@ class KernelEmitter:
         acc = self.params[s.buffer]
         value = self.r.render(s.value)
         offset = self.offset(acc.buffer, s.index)
-        if acc.vec4 and self.vec_var is not None and s.index and s.index[-1] == Var(self.vec_var):
+        if acc.vec4 and self._vec_index(s.index):
             text = f"st4_{s.buffer}({offset}, {self.r.splat(value, acc.buffer.dtype, 4)});"
         else:
             text = f"st_{s.buffer}({offset}, {value[0]});"
@@ -370,11 +380,20 @@ class KernelEmitter:
         acc = self.params.get(e.buffer)
         if acc is None:
             raise WgslUnsupported(f"load from unknown buffer %{e.buffer}")
-        vec_last = acc.vec4 and self.vec_var is not None and bool(e.index) and e.index[-1] == Var(self.vec_var)
+        vec_last = acc.vec4 and self._vec_index(e.index)
         offset = self.offset(acc.buffer, e.index)
         if vec_last:
             return f"ld4_{e.buffer}({offset})", 4
         return f"ld_{e.buffer}({offset})", 1
+
+    def _vec_index(self, index: tuple[Expr, ...]) -> bool:
+        """Whether an access of a vec4-planned buffer at `index` reads four elements: its
+        innermost index is the vectorized loop variable (or, with `vec_offsets`, reads it)."""
+        if self.vec_var is None or not index:
+            return False
+        if self.vec_offsets:
+            return any(self.vec_var in ex.free_vars(i) for i in index)
+        return index[-1] == Var(self.vec_var)
 
     def offset(self, b: lp.Buffer, index: tuple[Expr, ...]) -> str:
         if len(index) != b.ndim:

@@ -130,9 +130,11 @@ class RowsEmitter(KernelEmitter):
             raise WgslUnsupported(f"kernel @{self.kernel.name}: a row body without loops over the row")
         self.uses_subgroups = False
         self.subgroup_ok = self.caps.subgroups
+        self.blocks_vec = False
         self._row_scope(_stmts(inner))
         groups = ex.floordiv(ex.add(product(extents), Const(per_group - 1)), Const(per_group))
-        summary = "rows" + ("" if self.lanes_loops else "/blocks") + ("/vec4" if self.vec == 4 else "") + ("/cached" if self.cache.slots else "") + (
+        summary = "rows" + ("" if self.lanes_loops else "/blocks") + (
+            "/vec4" if self.vec == 4 or self.blocks_vec else "") + ("/cached" if self.cache.slots else "") + (
             "/subgroup" if self.uses_subgroups else "/tree")
         return self._finish(Grid((groups, Const(1), Const(1)), wg, "rows"), wg, summary)
 
@@ -229,10 +231,18 @@ class RowsEmitter(KernelEmitter):
         e = int(next(iter(extents)).value)  # type: ignore[attr-defined]
         if e & (e - 1) or self.row_wg % e:
             raise WgslUnsupported(f"element loops of {e} do not divide a row of {self.row_wg} invocations")
-        g = self.row_wg // e
+        accs = list(ops_)
+        vec = self._plan_blocks_vec4(elements, accs)
+        per_block = e // 4 if vec else e  # invocations a block: each 4 elements, or 1
+        g = self.row_wg // per_block
         blocks = self.r.scalar(s.extent)
-        self.line(f"let tb_sub = tb_lane / {e}u;")
-        self.line(f"let tb_l = i32(tb_lane % {e}u);")
+        self.line(f"let tb_sub = tb_lane / {per_block}u;")
+        self.line(f"let tb_l = i32(tb_lane % {per_block}u){' * 4i' if vec else ''};")
+        if vec:
+            for a in accs:
+                d = self.locals[a].buffer.dtype
+                t = value_type(d, self.caps)
+                self.line(f"var tb_va_{a} = vec4<{t}>({const_text(identity(ops_[a], d), d, self.caps)});")
         self.line(f"for (var tb_bo: u32 = 0u; tb_bo < (u32({blocks}) + {g - 1}u) / {g}u; tb_bo = tb_bo + 1u) {{")
         self.indent += 1
         self.line(f"let v_{s.var.name} = i32(tb_bo * {g}u + tb_sub);")
@@ -243,12 +253,16 @@ class RowsEmitter(KernelEmitter):
             self.indent += 1
         for x in _stmts(s.body):
             if isinstance(x, lp.For):
+                if vec:  # this loop's vector lets (planned again: the plan is per loop)
+                    self._plan_vec4([x], self._probed(x, accs))
+                    self.vec_accs = set(accs)
                 self.line("{")
                 self.indent += 1
                 self.line(f"let v_{x.var.name} = tb_l;")
                 self.stmt(x.body)
                 self.indent -= 1
                 self.line("}")
+                self.vec_accs, self.vec_var, self.vector_vars = set(), None, set()
             else:
                 self.stmt(x)
         if guard:
@@ -256,7 +270,36 @@ class RowsEmitter(KernelEmitter):
             self.line("}")
         self.indent -= 1
         self.line("}")
+        if vec:
+            for a in accs:
+                c = ops.COMBINE[ops_[a]]
+                lo = ops.fill(c, a=f"tb_va_{a}.x", b=f"tb_va_{a}.y")
+                hi = ops.fill(c, a=f"tb_va_{a}.z", b=f"tb_va_{a}.w")
+                self.line(f"l_{a} = {ops.fill(c, a=f'l_{a}', b=ops.fill(c, a=lo, b=hi))};")
+            self.vec_offsets = False
+            self.blocks_vec = True
         self.pending += list(ops_.items())
+
+    def _probed(self, f: lp.For, accs: list[str]) -> lp.Stmt:
+        """The body of an element loop with its accumulator updates as `let`s of what they add."""
+        return lp.block(*(self._probe(x) if isinstance(x, lp.Store) and x.buffer in accs else x
+                          for x in _stmts(f.body)))
+
+    def _plan_blocks_vec4(self, elements: list[lp.For], accs: list[str]) -> bool:
+        """Whether every element loop of a blocks form runs on vec4s: four consecutive elements
+        an invocation, each load varying with the element a run of four from a multiple of 4
+        (`g * 16 + j`: a packed word of int4 bytes, four f32 of x); loads that do not vary
+        (the block's scales) stay scalars. Leaves `vec_offsets` on when it does."""
+        if any(self.locals[a].buffer.dtype.is_bool for a in accs):
+            return False
+        saved = {n: a.vec4 for n, a in self.params.items()}
+        self.vec_offsets = True
+        if all(self._plan_vec4([f], self._probed(f, accs)) for f in elements):
+            return True
+        for n, a in self.params.items():
+            a.vec4 = saved[n]
+        self.vec_offsets, self.vec_var, self.vector_vars = False, None, set()
+        return False
 
     def _stmt_For(self, s: lp.For) -> None:
         if s.annotation("gpu") == "blocks" and self.in_lanes is None:

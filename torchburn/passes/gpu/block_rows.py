@@ -11,7 +11,10 @@ a time and, inside each, one element of every element loop each (`E` is the elem
 extent): invocation `lane` handles block `bo * G + lane / E`, element `lane % E`, for `bo` in
 `0 .. ceil(B / G)`. The block's scales are loaded by each of its `E` invocations (the same
 addresses: one transaction). The partial sums are combined across the row as the rows mapping
-does (`codegen/wgsl/rows.py`).
+does (`codegen/wgsl/rows.py`). Where every load that varies with the element reads runs of
+four from a multiple of 4 (int4's groups `g * 16 + j` of packed bytes, Q4_K's blocks), each
+invocation takes four elements with vec4 loads (a packed word of bytes, four f32 of x) and
+`E / 4` invocations share a block.
 
 Before (Q8_0, 64 outputs, 512 inputs):
 
