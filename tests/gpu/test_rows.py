@@ -160,7 +160,7 @@ def test_short_rows_share_a_workgroup() -> None:
     shuffled = emit_kernel(k, (), Caps(subgroups=True))
     assert shuffled.summary.endswith("/subgroup") and "tb_live" in shuffled.source
     assert "subgroupShuffleXor" in shuffled.source and "subgroupAdd" not in shuffled.source
-    assert "let tb_b = min(32u, tb_sg_n);" in shuffled.source
+    assert "let tb_b0 = min(32u, tb_sg_n);" in shuffled.source
 
 
 def test_f16_rows_store_f16_and_accumulate_in_f32() -> None:

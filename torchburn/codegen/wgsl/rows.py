@@ -131,6 +131,7 @@ class RowsEmitter(KernelEmitter):
         self.uses_subgroups = False
         self.subgroup_ok = self.caps.subgroups
         self.blocks_vec = False
+        self.shuffles = 0
         self._row_scope(_stmts(inner))
         groups = ex.floordiv(ex.add(product(extents), Const(per_group - 1)), Const(per_group))
         summary = "rows" + ("" if self.lanes_loops else "/blocks") + (
@@ -479,22 +480,25 @@ class RowsEmitter(KernelEmitter):
         size)` lanes, which stay inside the row and inside one subgroup whatever the adapter's
         subgroup size; where the subgroup is smaller than the row (`B < R`), the blocks' values
         meet in workgroup memory. The barrier is unconditional (uniform control flow); on a
-        32-wide subgroup with 32 invocations a row no value goes through memory."""
+        32-wide subgroup with 32 invocations a row no value goes through memory. Each reduction
+        names its block size apart (`tb_b0`, `tb_b1`...: a norm's and a product's in one kernel)."""
         R = self.row_wg
-        self.line(f"let tb_b = min({R}u, tb_sg_n);")
+        b = f"tb_b{self.shuffles}"
+        self.shuffles += 1
+        self.line(f"let {b} = min({R}u, tb_sg_n);")
         for a, op in accs:
             comb = ops.fill(ops.COMBINE[op], a=f"l_{a}", b=f"subgroupShuffleXor(l_{a}, tb_m)")
-            self.line(f"for (var tb_m: u32 = 1u; tb_m < tb_b; tb_m = tb_m << 1u) {{ l_{a} = {comb}; }}")
-            self.line(f"if (tb_b < {R}u && (lid & (tb_b - 1u)) == 0u) {{ {arrays[a]}[lid / tb_b] = l_{a}; }}")
+            self.line(f"for (var tb_m: u32 = 1u; tb_m < {b}; tb_m = tb_m << 1u) {{ l_{a} = {comb}; }}")
+            self.line(f"if ({b} < {R}u && (lid & ({b} - 1u)) == 0u) {{ {arrays[a]}[lid / {b}] = l_{a}; }}")
         self.line("workgroupBarrier();")
-        self.line(f"if (tb_b < {R}u) {{")
+        self.line(f"if ({b} < {R}u) {{")
         self.indent += 1
-        self.line("let tb_first = (lid - tb_lane) / tb_b;")
+        self.line(f"let tb_first = (lid - tb_lane) / {b};")
         for a, op in accs:
             red = arrays[a]
             comb = ops.fill(ops.COMBINE[op], a=f"l_{a}", b=f"{red}[tb_first + tb_i]")
             self.line(f"l_{a} = {red}[tb_first];")
-            self.line(f"for (var tb_i: u32 = 1u; tb_i < {R}u / tb_b; tb_i = tb_i + 1u) {{ l_{a} = {comb}; }}")
+            self.line(f"for (var tb_i: u32 = 1u; tb_i < {R}u / {b}; tb_i = tb_i + 1u) {{ l_{a} = {comb}; }}")
         self.indent -= 1
         self.line("}")
         self.line("workgroupBarrier();")
