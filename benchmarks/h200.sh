@@ -20,7 +20,9 @@
 #
 # (`TESTS="tests/gpu/test_attention.py ..."` picks the test files; `BENCH_ONLY=softmax,attention`
 # picks bench_gpu's rows and `BENCH_ARGS` adds its arguments, e.g. `--per-kernel`; `sweep` runs
-# bench_gpu_sweep (tile shapes of the GEMM and attention kernels, `SWEEP_ARGS`); `host` runs
+# bench_gpu_sweep (tile shapes of the GEMM and attention kernels, `SWEEP_ARGS`; `SWEEP_ARGS="--only
+# gemv"`: a decode step's matrix-vector products in f32, f16, int4, int8, Q4_K and Q6_K against
+# `gpu-map{row_lanes=...}`); `host` runs
 # bench_gpu_host on the checkpoint `llm` writes (or writes it: the same SmolLM2-135M shape): the wgpu
 # calls and host microseconds of one decode step, and its GPU time; `HOST_AB=0` skips its A/B run
 # with the Python dispatch loop. Each part has a time limit, `<PART>_TIMEOUT` seconds.)
