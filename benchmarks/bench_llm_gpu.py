@@ -141,6 +141,11 @@ class OursWorker:
         if w0 is None:
             return t1 - t0, t2 - t1, None
         w1 = self._waited()
+        if w1[2] == w0[2] and (w1[0] == w0[0]):
+            # no GPU program ran a decode step: a graph went to the CPU engine (a shader the
+            # device rejected, say); a CPU figure must not stand in a GPU row
+            raise RuntimeError("the decode steps ran no GPU program: the step fell back to the CPU engine "
+                               "(TORCHBURN_DEBUG=1 or explain() says why)")
         self.gpu_s = (w1[1] - w0[1]) if w1[2] > w0[2] else None
         return t1 - t0, t2 - t1, (t2 - t1) - (w1[0] - w0[0])
 
