@@ -294,7 +294,7 @@ def test_error_has_position_and_caret() -> None:
     (parse_kernel, "kernel @k(%x: f32[4]) {\n  %x[0] = select(true, 1.0:f32)\n}", 2, 11, "select takes 3 arguments"),
     (parse_kernel, "program @p() -> () {\n}", 1, 1, "expected 'kernel' but found 'program'"),
     (parse_kernel, "kernel @k() {\n}\nkernel @j() {\n}", 3, 1, "unexpected 'kernel' after the end"),
-    (parse_program, "program @p() -> () {\n  tmp %t: f32[4]\n}", 2, 3, "expected 'temp', 'workspace', 'call'"),
+    (parse_program, "program @p() -> () {\n  tmp %t: f32[4]\n}", 2, 3, "expected 'temp', 'workspace', 'constant', 'kept', 'call'"),
     (parse, "", 1, 1, "expected 'graph', 'kernel' or 'program' but found end of input"),
     (parse, "graph @g() {\n  return\n}\nfoo", 4, 1, "expected 'graph', 'kernel' or 'program' but found 'foo'"),
 ])

@@ -49,6 +49,11 @@ class Value:
     #: Strides of a graph input in memory; None means row-major contiguous.
     strides: Optional[tuple[Expr, ...]] = None
     producer: Optional["Op"] = field(default=None, repr=False)
+    #: A graph input the caller keeps unchanged from call to call unless the tensor itself, its
+    #: memory or its version counter changes (a module's parameter or buffer in inference),
+    #: printed `%w: f32[64, 64, 3] const`. What a kernel computes from such inputs alone may be
+    #: kept across calls (`keep-constant-prep`).
+    constant: bool = False
 
     @property
     def dtype(self) -> DType:
