@@ -380,3 +380,15 @@ def test_program_returns_a_result_viewed_in_another_shape() -> None:
     with pytest.raises(VerificationError, match="not contiguous"):
         verify(parse_program(text.replace("return %out0 as [s0, 2, 3], %y", "return %y as [s0, 6], %y")
                              .replace("%y: f32[s0, 6] strides [6, 1]) ->", "%y: f32[s0, 6] strides [12, 1]) ->")))
+
+
+def test_constant_inputs_round_trip_and_take_part_in_the_hash() -> None:
+    from torchburn.ir.hashing import structural_hash
+
+    text = ("graph @main(%x: f32[4, 8], %w: f32[8, 4] const) {\n"
+            "  %0 = matmul(%x, %w) : f32[4, 4]\n  return %0\n}\n")
+    g = parse_graph(text)
+    assert [v.constant for v in g.inputs] == [False, True]  # type: ignore[union-attr]
+    assert str(g) == text
+    # a program compiled for constant weights keeps work between calls: not the same program
+    assert structural_hash(g) != structural_hash(parse_graph(text.replace(" const", "")))

@@ -202,7 +202,9 @@ class Program:
     scalar inputs (`symbol_inputs`), in the order of `symbols`. A final `return` line says
     what the graph returns when it is not just `outputs` in order (see `results`), and which
     results are an output buffer viewed in another shape, `return %out0 as [64, 32, 3, 3]`
-    (see `result_views`):
+    (see `result_views`). A `constant %w` line names the inputs the caller keeps unchanged
+    between calls, a `kept %t from %w` line the temporaries whose values outlive a call
+    (`constant_inputs`, `kept`, `kept_from`; `keep-constant-prep`):
 
         program @f(%x: f16[] strides []) -> () {
           return %x

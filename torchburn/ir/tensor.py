@@ -2,11 +2,13 @@
 
 Values are typed (`f32[s0, 1024]`); dimensions are index expressions, so symbolic sizes are
 first class. Ops are generic (a name, operands, attributes, results), checked against the
-definitions in `ops.py`. Graphs are mutable: passes edit them in place, as in MLIR.
+definitions in `ops.py`. Graphs are mutable: passes edit them in place, as in MLIR. An input
+marked `const` is one the caller keeps unchanged between calls unless the tensor, its memory or
+its version changes (a parameter in inference: `Value.constant`).
 
 Text form:
 
-    graph @main(%x: f32[s0, 512], %w: f32[1024, 512]) {
+    graph @main(%x: f32[s0, 512], %w: f32[1024, 512] const) {
       %0 = permute(%w) {dims = [1, 0]} : f32[512, 1024]
       %1 = matmul(%x, %0) : f32[s0, 1024]
       return %1
