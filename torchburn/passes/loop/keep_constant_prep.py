@@ -15,10 +15,13 @@ until the weight changes. This pass finds such preparation and keeps its result 
   and every statement writing it, in every call, is preparation (found as a fixed point:
   start from every such temporary, drop those a non-preparation statement writes).
 
-So a weight packed at the top of the convolution kernel is kept, and so is a whole kernel
-computing a weight from constants alone (batch norm folded into a convolution's weight,
-`fold-batch-norm`: `w * gamma / sqrt(var + eps)`) together with the packing that reads it. A
-program that writes a constant input itself keeps nothing.
+So a weight packed at the top of the convolution kernel is kept, and a whole kernel computing a
+weight from constants alone (batch norm folded into a convolution's weight, `fold-batch-norm`:
+`w * gamma / sqrt(var + eps)`) runs under the same guard as the packing that reads it. Only
+temporaries that something outside the preparation reads are listed as kept (the packed
+weight); one that only preparation reads (the folded weight) stays an ordinary temporary,
+written and read in the same refreshing call, its bytes reused by the rest. A program that
+writes a constant input itself keeps nothing.
 
 Each preparation statement is wrapped in `if refresh != 0` (the program symbol `lp.REFRESH`,
 added to the kernel's and the program's symbols), its temporaries are listed in
@@ -166,6 +169,16 @@ class KeepConstantPrep(LoopPass):
             if now == kept:
                 break
             kept = now
+        # a temporary only preparation reads (batch norm folded into a weight that is then
+        # packed) need not outlive the call: it stays an ordinary temporary, written and read
+        # under the same `refresh`; what the rest of the call reads is kept
+        needed: set[str] = set()
+        for k in program.kernels:
+            for n, (reads, _, _) in enumerate(facts[k.name]):
+                if n not in guarded[k.name]:
+                    for call in calls_of.get(k.name, []):
+                        needed |= _args(k, call, reads) & kept
+        kept &= needed
         if not kept:
             return program
         kernels = []
