@@ -43,6 +43,9 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      (each distinct kernel root lowered once: loopgen/root_key.py;
      constant slices of buffers passed as views at an offset)
   -> dedup-kernels: kernels equal up to names become one (repeated layers) passes/loop/dedup_kernels.py
+  -> keep-constant-prep: in inference, work on parameters alone (a        passes/loop/keep_constant_prep.py
+     weight packed into a convolution's layout, batch norm folded into
+     it) runs under `if refresh != 0`, its result kept between calls
   -> loop passes: simplify, tile (transposes), split-reductions,          passes/
      parallelize, vectorize, split-accumulators, expand-math, unroll:     compiler/kernel_cache.py
      once per distinct kernel, results kept across graphs; plan-memory
@@ -53,7 +56,8 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      linked, object code for the target CPU (the host, or the CPU
      TORCHBURN_TARGET names: emitted, not run); a call the process
      cannot bind is refused when loading
-  -> launcher: guards, output allocation, one native call                  backend/launcher.py
+  -> launcher: guards, output allocation, one native call (refresh = 1     backend/launcher.py
+     when a kept result's parameters changed: identity, memory, version)
 ```
 
 The stages from import to the loaded program are one driver, `compiler/driver.py`, which owns
@@ -152,7 +156,11 @@ The host's vector width shows in the assembly (AVX-512 `zmm` registers here):
 `launcher.py` generates, per compiled subgraph, a straight-line Python function that checks
 dtypes, ranks, sizes and strides against the compiled ones, binds the symbols, allocates the
 outputs with torch and makes one native call with the tensors' own memory (`data_ptr()`, no
-copies). An input that does not match runs that call in PyTorch instead. Compiled modules
+copies). An input that does not match runs that call in PyTorch instead. A program that keeps
+temporaries across calls (`kept`: in inference, a weight packed into a convolution's layout)
+gets `refresh = 1` from its launcher when the parameters they come from are not the tensors,
+memory and versions of the last call on this thread (`Launcher._fresh`; an in-place update, a
+`load_state_dict`, another parameter), else 0. Compiled modules
 are cached by the structural hash of the tensor IR (names ignored) plus the pipeline, target
 and versions, in memory and on disk.
 """

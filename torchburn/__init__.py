@@ -16,6 +16,7 @@ _LAZY = {
     "explain": ("torchburn.backend.explainer", "explain"),
     "ExplainReport": ("torchburn.backend.explainer", "ExplainReport"),
     "backend": ("torchburn.backend", "torchburn_backend"),
+    "forget_kept": ("torchburn.backend.launcher", "forget_kept"),
     "LLM": ("torchburn.llm", "LLM"),
     **{name: ("torchburn.runtime.gpu", name) for name in ("gpu_available", "gpu_info", "active_engine")},
     **{name: ("torchburn.quant", name) for name in (

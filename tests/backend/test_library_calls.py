@@ -151,7 +151,8 @@ def test_cached_mode_applies_a_search_made_earlier(tuning: None, monkeypatch: py
     prepared = slow_down(monkeypatch, loser="ours")
     model = ResidualConvs().eval()
     x = torch.randn(2, 16, 12, 12)
-    torchburn.explain(model, x)
+    with torch.no_grad():  # the workload names the weights as constants in inference: as below
+        torchburn.explain(model, x)
     prepared.clear()
     with torch.no_grad():
         fast = torch.compile(model, backend="torchburn", options={"tune": "cached"})
@@ -355,3 +356,22 @@ def test_subgraphs_between_library_calls_are_compiled_for_their_inputs_real_stri
     assert backward.library_calls and len(backward.subgraphs) >= 2
     assert all(s.compiled for s in forward.subgraphs + backward.subgraphs)
     assert slow_calls == []
+
+
+def test_a_record_made_in_training_is_not_applied_in_inference(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In inference our candidate keeps its packed weight between runs (`keep-constant-prep`):
+    it is measured so, under its own record, not by one measured packing every run."""
+    prepared = slow_down(monkeypatch, loser="ours")
+    model = ResidualConvs().eval()
+    x = torch.randn(2, 16, 12, 12)
+    torchburn.explain(model, x)  # grad mode on, weights requiring grad: no constant inputs
+    prepared.clear()
+    with torch.no_grad():
+        fast = torch.compile(model, backend="torchburn", options={"tune": "cached"})
+        reports = rep.start_recording()
+        try:
+            got = fast(x)
+        finally:
+            rep.stop_recording()
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    assert prepared == [] and reports[0].library_calls == []  # no record for it: ours, unmeasured

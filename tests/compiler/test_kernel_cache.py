@@ -245,4 +245,4 @@ def test_compile_streams_kernels_to_llvm(fresh: kc.KernelCache) -> None:
     assert compiled.llvm_ir == jit.join_modules(list(emit_program_parts(program, driver.configured_target())))
     pipeline = Pipeline.default()
     assert [name for name, _ in compiled.pass_times] == [p.spelling() for p in (*pipeline.tensor, pipeline.lowering)] + [
-        "dedup-kernels"] + [p.spelling() for p in (*pipeline.loop, *pipeline.final)]
+        "dedup-kernels", "keep-constant-prep"] + [p.spelling() for p in (*pipeline.loop, *pipeline.final)]

@@ -294,7 +294,7 @@ def test_error_has_position_and_caret() -> None:
     (parse_kernel, "kernel @k(%x: f32[4]) {\n  %x[0] = select(true, 1.0:f32)\n}", 2, 11, "select takes 3 arguments"),
     (parse_kernel, "program @p() -> () {\n}", 1, 1, "expected 'kernel' but found 'program'"),
     (parse_kernel, "kernel @k() {\n}\nkernel @j() {\n}", 3, 1, "unexpected 'kernel' after the end"),
-    (parse_program, "program @p() -> () {\n  tmp %t: f32[4]\n}", 2, 3, "expected 'temp', 'workspace', 'call'"),
+    (parse_program, "program @p() -> () {\n  tmp %t: f32[4]\n}", 2, 3, "expected 'temp', 'workspace', 'constant', 'kept', 'call'"),
     (parse, "", 1, 1, "expected 'graph', 'kernel' or 'program' but found end of input"),
     (parse, "graph @g() {\n  return\n}\nfoo", 4, 1, "expected 'graph', 'kernel' or 'program' but found 'foo'"),
 ])
@@ -380,3 +380,15 @@ def test_program_returns_a_result_viewed_in_another_shape() -> None:
     with pytest.raises(VerificationError, match="not contiguous"):
         verify(parse_program(text.replace("return %out0 as [s0, 2, 3], %y", "return %y as [s0, 6], %y")
                              .replace("%y: f32[s0, 6] strides [6, 1]) ->", "%y: f32[s0, 6] strides [12, 1]) ->")))
+
+
+def test_constant_inputs_round_trip_and_take_part_in_the_hash() -> None:
+    from torchburn.ir.hashing import structural_hash
+
+    text = ("graph @main(%x: f32[4, 8], %w: f32[8, 4] const) {\n"
+            "  %0 = matmul(%x, %w) : f32[4, 4]\n  return %0\n}\n")
+    g = parse_graph(text)
+    assert [v.constant for v in g.inputs] == [False, True]  # type: ignore[union-attr]
+    assert str(g) == text
+    # a program compiled for constant weights keeps work between calls: not the same program
+    assert structural_hash(g) != structural_hash(parse_graph(text.replace(" const", "")))

@@ -344,6 +344,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             outcome.gpu_launcher = compile_subgraph(sub, name, pipeline, sub_report)
             if outcome.gpu_launcher is not None:
                 return None
+        _mark_constants(module, name, sub)
         try:
             graph = import_graph(sub, name=name)
             compiled, hit = compile_graph(graph, pipeline, fx_source=functools.partial(_fx_source, sub), target=target)
@@ -396,6 +397,52 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
             _install(module, name, sub, outcome.launcher)
     report.stages["subgraphs"] = time.perf_counter() - t0 - report.stages["partition"]
     return module, manifest
+
+
+def _mark_constants(module: torch.fx.GraphModule, name: str, sub: torch.fx.GraphModule) -> None:
+    """Mark the placeholders of subgraph `name` that receive a constant input of the whole
+    graph (`CONSTANT_META`, set by `torchburn_backend`), so its import marks them `const`."""
+    from ..frontend.meta_keys import CONSTANT_META
+
+    call = next((n for n in module.graph.nodes if n.op == "call_module" and n.target == name), None)
+    if call is None:
+        return
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(call.args):
+        return
+    for ph, arg in zip(placeholders, call.args):
+        if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" and arg.meta.get(CONSTANT_META):
+            ph.meta[CONSTANT_META] = True
+
+
+def constant_inputs(example_inputs: Sequence[Any], sources: Sequence[Optional[str]], grad_enabled: bool) -> list[int]:
+    """Positions of the Dynamo graph's inputs that are a module's parameters or buffers, when
+    the graph is an inference graph (grad mode off, or no input requiring grad): what a
+    compiled program computes from them alone may be kept across calls (`keep-constant-prep`),
+    its launcher checking each call that they are the same tensors at the same version. A
+    training graph marks none (its weights change every step)."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if grad_enabled and any(x.requires_grad for x in tensors):
+        return []
+    return [k for k, x in enumerate(example_inputs)
+            if isinstance(x, torch.nn.Parameter)
+            or (isinstance(x, torch.Tensor) and k < len(sources) and "._buffers[" in (sources[k] or ""))]
+
+
+def _mark_graph_constants(g: torch.fx.GraphModule, example_inputs: Sequence[Any], positions: Sequence[int]) -> None:
+    """Mark AOTAutograd's forward placeholders at the Dynamo inputs' `positions` constant,
+    where its inputs are Dynamo's, one for one (same count, and shape and dtype agree)."""
+    from ..frontend.meta_keys import CONSTANT_META
+
+    placeholders = [n for n in g.graph.nodes if n.op == "placeholder"]
+    if not positions or len(placeholders) != len(example_inputs):
+        return
+    for k in positions:
+        val, x = placeholders[k].meta.get("val"), example_inputs[k]
+        if not (isinstance(val, torch.Tensor) and val.shape == x.shape and val.dtype == x.dtype):
+            return
+    for k in positions:
+        placeholders[k].meta[CONSTANT_META] = True
 
 
 class InternalCompilerError(RuntimeError):
@@ -602,9 +649,11 @@ def torchburn_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     grad_enabled = torch.is_grad_enabled()
     observers = list(_observers.stack)
     modules: Optional[list[torch.fx.GraphModule]] = [] if observers else None
-    sources = _input_sources(gm) if observers else []
+    sources = _input_sources(gm)
+    constants = constant_inputs(example_inputs, sources, grad_enabled)
 
     def fw(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        _mark_graph_constants(g, example_inputs, constants)
         fn = compile_fx_graph(g, inputs, pipeline=pipeline, kind="forward", modules=modules)
         compilations.forward.append((g, fn, inference_path.fw_metadata()))
         return fn

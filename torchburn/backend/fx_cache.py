@@ -34,6 +34,7 @@ import torch.fx
 from blake3 import blake3
 
 from . import report as rep
+from ..frontend.meta_keys import CONSTANT_META
 from ..runtime.config import Config
 from .launcher import Launcher, LauncherSpec
 from ..runtime.disk_cache import DiskCache, source_digest
@@ -198,6 +199,8 @@ def graph_key(gm: torch.fx.GraphModule, kind: str, config: Config, pipeline: str
                 return None
             h.update(f"{node.name}={digest}\n".encode("utf-8"))
         h.update(f"{node.name}:{_describe(node.meta.get('val'))}\n".encode("utf-8"))
+        if node.op == "placeholder" and node.meta.get(CONSTANT_META):
+            h.update(b"const\n")
     return "fx" + h.hexdigest()
 
 

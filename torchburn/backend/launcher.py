@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -71,8 +72,22 @@ class LaunchStats:
     mismatches: list[str] = field(default_factory=list)
 
 
+#: Counts `forget_kept()` calls; a kept key of another count is stale.
+_KEPT_EPOCH = [0]
+
+
+def forget_kept() -> None:
+    """Make every compiled program compute its kept temporaries (`Program.kept`: weights
+    packed once, `keep-constant-prep`) again on its next call: for a weight written in a way
+    its version counter does not see (through `.data`, or by native code)."""
+    _KEPT_EPOCH[0] += 1
+
+
 class _Workspace(threading.local):
     buffer: Optional[torch.Tensor] = None
+    #: What the temporaries kept in this thread's workspace were computed from (`_fresh`): the
+    #: workspace's address and, per tensor, a weak reference, its data pointer and its version.
+    kept_key: Optional[tuple[int, tuple[tuple[Any, int, int], ...], int]] = None
 
 
 class Launcher:
@@ -113,6 +128,7 @@ class Launcher:
         return {
             "__name__": __name__,
             "_entry": self.entry, "_empty": torch.empty, "_slow": self._slow, "_ws": self._workspace,
+            "_fresh": self._fresh,
             "_faults": faults.counter, "_fault": self._fault,
             "_Ptrs": ctypes.c_void_p * self.spec.n_pointers,
             "_Syms": ctypes.c_int64 * max(self.spec.n_symbols, 1),
@@ -129,12 +145,39 @@ class Launcher:
             self._ws.buffer = buf
         return buf.data_ptr()
 
+    def _fresh(self, workspace: int, tensors: tuple[torch.Tensor, ...]) -> int:
+        """1 when the program must compute its kept temporaries (`Program.kept`) again, else 0:
+        they live in this thread's workspace, computed by the last call from `tensors` (its
+        `kept_from` inputs); they are stale when the workspace moved or any of those is another
+        tensor, has other memory or a moved version counter (an in-place write: an optimizer
+        step, `load_state_dict`, `copy_` under `no_grad`). An inference tensor has no version
+        counter: nothing is kept for it, every call computes them.
+
+        A write through `.data` (`w.data.mul_(2)`) bypasses the version counter and is not
+        seen: write the parameter itself under `torch.no_grad()`, or run
+        `torchburn.forget_kept()` after such a write."""
+        state = self._ws
+        key = state.kept_key
+        if key is not None and key[0] == workspace and _KEPT_EPOCH[0] == key[2]:
+            for (ref, ptr, version), t in zip(key[1], tensors):
+                if ref() is not t or t.data_ptr() != ptr or t._version != version:
+                    break
+            else:
+                return 0
+        if any(t.is_inference() for t in tensors):
+            state.kept_key = None
+        else:
+            state.kept_key = (workspace, tuple((weakref.ref(t), t.data_ptr(), t._version) for t in tensors),
+                              _KEPT_EPOCH[0])
+        return 1
+
     def _fault(self, *args: Any) -> Any:
         """The native call counted a fault (`runtime/faults.py`). An access out of range
         (bounds mode) raises `OutOfBounds`; otherwise (an integer divisor of 0) PyTorch runs
         the call again and raises eager's own error, and when the fault was another thread's,
         its values are this call's result."""
         self.stats.faults += 1
+        self._ws.kept_key = None  # the call stopped short: what it kept may be half written
         out_of_bounds = faults.take_out_of_bounds()
         if out_of_bounds is not None:  # TORCHBURN_DEBUG=bounds: a compiler bug, not the user's
             raise out_of_bounds

@@ -222,6 +222,8 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     if checks:
         body.append(f"if {' or '.join(checks)}:")
         body.append(f"    return _slow({slow_args}, why='dtype, device, sizes or strides differ from the compiled ones')")
+    if p.kept:  # passed by `_fresh` below
+        bound.add(lp.REFRESH)
     for s in p.symbols:
         if s.name not in bound:
             raise ValueError(f"symbol {s.name} cannot be bound from the inputs")
@@ -236,6 +238,16 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     syms = [s.name for s in p.symbols]
     sym_arg = f"_Syms({', '.join(syms)})" if syms else "_NOSYMS"
     ws = "None" if p.workspace_bytes == Const(0) else f"_ws({python_expr(p.workspace_bytes)})"
+    tensor_args = [i for i, v in enumerate(g.inputs) if isinstance(v, Value)]
+    if p.kept:
+        # Temporaries kept in the workspace from the last call (`Program.kept`): computed again
+        # when the tensors they come from, or the workspace, are not the last call's
+        # (`Launcher._fresh`: identity, memory, version counter)
+        position = {b.name: k for k, b in enumerate(p.inputs)}
+        keyed = [f"a{tensor_args[position[name]]}" for name in p.kept_from]
+        body.append(f"_w = {ws}")
+        body.append(f"{lp.REFRESH} = _fresh(_w, {_tuple_src(keyed) if keyed else '()'})")
+        ws = "_w"
     call = f"_entry(_Ptrs({', '.join(ptrs)}), {sym_arg}, {ws})"
     if can_fault(p) or get_config().bounds_check:
         # the fault counter moved during the call: a divisor was 0 (here or in a concurrent
@@ -247,7 +259,6 @@ def launcher_spec(graph: Graph, program: lp.Program) -> LauncherSpec:
     # Graph outputs, as the program says (not `g.outputs`: on a cache hit `g` never went
     # through the passes that may forward an input or merge two outputs); inputs returned
     # directly are copied. Program inputs are the graph's tensor inputs, in order.
-    tensor_args = [i for i, v in enumerate(g.inputs) if isinstance(v, Value)]
     stored = lp.written_inputs(p)  # an in-place write (`inplace_writes.py`): the input itself
     source_of = {b.name: f"a{i}" if b.name in stored else f"a{i}.clone()" for b, i in zip(p.inputs, tensor_args)}
     source_of.update({b.name: f"o{k}" for k, b in enumerate(p.outputs)})

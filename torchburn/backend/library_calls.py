@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..frontend.dtypes import to_ir
 from ..frontend.lowerings.nn import CONV_FORM
+from ..frontend.meta_keys import CONSTANT_META
 from ..runtime.tuner import Candidate, Choice, Tuner
 
 log = logging.getLogger("torchburn")
@@ -89,7 +90,17 @@ def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
         shape, stride, dtype = desc
         tensors.append([list(shape), list(stride), str(dtype).replace("torch.", "")])
     others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
-    return {"op": TUNABLE[node.target], "tensors": tensors, "args": repr(others)}
+    work = {"op": TUNABLE[node.target], "tensors": tensors, "args": repr(others)}
+    # inputs that are parameters in inference: our candidate keeps what it computes from them
+    # alone (its packed weight) between the runs measured, as the compiled graph will
+    constant = [k for k, arg in enumerate(node.all_input_nodes) if _constant(arg)]
+    if constant:
+        work["constant"] = constant
+    return work
+
+
+def _constant(arg: torch.fx.Node) -> bool:
+    return arg.op == "placeholder" and bool(arg.meta.get(CONSTANT_META))
 
 
 def describe(node: torch.fx.Node) -> str:
@@ -126,6 +137,8 @@ def _single_node_graph(node: torch.fx.Node, meta: Optional[dict[str, Any]] = Non
     for i, arg in enumerate(node.all_input_nodes):
         p = g.placeholder(f"arg{i}")
         p.meta["val"] = arg.meta["val"]
+        if _constant(arg):
+            p.meta[CONSTANT_META] = True
         env[arg] = p
     new = g.node_copy(node, lambda n: env[n])
     new.meta = {**node.meta, **(meta or {})}

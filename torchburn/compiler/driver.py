@@ -287,15 +287,19 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
 def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], target: "Target",
                   use_kernel_cache: bool, stream: Any = None) -> "Program":
     """The pipeline's passes on `graph`: the tensor passes and the lowering on the whole graph,
-    `dedup-kernels`, then the loop passes once per distinct kernel (`kernel_cache.py`: results
-    reused across graphs unless `use_kernel_cache` is off), then the final passes. With an
-    engine's `stream` (`engines.KernelStream`), each kernel goes to it as its passes finish."""
+    `dedup-kernels` and `keep-constant-prep` (both read the calls, so they run on the whole
+    program, before the per-kernel phase: a kernel they change is still streamed once), then
+    the loop passes once per distinct kernel (`kernel_cache.py`: results reused across graphs
+    unless `use_kernel_cache` is off), then the final passes. With an engine's `stream`
+    (`engines.KernelStream`), each kernel goes to it as its passes finish."""
     from ..ir.loop import Program
     from ..passes.base import PassError, PassManager
     from ..passes.loop.dedup_kernels import DedupKernels
+    from ..passes.loop.keep_constant_prep import KeepConstantPrep
     from .kernel_cache import run_loop_phase
 
-    front = PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels()], instruments, target=target)
+    front = PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels(), KeepConstantPrep()], instruments,
+                        target=target)
     program = front.run(graph)
     if not isinstance(program, Program):
         raise PassError(f"the lowering pass gave {type(program).__name__}, not a loop Program")

@@ -26,6 +26,7 @@ from . import lowerings  # noqa: F401  (registers lowerings)
 from .builder import Builder
 from .dtypes import to_ir
 from .inplace_writes import is_marked
+from .meta_keys import CONSTANT_META
 from .registry import Unsupported, get_lowering
 from .symbols import same_size, shape_to_exprs, size_to_expr
 
@@ -64,7 +65,8 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "main") -> Graph:
                 graph.inputs.append(e)
             elif isinstance(val, torch.Tensor):
                 shape = shape_to_exprs(val.shape)
-                v = Value(node.name, TensorType(to_ir(val.dtype), shape), _input_strides(val, shape))
+                v = Value(node.name, TensorType(to_ir(val.dtype), shape), _input_strides(val, shape),
+                          constant=bool(node.meta.get(CONSTANT_META)))
                 env[node] = v
                 graph.inputs.append(v)
             elif isinstance(val, (int, float, bool)):

@@ -191,6 +191,10 @@ class KernelCall:
         return self.offsets[i] if self.offsets else None
 
 
+#: The program symbol that says the kept temporaries must be computed again (`Program.kept`).
+REFRESH = "refresh"
+
+
 @dataclass(frozen=True)
 class Program:
     """A compiled graph: inputs and outputs (caller's memory), temporaries (workspace), and the
@@ -198,7 +202,9 @@ class Program:
     scalar inputs (`symbol_inputs`), in the order of `symbols`. A final `return` line says
     what the graph returns when it is not just `outputs` in order (see `results`), and which
     results are an output buffer viewed in another shape, `return %out0 as [64, 32, 3, 3]`
-    (see `result_views`):
+    (see `result_views`). A `constant %w` line names the inputs the caller keeps unchanged
+    between calls, a `kept %t from %w` line the temporaries whose values outlive a call
+    (`constant_inputs`, `kept`, `kept_from`; `keep-constant-prep`):
 
         program @f(%x: f16[] strides []) -> () {
           return %x
@@ -234,6 +240,18 @@ class Program:
     #: lowers to `call @k0(%b, %a, %out0)` into `%out0: f32[64, 288]` and
     #: `return %out0 as [64, 32, 3, 3]`, where it was a GEMM into a temporary and a copy kernel.
     result_views: tuple[tuple[int, tuple[Expr, ...]], ...] = field(default=())
+    #: Inputs the caller keeps unchanged between calls unless the tensor, its memory or its
+    #: version counter changes (graph inputs marked `const`: parameters and buffers in
+    #: inference), printed `constant %w0, %w1`.
+    constant_inputs: tuple[str, ...] = field(default=())
+    #: Temporaries whose values outlive the call (`keep-constant-prep`), printed
+    #: `kept %k0_ws0 from %w0`: each is written only by statements run under `if refresh != 0`
+    #: that read nothing but the `kept_from` inputs (all constant) and other kept temporaries.
+    #: The caller passes the symbol `refresh` (`REFRESH`) as 1 on the first call and whenever a
+    #: `kept_from` input, or the workspace, is not the one of the last call, else 0. Memory
+    #: planning places them first in the workspace and never reuses their bytes.
+    kept: tuple[str, ...] = field(default=())
+    kept_from: tuple[str, ...] = field(default=())
 
     def result_view(self, k: int) -> Optional[tuple[Expr, ...]]:
         """The shape result `k` is returned viewed in, or None (the buffer as it is)."""

@@ -258,6 +258,13 @@ class _Parser:
             self.expect(close)
         return items
 
+    def value_names(self, what: str) -> tuple[str, ...]:
+        """`%a, %b, ...`: one name or more, separated by commas."""
+        names = [self.expect("value", what).text]
+        while self.accept(","):
+            names.append(self.expect("value", what).text)
+        return tuple(names)
+
     def expect_end(self) -> None:
         tok = self.peek()
         if tok.kind != "eof":
@@ -666,6 +673,9 @@ class _Parser:
         calls: list[lp.KernelCall] = []
         results: tuple[str, ...] = ()
         result_views: tuple[tuple[int, tuple[ex.Expr, ...]], ...] = ()
+        constant_inputs: tuple[str, ...] = ()
+        kept: tuple[str, ...] = ()
+        kept_from: tuple[str, ...] = ()
         while not self.accept("}"):
             tok = self.peek()
             if self.at_keyword("return"):
@@ -681,6 +691,12 @@ class _Parser:
                     offsets.append((t.name, self.expr()))
             elif self.accept("ident", "workspace"):
                 workspace = self.expr()
+            elif self.accept("ident", "constant"):
+                constant_inputs = self.value_names("an input (%name)")
+            elif self.accept("ident", "kept"):
+                kept = self.value_names("a temporary (%name)")
+                self.expect_keyword("from")
+                kept_from = self.value_names("an input (%name)")
             elif self.accept("ident", "call"):
                 kernel = self.expect("func", "a kernel name (@name)").text
                 self.expect("(")
@@ -689,12 +705,13 @@ class _Parser:
                 calls.append(lp.KernelCall(kernel, tuple(a for a, _ in pairs),
                                            views if any(off is not None for off in views) else ()))
             else:
-                raise self.error(f"expected 'temp', 'workspace', 'call' or '}}' but found {tok.describe()}", tok)
+                raise self.error(f"expected 'temp', 'workspace', 'constant', 'kept', 'call' or '}}' but found "
+                                 f"{tok.describe()}", tok)
         kernels: list[lp.Kernel] = []
         while self.at_keyword("kernel"):
             kernels.append(self.kernel())
         return lp.Program(name, inputs, outputs, tuple(temps), symbols, tuple(calls), tuple(kernels),
-                          tuple(offsets), workspace, results, result_views)
+                          tuple(offsets), workspace, results, result_views, constant_inputs, kept, kept_from)
 
     def _returned(self) -> tuple[str, Optional[tuple[ex.Expr, ...]]]:
         """One entry of a program's `return` line: `%name`, or `%name as [d0, d1, ...]`."""
@@ -727,7 +744,7 @@ class _Parser:
         strides = self.dims() if self.accept("ident", "strides") else None
         if strides is not None and len(strides) != t.rank:
             raise self.error(f"input %{tok.text}: {t.rank} dims but {len(strides)} strides", tok)
-        v = Value(tok.text, t, strides)
+        v = Value(tok.text, t, strides, constant=self.accept("ident", "const"))
         self.define_value(v, tok)
         return v
 

@@ -246,6 +246,8 @@ class Printer:
                 s = f"{self.value_name(v.name)}: {self.tensor_type(v.type)}"
                 if v.strides is not None:
                     s += f" strides {self.dims(v.strides)}"
+                if getattr(v, "constant", False):
+                    s += " const"
                 params.append(s)
         lines = [f"graph {self.func_name(g.name)}({', '.join(params)}) {{"]
         for op in g.ops:
@@ -326,6 +328,11 @@ class Printer:
             lines.append(line)
         if p.temps:
             lines.append(f"  workspace {self.expr(p.workspace_bytes)}")
+        if p.constant_inputs:
+            lines.append("  constant " + ", ".join(self.value_name(n) for n in p.constant_inputs))
+        if p.kept:
+            lines.append("  kept " + ", ".join(self.value_name(n) for n in p.kept) + " from "
+                         + ", ".join(self.value_name(n) for n in p.kept_from))
         for c in p.calls:
             args = []
             for i, a in enumerate(c.args):

@@ -2,11 +2,13 @@
 
 Values are typed (`f32[s0, 1024]`); dimensions are index expressions, so symbolic sizes are
 first class. Ops are generic (a name, operands, attributes, results), checked against the
-definitions in `ops.py`. Graphs are mutable: passes edit them in place, as in MLIR.
+definitions in `ops.py`. Graphs are mutable: passes edit them in place, as in MLIR. An input
+marked `const` is one the caller keeps unchanged between calls unless the tensor, its memory or
+its version changes (a parameter in inference: `Value.constant`).
 
 Text form:
 
-    graph @main(%x: f32[s0, 512], %w: f32[1024, 512]) {
+    graph @main(%x: f32[s0, 512], %w: f32[1024, 512] const) {
       %0 = permute(%w) {dims = [1, 0]} : f32[512, 1024]
       %1 = matmul(%x, %0) : f32[s0, 1024]
       return %1
@@ -49,6 +51,11 @@ class Value:
     #: Strides of a graph input in memory; None means row-major contiguous.
     strides: Optional[tuple[Expr, ...]] = None
     producer: Optional["Op"] = field(default=None, repr=False)
+    #: A graph input the caller keeps unchanged from call to call unless the tensor itself, its
+    #: memory or its version counter changes (a module's parameter or buffer in inference),
+    #: printed `%w: f32[64, 64, 3] const`. What a kernel computes from such inputs alone may be
+    #: kept across calls (`keep-constant-prep`).
+    constant: bool = False
 
     @property
     def dtype(self) -> DType:

@@ -614,6 +614,20 @@ def verify_program(p: lp.Program, planned: bool = False) -> None:
             if t.name not in offsets:
                 raise VerificationError(where, f"temporary %{t.name} has no workspace offset")
     symbolic(p.workspace_bytes, "workspace size")
+    input_names = {b.name for b in p.inputs}
+    for name in p.constant_inputs:
+        if name not in input_names:
+            raise VerificationError(where, f"constant %{name} is not an input buffer")
+    for name in p.kept:
+        if name not in temp_names:
+            raise VerificationError(where, f"kept %{name} is not a temporary")
+        if offsets and not isinstance(offsets.get(name), ex.Const):
+            raise VerificationError(where, f"kept %{name} needs a constant workspace offset")
+    for name in p.kept_from:
+        if name not in p.constant_inputs:
+            raise VerificationError(where, f"kept temporaries are computed from %{name}, which is not a constant input")
+    if p.kept and lp.REFRESH not in symbols:
+        raise VerificationError(where, f"kept temporaries but no symbol {lp.REFRESH}")
 
     kernels = {k.name: k for k in p.kernels}
     for k in p.kernels:

@@ -9,7 +9,7 @@ pass between the two levels. tests/test_layering.py holds the rooms' import rule
 
 Importing this package registers every built-in CPU pass."""
 from . import base, lower_to_loops, pattern  # noqa: F401
-from .loop import (expand_math, fuse_sibling_loops, memory_plan, parallelize, simplify,  # noqa: F401
+from .loop import (expand_math, fuse_sibling_loops, keep_constant_prep, memory_plan, parallelize, simplify,  # noqa: F401
                    split_accumulators, split_reductions, tile, unroll, vectorize)
 from .tensor import canonicalize, fold_batch_norm, form_attention, fusion, qlinear_to_gemm  # noqa: F401
 from .quant import dequantize  # noqa: F401  (the `dequantize` op's loop rule)

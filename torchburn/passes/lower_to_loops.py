@@ -284,8 +284,10 @@ class LowerToLoops(Pass):
         result_views = tuple((k, tuple(v.shape)) for k, v in enumerate(graph.outputs) if v in viewed)
         if results == tuple(b.name for b in outputs) and not result_views:
             results = ()  # the common case, left implicit (see `Program.results`)
+        constant_inputs = tuple(buffers[v].name for v in graph.tensor_inputs() if v.constant)
         return lp.Program(graph.name, tuple(inputs), tuple(outputs), tuple(temps), symbols,
-                          tuple(calls), tuple(kernels), results=results, result_views=result_views)
+                          tuple(calls), tuple(kernels), results=results, result_views=result_views,
+                          constant_inputs=constant_inputs)
 
     def _slice_views(self, graph: Graph, buffers: dict[Value, lp.Buffer]) -> dict[str, tuple[str, Expr]]:
         """Give each constant slice of a buffer (not itself materialized) a view buffer in

@@ -8,7 +8,9 @@ enough for any vector load). An offset is kept as a constant plus each distinct 
 size times how often it occurs (`36864 + 3 * ((64 * s0 + 63) // 64 * 64)`), so offsets stay
 short however many temporaries of symbolic size precede them (summing the sizes one by one
 gave expressions growing with the count: 28,000 characters in a 30-layer prefill, printed,
-parsed, hashed and emitted per temporary).
+parsed, hashed and emitted per temporary). Temporaries kept across calls (`Program.kept`,
+`keep-constant-prep`) come first, at constant offsets, and their bytes are never reused: the
+caller's workspace holds them from one call to the next.
 
 Before:
 
@@ -81,7 +83,14 @@ class PlanMemory(LoopPass):
         slots: list[tuple[Expr, Expr, int]] = []  # (offset, size, free after call index)
         end = _Sum()
         offsets: list[tuple[str, Expr]] = []
+        kept = set(program.kept)
+        for t in program.temps:  # kept across calls: first, at constant offsets, never shared
+            if t.name in kept:
+                offsets.append((t.name, end.expr()))
+                end.add(align(buffer_bytes(t)))
         for t in sorted(program.temps, key=lambda t: first.get(t.name, 0)):
+            if t.name in kept:
+                continue
             size = align(buffer_bytes(t))
             start = first.get(t.name, 0)
             chosen = None

@@ -72,7 +72,8 @@ class ReferenceEntry:
 def bind_symbols(program: lp.Program, inputs: Mapping[str, np.ndarray],
                  given: Optional[Mapping[str, int]] = None) -> dict[str, int]:
     """Symbol values from the inputs' sizes (a dimension or stride that is a bare symbol
-    binds it; strides of inputs are taken row-major), plus any `given` ones."""
+    binds it; strides of inputs are taken row-major), plus any `given` ones; `refresh`
+    (`Program.kept`) is 1 unless given."""
     env = dict(given or {})
     for b in program.inputs:
         if b.name not in inputs:
@@ -87,6 +88,8 @@ def bind_symbols(program: lp.Program, inputs: Mapping[str, np.ndarray],
         for stride, value in zip(b.strides, row_major):
             if isinstance(stride, ex.Var):
                 env.setdefault(stride.name, value)
+    if program.kept:  # a run on fresh arrays: the kept temporaries are computed
+        env.setdefault(lp.REFRESH, 1)
     missing = [s.name for s in program.symbols if s.name not in env]
     if missing:
         raise ExecutionError(f"cannot bind symbol(s) {', '.join(missing)} from the inputs' sizes; give them")
