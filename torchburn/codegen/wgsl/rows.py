@@ -25,7 +25,7 @@ workgroup of several rows take part in the barriers but load and store nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Collection, Optional
 
 from ...ir import expr as ex
 from ...ir import loop as lp
@@ -155,9 +155,7 @@ class RowsEmitter(KernelEmitter):
                 ok = False
             else:
                 # an update `%acc[0] = %acc[0] op x` is checked as `let probe = x`
-                body = lp.block(*(self._probe(x) if isinstance(x, lp.Store) and x.buffer in accs else x
-                                  for x in _stmts(f.body)))
-                ok = self._plan_vec4([f], body)
+                ok = self._plan_vec4([f], self._probed(f, accs))
                 if ok:
                     varying |= self.vector_vars
             if not ok:
@@ -240,10 +238,7 @@ class RowsEmitter(KernelEmitter):
         self.line(f"let tb_sub = tb_lane / {per_block}u;")
         self.line(f"let tb_l = i32(tb_lane % {per_block}u){' * 4i' if vec else ''};")
         if vec:
-            for a in accs:
-                d = self.locals[a].buffer.dtype
-                t = value_type(d, self.caps)
-                self.line(f"var tb_va_{a} = vec4<{t}>({const_text(identity(ops_[a], d), d, self.caps)});")
+            self._open_vec_accs(ops_)
         self.line(f"for (var tb_bo: u32 = 0u; tb_bo < (u32({blocks}) + {g - 1}u) / {g}u; tb_bo = tb_bo + 1u) {{")
         self.indent += 1
         self.line(f"let v_{s.var.name} = i32(tb_bo * {g}u + tb_sub);")
@@ -272,16 +267,26 @@ class RowsEmitter(KernelEmitter):
         self.indent -= 1
         self.line("}")
         if vec:
-            for a in accs:
-                c = ops.COMBINE[ops_[a]]
-                lo = ops.fill(c, a=f"tb_va_{a}.x", b=f"tb_va_{a}.y")
-                hi = ops.fill(c, a=f"tb_va_{a}.z", b=f"tb_va_{a}.w")
-                self.line(f"l_{a} = {ops.fill(c, a=f'l_{a}', b=ops.fill(c, a=lo, b=hi))};")
+            self._fold_vec_accs(ops_)
             self.vec_offsets = False
             self.blocks_vec = True
         self.pending += list(ops_.items())
 
-    def _probed(self, f: lp.For, accs: list[str]) -> lp.Stmt:
+    def _open_vec_accs(self, ops_: dict[str, str]) -> None:
+        """Declare a vec4 partial (the combiner's identity) per accumulator of a vec4 loop."""
+        for a, op in ops_.items():
+            d = self.locals[a].buffer.dtype
+            self.line(f"var tb_va_{a} = vec4<{value_type(d, self.caps)}>({const_text(identity(op, d), d, self.caps)});")
+
+    def _fold_vec_accs(self, ops_: dict[str, str]) -> None:
+        """Combine each vec4 partial's four lanes into its scalar accumulator."""
+        for a, op in ops_.items():
+            c = ops.COMBINE[op]
+            lo = ops.fill(c, a=f"tb_va_{a}.x", b=f"tb_va_{a}.y")
+            hi = ops.fill(c, a=f"tb_va_{a}.z", b=f"tb_va_{a}.w")
+            self.line(f"l_{a} = {ops.fill(c, a=f'l_{a}', b=ops.fill(c, a=lo, b=hi))};")
+
+    def _probed(self, f: lp.For, accs: Collection[str]) -> lp.Stmt:
         """The body of an element loop with its accumulator updates as `let`s of what they add."""
         return lp.block(*(self._probe(x) if isinstance(x, lp.Store) and x.buffer in accs else x
                           for x in _stmts(f.body)))
@@ -316,10 +321,7 @@ class RowsEmitter(KernelEmitter):
             if a not in self.locals or op not in ops.COMBINE:
                 raise WgslUnsupported(f"row loop accumulator {a}={op} is not a scalar local with a combiner")
         if self.vec == 4:
-            for a in accs:
-                d = self.locals[a].buffer.dtype
-                t = value_type(d, self.caps)
-                self.line(f"var tb_va_{a} = vec4<{t}>({const_text(identity(ops_[a], d), d, self.caps)});")
+            self._open_vec_accs(ops_)
             self.vec_accs = set(accs)
             self.vec_var = s.var.name
         n_elems = ex.floordiv(s.extent, Const(self.vec)) if self.vec > 1 else s.extent
@@ -352,11 +354,7 @@ class RowsEmitter(KernelEmitter):
             self.line("}")
         self.in_lanes = None
         if self.vec == 4:
-            for a in accs:
-                c = ops.COMBINE[ops_[a]]
-                lo = ops.fill(c, a=f"tb_va_{a}.x", b=f"tb_va_{a}.y")
-                hi = ops.fill(c, a=f"tb_va_{a}.z", b=f"tb_va_{a}.w")
-                self.line(f"l_{a} = {ops.fill(c, a=f'l_{a}', b=ops.fill(c, a=lo, b=hi))};")
+            self._fold_vec_accs(ops_)
             self.vec_accs = set()
             self.vec_var = None
         self.pending += [(a, ops_[a]) for a in accs]

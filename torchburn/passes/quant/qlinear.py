@@ -189,10 +189,15 @@ def weight_element(kb: "KernelBuilder", ql: QLinear, n: Expr, k: Expr) -> Expr:
     byte = ex.cast(kb.value_at(ql.q, (n, ex.add(ex.mul(group, Const(h)), ex.sub(j, ex.mul(high, Const(h)))))), dt.i32)
     shift = ex.cast(ex.mul(high, Const(4)), dt.i32)
     code = kb.bind(ex.Binary("and", ex.Binary("shr", byte, shift, I32), Const(15, I32), I32), "q")
-    if ql.symmetric:
+    assert ql.symmetric or ql.mins is not None
+    low = None if ql.symmetric else _f32(kb.value_at(ql.mins, (n, group)))  # type: ignore[arg-type]
+    return _int4_weight(kb, code, scale, low)
+
+
+def _int4_weight(kb: "KernelBuilder", code: Expr, scale: Expr, low: Optional[Expr]) -> Expr:
+    """An int4 code (0..15) as its f32 weight: `(code - 8) * d` symmetric, `code * d + m` not."""
+    if low is None:
         return kb.bind(ex.Binary("mul", _f32(ex.Binary("sub", code, Const(8, I32), I32)), scale, F32), "w")
-    assert ql.mins is not None
-    low = _f32(kb.value_at(ql.mins, (n, group)))
     return kb.bind(ex.Binary("add", ex.Binary("mul", _f32(code), scale, F32), low, F32), "w")
 
 
@@ -204,31 +209,44 @@ def _store_epilogue(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, idx:
     kb.emit(lp.Store(out.name, idx, result))
 
 
-def build_qlinear_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
-    """One output element per iteration of a nest over the result, a scalar loop over k inside
-    (the GPU form, and the CPU form for operands the SIMD kernel cannot stream)."""
-    ql = QLinear.of(qop)
+def _per_output_nest(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, loop: str,
+                     reduce: Callable[[tuple[Var, ...], Var, Var, Expr], None]) -> lp.Stmt:
+    """A nest over the result, one output element an iteration: an f32 accumulator,
+    `reduce(lead, n, r, acc)` emitting the loops over `r` (a fresh `loop` variable) that add
+    into it, then the epilogue's store."""
     shape = qop.result.shape
     vars_ = kb.loops(shape, "i")
-    lead, n = vars_[:-1], vars_[-1]
-    k = Var(kb.fresh("k"))
+    r = Var(kb.fresh(loop))
     kb.push()
     acc = lp.Buffer(kb.fresh("acc"), dt.f32, (Const(1),), (Const(1),), "local")
     kb.emit(lp.Alloc(acc))
     kb.emit(lp.Store(acc.name, (Const(0),), Const(0.0, F32)))
-    kb.push()
-    xv = _f32(kb.value_at(ql.x, (*lead, k)))
-    w = weight_element(kb, ql, n, k)
-    cur = ex.Load(acc.name, (Const(0),), F32)
-    # An fma, not `acc + x * w`: `gpu-map` would take the latter for a plain matrix product,
-    # which the weight's index arithmetic is not.
-    kb.emit(lp.Store(acc.name, (Const(0),), _fma(xv, w, cur)))
-    kb.emit(lp.For(k, Const(0), ql.k, "serial", kb.pop()))
+    reduce(vars_[:-1], vars_[-1], r, ex.Load(acc.name, (Const(0),), F32))
     total = kb.bind(ex.Load(acc.name, (Const(0),), F32), "x")
     _store_epilogue(kb, root, qop, out, tuple(vars_), total)
     body = kb.pop()
     origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
     return kb.nest(vars_, shape, body, origin)
+
+
+def _add_to(kb: "KernelBuilder", acc: Expr, x: Expr, w: Expr) -> None:
+    """`acc = fma(x, w, acc)`. An fma, not `acc + x * w`: `gpu-map` would take the latter for a
+    plain matrix product, which the weight's index arithmetic is not."""
+    assert isinstance(acc, ex.Load)
+    kb.emit(lp.Store(acc.buffer, acc.index, _fma(x, w, acc)))
+
+
+def build_qlinear_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> lp.Stmt:
+    """One output element per iteration of a nest over the result, a scalar loop over k inside
+    (the GPU form, and the CPU form for operands the SIMD kernel cannot stream)."""
+    ql = QLinear.of(qop)
+
+    def reduce(lead: tuple[Var, ...], n: Var, k: Var, acc: Expr) -> None:
+        kb.push()
+        _add_to(kb, acc, _f32(kb.value_at(ql.x, (*lead, k))), weight_element(kb, ql, n, k))
+        kb.emit(lp.For(k, Const(0), ql.k, "serial", kb.pop()))
+
+    return _per_output_nest(kb, root, qop, out, "k", reduce)
 
 
 def build_qlinear_grouped(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> Optional[lp.Stmt]:
@@ -250,36 +268,24 @@ def build_qlinear_grouped(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer
     if ql.kind != "int4" or k_static is None or k_static % ql.group:
         return None
     g_size, h = ql.group, ql.group // 2
-    shape = qop.result.shape
-    vars_ = kb.loops(shape, "i")
-    lead, n = vars_[:-1], vars_[-1]
-    g = Var(kb.fresh("g"))
-    kb.push()
-    acc = lp.Buffer(kb.fresh("acc"), dt.f32, (Const(1),), (Const(1),), "local")
-    kb.emit(lp.Alloc(acc))
-    kb.emit(lp.Store(acc.name, (Const(0),), Const(0.0, F32)))
-    kb.push()
-    scale = kb.bind(_f32(kb.value_at(ql.scales, (n,) if ql.per_channel else (n, g))), "d")
-    low = None if ql.symmetric else kb.bind(_f32(kb.value_at(ql.mins, (n, g))), "m")  # type: ignore[arg-type]
-    for half in (0, 1):
-        j = Var(kb.fresh("j"))
+
+    def reduce(lead: tuple[Var, ...], n: Var, g: Var, acc: Expr) -> None:
         kb.push()
-        byte = ex.cast(kb.value_at(ql.q, (n, ex.add(ex.mul(g, Const(h)), j))), dt.i32)
-        nibble = ex.Binary("shr", byte, Const(4, I32), I32) if half else byte
-        code = kb.bind(ex.Binary("and", nibble, Const(15, I32), I32), "q")
-        if low is None:
-            w = kb.bind(ex.Binary("mul", _f32(ex.Binary("sub", code, Const(8, I32), I32)), scale, F32), "w")
-        else:
-            w = kb.bind(ex.Binary("add", ex.Binary("mul", _f32(code), scale, F32), low, F32), "w")
-        xv = _f32(kb.value_at(ql.x, (*lead, ex.add(ex.mul(g, Const(g_size)), ex.add(Const(half * h), j)))))
-        kb.emit(lp.Store(acc.name, (Const(0),), _fma(xv, w, ex.Load(acc.name, (Const(0),), F32))))
-        kb.emit(lp.For(j, Const(0), Const(h), "serial", kb.pop()))
-    kb.emit(lp.For(g, Const(0), Const(k_static // g_size), "serial", kb.pop()))
-    total = kb.bind(ex.Load(acc.name, (Const(0),), F32), "x")
-    _store_epilogue(kb, root, qop, out, tuple(vars_), total)
-    body = kb.pop()
-    origin = (("origin", "; ".join(kb.origins)),) if kb.origins else ()
-    return kb.nest(vars_, shape, body, origin)
+        scale = kb.bind(_f32(kb.value_at(ql.scales, (n,) if ql.per_channel else (n, g))), "d")
+        low = None if ql.symmetric else kb.bind(_f32(kb.value_at(ql.mins, (n, g))), "m")  # type: ignore[arg-type]
+        for half in (0, 1):
+            j = Var(kb.fresh("j"))
+            kb.push()
+            byte = ex.cast(kb.value_at(ql.q, (n, ex.add(ex.mul(g, Const(h)), j))), dt.i32)
+            nibble = ex.Binary("shr", byte, Const(4, I32), I32) if half else byte
+            code = kb.bind(ex.Binary("and", nibble, Const(15, I32), I32), "q")
+            w = _int4_weight(kb, code, scale, low)
+            x = _f32(kb.value_at(ql.x, (*lead, ex.add(ex.mul(g, Const(g_size)), ex.add(Const(half * h), j)))))
+            _add_to(kb, acc, x, w)
+            kb.emit(lp.For(j, Const(0), Const(h), "serial", kb.pop()))
+        kb.emit(lp.For(g, Const(0), Const(k_static // g_size), "serial", kb.pop()))
+
+    return _per_output_nest(kb, root, qop, out, "g", reduce)
 
 
 @dataclass(frozen=True)
