@@ -127,3 +127,19 @@ def test_training_graphs_keep_nothing(refreshes: list[tuple[int, int]]) -> None:
         out.sum().backward()
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     assert refreshes == []
+
+
+def test_explain_says_what_is_kept_and_training_keeps_nothing() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        text = str(torchburn.explain(model, x))
+    # both convolutions' packed weights (32 x 8 x 3 and 32 x 32 x 3 f32), from the two weights
+    line = next(ln for ln in text.splitlines() if "kept across calls" in ln)
+    assert "2 temporaries" in line and "from 2 constant inputs" in line, line
+    size = float(line.split("(")[1].split(" KiB")[0])
+    assert size * 1024 >= (32 * 8 * 3 + 32 * 32 * 3) * 4, line
+    torch._dynamo.reset()
+    text = str(torchburn.explain(model.train(), x.requires_grad_()))
+    assert "kept across calls" not in text, text

@@ -366,6 +366,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         if code_keys is not None:
             code_keys.append(compiled.code_key())
         sub_report.kernels = compiled.kernel_summary()
+        sub_report.kept = compiled.kept_summary()
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
         outcome.entry = {"name": name, "ops": sub_report.ops, "program": compiled.key, "launcher": spec.as_dict()}

@@ -140,6 +140,8 @@ def _graph_lines(g: rep.GraphReport) -> list[str]:
                 lines.append(f"    note: {s.engine_note}")
             if s.transfers is not None:
                 lines.append(f"    {s.transfers.line()}")
+            if s.kept:
+                lines.append(f"    {s.kept}")
             if any(INT8_ACTIVATIONS_TAG in k for k in s.kernels):
                 lines.append(f"    {INT8_NOTE}")
             for k in s.kernels:

@@ -301,6 +301,7 @@ def replay(gm: torch.fx.GraphModule, key: str, disk: DiskCache, report: rep.Grap
                             keepalive=compiled)
         sub_report.cache_hit = True
         sub_report.kernels = compiled.kernel_summary()
+        sub_report.kept = compiled.kept_summary()
         sub_report.timings = {"graph_cache_load": seconds}
         install(module, name, sub, launcher)
     return module

@@ -50,6 +50,9 @@ class SubgraphReport:
     engine_note: Optional[str] = None
     #: On the GPU engine: the bytes its calls moved to and from the device.
     transfers: Optional[Transfers] = None
+    #: What its program keeps in the workspace between calls (weights packed or folded once
+    #: in inference, `keep-constant-prep`), as `explain()` prints it; None when nothing.
+    kept: Optional[str] = None
 
 
 @dataclass

@@ -90,6 +90,26 @@ class CompiledProgram:
         """`name: origin` of each kernel, as `explain()` lists them."""
         return [f"{name}: {origin}" for name, origin in self.kernels]
 
+    def kept_summary(self) -> Optional[str]:
+        """What the program keeps in its workspace between calls (`Program.kept`, made by
+        `keep-constant-prep`: packed or folded weights), as `explain()` prints it, or None."""
+        from ..ir.expr import Const
+
+        program = self.signature()
+        if not program.kept:
+            return None
+        kept = [program.buffer(n) for n in program.kept]
+        nbytes = 0
+        for b in kept:  # kept temporaries have constant shapes (`keep-constant-prep`)
+            n = b.dtype.itemsize
+            for d in b.shape:
+                n *= d.value if isinstance(d, Const) else 0
+            nbytes += n
+        temps = f"{len(kept)} temporar{'y' if len(kept) == 1 else 'ies'}"
+        froms = f"{len(program.kept_from)} constant input{'' if len(program.kept_from) == 1 else 's'}"
+        return (f"kept across calls: {temps} ({_size_text(nbytes)}) computed from {froms} (parameters or "
+                "buffers), computed again only when one of them changes (torchburn.forget_kept() forces it)")
+
     def signature(self) -> "Program":
         """The program's buffers, symbols, workspace and calls (its kernels' bodies only if
         they are at hand already)."""
@@ -362,3 +382,12 @@ def _store_to_disk(disk: DiskCache, key: str, program: "Program", obj: "jit.Obje
         log.warning("torchburn: program %s does not survive print and parse; not cached on disk", program.name)
         return
     disk.store(CacheEntry(key, text, obj, entry_name, kernel_origins(program)))
+
+
+def _size_text(nbytes: int) -> str:
+    """`1.5 MiB`, `12.0 KiB` or `640 B`."""
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.1f} MiB"
+    if nbytes >= 1 << 10:
+        return f"{nbytes / (1 << 10):.1f} KiB"
+    return f"{nbytes} B"
