@@ -101,7 +101,8 @@ def encode_ab(launcher: Any, rounds: int = 7, iters: int = 50) -> dict[str, floa
 def kernel_times(launcher: Any, top: int, iters: int = 20) -> dict[str, Any]:
     """Device time of the last run's dispatches of `launcher`'s program: all of them back to back
     in one pass (`iters` runs a submission, median of 5), and each one alone, summed per kernel;
-    host-measured (submit to done), so a dispatch alone includes a submission's fixed cost / iters."""
+    on the device clock where the adapter has timestamp queries, else host-measured (submit to
+    done), so a dispatch alone includes a submission's fixed cost / iters."""
     prog = launcher.gpu
     last = prog._last_dispatches
     if last is None:

@@ -313,3 +313,20 @@ def test_an_output_that_reshapes_a_product_is_its_buffer_viewed(gpu) -> None:  #
     for n in (4, 9):
         check_gpu(lambda x: (x @ w).reshape(x.shape[0], 5, 3, 2), torch.randn(n, 5, 7), rtol=1e-4, atol=1e-4,
                   dynamic=True)
+
+
+def test_benchmark_times_the_programs_runs(gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GpuLauncher.benchmark` (the GPU sweep's and the tuner's clock): a positive time per run
+    from the device clock where the adapter has timestamps, else from the host; and the runs
+    it times leave the result as a run does."""
+    from torchburn.backend import gpu_launcher
+
+    monkeypatch.setattr(gpu_launcher.GpuLauncher, "record_args", True)
+    before = set(map(id, gpu_launcher.recent_launchers()))
+    x, w = torch.randn(1, 64), torch.randn(96, 64)
+    check_gpu(lambda a, b: torch.relu(a @ b.t()), x, w)
+    launchers = [z for z in gpu_launcher.recent_launchers() if id(z) not in before]
+    assert launchers
+    for z in launchers:
+        t = z.benchmark(*z.last_args, iters=3)
+        assert 0 < t < 10, t

@@ -966,16 +966,38 @@ class GpuProgram:
 
     def _time(self, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], iters: int, rounds: int = 5) -> float:
         """Seconds per run: the median of `rounds` submissions of `iters` runs each, after one
-        run to warm up (one submission alone moved by 5-10% between runs on the H200)."""
+        run to warm up (one submission alone moved by 5-10% between runs on the H200). Where
+        the device has timestamp queries, the pass's own start and end on the device's clock;
+        else host-measured, submit to done, so a submission's fixed cost (tens of
+        microseconds on a real GPU) is in it, divided by `iters`."""
+        wgpu = self.dev.wgpu
+        clock = None
+        if self.dev.timestamps:
+            clock = (self.dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2),
+                     self.dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                   | wgpu.BufferUsage.COPY_SRC),
+                     self.dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ
+                                                   | wgpu.BufferUsage.COPY_DST))
         samples = []
         for repeat in (1, *[iters] * rounds):
             encoder = self.dev.device.create_command_encoder()
-            self._encode(encoder, dispatches, repeat)
+            self._encode(encoder, dispatches, repeat, stamps=None if clock is None else clock[:2])
+            if clock is not None:
+                encoder.resolve_query_set(clock[0], 0, 2, clock[1], 0)
+                encoder.copy_buffer_to_buffer(clock[1], 0, clock[2], 0, 16)
             self.dispatches += repeat * len(dispatches)
             t0 = time.perf_counter()
             self.dev.queue.submit([encoder.finish()])
             self.dev.wait()
-            samples.append((time.perf_counter() - t0) / repeat)
+            seconds = time.perf_counter() - t0
+            if clock is not None:
+                clock[2].map_sync(wgpu.MapMode.READ, 0, 16)
+                try:
+                    start, end = struct.unpack("<QQ", bytes(clock[2].read_mapped(0, 16, copy=True)))
+                finally:
+                    clock[2].unmap()
+                seconds = max(0, end - start) * self.dev.timestamp_period() * 1e-9
+            samples.append(seconds / repeat)
         return statistics.median(samples[1:])
 
 
