@@ -81,6 +81,51 @@ def test_decode_products_share_workgroups(gpu, quant_type: str) -> None:  # type
     assert any(k.startswith(form) for k in kernel_summaries(reports)), kernel_summaries(reports)
 
 
+class NormThenProduct(torch.nn.Module):
+    """A decoder's RMSNorm feeding a quantized product (q/k/v or gate/up of a decode step):
+    `gpu-inline-rows` puts the norm's statistics inside the product's kernel."""
+
+    def __init__(self, layer: torch.nn.Module, k: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(k, eps=1e-5)
+        torch.nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(self.norm(x))
+
+
+@pytest.mark.parametrize("quant_type,block", [("int4", None), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0")])
+def test_norm_inside_a_block_product_keeps_the_blocks_form(gpu, quant_type: str, block: Optional[str]) -> None:  # type: ignore[no-untyped-def]
+    """A norm inlined into a block product (int4 by groups, ggml blocks): the norm's sum of
+    squares runs over the row's invocations first, then the blocks (`_row_reduction` in
+    `passes/gpu/block_rows.py`); before, such a kernel left the rows mapping and ran as
+    workgroups over a tree (240 us a product on the H100, 11 ms an int4 decode step)."""
+    torch.manual_seed(2)
+    k = 512
+    x = torch.randn(1, 1, k)
+    if block is None:
+        layer = QuantizedLinear.from_float(torch.nn.Linear(k, 80), quant_type, 32, True, torch.float16)
+        model = NormThenProduct(layer, k)
+        reports = check_gpu(model, x, rtol=1e-4, atol=1e-4)
+    else:
+        from tests.quant.test_block_types import random_blocks
+        from torchburn.ir.qblocks import BLOCK_TYPES
+        from torchburn.quant import BlockWeight
+        from torchburn.quant.blocks import dequantize_blocks
+
+        raw = random_blocks(block, 80, k // BLOCK_TYPES[block].block, 3)
+        layer = QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(raw), block), None)
+        model = NormThenProduct(layer, k)
+        # random scales cancel a lot: the bound is f32 rounding of the sum of |x| |w|
+        with torch.no_grad():
+            w = dequantize_blocks(BlockWeight(layer.blocks, block)).abs()
+            magnitude = float((model.norm(x).abs() @ w.t()).max())
+        reports = check_gpu(model, x, rtol=0, atol=1e-5 * magnitude)
+    summaries = kernel_summaries(reports)
+    assert len(summaries) == 1 and summaries[0].startswith("k1_k0: rows/blocks"), summaries
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])  # what files give their embedding
 def test_block_embedding_on_gpu(gpu, name: str) -> None:  # type: ignore[no-untyped-def]
     """A token embedding in ggml blocks (`embedding_blocks`: rows gathered, then `dequantize`)
@@ -93,3 +138,18 @@ def test_block_embedding_on_gpu(gpu, name: str) -> None:  # type: ignore[no-unty
     raw = random_blocks(name, 40, 512 // bt.block, 1)
     emb = BlockEmbedding(BlockWeight(torch.from_numpy(raw), name))
     check_gpu(emb, torch.tensor([[3, 0, 39], [5, 5, 1]]), rtol=0, atol=0)
+
+
+def test_inference_weights_are_not_kept_on_the_gpu(gpu) -> None:  # type: ignore[no-untyped-def]
+    """The GPU engine's launchers pass no `refresh`, so `keep-constant-prep` does not run for
+    it: an f16 weight's cast before a prefill's GEMM stays a grid kernel (guarded by `if
+    refresh != 0` it had lost its mapping and ran in one invocation: 190-340 ms to a first
+    token on the H100 instead of ~30)."""
+    from torchburn.llm.model.decoder import HalfLinear
+
+    torch.manual_seed(3)
+    layer = HalfLinear(128, 256, bias=False)
+    layer.weight.data = torch.randn(256, 128).half()
+    reports = check_gpu(layer, torch.randn(64, 128), rtol=1e-4, atol=1e-4)
+    summaries = kernel_summaries(reports)
+    assert not any(k.split(": ")[1].startswith("single") for k in summaries), summaries

@@ -273,7 +273,8 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
     t0 = time.perf_counter()
 
     def passes_and_build() -> tuple["Program", float, "Build"]:
-        program = _run_pipeline(graph, pipeline, instruments, target, use_kernel_cache=dump is None, stream=stream)
+        program = _run_pipeline(graph, pipeline, instruments, target, use_kernel_cache=dump is None, stream=stream,
+                                keep_constants=engine.keeps_constants)
         t1 = time.perf_counter()
         if dump is not None:
             dump.write("program.tbir", print_ir(program))
@@ -305,10 +306,11 @@ def compile_graph(graph: "Graph", pipeline: Optional["Pipeline"] = None,
 
 
 def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], target: "Target",
-                  use_kernel_cache: bool, stream: Any = None) -> "Program":
+                  use_kernel_cache: bool, stream: Any = None, keep_constants: bool = True) -> "Program":
     """The pipeline's passes on `graph`: the tensor passes and the lowering on the whole graph,
     `dedup-kernels` and `keep-constant-prep` (both read the calls, so they run on the whole
-    program, before the per-kernel phase: a kernel they change is still streamed once), then
+    program, before the per-kernel phase: a kernel they change is still streamed once; the
+    latter only for an engine that `keeps_constants`), then
     the loop passes once per distinct kernel (`kernel_cache.py`: results reused across graphs
     unless `use_kernel_cache` is off), then the final passes. With an engine's `stream`
     (`engines.KernelStream`), each kernel goes to it as its passes finish."""
@@ -318,8 +320,8 @@ def _run_pipeline(graph: "Graph", pipeline: "Pipeline", instruments: list[Any], 
     from ..passes.loop.keep_constant_prep import KeepConstantPrep
     from .kernel_cache import run_loop_phase
 
-    front = PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels(), KeepConstantPrep()], instruments,
-                        target=target)
+    keep = [KeepConstantPrep()] if keep_constants else []  # the engine's launchers pass `refresh`
+    front = PassManager([*pipeline.tensor, pipeline.lowering, DedupKernels(), *keep], instruments, target=target)
     program = front.run(graph)
     if not isinstance(program, Program):
         raise PassError(f"the lowering pass gave {type(program).__name__}, not a loop Program")

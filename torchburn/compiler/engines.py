@@ -43,6 +43,9 @@ class Engine(Protocol):
 
     #: Whether compiled programs go to the disk cache (object code a later process loads).
     disk: bool
+    #: Whether its launchers pass `refresh` and keep temporaries between calls
+    #: (`Program.kept`): only then does the driver run `keep-constant-prep`.
+    keeps_constants: bool
 
     def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
         """The pipeline this engine runs, given the user's (default or with user passes)."""
@@ -97,6 +100,7 @@ class LlvmEngine:
     """CPUs, through LLVM: the host, or another CPU (compiled, not run: see `runs_here`)."""
 
     disk = True
+    keeps_constants = True
 
     def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
         return pipeline
@@ -248,6 +252,9 @@ class WgslEngine:
     """GPUs, through WGSL compute shaders on wgpu."""
 
     disk = False
+    #: The GPU launcher has no `refresh` key: a kernel guarded by `if refresh != 0` would
+    #: also lose its grid mapping (one invocation would run it, every call).
+    keeps_constants = False
 
     def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
         from ..passes.gpu.pipeline import gpu_pipeline
@@ -293,6 +300,7 @@ class ReferenceEngine:
     exactly as native code is. Nothing here imports llvmlite or wgpu."""
 
     disk = False
+    keeps_constants = True
 
     def pipeline(self, pipeline: "Pipeline") -> "Pipeline":
         from .reference import reference_pipeline

@@ -134,7 +134,8 @@ class RowsEmitter(KernelEmitter):
         self.shuffles = 0
         self._row_scope(_stmts(inner))
         groups = ex.floordiv(ex.add(product(extents), Const(per_group - 1)), Const(per_group))
-        summary = "rows" + ("" if self.lanes_loops else "/blocks") + (
+        blocks = any(isinstance(s, lp.For) and s.annotation("gpu") == "blocks" for s in _stmts(inner))
+        summary = "rows" + ("/blocks" if blocks else "") + (
             "/vec4" if self.vec == 4 or self.blocks_vec else "") + ("/cached" if self.cache.slots else "") + (
             "/subgroup" if self.uses_subgroups else "/tree")
         return self._finish(Grid((groups, Const(1), Const(1)), wg, "rows"), wg, summary)

@@ -371,7 +371,7 @@ class GpuMap(LoopPass):
             rows = rows_annotate(loops, n, set(params), self.workgroup, self.vectorize, self.row_lanes,
                                  self.row_lane_elements)
             if rows is None:
-                rows = block_rows_annotate(loops, n, self.workgroup, self.row_lanes)
+                rows = block_rows_annotate(loops, n, self.workgroup, self.row_lanes, self.vectorize)
             if rows is not None:
                 return replace(k, body=lp.block(*prelude, rows) if prelude else rows)
         # Grid and block kernels are one nest: leading invariant `let`s move into its body.
