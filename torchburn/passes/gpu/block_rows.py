@@ -146,6 +146,8 @@ def block_rows_annotate(loops: list[lp.For], n: int, workgroup: int, lanes: int 
     for _, acc, op in elements:
         if ops.setdefault(acc, op) != op:
             return None
+    if any(isinstance(x, lp.Store) and x.buffer in ops for f in reductions for x in _stmts(f.body)):
+        return None  # a row reduction and the blocks feed one accumulator: combined twice
     row_wg = lanes or max(BLOCK_ROW_LANES, extent)
     if row_wg < extent or row_wg > workgroup:
         return None
