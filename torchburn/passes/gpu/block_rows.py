@@ -119,8 +119,8 @@ def block_rows_annotate(loops: list[lp.For], n: int, workgroup: int, lanes: int 
     # into other accumulators with the lets that use them (a norm's statistics, inlined into
     # the product: `gpu-inline-rows`); after it: lets and stores
     reductions = [f for f in serial[:-1] if _row_reduction(f, locals_)]
-    if len(reductions) != len(serial) - 1:
-        return None
+    if len(reductions) != len(serial) - 1 or len({f.extent for f in reductions}) > 1:
+        return None  # the row's lanes step over one extent (`codegen/wgsl/rows.py`)
     if any(not (isinstance(x, lp.Alloc) and x.buffer.name in locals_)
            and not (isinstance(x, lp.Store) and x.buffer in locals_ and not _reads(x, locals_))
            and not isinstance(x, (lp.Let, lp.For)) for x in stmts[:at]):
