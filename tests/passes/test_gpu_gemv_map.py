@@ -129,6 +129,57 @@ def test_block_loops_of_unequal_elements_stay_on_the_grid() -> None:
     assert "blocks" not in annotation(k, "gpu") and annotation(k, "gpu")[:2] == ["grid", "grid"]
 
 
+NORM_Q8_0 = """
+    kernel @k0(%w: u8[64, 544] strides [544, 1], %x: f32[1, 512] strides [512, 1], %out0: f32[1, 64] strides [64, 1]) {{
+      for i0 in 0..1 {{
+        for i1 in 0..64 {{
+          alloc %acc2: f32[1] strides [1] local
+          %acc2[0] = 0.0:f32
+          alloc %acc5: f32[1] strides [1] local
+          %acc5[0] = 0.0:f32
+          alloc %acc6: f32[1] strides [1] local
+          %acc6[0] = 0.0:f32
+          for r4 in 0..512 {{
+            let x5 = %x[i0, r4]
+            %acc5[0] = %acc5[0] + x5 * x5
+          }}
+          for r7 in 0..{other} {{
+            let x8 = %x[i0, r7]
+            %acc6[0] = max(%acc6[0], x8)
+          }}
+          let t9 = rsqrt(%acc5[0] / 512.0:f32 + 0.00001:f32) + %acc6[0]
+          for b3 in 0..16 {{
+            let x4 = %w[i1, b3 * 34]
+            let d6 = cast<f32>(x4)
+            for l7 in 0..32 {{
+              let x8 = %w[i1, b3 * 34 + (2 + l7)]
+              let q9 = cast<i32>(bitcast<i8>(x8))
+              let x10 = %x[i0, b3 * 32 + l7] * t9
+              %acc2[0] = fma(x10, cast<f32>(q9) * d6, %acc2[0])
+            }}
+          }}
+          let x18 = %acc2[0]
+          %out0[i0, i1] = x18
+        }}
+      }}
+    }}
+"""
+
+
+def test_a_norm_before_the_blocks_runs_over_the_same_row() -> None:
+    """`gpu-inline-rows` puts a norm's statistics before a block product's loop: those loops
+    take the rows mapping's lanes, the product the blocks form, in one row kernel."""
+    k = run_pass(GpuMap(), kernel(NORM_Q8_0.format(other=512)))
+    assert annotation(k, "gpu") == ["rows", "rows", "lanes", "lanes", "blocks", "block_lanes"]
+    assert annotation(k, "gpu_accs")[2:5] == ["acc5=add", "acc6=max", "acc2=add"]
+    assert annotation(k, "gpu_vec")[2:4] == ["4", "4"]
+    src = emit_program(program(k), Caps()).pop().source
+    assert src.index("tb_va_acc5") < src.index("tb_bo")  # the norm's sum, then the blocks
+    # reductions of unequal extents cannot share the row's lane steps: the grid mapping
+    other = run_pass(GpuMap(), kernel(NORM_Q8_0.format(other=256)))
+    assert "blocks" not in annotation(other, "gpu")
+
+
 def test_bytes_are_packed_where_no_kernel_writes_them() -> None:
     reads = program(kernel(READS_BYTES))
     assert program_caps(reads, Caps()).packed_bytes
