@@ -751,10 +751,10 @@ class GpuProgram:
         self._batch = (dispatches, batch)  # holding the objects keeps their handles alive
         return batch
 
-    def _timestamps(self) -> Optional[tuple[Any, Any]]:
-        """The query set and resolve buffer of a timed run, or None (`time_gpu` off, or the
-        device has no timestamp queries)."""
-        if not (GpuProgram.time_gpu and self.dev.timestamps):
+    def _timestamps(self, always: bool = False) -> Optional[tuple[Any, Any]]:
+        """The query set and resolve buffer of a timed run, or None (`time_gpu` off unless
+        `always`, or the device has no timestamp queries)."""
+        if not ((always or GpuProgram.time_gpu) and self.dev.timestamps):
             return None
         if self._stamps is None:
             wgpu = self.dev.wgpu
@@ -971,13 +971,9 @@ class GpuProgram:
         else host-measured, submit to done, so a submission's fixed cost (tens of
         microseconds on a real GPU) is in it, divided by `iters`."""
         wgpu = self.dev.wgpu
-        clock = None
-        if self.dev.timestamps:
-            clock = (self.dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2),
-                     self.dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
-                                                   | wgpu.BufferUsage.COPY_SRC),
-                     self.dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ
-                                                   | wgpu.BufferUsage.COPY_DST))
+        stamps = self._timestamps(always=True)
+        clock = None if stamps is None else (*stamps, self.dev.device.create_buffer(
+            size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST))
         samples = []
         for repeat in (1, *[iters] * rounds):
             encoder = self.dev.device.create_command_encoder()
