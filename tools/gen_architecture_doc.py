@@ -46,6 +46,7 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
   -> keep-constant-prep: in inference, work on parameters alone (a        passes/loop/keep_constant_prep.py
      weight packed into a convolution's layout, batch norm folded into
      it) runs under `if refresh != 0`, its result kept between calls
+     (engines whose launchers pass `refresh`: LLVM, reference; not WGSL)
   -> loop passes: simplify, tile (transposes), split-reductions,          passes/
      parallelize, vectorize, split-accumulators, expand-math, unroll:     compiler/kernel_cache.py
      once per distinct kernel, results kept across graphs; plan-memory

@@ -240,3 +240,19 @@ def test_graph_with_a_constant_tensor_compiles_and_hits(disk: Path) -> None:
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(k, backend=torchburn_backend)(x), k(x))
     assert driver.STATS.disk_hits or driver.STATS.memory_hits
+
+
+def test_a_warm_hit_still_says_what_is_kept(disk: Path) -> None:
+    """The kept-temporaries line is written with the manifest: the warm path reports it without
+    parsing the program's IR."""
+    import torchburn
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(8, 16, 3).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        first = torchburn.explain(conv, x)
+        second = torchburn.explain(conv, x)
+    assert all(gr.graph_cache_hit for gr in second.graphs)
+    kept = [s.kept for s in first.compiled_subgraphs]
+    assert any(kept) and [s.kept for s in second.compiled_subgraphs] == kept

@@ -370,6 +370,8 @@ def _compile_partitioned(gm: torch.fx.GraphModule, pipeline: "Pipeline", report:
         sub_report.timings = dict(compiled.timings)
         sub_report.pass_times = list(compiled.pass_times)
         outcome.entry = {"name": name, "ops": sub_report.ops, "program": compiled.key, "launcher": spec.as_dict()}
+        if sub_report.kept:  # the FX-graph cache's warm path reports it without parsing the program
+            outcome.entry["kept"] = sub_report.kept
         outcome.launcher = launcher
         return launcher
 

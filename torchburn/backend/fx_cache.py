@@ -235,6 +235,8 @@ class Manifest:
                 raise ValueError("bad subgraph record")
             if ("program" in s) == ("reason" in s):
                 raise ValueError("a subgraph is either compiled or left to PyTorch")
+            if not isinstance(s.get("kept", ""), str):
+                raise ValueError("bad kept-temporaries line")
         if len(plan) != len(subgraphs):
             raise ValueError("the plan and the subgraphs differ in number")
         calls = [(str(op), str(why)) for op, why in d.get("library_calls", [])]
@@ -301,7 +303,7 @@ def replay(gm: torch.fx.GraphModule, key: str, disk: DiskCache, report: rep.Grap
                             keepalive=compiled)
         sub_report.cache_hit = True
         sub_report.kernels = compiled.kernel_summary()
-        sub_report.kept = compiled.kept_summary()
+        sub_report.kept = record.get("kept")  # written at compile time: the warm path parses no IR
         sub_report.timings = {"graph_cache_load": seconds}
         install(module, name, sub, launcher)
     return module
