@@ -5,6 +5,7 @@
     python benchmarks/bench_conv.py --modes inference --threads 2 --clock cpu --json out.json
     python benchmarks/bench_conv.py --tb-option tune=search --tb-option partitioner=save-all
     python benchmarks/bench_conv.py --size tiny --rounds 3             # the CI sizes: a smoke run
+    python benchmarks/bench_conv.py --dynamic --batches 8 --modes training   # a symbolic batch
 
 Per model, batch and mode:
 - `inference`: `eval()` under `torch.no_grad()`;
@@ -16,6 +17,11 @@ Contenders: `eager`; `inductor` (`torch.compile` defaults); `inductor-freezing` 
 stronger Inductor); `torchburn` (`backend="torchburn"`, `--tb-option KEY=VALUE` passed as
 `options={...}`; a value is read as JSON where it parses, else as a string); `torchburn-notune`
 (the same with `tune="off"`: every kernel ours, nothing measured; docs/tuning.md).
+
+With `--dynamic`, each compiled contender first runs one step at batch B + 1, so the step timed
+at B runs in the graph Dynamo compiles again with a symbolic batch (automatic dynamic shapes:
+what the last, smaller batch of an epoch, or requests of varying sizes, give a compiled model);
+`cold s` is then that second compile. Batches of 1 are refused (Dynamo specializes size 1).
 
 Each compiled contender is checked on its first call: the output against eager's (its largest
 difference within 1e-3 of its largest entry) and, in training, every parameter's gradient
@@ -204,9 +210,10 @@ def check(got: Any, expected: Any, model: Any, mode: str, reference: Optional[Gr
 
 
 def run_row(name: str, size: str, batch: int, mode: str, which: list[str], rounds: int, clock: str,
-            tb_options: dict[str, Any]) -> dict[str, Any]:
+            tb_options: dict[str, Any], dynamic: bool = False) -> dict[str, Any]:
     """Measure one model at one batch size in one mode; returns the row (timings, compile
-    times, checks, errors)."""
+    times, checks, errors). With `dynamic`, a compiled contender's first step is at `batch + 1`
+    (see the module docstring)."""
     from benchmarks.bench_models import CLOCKS, _clear_compile_caches, _step, compile_split
     from benchmarks.common import compare
     from tests.models import conv_zoo
@@ -231,10 +238,14 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
             fns[who] = _step(model, case, kw, step_mode)
             continue
         _clear_compile_caches()
-        fn = _step(_compiled(model, who, tb_options), case, kw, step_mode)
+        compiled = _compiled(model, who, tb_options)
+        fn = _step(compiled, case, kw, step_mode)
         records = rep.start_recording()
         try:
             with _freezing(who):
+                if dynamic:  # the static graph first, at another batch size
+                    _step(compiled, case, conv_zoo.inputs(name, size, batch + 1), step_mode)()
+                    records.clear()
                 t0, c0 = time.perf_counter(), time.process_time()
                 got = fn()
                 cold, cold_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -252,7 +263,7 @@ def run_row(name: str, size: str, batch: int, mode: str, which: list[str], round
         checks[who] = check(got, expected, model, mode, grad_ref)
         fns[who] = fn
     timings = compare({k: (lambda f=f: f()) for k, f in fns.items()}, (), rounds=rounds, clock=CLOCKS[clock])
-    return {"model": name, "size": size, "batch": batch, "mode": mode, "timings": timings, "compile": compile_s,
+    return {"model": name, "size": size, "batch": batch, "mode": mode, "dynamic": dynamic, "timings": timings, "compile": compile_s,
             "checks": checks, "errors": errors, "grad_noise": grad_ref.noise if grad_ref else None}
 
 
@@ -327,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time, or the process's CPU time (all threads): steadier on a loaded machine")
     parser.add_argument("--tb-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a TorchBurn compile option (torch.compile(..., options={KEY: VALUE})); repeatable")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="time each compiled contender in the graph of a symbolic batch (a first step at batch + 1)")
     parser.add_argument("--json", default="", help="write the results to this file")
     parser.add_argument("--disk-cache", action="store_true", help="use TorchBurn's on-disk compile cache")
     parser.add_argument("--replot", default="", metavar="JSON",
@@ -360,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         batches = [int(b) for b in args.batches.split(",") if b]
     except ValueError:
         raise SystemExit(f"--batches {args.batches!r}: expected comma-separated integers") from None
+    if args.dynamic and 1 in batches:
+        raise SystemExit("--dynamic: Dynamo specializes a batch of 1 (use --batches 2 or more)")
     tb_options = parse_tb_options(args.tb_option)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -369,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for batch in batches:
             for mode in modes:
-                results.append(run_row(name, args.size, batch, mode, which, args.rounds, args.clock, tb_options))
+                results.append(run_row(name, args.size, batch, mode, which, args.rounds, args.clock, tb_options,
+                                       args.dynamic))
                 print("  ".join(row_cells(results[-1])), flush=True)
                 problems = {**results[-1]["errors"], **{w: c["error"] for w, c in results[-1]["checks"].items()}}
                 for who, err in problems.items():
@@ -379,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_1m_before"] = load_before
     print(f"\n# {info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, load {load_before:.2f} before "
           f"/ {info['loadavg_1m']:.2f} after; median of {args.rounds} interleaved rounds, {args.clock} time; "
-          f"size {args.size}; torchburn options {tb_options or '{}'}")
+          f"size {args.size}; torchburn options {tb_options or '{}'}" + ("; symbolic batch (--dynamic)" if args.dynamic else ""))
     print(format_table(HEADERS, [row_cells(r) for r in results]))
     means = geomeans(results)
     for mode, m in means.items():

@@ -375,3 +375,36 @@ def test_a_record_made_in_training_is_not_applied_in_inference(tuning: None, mon
             rep.stop_recording()
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
     assert prepared == [] and reports[0].library_calls == []  # no record for it: ours, unmeasured
+
+
+def test_a_dynamic_batch_is_measured_at_its_hint(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a second batch size Dynamo compiles the graph again with a symbolic batch: its
+    convolutions are still measured (at the size of the call being compiled, read without a
+    guard), the choice holds for every batch size, and the graph stays dynamic."""
+    prepared = slow_down(monkeypatch, loser="ours")
+    eager = ResidualConvs().train()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="torchburn")
+    reports = rep.start_recording()
+    try:
+        for batch in (2, 3, 5):  # 3 compiles the dynamic graph; 5 reuses it
+            for p in model.parameters():
+                p.grad = None
+            for p in eager.parameters():
+                p.grad = None
+            x = torch.randn(batch, 16, 12, 12)
+            got, got_grads = _train_step(compiled, x)
+            want, want_grads = _train_step(eager, x)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            for g, w in zip(got_grads, want_grads):
+                torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
+    finally:
+        rep.stop_recording()
+    assert len(reports) == 4, [r.kind for r in reports]  # forward and backward, static then dynamic
+    dynamic = reports[2:]
+    for graph in dynamic:
+        assert graph.library_calls and all("aten (measured" in why or "aten (record" in why
+                                           for _, why in graph.library_calls), graph.library_calls
+    lines = [t for graph in dynamic for t in graph.tuning]
+    assert lines and all("f32[~3,16,12,12]" in t for t in lines), lines
+    assert "aten" in prepared

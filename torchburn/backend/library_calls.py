@@ -10,12 +10,16 @@ training), these candidates go to the tuner (`runtime/tuner.py`):
 - ``aten``: the ATen operator itself (oneDNN's convolution on CPU), as Inductor's extern
   kernels call it.
 
-Both run on random tensors of the node's real shapes, strides and dtypes. Where ``aten`` wins,
+Both run on random tensors of the node's real shapes, strides and dtypes. A symbolic size
+(Dynamo's dynamic batch, after a second batch size) is measured at its hint, the size of the
+call being compiled, without a guard: the choice then holds for every size the graph takes, as
+Inductor's autotuning of dynamic shapes does (`ours` is compiled for the hinted sizes there,
+where the graph's own kernel is the same lowering with the size a loop bound). Where ``aten`` wins,
 the node is marked to stay a library call: the partitioner leaves it out of the compiled
 subgraphs, so it runs between our native segments (the exception to one native call per graph
 that DESIGN.md allows), and `explain()` lists it with the times measured. Convolutions too
-small to be worth a measurement (`MIN_MACS`), with symbolic sizes, or outside what our lowering
-takes are left to our kernels without asking the tuner; so are grouped forward convolutions
+small to be worth a measurement (`MIN_MACS`), or outside what our lowering
+takes (or sizes with no hint) are left to our kernels without asking the tuner; so are grouped forward convolutions
 (`library_ruled_out`), where only ours is left to propose.
 
 The tuner's budget is spent on the largest convolutions first (by multiply-adds): each
@@ -59,24 +63,46 @@ CUT_FIXED_S = 100e-6
 CUT_SECONDS_PER_BYTE = 2 / 8e9
 
 
+def _hint(size: Any) -> Optional[int]:
+    """`size` as an int: a SymInt by its hint, read without a guard (int() would specialize the
+    graph to it); None for one with no hint (an unbacked size)."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    try:
+        return int(optimization_hint(size))
+    except Exception:  # noqa: BLE001 - no hint: the node is not measured
+        return None
+
+
+def _hints(sizes: Any) -> Optional[tuple[int, ...]]:
+    out = tuple(_hint(s) for s in sizes)
+    return None if None in out else out  # type: ignore[return-value]
+
+
 def _concrete_shape(val: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
     if not isinstance(val, torch.Tensor):
         return None
-    # a SymInt is never converted: int() would specialize the graph to its hint
-    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+    shape, stride = _hints(val.shape), _hints(val.stride())
+    if shape is None or stride is None:
         return None
-    return tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype
+    return shape, stride, val.dtype
+
+
+def _symbolic(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride()))
 
 
 def _macs(node: torch.fx.Node) -> int:
-    """Multiply-adds of the forward convolution the node is (or differentiates)."""
+    """Multiply-adds of the forward convolution the node is (or differentiates), at the hints."""
     if node.target is aten.convolution.default:
         out = node.meta["val"]
         w = node.args[1].meta["val"]
     else:
         out = node.args[0].meta["val"]  # grad_output has the forward output's shape
         w = node.args[2].meta["val"]
-    return int(math.prod(out.shape)) * int(math.prod(w.shape[1:]))
+    return math.prod(_hints(out.shape) or (0,)) * math.prod(_hints(w.shape[1:]) or (0,))
 
 
 def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
@@ -105,8 +131,9 @@ def _constant(arg: torch.fx.Node) -> bool:
 
 def describe(node: torch.fx.Node) -> str:
     """'f32[8,64,56,56] * f32[64,64,3,3] stride 1 pad 1' style, for explain()."""
-    def t(v: Any) -> str:
-        return f"{to_ir(v.dtype)}[{','.join(str(int(s)) for s in v.shape)}]"
+    def t(v: Any) -> str:  # a symbolic size by its hint, marked `~`
+        dims = [("~" if isinstance(s, torch.SymInt) else "") + str(_hint(s)) for s in v.shape]
+        return f"{to_ir(v.dtype)}[{','.join(dims)}]"
 
     if node.target is aten.convolution.default:
         x, w = node.args[0], node.args[1]
@@ -119,8 +146,7 @@ def describe(node: torch.fx.Node) -> str:
 
 
 def _random_like(val: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    shape = tuple(int(s) for s in val.shape)
-    stride = tuple(int(s) for s in val.stride())
+    shape, stride, _ = _concrete_shape(val)  # type: ignore[misc]
     out = torch.empty_strided(shape, stride, dtype=val.dtype)
     if out.is_floating_point():
         out.copy_(torch.randn(shape, generator=gen).to(val.dtype))
@@ -134,15 +160,18 @@ def _single_node_graph(node: torch.fx.Node, meta: Optional[dict[str, Any]] = Non
     placeholders, its results as outputs."""
     g = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
+    inputs = [arg.meta["val"] for arg in node.all_input_nodes]
+    val = node.meta["val"]
+    if any(_symbolic(v) for v in inputs):  # measured at the hints: a graph of static sizes
+        inputs, val = _at_hints(node, inputs)
     for i, arg in enumerate(node.all_input_nodes):
         p = g.placeholder(f"arg{i}")
-        p.meta["val"] = arg.meta["val"]
+        p.meta["val"] = inputs[i]
         if _constant(arg):
             p.meta[CONSTANT_META] = True
         env[arg] = p
     new = g.node_copy(node, lambda n: env[n])
-    new.meta = {**node.meta, **(meta or {})}
-    val = node.meta["val"]
+    new.meta = {**node.meta, **(meta or {}), "val": val}
     if isinstance(val, (tuple, list)):
         outs = []
         for i, v in enumerate(val):
@@ -155,6 +184,24 @@ def _single_node_graph(node: torch.fx.Node, meta: Optional[dict[str, Any]] = Non
     else:
         g.output(new)
     return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def _at_hints(node: torch.fx.Node, inputs: list[Any]) -> tuple[list[Any], Any]:
+    """The node's input and result values with every symbolic size at its hint (fake tensors
+    of a fresh mode; the result by running the node on them)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        static = []
+        for v in inputs:
+            if isinstance(v, torch.Tensor):
+                shape, stride, dtype = _concrete_shape(v)  # type: ignore[misc]
+                v = torch.empty_strided(shape, stride, dtype=dtype)  # a fake tensor of `mode`
+            static.append(v)
+        env = dict(zip(node.all_input_nodes, static))
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        return static, node.target(*args, **kwargs)  # type: ignore[operator]
 
 
 class _Inputs:
@@ -224,7 +271,7 @@ def library_ruled_out(node: torch.fx.Node) -> bool:
 def cut_overhead(node: torch.fx.Node) -> float:
     """`CUT_FIXED_S` plus `CUT_SECONDS_PER_BYTE` for every byte of the node's results."""
     vals = node.meta["val"] if isinstance(node.meta["val"], (tuple, list)) else [node.meta["val"]]
-    nbytes = sum(int(math.prod(v.shape)) * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+    nbytes = sum(math.prod(_hints(v.shape) or (0,)) * v.element_size() for v in vals if isinstance(v, torch.Tensor))
     return CUT_FIXED_S + CUT_SECONDS_PER_BYTE * nbytes
 
 
@@ -242,11 +289,13 @@ def _gemm_form_plausible(node: torch.fx.Node) -> bool:
     if node.target is not aten.convolution.default or node.args[8] != 1 or node.args[6]:
         return False
     w, out = node.args[1].meta["val"], node.meta["val"]
-    pointwise = math.prod(int(k) for k in w.shape[2:]) == 1
-    if (pointwise and not any(node.args[4]) and int(w.shape[0]) >= POINTWISE_GEMM_MIN_COUT
-            and int(w.shape[1]) >= POINTWISE_GEMM_MIN_CIN):
+    ws, positions = _hints(w.shape), _hints(out.shape[2:])
+    if ws is None or positions is None:
+        return False
+    pointwise = math.prod(ws[2:]) == 1
+    if pointwise and not any(node.args[4]) and ws[0] >= POINTWISE_GEMM_MIN_COUT and ws[1] >= POINTWISE_GEMM_MIN_CIN:
         return False  # `ours` is this product already, with its epilogue (`loopgen/conv_pointwise.py`)
-    return pointwise or math.prod(int(o) for o in out.shape[2:]) <= GEMM_FORM_MAX_POSITIONS
+    return pointwise or math.prod(positions) <= GEMM_FORM_MAX_POSITIONS
 
 
 def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,

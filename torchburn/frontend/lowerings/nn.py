@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...ir import dtypes as dt
-from ...ir.expr import Const, Expr
+from ...ir.expr import Const, Expr, as_expr
 from ...ir.tensor import Value
 from ..builder import PROMOTE, Builder, normalize_dim, numel
 from ..registry import Unsupported, lowering
@@ -69,20 +69,27 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
     larger than 1 (and dilation 1 along those dims) it is one such convolution per phase
     (`_grad_input_phases`); with a dilation there too, a convolution of `g` with `stride - 1`
     zeros inserted between its elements (and up to `stride - 1` after the last, the output
-    padding). Symbolic sizes, and padding beyond `dilation * (k - 1)`, keep `conv_grad_input`."""
+    padding). Symbolic batch and spatial sizes (Dynamo's dynamic shapes) keep these forms,
+    whose sizes are then expressions; a symbolic weight, and padding beyond `dilation * (k -
+    1)`, keep `conv_grad_input` (a per-element nest)."""
     stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
     nsp = len(stride)
     ks = [_static(k) for k in w.shape[2:]]
     gs = [_static(d) for d in g.shape[2:]]
     want = [_static(d) for d in in_size]
     cout, cin_g = _static(w.shape[0]), _static(w.shape[1])
-    usable = None not in ks + gs + want and cout is not None and cin_g is not None
+    strided = any(s > 1 for s in stride)
+    phases = strided and all(d == 1 for s, d in zip(stride, dilation) if s > 1)
+    usable = None not in ks and cout is not None and cin_g is not None
     if usable:
         pads = tuple(d * (k - 1) - p for d, k, p in zip(dilation, ks, padding))  # type: ignore[operator]
-        # Length of g with the zeros inserted, so that the stride-1 convolution gives `in_size`.
+        usable = all(q >= 0 for q in pads)
+    if usable and None not in gs + want:
+        # Length of g with the zeros inserted, so that the stride-1 convolution gives `in_size`
+        # (with symbolic sizes it holds for any size the forward took: `u = I + 2p - d(k-1)`,
+        # `O = (u - 1) // s + 1`).
         ups = [i - 2 * q + d * (k - 1) for i, q, d, k in zip(want, pads, dilation, ks)]  # type: ignore[operator]
-        usable = all(q >= 0 for q in pads) and all(
-            (o - 1) * s + 1 <= u <= o * s for o, s, u in zip(gs, stride, ups))  # type: ignore[operator]
+        usable = all((o - 1) * s + 1 <= u <= o * s for o, s, u in zip(gs, stride, ups))  # type: ignore[operator]
     if not usable:
         return b.op("conv_grad_input", g, w, in_size=tuple(in_size), **attrs)
     rank = nsp + 2
@@ -93,26 +100,27 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
         per = b.reshape(w, (Const(groups), Const(cout // groups), w.shape[1], *w.shape[2:]))  # type: ignore[operator]
         per = b.op("permute", per, dims=(0, 2, 1, *range(3, rank + 1)))
         wt = b.reshape(per, (Const(groups * cin_g), Const(cout // groups), *w.shape[2:]))  # type: ignore[operator]
-    if any(s > 1 for s in stride) and all(d == 1 for s, d in zip(stride, dilation) if s > 1):
-        return _grad_input_phases(b, g, wt, [int(x) for x in want], [int(x) for x in gs],  # type: ignore[arg-type]
-                                  [int(k) for k in ks], attrs)  # type: ignore[arg-type]
-    if any(s > 1 for s in stride):
+    if phases:
+        return _grad_input_phases(b, g, wt, list(in_size), list(g.shape[2:]), [int(k) for k in ks],  # type: ignore[arg-type]
+                                  attrs)
+    if strided:
         # g[n, c, o] -> up[n, c, o * s] (zeros between): [.., O, 1] padded to [.., O, s], flattened, cut.
         split: list[Expr] = [g.shape[0], g.shape[1]]
         for o in g.shape[2:]:
             split += [o, Const(1)]
         up = b.op("pad", b.reshape(g, split), low=(0,) * (2 + 2 * nsp),
                   high=(0, 0, *[x for s in stride for x in (0, s - 1)]), value=0.0)
-        up = b.reshape(up, (g.shape[0], g.shape[1], *[Const(o * s) for o, s in zip(gs, stride)]))  # type: ignore[operator]
-        for dim, (o, s, u) in enumerate(zip(gs, stride, ups)):
-            if u != o * s:  # type: ignore[operator]
+        up = b.reshape(up, (g.shape[0], g.shape[1], *[o * s for o, s in zip(g.shape[2:], stride)]))
+        for dim, (i, o, s, q, d, k) in enumerate(zip(in_size, g.shape[2:], stride, pads, dilation, ks)):
+            u = as_expr(i) + (d * (k - 1) - 2 * q)  # type: ignore[operator]
+            if u != o * s:
                 up = b.op("slice", up, dim=2 + dim, start=0, end=u, step=1)
         g = up
     wt = b.op("flip", wt, dims=spatial)
     return b.op("conv", g, wt, stride=(1,) * nsp, padding=pads, dilation=tuple(dilation), groups=groups)
 
 
-def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], out_size: Sequence[int],
+def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[Expr], out_size: Sequence[Expr],
                        ks: Sequence[int], attrs: dict[str, Any]) -> Value:
     """The input gradient of a strided convolution, one stride-1 convolution per phase.
 
@@ -122,18 +130,26 @@ def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], 
     taps), and the phases interleave into the gradient: no multiplication by inserted zeros
     (the zero-inserted form does `s` times the work per strided dim). `wt` is the weight already
     transposed per group (`[Cin, Cout / groups, *k]`), not flipped. Phases without taps (a
-    kernel narrower than the stride) are zeros."""
+    kernel narrower than the stride) are zeros.
+
+    Sizes may be symbolic (`in_size`, `out_size` expressions): a phase's rows `M` are then an
+    expression, and its convolution is padded at the end by the most `M` can exceed `g` over
+    every residue of the input size modulo the stride (`_phase_overhang`; a convolution's
+    padding is static), its result cut to `M` rows."""
     stride, padding, groups = attrs["stride"], attrs["padding"], attrs["groups"]
     nsp = len(stride)
     n, cin = g.shape[0], wt.shape[0]
     # Per dim: first phase row m_a = p // s, offset of input 0 in the interleaving, rows M.
     m_a = [p // s for p, s in zip(padding, stride)]
     off = [p - s * m for p, s, m in zip(padding, stride, m_a)]
-    rows = [-(-(o + i) // s) for o, i, s in zip(off, in_size, stride)]
+    rows: list[Expr] = [(as_expr(i) + (o + s - 1)) // s for o, i, s in zip(off, in_size, stride)]
+    # Per dim: the most M - O can be (exact where the sizes are static).
+    over = [_static(m) - _static(o) if _static(m) is not None and _static(o) is not None  # type: ignore[operator]
+            else _phase_overhang(k, s, p, f) for m, o, k, s, p, f in zip(rows, out_size, ks, stride, padding, off)]
 
     def phase(r: tuple[int, ...]) -> Value:
         taps = [len(range(rd, k, s)) for rd, k, s in zip(r, ks, stride)]
-        shape = (n, cin, *[Const(m) for m in rows])
+        shape = (n, cin, *rows)
         if 0 in taps:
             return b.full(0.0, shape, g.dtype)
         sub = wt
@@ -142,13 +158,13 @@ def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], 
                 sub = b.op("slice", sub, dim=2 + d, start=rd, end=k, step=s)
         sub = b.op("flip", sub, dims=tuple(range(2, 2 + nsp)))
         low = [kr - 1 - m for kr, m in zip(taps, m_a)]
-        high = [mr + kr - 1 - o - lo for mr, kr, o, lo in zip(rows, taps, out_size, low)]
+        high = [ov + kr - 1 - lo for ov, kr, lo in zip(over, taps, low)]
         pads = [max(lo, hi, 0) for lo, hi in zip(low, high)]
         res = b.op("conv", g, sub, stride=(1,) * nsp, padding=tuple(pads), dilation=(1,) * nsp, groups=groups)
         for d, (pd, lo, mr) in enumerate(zip(pads, low, rows)):
             start = pd - lo
-            if start != 0 or _static(res.shape[2 + d]) != mr:
-                res = b.op("slice", res, dim=2 + d, start=start, end=start + mr, step=1)
+            if start != 0 or res.shape[2 + d] != mr:
+                res = b.op("slice", res, dim=2 + d, start=start, end=mr + start, step=1)
         return res
 
     def interleave(prefix: tuple[int, ...]) -> Value:
@@ -158,16 +174,24 @@ def _grad_input_phases(b: Builder, g: Value, wt: Value, in_size: Sequence[int], 
             v = phase(prefix)
             split: list[Expr] = [n, cin]
             for m in rows:
-                split += [Const(m), Const(1)]
+                split += [m, Const(1)]
             return b.reshape(v, split)
         parts = [interleave(prefix + (r,)) for r in range(stride[d])]
         return parts[0] if len(parts) == 1 else b.op("concat", *parts, dim=3 + 2 * d)
 
-    full = b.reshape(interleave(()), (n, cin, *[Const(m * s) for m, s in zip(rows, stride)]))
+    full = b.reshape(interleave(()), (n, cin, *[m * s for m, s in zip(rows, stride)]))
     for d, (o, i, m, s) in enumerate(zip(off, in_size, rows, stride)):
-        if o != 0 or i != m * s:
-            full = b.op("slice", full, dim=2 + d, start=o, end=o + i, step=1)
+        if o != 0 or as_expr(i) != m * s:
+            full = b.op("slice", full, dim=2 + d, start=o, end=as_expr(i) + o, step=1)
     return full
+
+
+def _phase_overhang(k: int, s: int, p: int, off: int) -> int:
+    """The most a phase's rows `M = ceil((I + off) / s)` exceed the forward's output `O =
+    floor((I + 2p - k) / s) + 1` along a dim of stride `s` (dilation 1), over every input size
+    `I`: both grow by one as `I` grows by `s`, so the difference depends on `I mod s` alone."""
+    base = s * (k + p + 1)  # an input size past every edge case (O >= 1)
+    return max(-(-(base + u + off) // s) - ((base + u + 2 * p - k) // s + 1) for u in range(s))
 
 
 #: `node.meta[CONV_FORM]`: the form the tuner chose for a convolution (`backend/library_calls.py`):
@@ -240,7 +264,7 @@ def _conv_gemm(b: Builder, x: Value, w: Value, out_size: Sequence[Expr], attrs: 
     sz = _gemm_sizes(x, w.shape[0], w.shape[2:], out_size, attrs["groups"])
     if sz is None:
         return None
-    n, c, cout, taps, positions = sz.n, sz.c, sz.cout, sz.taps, sz.positions
+    n, c, cout, taps, positions = int(sz.n), sz.c, sz.cout, sz.taps, sz.positions  # type: ignore[arg-type]
     cols = b.reshape(_columns(b, x, sz.ks, sz.out_sp, attrs), (Const(n), Const(c * taps), Const(positions)))
     w2 = b.expand(b.reshape(w, (Const(1), Const(cout), Const(c * taps))), (Const(n), Const(cout), Const(c * taps)))
     res = b.op("matmul", w2, cols)
@@ -249,9 +273,11 @@ def _conv_gemm(b: Builder, x: Value, w: Value, out_size: Sequence[Expr], attrs: 
 
 @dataclass(frozen=True)
 class _GemmSizes:
-    """The static sizes of an ungrouped convolution that its GEMM forms use."""
+    """The static sizes of an ungrouped convolution that its GEMM forms use (the batch `n` is
+    None where it is symbolic and the form allows it; `batch` is its size either way)."""
 
-    n: int
+    n: Optional[int]
+    batch: Expr
     c: int
     cout: int
     ks: tuple[int, ...]
@@ -266,14 +292,16 @@ class _GemmSizes:
         return math.prod(self.out_sp)
 
 
-def _gemm_sizes(x: Value, cout: Expr, ks: Sequence[Expr], out_sp: Sequence[Expr], groups: int) -> Optional[_GemmSizes]:
+def _gemm_sizes(x: Value, cout: Expr, ks: Sequence[Expr], out_sp: Sequence[Expr], groups: int,
+                any_batch: bool = False) -> Optional[_GemmSizes]:
     """`x`'s batch and channels, the output channels, window and output sizes, or None where
-    one is symbolic or the convolution is grouped."""
-    vals = [_static(e) for e in (x.shape[0], x.shape[1], cout, *ks, *out_sp)]
-    if groups != 1 or any(v is None for v in vals):
+    one is symbolic (the batch may be with `any_batch`) or the convolution is grouped."""
+    vals = [_static(e) for e in (x.shape[1], cout, *ks, *out_sp)]
+    n = _static(x.shape[0])
+    if groups != 1 or any(v is None for v in vals) or (n is None and not any_batch):
         return None
     ints = [int(v) for v in vals]  # type: ignore[arg-type]
-    return _GemmSizes(ints[0], ints[1], ints[2], tuple(ints[3:3 + len(ks)]), tuple(ints[3 + len(ks):]))
+    return _GemmSizes(n, x.shape[0], ints[0], ints[1], tuple(ints[2:2 + len(ks)]), tuple(ints[2 + len(ks):]))
 
 
 #: Weight gradients with at least this many multiply-adds per output element (the reduction
@@ -306,12 +334,18 @@ GEMM_GRAD_WEIGHT_MIN_COUT = 64
 #: (256 at 16x16 6.4 / 5.4, 128-to-256 2.1 / 2.2): both keep the product.
 DOT_GRAD_WEIGHT_MIN_WIDTH = 32
 DOT_GRAD_WEIGHT_WIDTH_STEP = 8
+#: The batch the thresholds above assume where it is symbolic (Dynamo's dynamic batch, after a
+#: second batch size): the product's reduction is then `batch x positions`, a loop bound.
+#: Without the GEMM form such a gradient took the per-element nest (the dot-product kernel
+#: needed a static batch too): ResNet's 256-channel 3x3 at 14x14, batch 4, 465 ms against
+#: eager's ~50 for the whole training step of the layer.
+SYMBOLIC_BATCH_HINT = 8
 
 
 def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
                       attrs: dict[str, Any]) -> Optional[Value]:
     """The weight gradient of an ungrouped convolution as one matrix product, or None where
-    the sizes are symbolic, the convolution is grouped, the reduction or the whole product is
+    sizes other than the batch are symbolic, the convolution is grouped, the reduction or the whole product is
     small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`), or a window of several
     taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`) or long rows of whole vectors
     (`DOT_GRAD_WEIGHT_MIN_WIDTH`).
@@ -326,10 +360,11 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
         gw = matmul([Cout, N*P], permute(cols)) -> [Cout, C*T] -> reshape [Cout, C, *k]
     """
     nsp = len(attrs["stride"])
-    sz = _gemm_sizes(x, g.shape[1], window, g.shape[2:], attrs["groups"])
+    sz = _gemm_sizes(x, g.shape[1], window, g.shape[2:], attrs["groups"], any_batch=True)
     if sz is None:
         return None
-    n, c, cout, ks, taps, positions = sz.n, sz.c, sz.cout, sz.ks, sz.taps, sz.positions
+    c, cout, ks, taps, positions = sz.c, sz.cout, sz.ks, sz.taps, sz.positions
+    n = sz.n if sz.n is not None else SYMBOLIC_BATCH_HINT
     if n * positions < GEMM_GRAD_WEIGHT_MIN_REDUCTION or n * positions * cout * c * taps < GEMM_GRAD_WEIGHT_MIN_MACS:
         return None
     if taps > 1 and cout < GEMM_GRAD_WEIGHT_MIN_COUT:
@@ -338,8 +373,9 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     if taps > 1 and ow >= DOT_GRAD_WEIGHT_MIN_WIDTH and ow % DOT_GRAD_WEIGHT_WIDTH_STEP == 0:
         return None
     cols = _columns(b, x, ks, sz.out_sp, attrs)  # [N, C, T, P]
-    cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), Const(n * positions)))
-    g2 = b.reshape(b.op("permute", g, dims=[1, 0, *range(2, nsp + 2)]), (Const(cout), Const(n * positions)))
+    reduction = Const(sz.n * positions) if sz.n is not None else sz.batch * positions
+    cols = b.reshape(b.op("permute", cols, dims=[1, 2, 0, 3]), (Const(c * taps), reduction))
+    g2 = b.reshape(b.op("permute", g, dims=[1, 0, *range(2, nsp + 2)]), (Const(cout), reduction))
     gw = b.op("matmul", g2, b.op("permute", cols, dims=[1, 0]))
     return b.reshape(gw, (Const(cout), Const(c), *(Const(k) for k in ks)))
 

@@ -1,8 +1,10 @@
 """The weight gradient of a convolution as a kernel: `conv_grad_weight` in dot-product form.
 
 See `GradWeightBuilder`; the helpers (ramps, clamps, the work-item grid) are `conv.py`'s. A
-weight gradient whose sizes are not static, or whose output is narrower than 2, keeps the
-per-element nest of `nn_rules.py`.
+weight gradient whose weight or channels are not static, or whose output is narrower than 2,
+keeps the per-element nest of `nn_rules.py`. The batch and the spatial sizes are only bounds
+of the reduction's loops (and of the padded rows' copy; a width's vector loop and scalar tail
+split at run time), so symbolic ones (Dynamo's dynamic shapes) keep the kernel.
 """
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ from .conv import ACCUMULATORS, _clamp, _in_range, _pow2_floor, _ramp, unflatten
 from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
+
+
+#: The batch a symbolic one is taken to be when deciding whether the kernel runs in parallel,
+#: and a symbolic spatial size (a dynamic length is rarely a short one).
+SYMBOLIC_BATCH_HINT = 8
+SYMBOLIC_SIZE_HINT = 64
 
 
 class GradWeightBuilder(NestHelpers):
@@ -250,17 +258,20 @@ class GradWeightBuilder(NestHelpers):
 
 def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
     """A `conv_grad_weight` kernel in dot-product form (`GradWeightBuilder`), or None (the
-    per-element nest) when the sizes are not static or the output width is below 2."""
+    per-element nest) when sizes other than the batch are not static or the output width is
+    below 2."""
     g, x = op.operands
     if g not in kb.buffers or x not in kb.buffers:
         return None
-    dims = [static_int(d) for d in (*op.result.shape, *g.shape)]
+    dims = [static_int(d) for d in (*op.result.shape, g.shape[1])]
     if any(d is None or d == 0 for d in dims):
         return None
-    ow = int(static_int(g.shape[-1]) or 0)
-    if ow < 2:
+    ow = static_int(g.shape[-1])
+    if ow is not None and ow < 2:
         return None
-    lanes = min(cpu.lanes(dt.compute_dtype(op.result.dtype)), _pow2_floor(ow))
+    lanes = cpu.lanes(dt.compute_dtype(op.result.dtype))
+    if ow is not None:
+        lanes = min(lanes, _pow2_floor(ow))
     kw = int(static_int(op.result.shape[-1]) or 1)
     taps = min(kw, 4)
     rows = max(1, min(int(static_int(op.result.shape[0]) or 1), ACCUMULATORS // taps, 4))
@@ -268,9 +279,9 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
     # of 3 taps needed 19 of AVX2's 16, and LLVM kept accumulators on the stack.
     while rows > 1 and rows * taps + rows + taps > cpu.vector_registers():
         rows -= 1
-    flops = 2.0
-    for d in (*op.result.shape, *g.shape[:1], *g.shape[2:]):
-        flops *= int(static_int(d) or 1)
+    flops = 2.0 * int(static_int(g.shape[0]) or SYMBOLIC_BATCH_HINT)
+    for d in (*op.result.shape, *g.shape[2:]):
+        flops *= int(static_int(d) or SYMBOLIC_SIZE_HINT)
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
     return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS).build()
