@@ -408,3 +408,22 @@ def test_a_dynamic_batch_is_measured_at_its_hint(tuning: None, monkeypatch: pyte
     lines = [t for graph in dynamic for t in graph.tuning]
     assert lines and all("f32[~3,16,12,12]" in t for t in lines), lines
     assert "aten" in prepared
+
+
+def test_the_gemm_form_is_not_proposed_at_symbolic_sizes(tuning: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowering's GEMM form takes static sizes only: a symbolic convolution is not offered
+    it (a choice the lowering would ignore), while the same layer at static sizes is."""
+    slow_down(monkeypatch, loser="aten")
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2, padding=1)).eval()
+    compiled = torch.compile(model, backend="torchburn")
+    reports = rep.start_recording()
+    try:
+        with torch.no_grad():
+            for batch in (2, 3):
+                x = torch.randn(batch, 8, 12, 12)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        rep.stop_recording()
+    static, dynamic = reports
+    assert any("ours-gemm" in t for t in static.tuning), static.tuning
+    assert dynamic.tuning and not any("ours-gemm" in t for t in dynamic.tuning), dynamic.tuning

@@ -5,8 +5,9 @@ training), these candidates go to the tuner (`runtime/tuner.py`):
 
 - ``ours``: the node alone, compiled by our whole pipeline (partition, import, passes, LLVM)
   and run through its launcher;
-- ``ours-gemm`` (ungrouped forward convolutions): the same, lowered as im2col and our GEMM
-  instead of the direct kernel (chosen: `node.meta[CONV_FORM] = "gemm"` for the lowering);
+- ``ours-gemm`` (ungrouped forward convolutions of static sizes): the same, lowered as im2col
+  and our GEMM instead of the direct kernel (chosen: `node.meta[CONV_FORM] = "gemm"` for the
+  lowering);
 - ``aten``: the ATen operator itself (oneDNN's convolution on CPU), as Inductor's extern
   kernels call it.
 
@@ -289,6 +290,8 @@ def _gemm_form_plausible(node: torch.fx.Node) -> bool:
     if node.target is not aten.convolution.default or node.args[8] != 1 or node.args[6]:
         return False
     w, out = node.args[1].meta["val"], node.meta["val"]
+    if _symbolic(node.args[0].meta["val"]) or _symbolic(out):
+        return False  # the lowering's GEMM form (`nn._conv_gemm`) takes static sizes only
     ws, positions = _hints(w.shape), _hints(out.shape[2:])
     if ws is None or positions is None:
         return False
