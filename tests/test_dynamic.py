@@ -69,15 +69,20 @@ def test_slices_from_zero_keep_their_traced_length() -> None:
         check(fn, torch.randn(3, n), torch.randn(3, n + 2), dynamic=True)
 
 
-def _backward_kernel_forms(compiled: torch.nn.Module, model: nn.Module, x: torch.Tensor) -> Optional[list[str]]:
-    """Train one step of `compiled`, check its gradients against eager's on a copy of `model`,
+def _backward_kernel_forms(compiled: torch.nn.Module, model: nn.Module, x: torch.Tensor,
+                           dynamic: tuple[int, ...] = ()) -> Optional[list[str]]:
+    """Train one step of `compiled` on `x` (its dims `dynamic` marked so, as a second size of
+    them makes them), check its output and gradients against eager's on a copy of `model`,
     and return the `gemm` / `conv` notes of the backward program's kernels (None when the step
     compiled nothing: a graph compiled before served it)."""
     from torchburn.backend.kernel_timing import capture_launchers
 
     eager = copy.deepcopy(model)
     xe = x.clone().requires_grad_()
-    x = x.clone().requires_grad_()
+    x = x.clone()
+    for d in dynamic:
+        torch._dynamo.mark_dynamic(x, d)
+    x.requires_grad_()
     with capture_launchers() as made:
         out = compiled(x)
         out.square().sum().backward()
@@ -106,10 +111,11 @@ def test_a_symbolic_batch_keeps_the_convolution_gradient_kernels() -> None:
         for batch in (3, 5):
             for p in model.parameters():
                 p.grad = None
-            x = torch.randn(batch, 16, size, size)
-            torch._dynamo.mark_dynamic(x, 0)  # what a second batch size does (automatic dynamic)
-            forms = _backward_kernel_forms(compiled, model, x)
-            assert forms is not None and any(f.startswith(form) for f in forms), forms
+            forms = _backward_kernel_forms(compiled, model, torch.randn(batch, 16, size, size), dynamic=(0,))
+            if batch == 5:  # the graph of the symbolic batch serves it: nothing compiled
+                assert forms is None
+            else:
+                assert forms is not None and any(f.startswith(form) for f in forms), forms
 
 
 DYNAMIC_CONVS = [  # (convolution, input channels, sizes tried): every stride / padding phase edge
@@ -117,7 +123,11 @@ DYNAMIC_CONVS = [  # (convolution, input channels, sizes tried): every stride / 
     (nn.Conv1d(4, 8, 10, stride=5), 4, (57, 64, 81)),  # wav2vec2's first layer, smaller
     (nn.Conv1d(4, 8, 4, stride=3, padding=2), 4, (19, 20, 33)),
     (nn.Conv1d(16, 16, 3, padding=2, dilation=2, groups=2), 16, (17, 26, 31)),
-    (nn.Conv1d(4, 8, 3, stride=2, padding=2, dilation=2), 4, (17, 26, 31)),  # zero-inserted form: the nest
+    (nn.Conv1d(4, 8, 3, stride=2, padding=2, dilation=2), 4, (17, 26, 31)),  # the zero-inserted form
+    (nn.Conv2d(4, 8, 3, stride=(2, 1), padding=(1, 2), dilation=(1, 2)), 4, (10, 13, 9)),  # zeros, not phases
+    (nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1), 8, (9, 12, 7)),  # the phases
+    (nn.ConvTranspose1d(4, 8, 3, dilation=2, output_padding=1), 4, (9, 13, 10)),  # output padding >= stride
+    (nn.ConvTranspose1d(4, 8, 3, stride=2, dilation=3, output_padding=2), 4, (9, 13, 10)),  # the nest
     (nn.Conv2d(8, 16, 7, stride=2, padding=3), 8, (15, 18, 21)),  # a stem-like 7x7 s2
     (nn.Conv2d(4, 8, 3, stride=2, padding=1), 4, (9, 12, 15)),
     (nn.Conv2d(4, 8, 1, stride=2), 4, (9, 12, 15)),
@@ -131,7 +141,9 @@ def test_convolution_gradients_at_symbolic_sizes(case: int) -> None:
     gives them): the input gradient's phase form, the weight gradient's dot-product kernel and
     the forward kernel take the sizes as expressions, so the backward has as many kernels in a
     convolution form as at static sizes (none falls to the per-element nest: 30x slower), and
-    every gradient matches eager's at every size the one compiled graph serves."""
+    every gradient matches eager's at every size the one compiled graph serves. Transposed
+    convolutions take the same forms for their forward (an output padding of a stride or more,
+    which PyTorch allows below the dilation, keeps the nest)."""
     conv, cin, sizes = DYNAMIC_CONVS[case]
     spatial = conv.weight.dim() - 2
     torch.manual_seed(case)
@@ -147,10 +159,8 @@ def test_convolution_gradients_at_symbolic_sizes(case: int) -> None:
         for batch, size in zip((2, 3, 4), sizes):
             for p in model.parameters():
                 p.grad = None
-            x = torch.randn(batch, cin, *(size,) * spatial)
-            for d in range(2, x.dim()):
-                torch._dynamo.mark_dynamic(x, d)
-            forms = _backward_kernel_forms(compiled, model, x)
+            forms = _backward_kernel_forms(compiled, model, torch.randn(batch, cin, *(size,) * spatial),
+                                           dynamic=tuple(range(2, 2 + spatial)))
             if batch == 4:  # the graph of the symbolic batch serves it: nothing compiled
                 assert forms is None
                 continue

@@ -14,13 +14,15 @@ training), these candidates go to the tuner (`runtime/tuner.py`):
 Both run on random tensors of the node's real shapes, strides and dtypes. A symbolic size
 (Dynamo's dynamic batch, after a second batch size) is measured at its hint, the size of the
 call being compiled, without a guard: the choice then holds for every size the graph takes, as
-Inductor's autotuning of dynamic shapes does (`ours` is compiled for the hinted sizes there,
-where the graph's own kernel is the same lowering with the size a loop bound). Where ``aten`` wins,
-the node is marked to stay a library call: the partitioner leaves it out of the compiled
-subgraphs, so it runs between our native segments (the exception to one native call per graph
-that DESIGN.md allows), and `explain()` lists it with the times measured. Convolutions too
-small to be worth a measurement (`MIN_MACS`), or outside what our lowering
-takes (or sizes with no hint) are left to our kernels without asking the tuner; so are grouped forward convolutions
+Inductor's autotuning of dynamic shapes does. `ours` is compiled for the hinted sizes there; the
+graph's own kernel is the same lowering with the size a loop bound, but for choices the lowering
+makes by size (a weight gradient's GEMM form assumes a symbolic batch of 8:
+`nn.SYMBOLIC_BATCH_HINT`), so at a small hint the two can differ. Where ``aten`` wins, the node
+is marked to stay a library call: the partitioner leaves it out of the compiled subgraphs, so
+it runs between our native segments (the exception to one native call per graph that
+DESIGN.md allows), and `explain()` lists it with the times measured. Convolutions too small to
+be worth a measurement (`MIN_MACS`), with a size that has no hint, or outside what our lowering
+takes are left to our kernels without asking the tuner; so are grouped forward convolutions
 (`library_ruled_out`), where only ours is left to propose.
 
 The tuner's budget is spent on the largest convolutions first (by multiply-adds): each
@@ -108,8 +110,11 @@ def _macs(node: torch.fx.Node) -> int:
 
 def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     """The node as a tuning workload (op, each tensor's shape/stride/dtype, the other
-    arguments), or None when it has a symbolic size."""
+    arguments), or None when a size has no hint. A symbolic node's sizes are its hints, marked
+    `symbolic`: its candidates (no `ours-gemm`) and its own lowering differ from a static
+    node's of the same sizes, so the two keep separate records."""
     tensors = []
+    symbolic = any(_symbolic(arg.meta.get("val")) for arg in node.all_input_nodes)
     for arg in node.all_input_nodes:
         desc = _concrete_shape(arg.meta.get("val"))
         if desc is None:
@@ -118,6 +123,8 @@ def workload(node: torch.fx.Node) -> Optional[dict[str, Any]]:
         tensors.append([list(shape), list(stride), str(dtype).replace("torch.", "")])
     others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
     work = {"op": TUNABLE[node.target], "tensors": tensors, "args": repr(others)}
+    if symbolic:
+        work["symbolic"] = True
     # inputs that are parameters in inference: our candidate keeps what it computes from them
     # alone (its packed weight) between the runs measured, as the compiled graph will
     constant = [k for k, arg in enumerate(node.all_input_nodes) if _constant(arg)]

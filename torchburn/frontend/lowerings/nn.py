@@ -60,7 +60,8 @@ def _static(e: Expr) -> Optional[int]:
     return int(e.value) if isinstance(e, Const) and e.type.dtype.is_int else None
 
 
-def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: dict[str, Any]) -> Value:
+def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: dict[str, Any],
+                output_padding: Sequence[int] = ()) -> Value:
     """The gradient of a convolution with respect to its input (a transposed convolution).
 
     With stride 1 it is itself a convolution with stride 1: of `g` with the weight transposed
@@ -70,8 +71,11 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
     (`_grad_input_phases`); with a dilation there too, a convolution of `g` with `stride - 1`
     zeros inserted between its elements (and up to `stride - 1` after the last, the output
     padding). Symbolic batch and spatial sizes (Dynamo's dynamic shapes) keep these forms,
-    whose sizes are then expressions; a symbolic weight, and padding beyond `dilation * (k -
-    1)`, keep `conv_grad_input` (a per-element nest)."""
+    whose sizes are then expressions; a symbolic weight, padding beyond `dilation * (k - 1)`,
+    and a transposed convolution's `output_padding` of a stride or more (which PyTorch allows
+    below the dilation), keep `conv_grad_input` (a per-element nest). The phases need dilation
+    1 along every dim (their convolutions run undilated); with a dilation anywhere a strided
+    gradient takes the zero-inserted form."""
     stride, padding, dilation, groups = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
     nsp = len(stride)
     ks = [_static(k) for k in w.shape[2:]]
@@ -79,17 +83,20 @@ def _grad_input(b: Builder, g: Value, w: Value, in_size: Sequence[Expr], attrs: 
     want = [_static(d) for d in in_size]
     cout, cin_g = _static(w.shape[0]), _static(w.shape[1])
     strided = any(s > 1 for s in stride)
-    phases = strided and all(d == 1 for s, d in zip(stride, dilation) if s > 1)
+    phases = strided and all(d == 1 for d in dilation)
     usable = None not in ks and cout is not None and cin_g is not None
     if usable:
         pads = tuple(d * (k - 1) - p for d, k, p in zip(dilation, ks, padding))  # type: ignore[operator]
         usable = all(q >= 0 for q in pads)
     if usable and None not in gs + want:
-        # Length of g with the zeros inserted, so that the stride-1 convolution gives `in_size`
-        # (with symbolic sizes it holds for any size the forward took: `u = I + 2p - d(k-1)`,
-        # `O = (u - 1) // s + 1`).
+        # Length of g with the zeros inserted, so that the stride-1 convolution gives `in_size`.
         ups = [i - 2 * q + d * (k - 1) for i, q, d, k in zip(want, pads, dilation, ks)]  # type: ignore[operator]
         usable = all((o - 1) * s + 1 <= u <= o * s for o, s, u in zip(gs, stride, ups))  # type: ignore[operator]
+    elif usable:
+        # Symbolic sizes: the same condition holds for every size when `in_size` is a forward
+        # convolution's input (`u = I + 2p - d(k-1)`, `O = (u - 1) // s + 1`), or a transposed
+        # convolution's output whose output padding is below the stride (`u = (O - 1) s + op + 1`).
+        usable = all(op < s for op, s in zip(output_padding or (0,) * nsp, stride))
     if not usable:
         return b.op("conv_grad_input", g, w, in_size=tuple(in_size), **attrs)
     rank = nsp + 2
@@ -217,7 +224,7 @@ def convolution(b: Builder, x: Value, w: Value, bias: Optional[Value], stride: A
             bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
             res = b.op("add", res, b.expand(bc, res.shape))
     elif transposed:
-        res = _grad_input(b, xc, wc, _out_spatial(b, nsp), attrs)
+        res = _grad_input(b, xc, wc, _out_spatial(b, nsp), attrs, _spatial(output_padding, nsp, "output_padding", 0))
         if bias is not None:
             bc = b.reshape(b.to_compute(bias), (bias.shape[0],) + (Const(1),) * nsp)
             res = b.op("add", res, b.expand(bc, res.shape))
@@ -400,7 +407,12 @@ def convolution_backward(b: Builder, grad: Value, x: Value, w: Value, bias_sizes
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
+            # a convolution of g; an output padding of a stride or more (allowed below the
+            # dilation) makes it longer than the input: its first positions are the gradient
             gi = b.op("conv", gc, wc, **attrs)
+            for d in range(nsp):
+                if gi.shape[2 + d] != x.shape[2 + d]:
+                    gi = b.op("slice", gi, dim=2 + d, start=0, end=x.shape[2 + d], step=1)
         else:
             gi = _grad_input(b, gc, wc, x.shape[2:], attrs)
         gi = b.cast(gi, x.dtype)

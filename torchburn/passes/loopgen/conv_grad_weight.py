@@ -279,9 +279,11 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
     # of 3 taps needed 19 of AVX2's 16, and LLVM kept accumulators on the stack.
     while rows > 1 and rows * taps + rows + taps > cpu.vector_registers():
         rows -= 1
-    flops = 2.0 * int(static_int(g.shape[0]) or SYMBOLIC_BATCH_HINT)
+    batch = static_int(g.shape[0])
+    flops = 2.0 * (SYMBOLIC_BATCH_HINT if batch is None else batch)
     for d in (*op.result.shape, *g.shape[2:]):
-        flops *= int(static_int(d) or SYMBOLIC_SIZE_HINT)
+        size = static_int(d)
+        flops *= SYMBOLIC_SIZE_HINT if size is None else size
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
     return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS).build()
