@@ -299,13 +299,11 @@ def _gemm_form_plausible(node: torch.fx.Node) -> bool:
     w, out = node.args[1].meta["val"], node.meta["val"]
     if _symbolic(node.args[0].meta["val"]) or _symbolic(out):
         return False  # the lowering's GEMM form (`nn._conv_gemm`) takes static sizes only
-    ws, positions = _hints(w.shape), _hints(out.shape[2:])
-    if ws is None or positions is None:
-        return False
-    pointwise = math.prod(ws[2:]) == 1
-    if pointwise and not any(node.args[4]) and ws[0] >= POINTWISE_GEMM_MIN_COUT and ws[1] >= POINTWISE_GEMM_MIN_CIN:
+    pointwise = math.prod(int(k) for k in w.shape[2:]) == 1
+    if (pointwise and not any(node.args[4]) and int(w.shape[0]) >= POINTWISE_GEMM_MIN_COUT
+            and int(w.shape[1]) >= POINTWISE_GEMM_MIN_CIN):
         return False  # `ours` is this product already, with its epilogue (`loopgen/conv_pointwise.py`)
-    return pointwise or math.prod(positions) <= GEMM_FORM_MAX_POSITIONS
+    return pointwise or math.prod(int(o) for o in out.shape[2:]) <= GEMM_FORM_MAX_POSITIONS
 
 
 def choose_library_calls(gm: torch.fx.GraphModule, tuner: Tuner,
