@@ -250,22 +250,35 @@ def build_qlinear_plain(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) 
 
 
 def build_qlinear_grouped(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer) -> Optional[lp.Stmt]:
-    """An int4 product as `build_qlinear_plain` computes it (the same sums in the same order),
-    with the k loop split by quantization group: per group its scale (and minimum) once, then
-    a loop over the group's `h = g / 2` bytes taking their low nibbles (elements `j`) and one
-    taking their high nibbles (elements `h + j`). The GPU form: `gpu-map` maps this nest as it
-    maps ggml blocks (`passes/gpu/block_rows.py`: a row's invocations share out the groups,
-    one byte each per loop), where the flat k loop re-derived group, byte and nibble from `k`
-    per element. None when K is not a static multiple of the group (or the weight is not int4).
+    """An int4 or grouped int8 product as `build_qlinear_plain` computes it (the same sums in
+    the same order), with the k loop split by quantization group: per group its scale (and
+    minimum) once, then, int4, a loop over the group's `h = g / 2` bytes taking their low
+    nibbles (elements `j`) and one taking their high nibbles (elements `h + j`); int8, one
+    loop over the group's bytes. The GPU form: `gpu-map` maps this nest as it maps ggml blocks
+    (`passes/gpu/block_rows.py`: a row's invocations share out the groups, one byte each per
+    loop, vec4s where the loads allow), where the flat k loop re-derived group, byte and
+    nibble from `k` per element (and a grouped int8 row lost its vec4 loads to `k // g`: 347 us
+    for the int8 head of an int4 Qwen2.5-0.5B decode step on the H100). None when K is not a
+    static multiple of the group, or for per-channel int8 (no groups: the flat loop is the form).
 
         for i0, n { acc = 0; for g in 0..K/32 { let d = %s[n, g]
           for j in 0..16 { acc = fma(%x[i0, g * 32 + j], cast<f32>(%q[n, g * 16 + j] & 15 - 8) * d, acc) }
           for j in 0..16 { acc = fma(%x[i0, g * 32 + 16 + j], cast<f32>(%q[n, g * 16 + j] >> 4 & 15 - 8) * d, acc) } }
           %out[i0, n] = acc }
+
+    and grouped int8:
+
+        for i0, n { acc = 0; for g in 0..K/32 { let d = %s[n, g]
+          for j in 0..32 { acc = fma(%x[i0, g * 32 + j], cast<f32>(%q[n, g * 32 + j]) * d, acc) } }
+          %out[i0, n] = acc }
     """
     ql = QLinear.of(qop)
     k_static = static_int(ql.k)
-    if ql.kind != "int4" or k_static is None or k_static % ql.group:
+    if k_static is None or k_static % ql.group:
+        return None
+    if ql.kind == "int8" and not ql.per_channel:
+        return _grouped_int8(kb, root, qop, out, ql, k_static)
+    if ql.kind != "int4":
         return None
     g_size, h = ql.group, ql.group // 2
 
@@ -283,6 +296,25 @@ def build_qlinear_grouped(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer
             x = _f32(kb.value_at(ql.x, (*lead, ex.add(ex.mul(g, Const(g_size)), ex.add(Const(half * h), j)))))
             _add_to(kb, acc, x, w)
             kb.emit(lp.For(j, Const(0), Const(h), "serial", kb.pop()))
+        kb.emit(lp.For(g, Const(0), Const(k_static // g_size), "serial", kb.pop()))
+
+    return _per_output_nest(kb, root, qop, out, "g", reduce)
+
+
+def _grouped_int8(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, ql: QLinear, k_static: int) -> lp.Stmt:
+    """`build_qlinear_grouped` for int8 with a scale per group: `w = f32(q) * d` as
+    `weight_element` computes it, the group's scale loaded once."""
+    g_size = ql.group
+
+    def reduce(lead: tuple[Var, ...], n: Var, g: Var, acc: Expr) -> None:
+        kb.push()
+        scale = kb.bind(_f32(kb.value_at(ql.scales, (n, g))), "d")
+        j = Var(kb.fresh("j"))
+        kb.push()
+        k = ex.add(ex.mul(g, Const(g_size)), j)
+        w = kb.bind(ex.Binary("mul", _f32(kb.value_at(ql.q, (n, k))), scale, F32), "w")
+        _add_to(kb, acc, _f32(kb.value_at(ql.x, (*lead, k))), w)
+        kb.emit(lp.For(j, Const(0), Const(g_size), "serial", kb.pop()))
         kb.emit(lp.For(g, Const(0), Const(k_static // g_size), "serial", kb.pop()))
 
     return _per_output_nest(kb, root, qop, out, "g", reduce)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 def plain_qlinear(kb: "KernelBuilder", root: Op, qop: Op, out: lp.Buffer, grouped: bool = False) -> lp.Stmt:
     """The per-element nest (GPUs, and operands the SIMD forms cannot stream): the block
     table's for kind "blocks", else `build_qlinear_plain`; with `grouped` (the GPU lowering),
-    int4 with its k loop split by group where K allows (`build_qlinear_grouped`)."""
+    int4 and grouped int8 with their k loop split by group where K allows (`build_qlinear_grouped`)."""
     if qop.attrs["kind"] == "blocks":
         return build_blocks_plain(kb, root, qop, out)
     if grouped:
