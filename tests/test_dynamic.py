@@ -118,6 +118,44 @@ def test_a_symbolic_batch_keeps_the_convolution_gradient_kernels() -> None:
                 assert forms is not None and any(f.startswith(form) for f in forms), forms
 
 
+@pytest.mark.parametrize("norm", [nn.BatchNorm2d, nn.BatchNorm1d])
+def test_batch_norm_training_at_a_symbolic_batch_stays_one_subgraph(norm: type) -> None:
+    """Batch norm's running variance is corrected by `n / (n - 1)` and its backward divides
+    by `n`: at a symbolic batch both are SymFloats (`frontend/symfloat_args.py` makes them 0-d
+    float64 tensors), and `n` is read from the convolution's output (`sym_numel`, rebuilt from
+    the inputs by `frontend/size_nodes.py`). Before, each such `mul` stayed in PyTorch and cut
+    the forward and the backward into pieces. The running statistics, outputs and gradients
+    equal eager's at every batch size."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1) if norm is nn.BatchNorm2d else nn.Conv1d(3, 8, 3, padding=1)
+    model = nn.Sequential(conv, norm(8), nn.ReLU()).train()
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=torchburn_backend, options={"tune": "off"})
+    for batch in (4, 5, 7):
+        shape = (batch, 3, 6, 6) if norm is nn.BatchNorm2d else (batch, 3, 10)
+        x = torch.randn(shape)
+        records = rep.start_recording()
+        try:
+            out = compiled(x)
+            out.square().sum().backward()
+        finally:
+            rep.stop_recording()
+        want = eager(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3)
+        for a, b in zip(model.buffers(), eager.buffers()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        if batch == 5:  # the symbolic batch's forward and backward: whole
+            assert len(records) == 2, records
+            assert_fully_compiled(records)
+            assert all(len(r.subgraphs) == 1 for r in records), [len(r.subgraphs) for r in records]
+        if batch == 7:
+            assert not records  # served by the symbolic graphs
+
+
 DYNAMIC_CONVS = [  # (convolution, input channels, sizes tried): every stride / padding phase edge
     (nn.Conv1d(4, 8, 3, stride=2), 4, (23, 30, 41)),
     (nn.Conv1d(4, 8, 10, stride=5), 4, (57, 64, 81)),  # wav2vec2's first layer, smaller
@@ -132,6 +170,11 @@ DYNAMIC_CONVS = [  # (convolution, input channels, sizes tried): every stride / 
     (nn.Conv2d(4, 8, 3, stride=2, padding=1), 4, (9, 12, 15)),
     (nn.Conv2d(4, 8, 1, stride=2), 4, (9, 12, 15)),
     (nn.Conv2d(4, 8, 3, padding=1), 4, (7, 10, 13)),
+    # the width form (depthwise, and fewer output channels than lanes) at a symbolic width:
+    # rows narrower and wider than its planned tile
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8), 8, (6, 9, 3)),
+    (nn.Conv1d(8, 8, 5, stride=2, padding=2, groups=8), 8, (20, 37, 7)),
+    (nn.Conv1d(4, 2, 3), 4, (40, 75, 5)),
 ]
 
 

@@ -180,6 +180,7 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
     from ..frontend.inplace_writes import mark_slot_writes
     from ..frontend.item_fold import fold_item_round_trips
     from ..frontend.size_nodes import sizes_from_inputs
+    from ..frontend.symfloat_args import wrap_symfloat_operands
     from ..frontend.view_outputs import views_to_pytorch
 
     lazy = pipeline if isinstance(pipeline, _LazyPipeline) else None
@@ -188,6 +189,7 @@ def _compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], p
         restride_placeholders(gm, example_inputs)
     fold_item_round_trips(gm)  # before the cache key: the cached plan names the folded nodes
     sizes_from_inputs(gm)  # likewise; sizes no longer cut the graph
+    wrap_symfloat_operands(gm)  # likewise; nor do factors computed from sizes (batch norm's n / (n - 1))
     views_to_pytorch(gm)  # likewise; strided views among the outputs keep their strides
     mark_slot_writes(gm)  # a mutated input's few written elements are stored in place
     config = get_config()

@@ -20,6 +20,7 @@ from . import lowerings  # noqa: F401  (registers lowerings)
 from .dtypes import is_supported
 from .fuse_parts import fuse_parts
 from .registry import get_lowering
+from .symfloat_args import is_symfloat_wrap
 from .view_outputs import MARK as OUTPUT_VIEW
 
 #: Ops that are deliberately left to PyTorch, with the reason. This is the one list: the
@@ -207,7 +208,8 @@ def partition(gm: torch.fx.GraphModule, library: Optional[dict[torch.fx.Node, st
     parts = [p for p in parts if any(str(getattr(n.target, "_overloadpacket", n.target)) not in VIEW_ONLY
                                      for n in p.nodes)]
     fallbacks = [(str(n.target), r) for n, r in reasons.items()
-                 if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)]
+                 if n.op == "call_function" and not _is_python_scalar_op(n) and not _is_input_writeback(n)
+                 and not is_symfloat_wrap(n)]
     plan = [[(n.name, order) for n, order in p.nodes.items()] for p in parts]
     module = fuse_parts(gm, [p.nodes for p in parts])
     names = [n.target for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("fused_")]

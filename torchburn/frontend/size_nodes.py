@@ -1,6 +1,6 @@
 """Sizes read from intermediate tensors, read from the graph's inputs instead.
 
-With dynamic shapes an ATen graph reads sizes with `sym_size(t, d)` nodes, often of a tensor
+With dynamic shapes an ATen graph reads sizes with `sym_size(t, d)` (or `sym_numel(t)`) nodes, often of a tensor
 the graph computed (`view(conv_out, [b, c, h * w])` reads `h` and `w` from `conv_out`). Such a
 size node is not compilable (it is Python arithmetic) and depends on a compilable node while
 a compilable node depends on it: the partitioner must then cut the graph around it, and each
@@ -19,12 +19,15 @@ import torch
 import torch.fx
 
 aten = torch.ops.aten
+#: Reads of a tensor's size: one dim (`sym_size`), or all of them multiplied (`sym_numel`: batch
+#: norm's count of elements per channel in training, `x.numel()`).
+SIZE_READS = (aten.sym_size.int, aten.sym_numel.default)
 
 
 def sizes_from_inputs(gm: torch.fx.GraphModule) -> None:
-    """Rebuild each `sym_size` of a computed tensor from the graph's inputs (module docstring),
+    """Rebuild each `sym_size` or `sym_numel` of a computed tensor from the graph's inputs (module docstring),
     where its expression uses sums, products, integer powers and floor divisions only."""
-    sizes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.sym_size.int
+    sizes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in SIZE_READS
              and isinstance(n.args[0], torch.fx.Node) and n.args[0].op != "placeholder"
              and isinstance(n.meta.get("val"), torch.SymInt)]
     if not sizes:

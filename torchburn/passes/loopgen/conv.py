@@ -97,6 +97,11 @@ CHANNEL_TILES_INNER_MIN_K = 64
 #: it); from 24 the GEMM form was (24-to-144 at 56x56 0.52-0.59 against 0.82-0.94 ms).
 POINTWISE_GEMM_MIN_CIN = 24
 POINTWISE_GEMM_MIN_COUT = 16
+#: The output width the width form is planned for where it is symbolic (Dynamo's dynamic shapes:
+#: variable-length audio, a second image size): rows of at least two vectors of 16 lanes, so a
+#: tile keeps two vectors (the plan of any static row that long). Before, such a convolution
+#: (depthwise, or fewer output channels than a vector has lanes) took the per-element nest.
+SYMBOLIC_WIDTH_HINT = 64
 #: Vector registers a channels-form tile leaves for the input broadcasts that LLVM keeps live
 #: across the (fully unrolled) taps of the last dim: with stride-1 taps, position `q + 1` of
 #: tap `k` reads what position `q` of tap `k + 1` does, and LLVM reuses the broadcast instead
@@ -308,11 +313,14 @@ def plan_conv(cout: int, groups: int, cin_g: int, taps: int, out_w: Optional[int
                                    cin_g * in_positions * dtype.itemsize, cb * lanes * cin_g * taps * dtype.itemsize,
                                    reuse, cpu)
         return ConvPlan("channels", lanes, cv, pos, parallel, block=block)
-    # Width form: vectors along the output width, at most the width (2 lanes at least).
-    if out_w is None or out_w < 2:
+    # Width form: vectors along the output width, at most the width (2 lanes at least). A
+    # symbolic width is planned at `SYMBOLIC_WIDTH_HINT` (a narrower row masks its tile's
+    # missing positions, computed and never stored, as any row's last tile does).
+    width = SYMBOLIC_WIDTH_HINT if out_w is None else out_w
+    if width < 2:
         return None
-    wl = min(lanes, _pow2_floor(out_w))
-    nvec = 2 if out_w >= 2 * wl and budget >= 8 else 1
+    wl = min(lanes, _pow2_floor(width))
+    nvec = 2 if width >= 2 * wl and budget >= 8 else 1
     # Channels of a group share their input vectors: as many as the registers hold. A
     # depthwise channel has its own, loaded once per tap: half as many keep the loads ahead.
     rc = max(1, min(cout, budget // nvec // (1 if cout_g > 1 else 2)))

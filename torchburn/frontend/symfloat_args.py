@@ -1,0 +1,83 @@
+"""A SymFloat operand of tensor arithmetic, passed as a 0-d float64 tensor instead.
+
+Under a symbolic batch an ATen graph computes some factors in Python from sizes: batch norm's
+running variance is corrected by `n / (n - 1)` and its backward divides by `n`, both SymFloats
+(`operator.truediv` of SymInts), which `mul.Tensor` then takes as its scalar. A compiled
+subgraph takes tensors and SymInts, not SymFloats, so each such `mul` stayed in PyTorch and cut
+the graph: a ResNet's training step after a second batch size ran its batch norms' backward as
+pieces between subgraphs. The factor is made a 0-d float64 tensor right where it is computed
+(`scalar_tensor`, in PyTorch: Python arithmetic on sizes, not a fallback), and the op takes that:
+
+    truediv_3 = operator.truediv(1.0, truediv_2)             # SymFloat
+    mul_24 = aten.mul.Tensor(sum_1, truediv_3)
+
+becomes
+
+    truediv_3 = operator.truediv(1.0, truediv_2)
+    scalar_tensor = aten.scalar_tensor.default(truediv_3, dtype=torch.float64)
+    mul_24 = aten.mul.Tensor(sum_1, scalar_tensor)
+
+The value is the same: eager wraps a Python float as a 0-d float64 tensor too, and a 0-d
+operand does not change the result's dtype among floating tensors; the factor is converted to
+the computation's dtype once either way. Only the four arithmetic ops on float32 and float64
+tensors are rewritten, where that holds and where the result's dtype (checked) stays the same.
+
+It runs on the ATen graph before partitioning and before the FX-graph cache key is taken.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+#: Ops whose scalar operand may be a tensor: the `.Scalar` overloads become `.Tensor` ones.
+TENSOR_FORM = {aten.mul.Tensor: aten.mul.Tensor, aten.mul.Scalar: aten.mul.Tensor,
+               aten.div.Tensor: aten.div.Tensor, aten.div.Scalar: aten.div.Tensor,
+               aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor}
+FLOATS = (torch.float32, torch.float64)
+
+
+def is_symfloat(node: object) -> bool:
+    """Whether `node` is an FX node whose value is a SymFloat."""
+    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.SymFloat)
+
+
+def is_symfloat_wrap(node: torch.fx.Node) -> bool:
+    """A `scalar_tensor` of a SymFloat (this module's): size arithmetic, not a fallback."""
+    return node.target is aten.scalar_tensor.default and bool(node.args) and is_symfloat(node.args[0])
+
+
+def wrap_symfloat_operands(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every op of `TENSOR_FORM` whose `other` is a SymFloat (module docstring);
+    returns how many were rewritten."""
+    wrapped = 0
+    made: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in TENSOR_FORM or len(node.args) < 2:
+            continue
+        x, other = node.args[0], node.args[1]
+        out = node.meta.get("val")
+        if not is_symfloat(other) or not isinstance(x, torch.fx.Node) or not isinstance(out, torch.Tensor):
+            continue
+        xv = x.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or xv.dtype not in FLOATS or out.dtype != xv.dtype:
+            continue
+        assert isinstance(other, torch.fx.Node)
+        scalar = made.get(other)
+        if scalar is None:  # before its first user: later users come after it
+            with gm.graph.inserting_before(node):
+                scalar = gm.graph.call_function(aten.scalar_tensor.default, (other,), {"dtype": torch.float64})
+            scalar.meta["val"] = out.new_empty((), dtype=torch.float64)
+            made[other] = scalar
+        if torch.result_type(xv, scalar.meta["val"]) != out.dtype:
+            continue
+        node.target = TENSOR_FORM[node.target]
+        node.args = (x, scalar, *node.args[2:])
+        wrapped += 1
+    for other, scalar in made.items():
+        if not scalar.users:
+            gm.graph.erase_node(scalar)
+    if wrapped:
+        gm.recompile()
+    return wrapped
