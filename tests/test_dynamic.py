@@ -122,7 +122,7 @@ def test_a_symbolic_batch_keeps_the_convolution_gradient_kernels() -> None:
 def test_batch_norm_training_at_a_symbolic_batch_stays_one_subgraph(norm: type) -> None:
     """Batch norm's running variance is corrected by `n / (n - 1)` and its backward divides
     by `n`: at a symbolic batch both are SymFloats (`frontend/symfloat_args.py` makes them 0-d
-    float64 tensors), and `n` is read from the convolution's output (`sym_numel`, rebuilt from
+    float32 tensors), and `n` is read from the convolution's output (`sym_numel`, rebuilt from
     the inputs by `frontend/size_nodes.py`). Before, each such `mul` stayed in PyTorch and cut
     the forward and the backward into pieces. The running statistics, outputs and gradients
     equal eager's at every batch size."""

@@ -46,3 +46,35 @@ def test_gpu_forward_reports_its_output_strides_and_gradients_match(gpu, monkeyp
         torch.testing.assert_close(got, ref.grad, rtol=1e-4, atol=1e-4)
     assert "wgpu" in [engine for engine, _ in engines(records)], engines(records)
     assert seen and all(s is not None for s in seen), seen  # the forward's strides were known
+
+
+def test_batch_norm_at_a_symbolic_batch_stays_on_the_gpu(gpu) -> None:  # type: ignore[no-untyped-def]
+    """Batch norm's factors at a symbolic batch (`n / (n - 1)`, `1 / n`) reach the subgraph as
+    0-d tensors of the activations' dtype (`frontend/symfloat_args.py`): float32, which WGSL
+    has, so the forward and backward run on the GPU engine (a float64 factor sent both to the
+    CPU engine: "WGSL has no 64-bit floats")."""
+    import copy
+
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU()).train()
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="torchburn", dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 16)
+        records = rep.start_recording()
+        try:
+            out = compiled(x)
+            out.square().sum().backward()
+        finally:
+            rep.stop_recording()
+        want = eager(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3)
+        if records:
+            assert not [r.fallback_ops for r in records if r.fallback_ops]
+            assert {engine for engine, _ in engines(records)} == {"wgpu"}, engines(records)

@@ -1,12 +1,13 @@
-"""A SymFloat operand of tensor arithmetic, passed as a 0-d float64 tensor instead.
+"""A SymFloat operand of tensor arithmetic, passed as a 0-d tensor instead.
 
 Under a symbolic batch an ATen graph computes some factors in Python from sizes: batch norm's
 running variance is corrected by `n / (n - 1)` and its backward divides by `n`, both SymFloats
 (`operator.truediv` of SymInts), which `mul.Tensor` then takes as its scalar. A compiled
 subgraph takes tensors and SymInts, not SymFloats, so each such `mul` stayed in PyTorch and cut
 the graph: a ResNet's training step after a second batch size ran its batch norms' backward as
-pieces between subgraphs. The factor is made a 0-d float64 tensor right where it is computed
-(`scalar_tensor`, in PyTorch: Python arithmetic on sizes, not a fallback), and the op takes that:
+pieces between subgraphs. The factor is made a 0-d tensor of the other operand's dtype right
+where it is computed (`scalar_tensor`, in PyTorch: Python arithmetic on sizes, not a fallback),
+and the op takes that:
 
     truediv_3 = operator.truediv(1.0, truediv_2)             # SymFloat
     mul_24 = aten.mul.Tensor(sum_1, truediv_3)
@@ -14,13 +15,15 @@ pieces between subgraphs. The factor is made a 0-d float64 tensor right where it
 becomes
 
     truediv_3 = operator.truediv(1.0, truediv_2)
-    scalar_tensor = aten.scalar_tensor.default(truediv_3, dtype=torch.float64)
+    scalar_tensor = aten.scalar_tensor.default(truediv_3, dtype=torch.float32)   # sum_1: f32
     mul_24 = aten.mul.Tensor(sum_1, scalar_tensor)
 
-The value is the same: eager wraps a Python float as a 0-d float64 tensor too, and a 0-d
-operand does not change the result's dtype among floating tensors; the factor is converted to
-the computation's dtype once either way. Only the four arithmetic ops on float32 and float64
-tensors are rewritten, where that holds and where the result's dtype (checked) stays the same.
+The value is the same: eager's kernels convert a Python float operand to the computation's
+dtype (float32 for a float32 tensor) once, as `scalar_tensor` does here; and the GPU engine,
+which has no float64, takes the subgraph (a float64 factor sent the whole of it to the CPU
+engine). Only the four arithmetic ops on float32 and float64 tensors are rewritten, where that
+holds and the result's dtype (checked) stays the same, and `add`/`sub` only without an `alpha`
+(eager computes `x + alpha * other` as one fma: rounded once).
 
 It runs on the ATen graph before partitioning and before the FX-graph cache key is taken.
 """
@@ -52,7 +55,7 @@ def wrap_symfloat_operands(gm: torch.fx.GraphModule) -> int:
     """Rewrite every op of `TENSOR_FORM` whose `other` is a SymFloat (module docstring);
     returns how many were rewritten."""
     wrapped = 0
-    made: dict[torch.fx.Node, torch.fx.Node] = {}
+    made: dict[tuple[torch.fx.Node, torch.dtype], torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in TENSOR_FORM or len(node.args) < 2:
             continue
@@ -63,19 +66,22 @@ def wrap_symfloat_operands(gm: torch.fx.GraphModule) -> int:
         xv = x.meta.get("val")
         if not isinstance(xv, torch.Tensor) or xv.dtype not in FLOATS or out.dtype != xv.dtype:
             continue
+        if node.kwargs.get("alpha", 1) != 1 or len(node.args) > 2:
+            continue  # eager computes `x + alpha * other` with one rounding (an fma)
         assert isinstance(other, torch.fx.Node)
-        scalar = made.get(other)
+        key = (other, xv.dtype)
+        scalar = made.get(key)
         if scalar is None:  # before its first user: later users come after it
             with gm.graph.inserting_before(node):
-                scalar = gm.graph.call_function(aten.scalar_tensor.default, (other,), {"dtype": torch.float64})
-            scalar.meta["val"] = out.new_empty((), dtype=torch.float64)
-            made[other] = scalar
+                scalar = gm.graph.call_function(aten.scalar_tensor.default, (other,), {"dtype": xv.dtype})
+            scalar.meta["val"] = out.new_empty((), dtype=xv.dtype)
+            made[key] = scalar
         if torch.result_type(xv, scalar.meta["val"]) != out.dtype:
             continue
         node.target = TENSOR_FORM[node.target]
         node.args = (x, scalar, *node.args[2:])
         wrapped += 1
-    for other, scalar in made.items():
+    for scalar in made.values():
         if not scalar.users:
             gm.graph.erase_node(scalar)
     if wrapped:
