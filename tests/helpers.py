@@ -34,6 +34,24 @@ def assert_fully_compiled(reports: list[rep.GraphReport]) -> None:
     assert any(s.compiled for r in reports for s in r.subgraphs), "no subgraph was compiled"
 
 
+def train_step_like_eager(compiled: Callable[..., Any], model: torch.nn.Module, eager: torch.nn.Module,
+                          x: torch.Tensor) -> list[rep.GraphReport]:
+    """One training step of `compiled` (wrapping `model`) and of `eager` (its copy) on `x`:
+    outputs and parameter gradients equal; returns the graphs compiled during the step."""
+    records = rep.start_recording()
+    try:
+        out = compiled(x)
+        out.square().sum().backward()
+    finally:
+        rep.stop_recording()
+    want = eager(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3)
+    return records
+
+
 def check(fn: Callable[..., Any], *args: Any, rtol: Optional[float] = None, atol: Optional[float] = None,
           dynamic: Optional[bool] = False, require_compiled: bool = True) -> Any:
     """Compiled result equals eager's (with `assert_close`'s dtype-aware tolerances)."""

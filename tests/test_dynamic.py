@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.helpers import assert_fully_compiled, check
+from tests.helpers import assert_fully_compiled, check, train_step_like_eager
 from torchburn.backend import report as rep
 from torchburn.backend.entry import torchburn_backend
 
@@ -134,18 +134,7 @@ def test_batch_norm_training_at_a_symbolic_batch_stays_one_subgraph(norm: type) 
     compiled = torch.compile(model, backend=torchburn_backend, options={"tune": "off"})
     for batch in (4, 5, 7):
         shape = (batch, 3, 6, 6) if norm is nn.BatchNorm2d else (batch, 3, 10)
-        x = torch.randn(shape)
-        records = rep.start_recording()
-        try:
-            out = compiled(x)
-            out.square().sum().backward()
-        finally:
-            rep.stop_recording()
-        want = eager(x)
-        want.square().sum().backward()
-        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3)
+        records = train_step_like_eager(compiled, model, eager, torch.randn(shape))
         for a, b in zip(model.buffers(), eager.buffers()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         if batch == 5:  # the symbolic batch's forward and backward: whole

@@ -21,9 +21,9 @@ becomes
 The value is the same: eager's kernels convert a Python float operand to the computation's
 dtype (float32 for a float32 tensor) once, as `scalar_tensor` does here; and the GPU engine,
 which has no float64, takes the subgraph (a float64 factor sent the whole of it to the CPU
-engine). Only the four arithmetic ops on float32 and float64 tensors are rewritten, where that
-holds and the result's dtype (checked) stays the same, and `add`/`sub` only without an `alpha`
-(eager computes `x + alpha * other` as one fma: rounded once).
+engine). Only the four arithmetic ops on float32 and float64 tensors whose result keeps that
+dtype are rewritten (a 0-d operand of the same dtype cannot change it), and `add`/`sub` only
+without an `alpha` (eager computes `x + alpha * other` as one fma: rounded once).
 
 It runs on the ATen graph before partitioning and before the FX-graph cache key is taken.
 """
@@ -76,14 +76,9 @@ def wrap_symfloat_operands(gm: torch.fx.GraphModule) -> int:
                 scalar = gm.graph.call_function(aten.scalar_tensor.default, (other,), {"dtype": xv.dtype})
             scalar.meta["val"] = out.new_empty((), dtype=xv.dtype)
             made[key] = scalar
-        if torch.result_type(xv, scalar.meta["val"]) != out.dtype:
-            continue
         node.target = TENSOR_FORM[node.target]
         node.args = (x, scalar, *node.args[2:])
         wrapped += 1
-    for scalar in made.values():
-        if not scalar.users:
-            gm.graph.erase_node(scalar)
     if wrapped:
         gm.recompile()
     return wrapped
