@@ -28,23 +28,6 @@ def _llm(folder: Path, compile: bool = False, quant: str | None = None) -> LLM:
     return llm
 
 
-def _vector_bits() -> int:
-    from torchburn.codegen import host_target
-    from torchburn.codegen.target import named_target
-    from torchburn.runtime.config import get_config
-
-    name = get_config().target
-    return (host_target() if name == "host" else named_target(name)).vector_bits
-
-
-#: Found on an AVX-512 (Zen 4) development host in session 38: logits of a request alone and in
-#: a batch differ in the last place there (8e-8; on AVX2 hosts they are equal bit for bit); the
-#: kernel that differs is not found yet. Strict: the test reports when it starts to hold.
-AVX512_NOT_INVARIANT = pytest.mark.xfail(
-    condition=_vector_bits() >= 512, strict=True,
-    reason="batch invariance does not hold bit for bit on 512-bit vector targets yet (session 38)")
-
-
 @pytest.fixture
 def invariant(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """TORCHBURN_QLINEAR_INVARIANT=1, as `torchburn serve` sets it: quantized linears take their
@@ -425,7 +408,6 @@ def _record_logits(monkeypatch: pytest.MonkeyPatch, s: Scheduler) -> dict[int, l
     return seen
 
 
-@AVX512_NOT_INVARIANT
 def test_invariant_serving_gives_each_request_its_logits_alone(tiny_checkpoint, invariant,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit for bit, every decode step's logits: requests run one at a time against the same
@@ -464,7 +446,6 @@ def test_invariant_serving_gives_each_request_its_logits_alone(tiny_checkpoint, 
             assert torch.equal(a, b), (prompts[k], step, float((a - b).abs().max()))
 
 
-@AVX512_NOT_INVARIANT
 def test_invariant_prefill_at_the_context_end(tiny_checkpoint, invariant, monkeypatch: pytest.MonkeyPatch) -> None:
     """A context of 40 slots (not a multiple of 16): the chunk at slot 32 would overrun it, so
     the tokens from there run one a step (`aligned_plan`), alone and in a batch alike. Bit for

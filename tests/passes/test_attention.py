@@ -259,3 +259,40 @@ def test_block_sizes_are_pass_options() -> None:
     assert bodies[0] != bodies[1] and "+ 7) // 8" in bodies[1] and "+ 7) // 8" not in bodies[0]
     with pytest.raises(PassError, match="attention_rows=0; expected a positive integer"):
         LowerToLoops(attention_rows=0)
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 32])
+def test_a_row_gets_the_same_result_wherever_it_starts_in_the_cache(head_dim: int) -> None:
+    """Bit for bit: one row's keys at the end of a cache view of `L + pad` slots, the `pad`
+    slots before them masked (`MASKED`, as a row beside longer ones in the server's shared
+    cache), give the result of the same keys alone (`pad = 0`), compiled once for every length
+    as the LLM's step is. The blocks end at the view's end (`block_origin`), and every loop over a
+    block's keys runs all of its lanes: found on AVX-512, where `split-accumulators` split the
+    value sum of a loop starting at block 0's first key, so each key's partial sum depended on
+    the pad."""
+    masked = torch.finfo(torch.float32).min
+
+    def step(q, kv, start, k, v, new_mask):  # type: ignore[no-untyped-def]
+        p = kv.shape[3]
+        old_mask = torch.where(torch.arange(p) < start, masked, 0.0).view(1, 1, 1, p)
+        return attention(q, [kv[0], k], [kv[1], v], [old_mask, new_mask], 0.25, False)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="torchburn")
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(1, 4, 1, head_dim, generator=g)
+    k, v = torch.randn(2, 1, 2, 1, head_dim, generator=g)
+    new_mask = torch.zeros(1, 1, 1, 1)
+    for length in (4, 7, 20, 33):
+        row = torch.randn(2, 1, 2, length, head_dim, generator=g)
+        alone = None
+        for pad in (0, 1, 3, 5, 12, 16, 30, 41):
+            kv = torch.randn(2, 1, 2, length + pad, head_dim, generator=g)
+            kv[..., pad:, :] = row
+            torch._dynamo.mark_dynamic(kv, 3)
+            out = compiled(q, kv, torch.tensor(pad), k, v, new_mask)
+            if alone is None:
+                alone = out
+                torch.testing.assert_close(out, _sdpa(q, [row[0], k], [row[1], v], [], 0.25, False),
+                                           rtol=2e-5, atol=2e-5)
+            assert torch.equal(out, alone), (length, pad, float((out - alone).abs().max()))

@@ -17,7 +17,7 @@ so the result is the exact softmax, whatever the order of the blocks:
           }
           m_new = max(m, max(s)); corr = exp(m - m_new)
           s[:] = exp(s[:] - m_new); l = l * corr + sum(s); acc[:] *= corr
-          for jj in max(0, -j0)..BK { acc[:] += s[jj] * v[j0+jj, :] }
+          for jj in 0..BK { acc[:] += s[jj] * v[max(j0+jj, 0), :] }   # s[jj] = 0 before the keys
           m = m_new
         }
         out[i, :] = acc[:] / l                         # rows past Tq store nothing
@@ -292,7 +292,11 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
                 corrs.append(corr)
 
             def gather(jj: Var) -> None:
-                j = kb.bind(ex.add(j0, jj), "j")
+                # Every lane of the block, block 0's missing keys too (their weights are exact
+                # zeros; the key read is the segment's first): a loop from `first` would give
+                # `split-accumulators` a trip count that depends on where the row starts in
+                # the cache, and so a different partial sum for each key (batch invariance).
+                j = kb.bind(ex.maximum(ex.add(j0, jj), Const(0)), "j")
                 ps = [kb.bind(n.get(s, jj)) for _, _, _, s in state]
 
                 def axpy(c: Var) -> None:
@@ -305,7 +309,7 @@ def _task(kb: KernelBuilder, n: _Nest, op: Op, out: lp.Buffer, bidx: tuple[Expr,
 
             for corr, (_, _, acc, _) in zip(corrs, state):
                 n.loop("d", Const(dv), lambda c, acc=acc, corr=corr: n.put(acc, ex.Binary("mul", n.get(acc, c), corr, F32), c))
-            n.loop("jj", Const(block_k), gather, start=first)
+            n.loop("jj", Const(block_k), gather)
 
         n.loop("jb", nblocks, per_block)
     for row, (m, l, acc, _) in zip(rows, state):
