@@ -29,6 +29,7 @@ def test_eager_matches_sdpa_with_gqa_and_two_segments() -> None:
     (lambda q, k, v: (q, [k, k], [v, v], [], 0.5, True), "causal takes one segment"),
     (lambda q, k, v: (q, [k[..., :4]], [v], [], 0.5, False), "do not fit"),
     (lambda q, k, v: (q[0, 0], [k], [v], [], 0.5, False), "q must be"),
+    (lambda q, k, v: (q, [k], [v], [torch.zeros(3, 6)], 0.5, False), r"mask \[3, 6\] does not span keys"),
 ])
 def test_bad_operands_raise(args, message: str) -> None:  # type: ignore[no-untyped-def]
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
@@ -58,3 +59,27 @@ def test_sdpa_is_one_attention_kernel(mask: str) -> None:
         assert "aten.where" in kernels[0], kernels
         kernels = kernels[1:]
     assert len(kernels) == 1 and "torchburn.attention" in kernels[0] and "aten.permute" in kernels[0], kernels
+
+
+def test_masks_and_keys_marked_dynamic_one_by_one_compile() -> None:
+    """A cache view, its values and its mask marked dynamic each on its own (three symbols):
+    the mask's check says they are one length, so the graph compiles whole (before, an internal
+    compiler error: the mask's length could not be expanded to the keys')."""
+    from torchburn.backend import report as rep
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, kp, vp, k, v, om, nm: attention(q, [kp, k], [vp, v], [om, nm], 0.25, False),
+                       backend="torchburn")
+    records = rep.start_recording()
+    try:
+        for p in (5, 9, 20):
+            q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+            kp, vp, om = torch.randn(1, 2, p, 16), torch.randn(1, 2, p, 16), torch.randn(1, 1, 1, p)
+            nm = torch.zeros(1, 1, 1, 1)
+            for x in (kp, vp, om):
+                torch._dynamo.mark_dynamic(x, x.dim() - 2 if x is not om else 3)
+            torch.testing.assert_close(fn(q, kp, vp, k, v, om, nm), attention(q, [kp, k], [vp, v], [om, nm], 0.25, False),
+                                       rtol=2e-5, atol=2e-5)
+    finally:
+        rep.stop_recording()
+    assert_fully_compiled(list(records))

@@ -41,6 +41,12 @@ def _check(q: Tensor, keys: list[Tensor], values: list[Tensor], masks: list[Opti
             raise ValueError(f"attention: k {list(k.shape)} / v {list(v.shape)} do not fit q {list(q.shape)}")
         if v.shape[-1] != values[0].shape[-1]:
             raise ValueError("attention: the value segments differ in head dim")
+    for m, k in zip(masks, keys):
+        # A mask spans its segment's keys: said as a check, not a test, so that symbolic
+        # lengths marked dynamic one by one (the cache view, its mask) become one symbol.
+        if m is not None:
+            torch._check_value(m.dim() >= 1 and m.shape[-1] == k.shape[-2],
+                         lambda m=m, k=k: f"attention: mask {list(m.shape)} does not span keys {list(k.shape)}")
 
 
 def _scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
