@@ -314,6 +314,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     loads = [int(x) for x in args.clients.split(",")]
+    if args.rounds < 1 or min(loads) < 1:
+        p.error(f"--rounds and every --clients count must be at least 1 (got {args.rounds}, {args.clients})")
 
     if args.gguf is None:
         from torchburn.llm.model.source import default_model
