@@ -490,3 +490,48 @@ def test_invariant_prefill_at_the_context_end(tiny_checkpoint, invariant, monkey
         assert len(seen[id(a)]) == len(seen[id(b)]) == min(3, llm.max_context - len(p))
         for step, (x, y) in enumerate(zip(seen[id(a)], seen[id(b)])):
             assert torch.equal(x, y), (len(p), step, float((x - y).abs().max()))
+
+
+def test_invariant_batched_prefill_continues_from_prefix_entries(tiny_checkpoint, invariant,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts arriving together that share a prefix an entry holds (a common system prompt)
+    run their rests in one batched prefill from the last chunk boundary the entries hold for
+    all of them, the slots before it copied from the entries: bit for bit the logits each gets
+    alone, one batched prefill where each would otherwise prefill from its entry in turn (a
+    chunk a step: a server's sixteenth client waited for fifteen such prefills)."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder, compile=True, quant="int4")
+    g = torch.Generator().manual_seed(11)
+    system = torch.randint(3, 300, (35,), generator=g).tolist()
+    rests = [torch.randint(3, 300, (t,), generator=g).tolist() for t in (9, 20, 4)]
+    prompts = [system + r for r in rests]
+    n = 4
+
+    def submit(s: Scheduler, ids: list[int]) -> Request:
+        r = Request(prompt_ids=ids, max_tokens=n, params=GREEDY, emit=Collect())
+        s.submit(r)
+        return r
+
+    alone_s = Scheduler(llm, parallel=4, prefix_cache=0)
+    alone_logits = _record_logits(monkeypatch, alone_s)
+    alone = []
+    for p in prompts:
+        alone.append(submit(alone_s, p))
+        while not alone_s.idle:
+            alone_s.step()
+    s = Scheduler(llm, parallel=4, prefix_cache=4)
+    seen = _record_logits(monkeypatch, s)
+    warm = submit(s, system + [5])          # fills an entry with the system prompt
+    while not s.idle:
+        s.step()
+    reused = s.prefixes.reused_tokens
+    together = [submit(s, p) for p in prompts]
+    while not s.idle:
+        s.step()
+    assert s.stats.batched_prefills == 1
+    assert s.prefixes.reused_tokens - reused == 3 * 32   # the two chunks the entry holds, per prompt
+    assert len(seen[id(warm)]) == n
+    for p, a, b in zip(prompts, alone, together):
+        assert len(alone_logits[id(a)]) == len(seen[id(b)]) == n
+        for step, (x, y) in enumerate(zip(alone_logits[id(a)], seen[id(b)])):
+            assert torch.equal(x, y), (len(p), step, float((x - y).abs().max()))

@@ -46,6 +46,11 @@ class PrefixCache:
                 best, shared = e, n
         return best, shared
 
+    def best(self, ids: Sequence[int]) -> tuple[PrefixEntry | None, int]:
+        """The entry holding the longest prefix of ``ids`` and that length (nothing changes:
+        a batched prefill copies the entry's first slots)."""
+        return self._best(ids)
+
     def held(self, ids: Sequence[int]) -> int:
         """How many first ids of ``ids`` an entry holds (nothing changes)."""
         return self._best(ids)[1]

@@ -338,7 +338,13 @@ class Scheduler:
         together: list[Request] = []
         for r in group:
             head = len(r.prompt_ids) - 1
-            if head > 0 and 2 * self.prefixes.held(r.prompt_ids) < head:
+            held = self.prefixes.held(r.prompt_ids)
+            if self._aligned:
+                # an invariant batched prefill continues from the prefix entries (at a chunk
+                # boundary, `_start_together`): every prompt with a chunk left to run joins it
+                if held - held % self._aligned < head:
+                    together.append(r)
+            elif head > 0 and 2 * held < head:
                 together.append(r)
         if len({tuple(r.prompt_ids[:-1]) for r in together}) < 2:
             together = []                  # one prompt to run: its prefix entry's path
@@ -429,7 +435,12 @@ class Scheduler:
         """One batched prefill (in chunks of `TOGETHER_CHUNK` tokens) of the distinct prompts
         of ``rs``, left-padded to one length, in the rows of a scratch cache shaped like the
         shared one (so its one-token steps are the decode graphs); then each request's row is
-        copied from it, and each prompt kept in the prefix cache.  A step per chunk (`_Job`)."""
+        copied from it, and each prompt kept in the prefix cache.  A step per chunk (`_Job`).
+
+        Invariant (aligned) prefills start at the last chunk boundary that a prefix entry
+        holds for every prompt of the group (`_held_together`: the slots before it copied from
+        the entries): sixteen clients sharing a system prompt run the rest of their prompts in
+        one batched prefill, not each from its entry in turn, a chunk a step."""
         from .batch_cache import bucket_for
 
         heads: dict[tuple[int, ...], int] = {}
@@ -446,7 +457,8 @@ class Scheduler:
         scratch = self._scratch.view(batch)
         for r in rs:
             self._begin(r)
-        yield from self.llm.prefill_chunks(rows, scratch, starts, 0, (TOGETHER_CHUNK,), aligned=self._aligned)
+        first = self._held_together(list(heads), scratch) if self._aligned else 0
+        yield from self.llm.prefill_chunks(rows, scratch, starts, first, (TOGETHER_CHUNK,), aligned=self._aligned)
         self.stats.batched_prefills += 1
         self.stats.batched_prompts += len(heads)
         for h, k in heads.items():
@@ -459,8 +471,24 @@ class Scheduler:
                 self.stats.prefilled_tokens += 1
             else:
                 ran.add(h)
-                self.stats.prefilled_tokens += len(r.prompt_ids)
+                self.prefixes.reused_tokens += first
+                self.stats.prefilled_tokens += len(r.prompt_ids) - first
             self._join(r, scratch, len(h), heads[h], offset[h])
+
+    def _held_together(self, heads: list[tuple[int, ...]], scratch: KVCache) -> int:
+        """The slot an invariant batched prefill of ``heads`` (row ``k`` of ``scratch`` for
+        ``heads[k]``) starts at: the last chunk boundary that the prefix entries hold for every
+        head, with each row's slots before it copied from its entry (computed in the same
+        aligned chunks, so the same values as a prefill from slot 0 gives them)."""
+        best = [self.prefixes.best(h) for h in heads]
+        # at least one chunk runs (its last slot is the longest head's)
+        first = min(min(shared for _, shared in best), max(len(h) for h in heads) - 1)
+        first -= first % self._aligned
+        if first > 0:
+            for k, (entry, _) in enumerate(best):
+                assert entry is not None
+                scratch.tensor[:, k, :, :first].copy_(entry.cache.tensor[:, 0, :, :first])
+        return first
 
     def _decode(self) -> None:
         for row, r in list(self.running.items()):
