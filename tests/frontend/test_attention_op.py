@@ -19,6 +19,11 @@ def test_eager_matches_sdpa_with_gqa_and_two_segments() -> None:
     m = torch.randn(3, 7)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3, enable_gqa=True)
     torch.testing.assert_close(attention(q, [k], [v], [m], 0.3, False), want)
+    # masks broadcast over the keys (a last dim of 1) and 0-d masks, as sdpa's
+    torch.testing.assert_close(attention(q, [k], [v], [torch.randn(3, 1)], 0.3, False),
+                               attention(q, [k], [v], [], 0.3, False))   # a shift per row: the same softmax
+    torch.testing.assert_close(attention(q, [k], [v], [torch.tensor(0.5)], 0.3, False),
+                               attention(q, [k], [v], [], 0.3, False))
     # split at 4: one softmax over both segments
     got = attention(q, [k[..., :4, :], k[..., 4:, :]], [v[..., :4, :], v[..., 4:, :]], [m[:, :4], m[:, 4:]], 0.3, False)
     torch.testing.assert_close(got, want)

@@ -44,8 +44,8 @@ def _check(q: Tensor, keys: list[Tensor], values: list[Tensor], masks: list[Opti
     for m, k in zip(masks, keys):
         # A mask spans its segment's keys: said as a check, not a test, so that symbolic
         # lengths marked dynamic one by one (the cache view, its mask) become one symbol.
-        if m is not None:
-            torch._check_value(m.dim() >= 1 and m.shape[-1] == k.shape[-2],
+        if m is not None and m.dim() > 0 and m.shape[-1] != 1:   # else it broadcasts over the keys
+            torch._check_value(m.shape[-1] == k.shape[-2],
                          lambda m=m, k=k: f"attention: mask {list(m.shape)} does not span keys {list(k.shape)}")
 
 
