@@ -28,7 +28,11 @@ to the last token) is what one client should reach: it runs once a round, just b
 1-client loads in even rounds and just after them in odd ones, so each round's 1-client
 figure has a reference taken beside it; the ratio is reported round by round and as the
 median.  ``--baseline-tree DIR`` also runs `torchburn serve` from another checkout (say, the
-tree before a change) in the same rounds, for a before/after under the same load.
+tree before a change) in the same rounds, for a before/after under the same load.  The loads
+repeat four prompts, which a server's prefix cache then holds whole; ``--unique-prompts``
+gives every request of every load a prompt no server has seen (the four with a tag at the
+end: only their beginnings shared, as chat clients sharing a system prompt).
+``--qlinear-forms fastest`` serves ours with the fast (not batch-invariant) linear forms.
 
 Completion tokens come from the stream's usage (``stream_options.include_usage``) where the
 server sends it, else from the count of content chunks (one token each on these servers).
@@ -152,12 +156,12 @@ class Contender:
 
 
 def ours(gguf: Path, threads: int, parallel: int, context: int, tree: Path = ROOT,
-         name: str = "torchburn serve") -> Contender:
+         name: str = "torchburn serve", forms: Optional[str] = None) -> Contender:
     port = free_port()
     return Contender(name, [
         sys.executable, "-m", "torchburn.llm", "serve", "--model", str(gguf), "--model-name", "m",
         "--port", str(port), "--threads", str(threads), "--parallel", str(parallel),
-        "--max-context", str(context), "--quiet"], port, "m",
+        "--max-context", str(context), "--quiet", *(("--qlinear-forms", forms) if forms else ())], port, "m",
         env={"PYTHONPATH": str(tree)})
 
 
@@ -238,13 +242,21 @@ async def one_stream(client: Any, c: Contender, prompt: str, tokens: int) -> Str
     return out
 
 
-async def load(c: Contender, clients: int, tokens: int) -> tuple[float, list[Stream]]:
+def prompt_for(i: int, tag: Optional[str]) -> str:
+    """Client ``i``'s prompt: one of `PROMPTS` in turn; with a ``tag`` (`--unique-prompts`)
+    one no server has seen, the same text with the tag and ``i`` at its end, so a prefix cache
+    holds at most the chat template's system part and the topic's words."""
+    base = PROMPTS[i % len(PROMPTS)]
+    return base if tag is None else f"{base} (Reader {tag}.{i}.)"
+
+
+async def load(c: Contender, clients: int, tokens: int, tag: Optional[str] = None) -> tuple[float, list[Stream]]:
     import httpx
 
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
         t0 = time.perf_counter()
-        streams = await asyncio.gather(*(one_stream(client, c, PROMPTS[i % len(PROMPTS)], tokens)
+        streams = await asyncio.gather(*(one_stream(client, c, prompt_for(i, tag), tokens)
                                          for i in range(clients)))
         return time.perf_counter() - t0, list(streams)
 
@@ -311,6 +323,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "as 'baseline serve', in the same rounds: a before/after in one run")
     p.add_argument("--startup-timeout", type=float, default=3600.0,
                    help="seconds a server may take to start (ours compiles every batch size)")
+    p.add_argument("--qlinear-forms", choices=("invariant", "fastest"), default=None,
+                   help="ours (and the baseline's): `torchburn serve --qlinear-forms` (default: the server's, invariant)")
+    p.add_argument("--unique-prompts", action="store_true",
+                   help="every request's prompt new to every server (a tag per round, load and client at "
+                        "its end): prefix caches hold only the shared beginning, as with chat UIs sharing a "
+                        "system prompt; by default the loads repeat the same four prompts")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     loads = [int(x) for x in args.clients.split(",")]
@@ -324,10 +342,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     contenders: list[Contender] = []
     skipped: dict[str, str] = {}
     if not args.skip_ours:
-        contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context))
+        contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context, forms=args.qlinear_forms))
     if args.baseline_tree is not None:
         contenders.append(ours(args.gguf, args.threads, args.parallel, args.max_context,
-                               args.baseline_tree.resolve(), "baseline serve"))
+                               args.baseline_tree.resolve(), "baseline serve", args.qlinear_forms))
     if args.build_llama_server:
         build_llama_server()
         args.llama_server = args.llama_server or "auto"
@@ -367,7 +385,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for c in order:
                     loadavg.append(os.getloadavg()[0])
                     c0 = c.cpu_seconds()
-                    raw[c.name][n].append(asyncio.run(load(c, n, args.tokens)))
+                    tag = f"{r}-{n}" if args.unique_prompts else None
+                    raw[c.name][n].append(asyncio.run(load(c, n, args.tokens, tag)))
                     wall, streams = raw[c.name][n][-1]
                     cpu[c.name][n].append((c.cpu_seconds() - c0) / max(sum(s.tokens for s in streams), 1))
                     print(f"round {r} {c.name} {n} clients: {sum(s.tokens for s in streams) / wall:.1f} tok/s",
@@ -392,7 +411,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             c.stop()
 
     print(f"\n{args.gguf.name}, {args.threads} threads, {args.tokens} tokens per stream, "
-          f"{args.rounds} round(s); load average during the runs "
+          f"{args.rounds} round(s){', unique prompts' if args.unique_prompts else ''}; load average during the runs "
           f"{min(loadavg):.1f}-{max(loadavg):.1f}")
     print("| server | clients | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | "
           "tokens/stream | server CPU ms/token |")
@@ -419,6 +438,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"gguf": str(args.gguf), "threads": args.threads,
                                          "tokens": args.tokens, "rounds": args.rounds,
+                                         "unique_prompts": args.unique_prompts,
                                          "loadavg": [min(loadavg), max(loadavg)],
                                          "results": results, "skipped": skipped,
                                          "llm_generate": reference}, indent=1))
