@@ -15,7 +15,7 @@ pure-Python work after each token (what a server's HTTP thread does to send it):
 and the team sizes the thread governor chose (`llm/runtime/thread_governor.py`).
 
 Both run on the default model (SmolLM2-135M-Instruct Q4_1) with the server's batch-invariant
-linears, `--threads` threads.
+linears, `--threads` threads; no answer ends before its `--tokens`.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def _load(threads: int, parallel: int) -> tuple[Any, Any]:
     from torchburn.llm.runtime.scheduler import Scheduler
 
     llm = LLM.from_pretrained(default_model(), max_context=1024, threads=threads)
+    llm.eos_ids = frozenset()     # every answer runs its full length: tokens/s counts them all
     s = Scheduler(llm, parallel=parallel, prefix_cache=4)
     s.warm_up()
     return llm, s

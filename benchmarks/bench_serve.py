@@ -269,11 +269,12 @@ class Reference:
 
     name = "LLM.generate"
 
-    def __init__(self, gguf: Path, threads: int, context: int, tokens: int) -> None:
+    def __init__(self, gguf: Path, threads: int, context: int, tokens: int, tag: Optional[str] = None) -> None:
         from torchburn.llm.runtime.engine import LLM
 
         self.llm = LLM.from_pretrained(gguf, max_context=context, threads=threads)
-        self.ids = self.llm.encode_prompt([{"role": "user", "content": PROMPTS[0]}])
+        # the one client's prompt (with `--unique-prompts`, as long as a tagged one)
+        self.ids = self.llm.encode_prompt([{"role": "user", "content": prompt_for(0, tag)}])
         self.tokens = tokens
         self.rates: list[float] = []
         self.cpu: list[float] = []
@@ -371,7 +372,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{c.name}: up in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             asyncio.run(load(c, 1, 8))          # warm-up request
         if not args.skip_reference:
-            ref = Reference(args.gguf, args.threads, args.max_context, args.tokens)
+            ref = Reference(args.gguf, args.threads, args.max_context, args.tokens,
+                            "0-1" if args.unique_prompts else None)
         raw: dict[str, dict[int, list[tuple[float, list[Stream]]]]] = {
             c.name: {n: [] for n in loads} for c in contenders}
         cpu: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in loads} for c in contenders}

@@ -535,3 +535,30 @@ def test_invariant_batched_prefill_continues_from_prefix_entries(tiny_checkpoint
         assert len(alone_logits[id(a)]) == len(seen[id(b)]) == n
         for step, (x, y) in enumerate(zip(alone_logits[id(a)], seen[id(b)])):
             assert torch.equal(x, y), (len(p), step, float((x - y).abs().max()))
+
+
+def test_a_batched_prefill_takes_prompts_whose_entries_hold_alike(tiny_checkpoint, invariant) -> None:
+    """The batch takes the largest set of prompts whose prefix entries hold the same number of
+    whole chunks: a long continuation whose entry holds nearly all of it, arriving beside new
+    prompts, keeps its own path (from its entry) instead of being run again from slot 0 with
+    them; a prompt an entry holds whole runs no prefill at all."""
+    _, folder = tiny_checkpoint("llama")
+    llm = _llm(folder)
+    s = Scheduler(llm, parallel=4, prefix_cache=4)
+    g = torch.Generator().manual_seed(5)
+    chat = torch.randint(3, 300, (60,), generator=g).tolist()
+    r = Request(prompt_ids=chat, max_tokens=1, params=GREEDY, emit=Collect())
+    s.submit(r)
+    while not s.idle:
+        s.step()
+    assert s.prefixes.held(chat) == 59
+
+    def req(ids: list[int]) -> Request:
+        return Request(prompt_ids=ids, max_tokens=1, params=GREEDY, emit=Collect())
+
+    cont = req(chat + [7, 8, 9])                       # its entry holds 59 of 62: 48 in whole chunks
+    same = req(list(chat))                             # held whole: no prefill
+    new = [req(torch.randint(3, 300, (t,), generator=g).tolist()) for t in (20, 30)]
+    chosen = s._together([cont, same, *new])
+    assert {id(x) for x in chosen} == {id(x) for x in new}
+    assert s._together([cont, same, new[0]]) == []     # one prompt left for the batch: none

@@ -21,7 +21,7 @@ def test_team_sizes_are_the_halvings() -> None:
     with pytest.raises(ValueError, match="probe_every"):
         ThreadGovernor(2, probe_every=1)
     with pytest.raises(ValueError, match="window"):
-        ThreadGovernor(2, window=0)
+        ThreadGovernor(2, window=1)
 
 
 class Machine:
@@ -155,3 +155,29 @@ def test_the_team_size_changes_no_token_and_no_logit(tiny_checkpoint, monkeypatc
     assert len(seen) == len(fixed_logits)
     for a, b in zip(seen, fixed_logits):
         assert torch.equal(a, b)
+
+
+def test_shapes_taking_turns_on_different_sizes_are_each_measured() -> None:
+    """A server's prefill chunks and decode steps take turns; where one shape is best on two
+    threads and the other on one, each step changes the team size: a change is judged per
+    shape, so both keep being measured, and load that comes later still moves each."""
+    m = Machine(2)
+    m.cost = {2: 0.010, 1: 0.016}
+    decode_cost, prefill_cost = {2: 0.010, 1: 0.016}, {2: 0.050, 1: 0.030}
+    sizes: dict[str, list[int]] = {"decode": [], "prefill": []}
+    for _ in range(200):
+        for shape, cost in (("decode", decode_cost), ("prefill", prefill_cost)):
+            m.cost = cost
+            sizes[shape] += m.steps(1, shape)
+    assert sizes["decode"][-50:].count(2) >= 45 and sizes["prefill"][-50:].count(1) >= 45, sizes
+    decode_cost[2] = 1.0                                # the load comes: decode moves to one thread
+    moved = []
+    for _ in range(20):
+        for shape, cost in (("decode", decode_cost), ("prefill", prefill_cost)):
+            m.cost = cost
+            step = m.steps(1, shape)
+            if shape == "decode":
+                moved += step
+    assert 1 in moved[:WINDOW + 1], moved
+    with pytest.raises(ValueError, match="window"):
+        ThreadGovernor(2, window=PROBE_STEPS - 2)

@@ -318,10 +318,10 @@ class Scheduler:
         """Take waiting requests for the free rows (none while a prefill is in progress: its
         requests and the next ones would share the prefix entries and the scratch rows).
         Each row joins holding its prompt but the last token, which the next decode step runs
-        beside the other rows' tokens (its logits give the first token).  A prompt a prefix
-        entry mostly holds prefills its rest alone into that entry; the others (requests that
-        arrived together) prefill in one batched prefill, a prompt that several of them share
-        once.  Each prefill is a `_Job` that `_prefill` runs."""
+        beside the other rows' tokens (its logits give the first token).  Requests that arrived
+        together prefill in one batched prefill, a prompt that several of them share once
+        (`_together`); the others prefill their rests alone, each into its prefix entry.  Each
+        prefill is a `_Job` that `_prefill` runs."""
         if self._jobs:
             return
         group: list[Request] = []
@@ -335,19 +335,7 @@ class Scheduler:
                 self._finish(r, "cancelled")
             else:
                 group.append(r)
-        together: list[Request] = []
-        for r in group:
-            head = len(r.prompt_ids) - 1
-            held = self.prefixes.held(r.prompt_ids)
-            if self._aligned:
-                # an invariant batched prefill continues from the prefix entries (at a chunk
-                # boundary, `_start_together`): every prompt with a chunk left to run joins it
-                if held - held % self._aligned < head:
-                    together.append(r)
-            elif head > 0 and 2 * held < head:
-                together.append(r)
-        if len({tuple(r.prompt_ids[:-1]) for r in together}) < 2:
-            together = []                  # one prompt to run: its prefix entry's path
+        together = self._together(group)
         batched = {id(r) for r in together}
         for r in group:
             if id(r) not in batched:
@@ -355,6 +343,29 @@ class Scheduler:
         if together:
             self._jobs.append(_Job(together, self._start_together(together)))
         self._jobs_changed()
+
+    def _together(self, group: list[Request]) -> list[Request]:
+        """The requests of ``group`` that run one batched prefill (none unless two distinct
+        prompts do).  Invariant (aligned) prefills continue from the prefix entries at a chunk
+        boundary (`_held_together`): the batch takes the prompts with something to prefill
+        whose entries hold the same number of whole chunks, the largest such set (so none
+        runs again what its entry holds: a long chat continuation beside a new prompt keeps
+        its own path); otherwise the prompts that no entry holds half of."""
+        sets: dict[int, list[Request]] = {}
+        for r in group:
+            head = len(r.prompt_ids) - 1
+            held = min(self.prefixes.held(r.prompt_ids), head)
+            if self._aligned:
+                if held < head:                    # a prompt an entry holds whole costs no step
+                    sets.setdefault(held - held % self._aligned, []).append(r)
+            elif head > 0 and 2 * held < head:
+                sets.setdefault(0, []).append(r)
+
+        def distinct(rs: list[Request]) -> int:
+            return len({tuple(r.prompt_ids[:-1]) for r in rs})
+
+        best = max(sets.items(), key=lambda kv: (distinct(kv[1]), kv[0]), default=(0, []))[1]
+        return best if distinct(best) >= 2 else []   # one prompt: its prefix entry's path
 
     def _prefill(self) -> None:
         """Run the prefills in progress: one chunk (of the first job that has one left) while

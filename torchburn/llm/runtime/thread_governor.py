@@ -22,9 +22,10 @@ over the halvings of the configured count: 8 -> 4, 2, 1), so a change of load is
 few hundred steps; the probe's measured steps replace that size's old samples; a probe that
 loses doubles the interval (up to `MAX_BACKOFF` times: a 2-thread probe on a busy machine
 cost ten 1-thread steps), one that wins resets it. Each size is measured first, as a probe
-(a shape's first steps: 2, 2, 2, then 1, 1, 1). The first step after the team size changed is
-not counted (it compiles, builds the team, or wakes the team's sleeping threads: counted, it
-made a 2-thread probe after a spell on one thread lose). A team size never changes a result: every parallel
+(a shape's first steps: 2, 2, 2, then 1, 1, 1). A shape's first step after its own team size
+changed is not counted (it compiles, builds the team, or wakes the team's sleeping threads:
+counted, it made a 2-thread probe after a spell on one thread lose); per shape, so that shapes
+taking turns on different sizes (a server's prefill chunks and decode steps) are each measured. A team size never changes a result: every parallel
 loop's iterations compute whole outputs (`split-reductions` fixes its partials at compile
 time), so this is a speed choice only. `TORCHBURN_ADAPTIVE_THREADS=0` keeps the configured
 count (benchmarks that compare fixed thread counts).
@@ -74,6 +75,7 @@ class _Shape:
         self.probing: Optional[int] = None       # the size the probe in progress runs
         self.probe_left = 0                      # its steps still to run
         self.fresh = False                       # its samples replace the size's old ones
+        self.last: Optional[int] = None          # the size of the shape's last step
 
     def estimate(self, size: int) -> float:
         """The median of the size's samples (of two, the smaller: other work only adds time)."""
@@ -91,8 +93,8 @@ class ThreadGovernor:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        if window < PROBE_STEPS - 1:
+            raise ValueError(f"window must be >= {PROBE_STEPS - 1} (a probe's counted steps), got {window}")
         self.sizes = team_sizes(threads)
         self.probe_every = probe_every
         self.window = window
@@ -100,8 +102,6 @@ class ThreadGovernor:
         #: Sets the team size (every step: another LLM in the process may have changed it).
         self._apply = apply or _set_team_size
         self._shapes: dict[Hashable, _Shape] = {}
-        #: The team size of the last step (of any shape): a step on another size is not counted.
-        self._last_size: Optional[int] = None
 
     def choose(self, shape: Hashable) -> int:
         """The team size for the next step of `shape`: each size in turn until every one is
@@ -137,7 +137,7 @@ class ThreadGovernor:
     def record(self, shape: Hashable, size: int, seconds: float) -> None:
         """A step of `shape` on `size` threads took `seconds` (wall time)."""
         s = self._shapes.setdefault(shape, _Shape(self.sizes))
-        changed, self._last_size = size != self._last_size, size
+        changed, s.last = size != s.last, size
         if changed:                       # compiles, team start-up or wake-up: not what a step costs
             return
         window = s.samples.get(size)
