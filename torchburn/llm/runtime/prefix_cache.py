@@ -36,9 +36,10 @@ class PrefixCache:
         #: Prompt tokens that came from an entry rather than from a prefill.
         self.reused_tokens = 0
 
-    def _best(self, ids: Sequence[int]) -> tuple[PrefixEntry | None, int]:
+    def best(self, ids: Sequence[int]) -> tuple[PrefixEntry | None, int]:
         """The entry sharing the longest prefix with ``ids`` (the least recently used among
-        equals: the one to replace when none shares any), and that length."""
+        equals: the one to replace when none shares any), and that length; nothing changes (a
+        batched prefill copies the entry's first slots, `Scheduler._held_together`)."""
         best, shared = None, 0
         for e in self.entries:
             n = common_prefix(e.ids, ids)
@@ -46,14 +47,9 @@ class PrefixCache:
                 best, shared = e, n
         return best, shared
 
-    def best(self, ids: Sequence[int]) -> tuple[PrefixEntry | None, int]:
-        """The entry holding the longest prefix of ``ids`` and that length (nothing changes:
-        a batched prefill copies the entry's first slots)."""
-        return self._best(ids)
-
     def held(self, ids: Sequence[int]) -> int:
         """How many first ids of ``ids`` an entry holds (nothing changes)."""
-        return self._best(ids)[1]
+        return self.best(ids)[1]
 
     def take(self, ids: Sequence[int], align: int = 1) -> tuple[PrefixEntry, int]:
         """The entry to prefill ``ids`` into and how many of its first ids it already holds
@@ -61,7 +57,7 @@ class PrefixCache:
         that, the count is a multiple of ``align``: an aligned prefill (`Scheduler`'s batch
         invariant one) starts at a chunk boundary."""
         self._clock += 1
-        best, shared = self._best(ids)
+        best, shared = self.best(ids)
         if best is None or (shared == 0 and len(self.entries) < max(self.size, 1)):
             best, shared = PrefixEntry(self._make()), 0
             self.entries.append(best)

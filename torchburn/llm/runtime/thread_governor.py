@@ -9,26 +9,26 @@ processes running), 64-token greedy generations alternating: 2 threads 1.0-7.9 t
 and the load changes while a server runs.
 
 How: per step shape (rows x tokens: a decode step, a prefill chunk, each bucket of a batched
-step), the wall times of the last `WINDOW` steps on each team size tried, and their median
-(of two, the smaller);
-steps run on the size with the lowest median. A median, not an average: a server's own HTTP
-thread (or any short burst of other work) now and then takes a core from a 2-thread step,
-which then waits at a barrier for milliseconds; an average moved by a few such steps made one
-thread look faster and kept a server's single stream on one thread for hundreds of steps
-(0.77x `LLM.generate`'s speed on this project's 2-core host, session 39; 1.0x on a fixed
-count). Load that lasts (a busy machine) moves the median within `WINDOW // 2 + 1` steps.
-Every `probe_every` steps of a shape `PROBE_STEPS` steps run on another size (round robin
-over the halvings of the configured count: 8 -> 4, 2, 1), so a change of load is seen within a
-few hundred steps; the probe's measured steps replace that size's old samples; a probe that
-loses doubles the interval (up to `MAX_BACKOFF` times: a 2-thread probe on a busy machine
-cost ten 1-thread steps), one that wins resets it. Each size is measured first, as a probe
-(a shape's first steps: 2, 2, 2, then 1, 1, 1). A shape's first step after its own team size
-changed is not counted (it compiles, builds the team, or wakes the team's sleeping threads:
-counted, it made a 2-thread probe after a spell on one thread lose); per shape, so that shapes
-taking turns on different sizes (a server's prefill chunks and decode steps) are each measured. A team size never changes a result: every parallel
-loop's iterations compute whole outputs (`split-reductions` fixes its partials at compile
-time), so this is a speed choice only. `TORCHBURN_ADAPTIVE_THREADS=0` keeps the configured
-count (benchmarks that compare fixed thread counts).
+step), the wall times of the last `WINDOW` steps on each team size tried, and their median (of
+two, the smaller); steps run on the size with the lowest median. A median, not an average: a
+server's own HTTP thread (or any short burst of other work) now and then takes a core from a
+2-thread step, which then waits at a barrier for milliseconds; an average moved by a few such
+steps made one thread look faster and kept a server's single stream on one thread for hundreds
+of steps (0.77x `LLM.generate`'s speed on this project's 2-core host, session 39; 1.0x on a
+fixed count). Load that lasts (a busy machine) moves the median within `WINDOW // 2 + 1` steps.
+Every `probe_every` steps of a shape `PROBE_STEPS` steps run on another size (round robin over
+the halvings of the configured count: 8 -> 4, 2, 1), so a change of load is seen within a few
+hundred steps; the probe's measured steps replace that size's old samples; a probe that loses
+doubles the interval (up to `MAX_BACKOFF` times: a 2-thread probe on a busy machine cost ten
+1-thread steps), one that wins resets it. Each size is measured first, as a probe (a shape's
+first steps: 2, 2, 2, then 1, 1, 1). A shape's first step after its own team size changed is
+not counted (it compiles, builds the team, or wakes the team's sleeping threads: counted, it
+made a 2-thread probe after a spell on one thread lose); per shape, so that shapes taking turns
+on different sizes (a server's prefill chunks and decode steps) are each measured. A team size
+never changes a result: every parallel loop's iterations compute whole outputs (`split-
+reductions` fixes its partials at compile time), so this is a speed choice only.
+`TORCHBURN_ADAPTIVE_THREADS=0` keeps the configured count (benchmarks that compare fixed thread
+counts).
 """
 from __future__ import annotations
 
@@ -105,8 +105,9 @@ class ThreadGovernor:
 
     def choose(self, shape: Hashable) -> int:
         """The team size for the next step of `shape`: each size in turn until every one is
-        measured (the configured one first; `PROBE_STEPS` steps each, the first not counted), then the
-        best, except every `probe_every` steps, when `PROBE_STEPS` steps take the next other size."""
+        measured (the configured one first; `PROBE_STEPS` steps each, the first not counted),
+        then the best, except every `probe_every` steps, when `PROBE_STEPS` steps take the next
+        other size."""
         if len(self.sizes) == 1:
             return self.sizes[0]
         s = self._shapes.setdefault(shape, _Shape(self.sizes))
