@@ -25,8 +25,8 @@ first steps: 2, 2, 2, then 1, 1, 1). A shape's first step after its own team siz
 not counted (it compiles, builds the team, or wakes the team's sleeping threads: counted, it
 made a 2-thread probe after a spell on one thread lose); per shape, so that shapes taking turns
 on different sizes (a server's prefill chunks and decode steps) are each measured. A team size
-never changes a result: every parallel loop's iterations compute whole outputs (`split-
-reductions` fixes its partials at compile time), so this is a speed choice only.
+never changes a result: every parallel loop's iterations compute whole outputs
+(`split-reductions` fixes its partials at compile time), so this is a speed choice only.
 `TORCHBURN_ADAPTIVE_THREADS=0` keeps the configured count (benchmarks that compare fixed thread
 counts).
 """
