@@ -6,6 +6,7 @@
     ... --profile 25     # also the 25 costliest functions (cProfile, cumulative) of the counted steps
     ... --python-encode  # dispatches encoded by the Python loop, not the native one (A/B)
     ... --gpu-time       # also the GPU's own time per step (timestamp queries, where the adapter has them)
+    ... --gguf Q4_K_M    # the same model as a GGUF of llama.cpp's Q4_K_M tensor types (random blocks)
     ... --kernels 15     # also the step's dispatches run back to back, and each alone (the 15 costliest kernels)
     TORCHBURN_LLM_STEP_CACHE=off ...   # each step through Dynamo's guards, not the step cache (A/B)
 
@@ -125,9 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--quant", default=None, help="int8, int4 (default: f32 weights)")
+    p.add_argument("--gguf", default=None, choices=("Q4_K_M",),
+                   help="load the checkpoint written as a GGUF of these tensor types (bench_llm_gpu.make_gguf)")
     p.add_argument("--tokens", type=int, default=16, help="decode steps counted")
     p.add_argument("--checkpoint", default=None, help="reuse (or keep) the random checkpoint here")
     p.add_argument("--profile", type=int, default=0, help="print this many cProfile rows")
+    p.add_argument("--profile-sort", default="cumulative", choices=("cumulative", "tottime"),
+                   help="order of the cProfile rows (tottime: a function's own time, where the host's "
+                        "microseconds go once the wait for the GPU is set aside)")
     p.add_argument("--python-encode", action="store_true",
                    help="encode dispatches from Python, not the native loop (runtime/gpu_encode.py)")
     p.add_argument("--gpu-time", action="store_true",
@@ -152,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 
         GpuProgram.time_gpu = True
     folder = checkpoint(args)
+    if args.gguf:
+        from bench_llm_gpu import make_gguf
+
+        folder = make_gguf(folder, args.gguf)
     llm = LLM.from_pretrained(folder, device="gpu", max_context=args.tokens + 64,
                               **({"quant": args.quant} if args.quant else {}))
     llm.eos_ids = frozenset()
@@ -261,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in kernels["kernels"]:
             print(f"  {row['us']:8.1f} us  {row['dispatches']:4d} x  {row['kernel']}")
     if prof:
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(prof).sort_stats(args.profile_sort).print_stats(args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps({"calls_per_step": per, "us_per_step": us, "encode_us": encode,
                                                "programs": programs, "kernel_times": kernels,

@@ -14,7 +14,11 @@ The checkpoint is a random-weight Llama with SmolLM2-135M's configuration (hidde
 layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings), made with
 transformers and saved as safetensors in a temporary folder, with a word-level
 ``tokenizer.json`` written with the tokenizers API (the prompt is token ids, so the tokenizer
-only has to load).  Needs only torch, transformers, safetensors, tokenizers and torchburn.
+only has to load).  Needs only torch, transformers, safetensors, tokenizers and torchburn (and
+gguf for the GGUF row).  ``gpu-q4km`` loads the same model as a GGUF file of llama.cpp's
+Q4_K_M tensor types (`make_gguf`: Q4_K / Q6_K where a row is a multiple of 256 long, else
+their fallbacks Q5_0 / Q8_0, as in the Q4_K_M files of these two models; random blocks, so its
+tokens are not the safetensors model's).
 
 Every contender runs in its own worker process (our device choice is per process, and CUDA and
 wgpu stay apart), is loaded and warmed up first, then the workers run one repetition each in
@@ -67,13 +71,14 @@ CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "torchburn gpu int8": ("ours", {"device": "gpu", "quant": "int8"}),
     "torchburn gpu int4": ("ours", {"device": "gpu", "quant": "int4"}),
     "torchburn cpu f32": ("ours", {"device": "cpu", "quant": None}),
+    "torchburn gpu gguf Q4_K_M": ("ours", {"device": "gpu", "quant": None, "gguf": "Q4_K_M"}),
     "transformers cuda eager f32": ("hf", {"dtype": "float32"}),
     "transformers cuda eager f16": ("hf", {"dtype": "float16"}),
     "transformers cuda static f32": ("hf", {"dtype": "float32", "static": True}),
     "transformers cuda static f16": ("hf", {"dtype": "float16", "static": True}),
 }
 SHORT = {"gpu": "torchburn gpu f32", "gpu-f16": "torchburn gpu f16", "gpu-int8": "torchburn gpu int8",
-         "gpu-int4": "torchburn gpu int4", "cpu": "torchburn cpu f32",
+         "gpu-int4": "torchburn gpu int4", "cpu": "torchburn cpu f32", "gpu-q4km": "torchburn gpu gguf Q4_K_M",
          "cuda-f32": "transformers cuda eager f32", "cuda-f16": "transformers cuda eager f16",
          "static-f32": "transformers cuda static f32", "static-f16": "transformers cuda static f16"}
 BASELINE = "transformers cuda eager f32"
@@ -100,6 +105,108 @@ def make_checkpoint(folder: Path, config: dict[str, Any], seed: int = 0) -> Path
     return folder
 
 
+#: llama.cpp's Q4_K_M per tensor: Q6_K for the output (a tied embedding is it), for attn_v and ffn_down
+#: in its "more bits" layers (the first and last eighth, every third between), else Q4_K; a
+#: row whose length is not a multiple of 256 takes its fallback (Q4_K -> Q5_0, Q6_K -> Q8_0), as
+#: in the Q4_K_M files of SmolLM2-135M (576 wide) and Qwen2.5-0.5B (896 wide) people download.
+K_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+
+
+def _q4_k_m_type(name: str, layer: int, layers: int, in_features: int, tied: bool = True) -> str:
+    more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    head = name == "output" or (name == "token_embd" and tied)  # a tied embedding is the head
+    kind = "Q6_K" if head or (name in ("attn_v", "ffn_down") and more_bits) else "Q4_K"
+    return kind if in_features % 256 == 0 else K_FALLBACK[kind]
+
+
+def _random_blocks(type_name: str, rows: int, in_features: int, rng: Any) -> Any:
+    """uint8 ``[rows, row bytes]`` of random ggml blocks whose float16 scales are set so that
+    the weights stay within about +-0.05 (a random model's size; the codes are random bytes)."""
+    import numpy as np
+    import torch
+
+    from torchburn.ir.qblocks import BLOCK_TYPES, f16_offsets
+    from torchburn.quant.blocks import dequantize_block_rows
+
+    bt = BLOCK_TYPES[type_name]
+    n = in_features // bt.block
+    raw = rng.integers(0, 256, (rows, n, bt.nbytes), dtype=np.uint8)
+    offsets = f16_offsets(bt)
+    for scale in (1.0, None):
+        if scale is None:  # the largest weight at scales 1.0, brought to 0.05
+            top = float(dequantize_block_rows(torch.from_numpy(raw[: min(rows, 64)].reshape(-1, n * bt.nbytes)),
+                                              type_name).abs().max())
+            scale = 0.05 / max(top, 1e-30)
+        for o in offsets:
+            raw[:, :, o:o + 2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+    return raw.reshape(rows, n * bt.nbytes)
+
+
+def make_gguf(folder: Path, ftype: str = "Q4_K_M", seed: int = 0) -> Path:
+    """The checkpoint's model as a GGUF file of llama.cpp's `ftype` tensor types (Q4_K_M only),
+    next to it (kept): norms in F32, every matrix in random ggml blocks of its type (the
+    benchmark times the kernels of each block type; its tokens are a random model's anyway).
+    A placeholder vocabulary of the checkpoint's size (ids in, ids out)."""
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+
+    if ftype != "Q4_K_M":
+        raise SystemExit(f"make_gguf writes Q4_K_M files only, not {ftype}")
+    path = folder / f"random-{ftype}.gguf"
+    if path.is_file():
+        return path
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = "qwen2" if cfg["model_type"] == "qwen2" else "llama"
+    layers, heads, kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", [f"<t{i}>" for i in range(cfg["vocab_size"])])
+    w.add_array("tokenizer.ggml.token_type", [1] * cfg["vocab_size"])
+    for key, value in (("bos", 1), ("eos", 2), ("padding", 0)):
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", value)
+    arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch_enum, layers)
+    rng = np.random.default_rng(seed)
+    files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), "np") as f:
+            for hf_name in f.keys():
+                if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+                    continue
+                name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                if name is None:
+                    raise SystemExit(f"no GGUF name for {hf_name}")
+                value = f.get_tensor(hf_name).astype(np.float32)
+                if value.ndim == 1:  # norms and biases: F32, their values
+                    w.add_tensor(name, np.ascontiguousarray(value))
+                    continue
+                base = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+                layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+                kind = _q4_k_m_type(base, layer, layers, value.shape[1], bool(cfg.get("tie_word_embeddings")))
+                if value.shape[1] % 32:  # no ggml block fits the row: llama.cpp keeps it float
+                    w.add_tensor(name, np.ascontiguousarray(value))
+                    continue
+                blocks = _random_blocks(kind, value.shape[0], value.shape[1], rng)
+                w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType[kind])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def prompt_ids(n: int, vocab: int) -> list[int]:
     return [3 + (i * 7919) % (vocab - 3) for i in range(n)]
 
@@ -107,10 +214,11 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
 # ---------------------------------------------------------------- workers (one per contender)
 class OursWorker:
     def __init__(self, folder: Path, device: str, quant: Optional[str], context: int,
-                 threads: Optional[int]) -> None:
+                 threads: Optional[int], gguf: Optional[str] = None) -> None:
         from torchburn.llm import LLM
 
-        self.llm = LLM.from_pretrained(folder, quant=quant, device=device, max_context=context,
+        source = str(make_gguf(folder, gguf)) if gguf else folder  # made by the driver first
+        self.llm = LLM.from_pretrained(source, quant=quant, device=device, max_context=context,
                                        threads=threads)
         if device == "gpu":  # each run's compute pass timed on the device (timestamp queries)
             from torchburn.runtime.gpu import GpuProgram
@@ -224,7 +332,7 @@ def worker_main(args: argparse.Namespace) -> int:
     try:
         t0 = time.perf_counter()
         engine: Any = (OursWorker(folder, opts["device"], opts["quant"],
-                                  args.prompt + args.tokens + 8, args.threads)
+                                  args.prompt + args.tokens + 8, args.threads, opts.get("gguf"))
                        if kind == "ours" else HFWorker(folder, opts["dtype"], opts.get("static", False)))
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -303,6 +411,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(args.checkpoint) if args.checkpoint else Path(tempfile.mkdtemp(prefix="bench_llm_gpu_"))
         folder.mkdir(parents=True, exist_ok=True)
         folder = make_checkpoint(folder, config)
+    for ftype in sorted({CONTENDERS[n.removeprefix(BASE)][1].get("gguf") for n in names} - {None}):
+        make_gguf(folder, ftype)  # once, before the workers that load it start
     payload: dict[str, Any] = {"config": config, "shape": "quick" if args.quick else args.shape, "prompt": args.prompt, "tokens": args.tokens,
                                "reps": args.reps, "torch": torch.__version__,
                                "cuda": torch.cuda.get_device_name(0)
@@ -379,6 +489,7 @@ def print_report(payload: dict[str, Any]) -> None:
              ("torchburn gpu f16", "transformers cuda static f16"),
              ("torchburn gpu int4", "transformers cuda eager f16"),
              ("torchburn gpu int4", "transformers cuda static f16"),
+             ("torchburn gpu gguf Q4_K_M", "transformers cuda static f16"),
              ("torchburn gpu int8", "transformers cuda static f16"),
              ("torchburn gpu int4", "torchburn cpu f32")]
     pairs += [(n.removeprefix(BASE), n) for n in med if n.startswith(BASE)]
