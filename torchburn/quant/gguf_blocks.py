@@ -143,3 +143,61 @@ def import_gguf_q4_k(data: np.ndarray, shape: Sequence[int]) -> Int4Weight:
     return Int4Weight(packed=torch.from_numpy(np.ascontiguousarray(packed)),
                       scales=torch.from_numpy(np.ascontiguousarray(scales)),
                       mins=torch.from_numpy(np.ascontiguousarray(mins)), group_size=GGML_BLOCK_SIZE)
+
+
+# ---- whole-byte codes for the GPU engine ---------------------------------------------------------
+# Q5_0 (22-byte blocks) and Q6_K (210-byte blocks) start most blocks off a 4-byte word, so the GPU's
+# block products read their codes a u32 word at a time, with shifts, where int8 and int4 layouts
+# take vec4 loads (`passes/gpu/block_rows.py`). Both hold signed codes times one scale per run of
+# 32 (Q5_0) or 16 (Q6_K) weights, which a grouped `Int8Weight` holds exactly: more bytes (34 per 32
+# weights against 22; 20 per 16 against 13), which a GPU's decode, bound by latency rather than
+# bandwidth at these sizes, does not feel. The CPU engine keeps the blocks (it is bound by bandwidth).
+
+Q5_0_BLOCK_BYTES = 2 + 4 + 16
+Q6_K_BLOCK = 256
+Q6_K_BLOCK_BYTES = 128 + 64 + 16 + 2
+
+
+def _rows_of_blocks(blocks: torch.Tensor, block_bytes: int, fmt: str) -> np.ndarray:
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % block_bytes:
+        raise ValueError(f"{fmt} blocks must be uint8 [out, blocks x {block_bytes}]; got {blocks.dtype} "
+                         f"{list(blocks.shape)}")
+    return blocks.numpy().reshape(blocks.shape[0], -1, block_bytes)
+
+
+def q5_0_as_int8(blocks: torch.Tensor) -> Int8Weight:
+    """Q5_0 blocks ``[out, row bytes]`` -> `Int8Weight` with float16 scales ``[out, in // 32]``:
+    code ``(nibble | fifth bit << 4) - 16`` (in -16..15), scale the block's ``d``; dequantized,
+    the same float32 values as ggml's (``d * (q - 16)``)."""
+    b = _rows_of_blocks(blocks, Q5_0_BLOCK_BYTES, "Q5_0")
+    qh = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")                      # [out, nb, 1]
+    qs = b[:, :, 6:]
+    nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)  # elements 0..15, 16..31
+    fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
+    codes = (nibbles | (fifth << 4)) - 16
+    return Int8Weight(qweight=torch.from_numpy(codes.astype(np.int8).reshape(b.shape[0], -1)),
+                      scales=_f16_field(b, 0))
+
+
+def q6_k_as_int8(blocks: torch.Tensor) -> Int8Weight:
+    """Q6_K blocks ``[out, row bytes]`` -> `Int8Weight` with float32 scales ``[out, in // 16]``:
+    code ``q - 32`` (in -32..31), scale ``d * scales[j]`` of its 16-weight run ``j`` (a float16
+    times an int8: exact in float32), so dequantized the same float32 values as ggml's."""
+    b = _rows_of_blocks(blocks, Q6_K_BLOCK_BYTES, "Q6_K")
+    out, nb = b.shape[:2]
+    ql, qh = b[:, :, :128].astype(np.int16), b[:, :, 128:192].astype(np.int16)
+    codes = np.empty((out, nb, Q6_K_BLOCK), np.int16)
+    for half in range(2):  # each half: 128 weights from 64 bytes of ql and 32 of qh
+        low, high, y = ql[:, :, 64 * half:64 * half + 64], qh[:, :, 32 * half:32 * half + 32], 128 * half
+        codes[:, :, y:y + 32] = (low[:, :, :32] & 0xF) | ((high & 3) << 4)
+        codes[:, :, y + 32:y + 64] = (low[:, :, 32:] & 0xF) | (((high >> 2) & 3) << 4)
+        codes[:, :, y + 64:y + 96] = (low[:, :, :32] >> 4) | (((high >> 4) & 3) << 4)
+        codes[:, :, y + 96:y + 128] = (low[:, :, 32:] >> 4) | (((high >> 6) & 3) << 4)
+    runs = b[:, :, 192:208].view(np.int8).astype(np.float32)                 # [out, nb, 16]
+    d = np.ascontiguousarray(b[:, :, 208:210]).view("<f2").astype(np.float32)  # [out, nb, 1]
+    return Int8Weight(qweight=torch.from_numpy((codes - 32).astype(np.int8).reshape(out, -1)),
+                      scales=torch.from_numpy((d * runs).reshape(out, -1)))
+
+
+#: ggml block types that the GPU engine reads as grouped int8 codes (`as_int8_for_gpu`).
+GPU_INT8_CODES = {"Q5_0": q5_0_as_int8, "Q6_K": q6_k_as_int8}

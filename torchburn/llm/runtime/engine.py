@@ -154,6 +154,10 @@ class LLM:
         device: str = "cpu",
         quant: Optional[str] = None,
     ) -> None:
+        if device == "gpu":  # before any step is compiled: Q5_0 / Q6_K as int8 codes
+            from ..model.gpu_weights import lay_out_for_gpu
+
+            lay_out_for_gpu(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
