@@ -84,7 +84,7 @@ python3 -c "from torchburn.runtime.gpu import gpu_info; print(gpu_info())" | tee
 if want tests; then
     # shellcheck disable=SC2086
     TORCHBURN_DEVICE=gpu timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
-        ${TESTS:-tests/gpu tests/passes/test_gpu_split.py tests/llm/test_device.py} 2>&1 | tee "$out/tests.txt" | tail -15
+        ${TESTS:-tests/gpu tests/passes/test_gpu_split.py tests/llm/test_device.py tests/llm/test_gpu_decode_agreement.py} 2>&1 | tee "$out/tests.txt" | tail -15
 fi
 if want sweep; then
     # shellcheck disable=SC2086

@@ -2,7 +2,7 @@
 float32 (`HalfLinear`, `HalfEmbedding`): loaded, fused and tied as float weights are, read back
 from the weight cache alike, refused on the CPU engine; in eager PyTorch the model computes
 exactly what the float32 model computes on the same weights rounded to float16 (the GPU
-engine's decode against the CPU engine's: tests/llm/test_device_honesty.py)."""
+engine's decode against the CPU engine's: tests/llm/test_gpu_decode_agreement.py)."""
 from __future__ import annotations
 
 import copy
