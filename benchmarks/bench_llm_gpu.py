@@ -145,7 +145,8 @@ def _random_blocks(type_name: str, rows: int, in_features: int, rng: Any) -> Any
 def make_gguf(folder: Path, ftype: str = "Q4_K_M", seed: int = 0) -> Path:
     """The checkpoint's model as a GGUF file of llama.cpp's `ftype` tensor types (Q4_K_M only),
     next to it (kept): norms in F32, every matrix in random ggml blocks of its type (the
-    benchmark times the kernels of each block type; its tokens are a random model's anyway).
+    benchmark times the kernels of each block type; its tokens are a random model's anyway), F16
+    where no block fits a row.
     A placeholder vocabulary of the checkpoint's size (ids in, ids out)."""
     import gguf
     import numpy as np
@@ -160,7 +161,8 @@ def make_gguf(folder: Path, ftype: str = "Q4_K_M", seed: int = 0) -> Path:
     arch = "qwen2" if cfg["model_type"] == "qwen2" else "llama"
     layers, heads, kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg["hidden_size"] // heads
-    w = gguf.GGUFWriter(str(path), arch)
+    partial = path.with_suffix(".partial")  # a write cut short (a timeout) is never taken for the file
+    w = gguf.GGUFWriter(str(partial), arch)
     w.add_block_count(layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -195,8 +197,8 @@ def make_gguf(folder: Path, ftype: str = "Q4_K_M", seed: int = 0) -> Path:
                 base = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
                 layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
                 kind = _q4_k_m_type(base, layer, layers, value.shape[1], bool(cfg.get("tie_word_embeddings")))
-                if value.shape[1] % 32:  # no ggml block fits the row: llama.cpp keeps it float
-                    w.add_tensor(name, np.ascontiguousarray(value))
+                if value.shape[1] % 32:  # no ggml block fits the row: llama.cpp writes F16
+                    w.add_tensor(name, np.ascontiguousarray(value.astype(np.float16)))
                     continue
                 blocks = _random_blocks(kind, value.shape[0], value.shape[1], rng)
                 w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType[kind])
@@ -204,6 +206,7 @@ def make_gguf(folder: Path, ftype: str = "Q4_K_M", seed: int = 0) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.replace(partial, path)
     return path
 
 

@@ -223,6 +223,10 @@ def test_f32_greedy_equals_the_cpu_engine_over_128_tokens(weights: dict[str, Any
     assert decode.calls == 128, decode.calls
     assert decode.fed_calls == 126 and decode.gpu.most_in_flight == 2, (decode.fed_calls, decode.gpu.most_in_flight)
     assert decode.transfers.last_down <= 8, decode.transfers
+    from torchburn.runtime.gpu_encode import NativeEncoder
+
+    if NativeEncoder.get() is not None:  # each step's dispatches encoded by the native loop
+        assert decode.gpu.native_encodes >= 127, decode.gpu.native_encodes
 
 
 def _form(weights: dict[str, Any], form: str) -> tuple[Path, Optional[str], Optional[str]]:

@@ -33,6 +33,17 @@ def test_codes_hold_ggmls_weights_bit_for_bit(name: str, seed: int) -> None:
     assert int(w.qweight.max()) <= (15 if name == "Q5_0" else 31)
 
 
+@pytest.mark.parametrize("name", sorted(GPU_INT8_CODES))
+def test_rows_converted_in_chunks_are_the_rows_converted_at_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchburn.quant import gguf_blocks
+
+    raw = torch.from_numpy(random_blocks(name, 7, 2, 9))
+    whole = GPU_INT8_CODES[name](raw)
+    monkeypatch.setattr(gguf_blocks, "CONVERT_ROWS", 3)  # 7 rows: chunks of 3, 3 and 1
+    chunked = GPU_INT8_CODES[name](raw)
+    assert torch.equal(whole.qweight, chunked.qweight) and torch.equal(whole.scales, chunked.scales)
+
+
 def test_wrong_bytes_are_refused() -> None:
     with pytest.raises(ValueError, match="Q5_0 blocks must be uint8"):
         GPU_INT8_CODES["Q5_0"](torch.zeros(2, 23, dtype=torch.uint8))
@@ -66,6 +77,8 @@ def test_a_model_is_laid_out_for_the_gpu() -> None:
     layer.self_attn, layer.mlp = attn, mlp
     model = nn.Module()
     model.layers = nn.ModuleList([layer])
+    attn.v_proj.bias = torch.randn(64)  # biases (as Qwen2's q, k, v) go with their rows
+    attn.q_proj.bias, attn.k_proj.bias = torch.randn(256), torch.randn(64)
     x, h = torch.randn(3, 256), torch.randn(3, 512)
     before = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), mlp.gate_proj(x), mlp.up_proj(x), mlp.down_proj(h)]
     assert lay_out_for_gpu(model) == 5
@@ -75,3 +88,29 @@ def test_a_model_is_laid_out_for_the_gpu() -> None:
     after = [*qkv.split([256, 64, 64], -1), *gate_up.split([512, 512], -1), mlp.down_proj(h)]
     for b, a in zip(before, after):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_fused_at_load_and_a_tied_head_on_the_embeddings_blocks() -> None:
+    """A QKV linear the loader already stacked (all Q5_0) is converted whole; a head that runs
+    on the token embedding's own Q6_K blocks keeps them (no second copy of the vocabulary)."""
+    from torch import nn
+
+    from torchburn.llm.model.fuse import stack_linears
+    from torchburn.llm.model.gpu_weights import lay_out_for_gpu
+    from torchburn.quant import BlockEmbedding
+
+    parts = [QuantizedLinear.from_weight(BlockWeight(torch.from_numpy(random_blocks("Q5_0", n, 8, n)), "Q5_0"))
+             for n in (256, 64, 64)]
+    attn = nn.Module()
+    attn.qkv_proj = stack_linears(parts)
+    x = torch.randn(2, 256)
+    before = attn.qkv_proj(x)
+    table = BlockWeight(torch.from_numpy(random_blocks("Q6_K", 320, 1, 11)), "Q6_K")
+    model = nn.Module()
+    model.attn = attn
+    model.embed_tokens = BlockEmbedding(table)
+    model.lm_head = QuantizedLinear.from_weight(table)
+    assert lay_out_for_gpu(model) == 1
+    assert attn.qkv_proj.quant_type == "int8"
+    torch.testing.assert_close(attn.qkv_proj(x), before, rtol=1e-5, atol=1e-5)
+    assert model.lm_head.block_type == "Q6_K" and model.lm_head.blocks is table.blocks

@@ -156,6 +156,9 @@ def import_gguf_q4_k(data: np.ndarray, shape: Sequence[int]) -> Int4Weight:
 Q5_0_BLOCK_BYTES = 2 + 4 + 16
 Q6_K_BLOCK = 256
 Q6_K_BLOCK_BYTES = 128 + 64 + 16 + 2
+#: Weight rows converted at a time: the int16 temporaries stay a few MB, not several times a
+#: large head's bytes.
+CONVERT_ROWS = 1024
 
 
 def _rows_of_blocks(blocks: torch.Tensor, block_bytes: int, fmt: str) -> np.ndarray:
@@ -170,13 +173,16 @@ def q5_0_as_int8(blocks: torch.Tensor) -> Int8Weight:
     code ``(nibble | fifth bit << 4) - 16`` (in -16..15), scale the block's ``d``; dequantized,
     the same float32 values as ggml's (``d * (q - 16)``)."""
     b = _rows_of_blocks(blocks, Q5_0_BLOCK_BYTES, "Q5_0")
-    qh = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")                      # [out, nb, 1]
-    qs = b[:, :, 6:]
-    nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)  # elements 0..15, 16..31
-    fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
-    codes = (nibbles | (fifth << 4)) - 16
-    return Int8Weight(qweight=torch.from_numpy(codes.astype(np.int8).reshape(b.shape[0], -1)),
-                      scales=_f16_field(b, 0))
+    codes = np.empty((b.shape[0], b.shape[1], 32), np.int8)
+    bit = np.arange(32, dtype=np.uint32)
+    for r in range(0, b.shape[0], CONVERT_ROWS):
+        rows = b[r:r + CONVERT_ROWS]
+        qh = np.ascontiguousarray(rows[:, :, 2:6]).view("<u4")                   # [rows, nb, 1]
+        qs = rows[:, :, 6:]
+        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                  # elements 0..15, 16..31
+        fifth = ((qh >> bit) & 1).astype(np.uint8) << 4
+        codes[r:r + CONVERT_ROWS] = ((nibbles | fifth).astype(np.int16) - 16).astype(np.int8)
+    return Int8Weight(qweight=torch.from_numpy(codes.reshape(b.shape[0], -1)), scales=_f16_field(b, 0))
 
 
 def q6_k_as_int8(blocks: torch.Tensor) -> Int8Weight:
@@ -185,19 +191,19 @@ def q6_k_as_int8(blocks: torch.Tensor) -> Int8Weight:
     times an int8: exact in float32), so dequantized the same float32 values as ggml's."""
     b = _rows_of_blocks(blocks, Q6_K_BLOCK_BYTES, "Q6_K")
     out, nb = b.shape[:2]
-    ql, qh = b[:, :, :128].astype(np.int16), b[:, :, 128:192].astype(np.int16)
-    codes = np.empty((out, nb, Q6_K_BLOCK), np.int16)
+    codes = np.empty((out, nb, Q6_K_BLOCK), np.uint8)                          # q, 0..63
     for half in range(2):  # each half: 128 weights from 64 bytes of ql and 32 of qh
-        low, high, y = ql[:, :, 64 * half:64 * half + 64], qh[:, :, 32 * half:32 * half + 32], 128 * half
+        low, high, y = b[:, :, 64 * half:64 * half + 64], b[:, :, 128 + 32 * half:160 + 32 * half], 128 * half
         codes[:, :, y:y + 32] = (low[:, :, :32] & 0xF) | ((high & 3) << 4)
         codes[:, :, y + 32:y + 64] = (low[:, :, 32:] & 0xF) | (((high >> 2) & 3) << 4)
         codes[:, :, y + 64:y + 96] = (low[:, :, :32] >> 4) | (((high >> 4) & 3) << 4)
         codes[:, :, y + 96:y + 128] = (low[:, :, 32:] >> 4) | (((high >> 6) & 3) << 4)
+    qweight = (codes.view(np.int8) - np.int8(32)).reshape(out, -1)             # 0..63 - 32, in int8
     runs = b[:, :, 192:208].view(np.int8).astype(np.float32)                 # [out, nb, 16]
     d = np.ascontiguousarray(b[:, :, 208:210]).view("<f2").astype(np.float32)  # [out, nb, 1]
-    return Int8Weight(qweight=torch.from_numpy((codes - 32).astype(np.int8).reshape(out, -1)),
-                      scales=torch.from_numpy((d * runs).reshape(out, -1)))
+    return Int8Weight(qweight=torch.from_numpy(qweight), scales=torch.from_numpy((d * runs).reshape(out, -1)))
 
 
-#: ggml block types that the GPU engine reads as grouped int8 codes (`as_int8_for_gpu`).
+#: ggml block types that the GPU engine reads as grouped int8 codes
+#: (`torchburn/llm/model/gpu_weights.lay_out_for_gpu`).
 GPU_INT8_CODES = {"Q5_0": q5_0_as_int8, "Q6_K": q6_k_as_int8}

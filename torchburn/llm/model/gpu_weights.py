@@ -17,21 +17,25 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...quant import QuantizedLinear
+from ...quant import BlockEmbedding, QuantizedLinear
 from ...quant.gguf_blocks import GPU_INT8_CODES
 from .fuse import fuse_projections
+from .mapped import release
 
 
 def lay_out_for_gpu(model: nn.Module) -> int:
     """Convert ``model``'s Q5_0 and Q6_K linears in place (module docstring) and stack the
     projections that became alike; returns how many linears were converted."""
+    embedded = {m.blocks.untyped_storage().data_ptr() for m in model.modules() if isinstance(m, BlockEmbedding)}
     converted = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, QuantizedLinear) and child.block_type in GPU_INT8_CODES:
+            if (isinstance(child, QuantizedLinear) and child.block_type in GPU_INT8_CODES
+                    and child.blocks.untyped_storage().data_ptr() not in embedded):
                 weight = GPU_INT8_CODES[child.block_type](child.blocks)
                 bias = None if child.bias is None else child.bias.detach()
                 setattr(parent, name, QuantizedLinear.from_weight(weight, bias))
+                release(child.blocks)  # a view of the file's map: its pages are not read again
                 converted += 1
     if converted and hasattr(model, "layers"):
         fuse_projections(model)

@@ -154,10 +154,6 @@ class LLM:
         device: str = "cpu",
         quant: Optional[str] = None,
     ) -> None:
-        if device == "gpu":  # before any step is compiled: Q5_0 / Q6_K as int8 codes
-            from ..model.gpu_weights import lay_out_for_gpu
-
-            lay_out_for_gpu(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -252,6 +248,10 @@ class LLM:
                     defaults = GenerationDefaults.from_dict(read_json(gen))
         if chat_template is not None:
             tokenizer.chat_template = chat_template
+        if chosen == "gpu":  # the GPU engine reads GGUF Q5_0 / Q6_K linears as int8 codes
+            from ..model.gpu_weights import lay_out_for_gpu
+
+            lay_out_for_gpu(model)
         llm = cls(model, tokenizer, max_context=max_context, defaults=defaults,
                   compile=compile, name=_display_name(source, path), device=chosen, quant=quant)
         # the load's torch ops left an OpenMP team in this thread, which may never run a step:
