@@ -137,24 +137,30 @@ def test_openai_client_chat_and_completions(server: Server) -> None:
         assert cut.choices[0].finish_reason == "stop"
 
 
+#: Tokens per request of `test_same_greedy_text_alone_and_beside_others`.
+TOGETHER_TOKENS = 32
+
+
 def test_same_greedy_text_alone_and_beside_others(server: Server, folder: Path) -> None:
     """A request's greedy answer is the same alone, beside 3 others (one batch), and from
-    `LLM.generate` in this process."""
+    `LLM.generate` in this process. 32 tokens each: long enough that the four requests, which
+    reach the server a few steps apart, overlap for most of their steps on a loaded machine
+    (at 10 tokens, CI once decoded 40 rows in 30 steps)."""
     from torchburn.llm import LLM
 
     prompts = ["hello world", "the quick brown fox jumps over the lazy dog", "def add(a, b):", "Grüße"]
     c = client(server)
 
     def ask(p: str) -> str:
-        return c.completions.create(model=NAME, prompt=p, max_tokens=10, temperature=0).choices[0].text
+        return c.completions.create(model=NAME, prompt=p, max_tokens=TOGETHER_TOKENS, temperature=0).choices[0].text
 
     alone = [ask(p) for p in prompts]
     llm = LLM.from_pretrained(folder, device="cpu", max_context=128, compile=False)
-    assert alone == [llm.generate(p, max_new_tokens=10, temperature=0) for p in prompts]
+    assert alone == [llm.generate(p, max_new_tokens=TOGETHER_TOKENS, temperature=0) for p in prompts]
 
     async def together() -> list[str]:
         ac = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
-        outs = await asyncio.gather(*(ac.completions.create(model=NAME, prompt=p, max_tokens=10,
+        outs = await asyncio.gather(*(ac.completions.create(model=NAME, prompt=p, max_tokens=TOGETHER_TOKENS,
                                                             temperature=0) for p in prompts))
         return [o.choices[0].text for o in outs]
 
