@@ -1,5 +1,5 @@
 """GGUF Q5_0 and Q6_K blocks as grouped INT8 codes for the GPU engine
-(`quant/gguf_blocks.GPU_INT8_CODES`, `llm/model/gpu_weights.lay_out_for_gpu`): the same float32
+(`quant/blocks.block_rows_as_int8`, `llm/model/gpu_weights.lay_out_for_gpu`): the same float32
 weights bit for bit, and a model's linears converted and stacked where they became alike."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 
 from tests.quant.test_block_types import random_blocks
 from torchburn.quant import BlockWeight, QuantizedLinear
-from torchburn.quant.gguf_blocks import GPU_INT8_CODES
+from torchburn.llm.model.gpu_weights import GPU_INT8_CODES
+from torchburn.quant.blocks import block_rows_as_int8
 
 
 def _dequantized(w: object) -> torch.Tensor:
@@ -24,7 +25,7 @@ def test_codes_hold_ggmls_weights_bit_for_bit(name: str, seed: int) -> None:
     """Random blocks (normal, subnormal, zero and negative float16 scales): the int8 codes times
     their scales are gguf-py's dequantized weights, bit for bit."""
     raw = random_blocks(name, 5, 3, seed)
-    w = GPU_INT8_CODES[name](torch.from_numpy(raw))
+    w = block_rows_as_int8(torch.from_numpy(raw), name)
     expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name])
     got = _dequantized(w).numpy()
     assert got.shape == expected.shape
@@ -35,18 +36,20 @@ def test_codes_hold_ggmls_weights_bit_for_bit(name: str, seed: int) -> None:
 
 @pytest.mark.parametrize("name", sorted(GPU_INT8_CODES))
 def test_rows_converted_in_chunks_are_the_rows_converted_at_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchburn.quant import gguf_blocks
+    from torchburn.quant import blocks
 
     raw = torch.from_numpy(random_blocks(name, 7, 2, 9))
-    whole = GPU_INT8_CODES[name](raw)
-    monkeypatch.setattr(gguf_blocks, "CONVERT_ROWS", 3)  # 7 rows: chunks of 3, 3 and 1
-    chunked = GPU_INT8_CODES[name](raw)
+    whole = block_rows_as_int8(raw, name)
+    monkeypatch.setattr(blocks, "CONVERT_ROWS", 3)  # 7 rows: chunks of 3, 3 and 1
+    chunked = block_rows_as_int8(raw, name)
     assert torch.equal(whole.qweight, chunked.qweight) and torch.equal(whole.scales, chunked.scales)
 
 
 def test_wrong_bytes_are_refused() -> None:
-    with pytest.raises(ValueError, match="Q5_0 blocks must be uint8"):
-        GPU_INT8_CODES["Q5_0"](torch.zeros(2, 23, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="Q5_0 rows of 23 bytes are not whole blocks"):
+        block_rows_as_int8(torch.zeros(2, 23, dtype=torch.uint8), "Q5_0")
+    with pytest.raises(ValueError, match="Q5_1 weights have offsets"):  # d q + m: not symmetric
+        block_rows_as_int8(torch.zeros(2, 24, dtype=torch.uint8), "Q5_1")
 
 
 def test_a_model_is_laid_out_for_the_gpu() -> None:

@@ -23,6 +23,7 @@ import torch
 from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir.qblocks import BLOCK, BLOCK_TYPES, LANE, BlockType, block_type
+from .layouts import Int8Weight
 
 _TORCH_DTYPES = {
     dt.u8: torch.uint8, dt.i8: torch.int8, dt.i16: torch.int16, dt.i32: torch.int32,
@@ -135,6 +136,42 @@ def dequantize_block_rows(blocks: torch.Tensor, type_name: str,
         if offset is not None:
             w4[:, :, r].add_(ev(offset))
     return w
+
+
+#: Weight rows `block_rows_as_int8` converts at a time (its temporaries stay a few MB).
+CONVERT_ROWS = 1024
+
+
+def block_rows_as_int8(blocks: torch.Tensor, type_name: str) -> Int8Weight:
+    """The same float32 weights as grouped INT8 codes and scales, derived from the block
+    table: code ``code(r)`` of each lane, one scale ``scale(r)`` per group of the runs that
+    share their scale expression (Q5_0: the block's ``d`` for its 32 weights; Q6_K: ``d *
+    scales[j]`` for each 16), float16 where every scale is one (exact), else float32 (a
+    float16 times an int8 is exact in float32). For the GPU engine, whose products read
+    whole-byte codes with vec4 loads (`llm/model/gpu_weights.py`). ValueError for a type with
+    offsets or codes outside int8."""
+    bt = check_block_layout(blocks, type_name)
+    if any(bt.offset(r) is not None for r in range(bt.runs)):
+        raise ValueError(f"{type_name} weights have offsets (mins): no symmetric INT8 form")
+    share = next(k for k in range(bt.runs, 0, -1)
+                 if bt.runs % k == 0 and all(bt.scale(r) == bt.scale(r - r % k) for r in range(bt.runs)))
+    rows, row_bytes = blocks.shape
+    n_blocks = row_bytes // bt.nbytes
+    codes = torch.empty(rows, n_blocks, bt.runs, bt.run, dtype=torch.int8)
+    scales = torch.empty(rows, n_blocks, bt.runs // share)
+    for first in range(0, rows, CONVERT_ROWS):
+        part = blocks[first:first + CONVERT_ROWS]
+        ev = _Evaluator(part.reshape(part.shape[0], n_blocks, bt.nbytes), bt.run)
+        for r in range(bt.runs):
+            code = ev(bt.code(r))
+            if int(code.min()) < -128 or int(code.max()) > 127:
+                raise ValueError(f"{type_name} codes leave int8")
+            codes[first:first + CONVERT_ROWS, :, r] = code
+            if r % share == 0:
+                scales[first:first + CONVERT_ROWS, :, r // share] = ev(bt.scale(r))[..., 0]
+    scales = scales.reshape(rows, -1)
+    half = scales.half()
+    return Int8Weight(qweight=codes.reshape(rows, -1), scales=half if torch.equal(half.float(), scales) else scales)
 
 
 def dequantize_blocks(weight: BlockWeight) -> torch.Tensor:

@@ -3,7 +3,7 @@
 GGUF's Q5_0 and Q6_K blocks (22 and 210 bytes) start most blocks off a 4-byte word: the GPU's
 block products read their codes a u32 word at a time with shifts, where our int8 and int4
 layouts take vec4 loads. Their linears become grouped INT8 ones holding the same weights
-(`quant.gguf_blocks.GPU_INT8_CODES`: codes and scales converted exactly), and sibling
+(`quant.blocks.block_rows_as_int8`: codes and scales derived from the block table, exactly), and sibling
 projections that are now alike are stacked (`fuse`): a Q4_K_M file's Q8_0 value projection
 beside Q5_0 query and key projections becomes one QKV product.
 
@@ -18,9 +18,12 @@ from __future__ import annotations
 from torch import nn
 
 from ...quant import BlockEmbedding, QuantizedLinear
-from ...quant.gguf_blocks import GPU_INT8_CODES
+from ...quant.blocks import block_rows_as_int8
 from .fuse import fuse_projections
 from .mapped import release
+
+#: ggml block types whose linears the GPU engine reads as grouped INT8 codes.
+GPU_INT8_CODES = ("Q5_0", "Q6_K")
 
 
 def lay_out_for_gpu(model: nn.Module) -> int:
@@ -32,7 +35,7 @@ def lay_out_for_gpu(model: nn.Module) -> int:
         for name, child in list(parent.named_children()):
             if (isinstance(child, QuantizedLinear) and child.block_type in GPU_INT8_CODES
                     and child.blocks.untyped_storage().data_ptr() not in embedded):
-                weight = GPU_INT8_CODES[child.block_type](child.blocks)
+                weight = block_rows_as_int8(child.blocks, child.block_type)
                 bias = None if child.bias is None else child.bias.detach()
                 setattr(parent, name, QuantizedLinear.from_weight(weight, bias))
                 release(child.blocks)  # a view of the file's map: its pages are not read again
