@@ -15,7 +15,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from .conv import ACCUMULATORS, _clamp, _in_range, _pow2_floor, _ramp, unflatten
+from .conv import ACCUMULATORS, _clamp, _in_range, _ramp, unflatten
 from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
@@ -25,6 +25,10 @@ from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
 #: and a symbolic spatial size (a dynamic length is rarely a short one).
 SYMBOLIC_BATCH_HINT = 8
 SYMBOLIC_SIZE_HINT = 64
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 class GradWeightBuilder(NestHelpers):
@@ -53,10 +57,19 @@ class GradWeightBuilder(NestHelpers):
 
         for n, c, *rows, ph < s, q < Q { i = q*s + ph - p; xp[.., ph, q] = select(0 <= i < W, x[.., clamp(i)], 0) }
         ... for ov in 0..OW / W { xv_t = xp[n, cin_r + ci, ih, (kw_t*d) % s, ramp(ov*W + (kw_t*d) // s, 1, W)] ... }
+
+    **Whole vectors.** Where OW is not a multiple of W (or not static), `g`'s rows are copied
+    too, zero-padded to `OWp = ceil(OW / W) * W` (`padded_gradient`), and `x`'s padded rows
+    are as wide: every position is in a plain vector (the zeros add nothing) and there is no
+    scalar tail. `W` is at most the power of two at or above OW (a 7-wide row: one vector of
+    8, not 4 lanes and 3 scalar positions).
+
+        for n, co, *rows, j < OWp { gp[.., j] = j < OW ? g[.., j] : 0 }
+        ... for ov in 0..OWp / W { gv_r = gp[n, co_r, oh, ramp(ov*W, 1, W)]; xv_t = xp[...] ... }
     """
 
     def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, lanes: int, rows: int, taps: int,
-                 parallel: bool) -> None:
+                 parallel: bool, whole_vectors: bool = False) -> None:
         self.kb, self.op, self.out = kb, op, out
         self.g, self.x = op.operands
         self.stride = tuple(int(v) for v in op.attrs["stride"])
@@ -64,6 +77,7 @@ class GradWeightBuilder(NestHelpers):
         self.dilation = tuple(int(v) for v in op.attrs["dilation"])
         self.groups = int(op.attrs["groups"])
         self.lanes, self.rows, self.tw, self.parallel = lanes, rows, taps, parallel
+        self.whole_vectors = whole_vectors
         self.res_t = op.result.dtype
         self.acc_t = dt.compute_dtype(self.res_t)
         self.cout = op.result.shape[0]
@@ -76,14 +90,14 @@ class GradWeightBuilder(NestHelpers):
         self.kb.used_buffers[buf.name] = buf
         return buf.name
 
-    def padded_rows(self) -> lp.Buffer:
+    def padded_rows(self, ow_n: Expr) -> lp.Buffer:
         """`%xp[n, c, *rows, ph, q] = x[n, c, *rows, q*s + ph - p]`, zero outside the row, for
-        every `q` the output's positions read (`OW + (KW - 1)*d // s`): a workspace filled
-        once per call, before the tiles (see the class docstring)."""
+        every `q` the output's first `ow_n` positions read (`ow_n + (KW - 1)*d // s`): a
+        workspace filled once per call, before the tiles (see the class docstring)."""
         kb = self.kb
         e = len(self.stride) - 1
         s_e, p_e, d_e = self.stride[e], self.padding[e], self.dilation[e]
-        in_w, ow_n = self.x.shape[2 + e], self.g.shape[2 + e]
+        in_w = self.x.shape[2 + e]
         width = ex.add(ow_n, Const((int(static_int(self.k_size[e]) or 1) - 1) * d_e // s_e))
         outer = tuple(self.x.shape[:-1])
         xt = ScalarType(self.x.dtype)
@@ -111,12 +125,38 @@ class GradWeightBuilder(NestHelpers):
         self.pack = kb.nest((*vars_, ph, q), (*outer, Const(s_e), width), kb.pop())
         return xp
 
+    def padded_gradient(self, width: Expr) -> lp.Buffer:
+        """`%gp[n, co, *rows, j] = g[n, co, *rows, j]` for `j < OW`, zero up to `width` (a
+        whole number of vectors): with `padded_rows` as wide, every position of a row is
+        in a plain vector and no scalar tail is left (`whole_vectors`)."""
+        kb = self.kb
+        ow_n = self.g.shape[-1]
+        outer = tuple(self.g.shape[:-1])
+        gt = ScalarType(self.g.dtype)
+        gp = kb.scratch(self.g.dtype, (*outer, width))
+        vars_ = kb.loops(outer, "g")
+        j, k = self.var("j"), self.var("j")
+        kb.push(vars_)
+        load = ex.Load(self.buffer(self.g), (*vars_, j), gt)
+        kb.emit(self.loop(j, ow_n, lp.Store(gp.name, (*vars_, j), load)))
+        kb.emit(self.loop(k, ex.sub(width, ow_n), lp.Store(gp.name, (*vars_, ex.add(ow_n, k)), Const(0, gt))))
+        self.gpack = kb.nest(vars_, outer, kb.pop())
+        return gp
+
     def build(self) -> lp.Stmt:
         kb, w, nsp = self.kb, self.lanes, len(self.stride)
         e = nsp - 1
-        padded = self.padding[e] > 0 or self.stride[e] > 1
+        ow_full = self.g.shape[2 + e]
         self.pack: Optional[lp.Stmt] = None
-        xp = self.padded_rows() if padded else None
+        self.gpack: Optional[lp.Stmt] = None
+        gp: Optional[lp.Buffer] = None
+        if self.whole_vectors:
+            ow_vec = ex.mul(ex.floordiv(ex.add(ow_full, Const(w - 1)), Const(w)), Const(w))
+            xp: Optional[lp.Buffer] = self.padded_rows(ow_vec)
+            gp = self.padded_gradient(ow_vec)
+        else:
+            padded = self.padding[e] > 0 or self.stride[e] > 1
+            xp = self.padded_rows(ow_full) if padded else None
         vt = ScalarType(self.acc_t, w)
         st = ScalarType(self.acc_t)
         lane = _ramp(Const(0), w)
@@ -143,8 +183,9 @@ class GradWeightBuilder(NestHelpers):
         for rt in tiles:
             kb.emit(lp.Store(accs[rt].name, (lane,), ex.const(0, self.acc_t, w)))
             kb.emit(lp.Store(sums[rt].name, (Const(0),), Const(0, st)))
-        gname, xname = self.buffer(self.g), self.buffer(self.x)
-        in_w, ow_n = self.x.shape[2 + e], self.g.shape[2 + e]
+        gname, xname = (self.buffer(self.g) if gp is None else gp.name), self.buffer(self.x)
+        in_w = self.x.shape[2 + e]
+        ow_n = ow_full if gp is None else gp.shape[-1]
         s_e, p_e, d_e = self.stride[e], self.padding[e], self.dilation[e]
         n = self.var("n")
         outs = [self.var("o") for _ in range(nsp - 1)]
@@ -228,7 +269,7 @@ class GradWeightBuilder(NestHelpers):
                 sm = sums[(r, t)]
                 kb.emit(lp.Store(sm.name, (Const(0),), ex.Binary("add", ex.Load(sm.name, (Const(0),), st), prod, st)))
         tail_loop = lp.For(ot, Const(0), ex.mod(ow_n, Const(w)), "serial", kb.pop())
-        row_body: lp.Stmt = lp.block(vec_loop, tail_loop)
+        row_body: lp.Stmt = vec_loop if gp is not None else lp.block(vec_loop, tail_loop)
         conds = [_in_range(ih, self.x.shape[2 + s]) for s, ih in enumerate(rows_in) if self.padding[s] > 0]
         for cond in conds:
             row_body = lp.If(cond, row_body)
@@ -246,14 +287,16 @@ class GradWeightBuilder(NestHelpers):
             ok = ex.Binary("and", ex.binary("lt", ex.add(co0, Const(r)), self.cout),
                            ex.binary("lt", ex.add(k0, Const(t)), kw_n), ex.BOOL)
             kb.emit(lp.If(ok, store))
-        described = f"grad-weight lanes={w} rows={self.rows} taps={self.tw} parallel={'yes' if self.parallel else 'no'}"
+        described = (f"grad-weight lanes={w} rows={self.rows} taps={self.tw} parallel={'yes' if self.parallel else 'no'}"
+                     + (" whole-vectors" if gp is not None else ""))
         kb.attrs["conv"] = described
         notes = ((("origin", "; ".join(kb.origins)),) if kb.origins else ()) + (("conv", described),)
         total_items: Expr = Const(1)
         for x in extents:
             total_items = ex.mul(total_items, x)
         tiles_loop = lp.For(item, Const(0), total_items, "parallel" if self.parallel else "serial", kb.pop(), notes)
-        return tiles_loop if self.pack is None else lp.block(self.pack, tiles_loop)
+        packs = [p for p in (self.pack, self.gpack) if p is not None]
+        return lp.block(*packs, tiles_loop) if packs else tiles_loop
 
 
 def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) -> Optional[lp.Stmt]:
@@ -271,9 +314,16 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
         return None
     lanes = cpu.lanes(dt.compute_dtype(op.result.dtype))
     if ow is not None:
-        lanes = min(lanes, _pow2_floor(ow))
+        lanes = min(lanes, _pow2_ceil(ow))
+    # A row that is not a whole number of vectors is padded to one (`padded_gradient`): its
+    # last OW % W positions in a scalar loop cost twice the vectors before them at 56 wide
+    # (3 vectors of 16 and 8 scalar positions of 12 products each; ResNet's 64-channel 3x3
+    # weight gradient at 56x56 took 2.5x oneDNN's time).
+    whole_vectors = ow is None or ow % lanes != 0
     kw = int(static_int(op.result.shape[-1]) or 1)
     taps = min(kw, 4)
+    # (6 rows of 3 taps on AVX-512's 32 registers measured no faster: 64-to-64 3x3 at 56x56
+    # 2.52 / 2.51 ms, 32-to-64 at 128x128 6.44 / 5.69 with its last tile of 4 rows)
     rows = max(1, min(int(static_int(op.result.shape[0]) or 1), ACCUMULATORS // taps, 4))
     # The registers hold the accumulators, a vector of `g` per row and of `x` per tap: 4 rows
     # of 3 taps needed 19 of AVX2's 16, and LLVM kept accumulators on the stack.
@@ -286,4 +336,5 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
         flops *= SYMBOLIC_SIZE_HINT if size is None else size
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
-    return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS).build()
+    return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS,
+                             whole_vectors).build()
