@@ -250,3 +250,18 @@ def test_subgroup_and_f16_rows_where_the_adapter_has_them(gpu) -> None:  # type:
             out, reports = run_compiled(lambda t: torch.softmax(t, -1), h)
         torch.testing.assert_close(out, torch.softmax(x, -1).half(), rtol=2e-3, atol=1e-4)
         assert out.dtype == torch.float16 and "rows" in row_kernels(reports)[0]
+
+
+@pytest.mark.parametrize("vocab", [5000, 49152])
+def test_greedy_argmax_in_chunks_on_the_device(gpu, vocab: int) -> None:  # type: ignore[no-untyped-def]
+    """The GPU greedy step's argmax (`first_argmax_in_chunks`: maxima of 128 chunks, the least
+    index holding the maximum) on the device: a row padded with -inf (5000 is not a multiple
+    of 128) and a tie across chunks, where the first index wins."""
+    from torchburn.llm.runtime.sampling import first_argmax_in_chunks
+
+    torch.manual_seed(vocab)
+    logits = torch.randn(2, vocab)
+    logits[0, 17] = logits[0, vocab - 3] = 9.0
+    logits[1, vocab - 1] = 9.0
+    check_gpu(first_argmax_in_chunks, logits)
+    assert first_argmax_in_chunks(logits)[:, 0].tolist() == [17, vocab - 1]

@@ -140,6 +140,26 @@ def test_greedy_tokens_are_torch_argmax() -> None:
     assert got.tolist()[:2] == [7, 123]
 
 
+@pytest.mark.parametrize("vocab", [100, 4096, 49152, 151936, 32064, 4099])
+def test_chunked_first_argmax_is_argmax(vocab: int) -> None:
+    """The GPU greedy step's argmax in chunks (`first_argmax_in_chunks`) is argmax's first
+    index: ties across and inside chunks (the first wins, also when the later one sits in an
+    earlier chunk's padding-free part), a maximum in the last, padded chunk (V not a multiple
+    of 128), a row of all -inf, int32 [B, 1]."""
+    from torchburn.llm.runtime.sampling import first_argmax_in_chunks
+
+    torch.manual_seed(vocab)
+    logits = torch.randn(5, vocab).mul(4).round()  # many ties among the larger values
+    logits[0, vocab // 2] = logits[0, vocab - 1] = 50.0   # tie in two chunks: the first wins
+    logits[1, vocab - 1] = 60.0                           # the last entry, in the padded chunk
+    logits[2, 3] = logits[2, 4] = 70.0                    # tie inside one chunk
+    logits[3] = float("-inf")                             # nothing finite: index 0
+    got = first_argmax_in_chunks(logits)
+    assert got.dtype == torch.int32 and got.shape == (5, 1)
+    assert got[:, 0].tolist() == logits.argmax(-1).tolist()
+    assert got[:3, 0].tolist() == [vocab // 2, vocab - 1, 3]
+
+
 def test_repetition_penalty_follows_its_definition() -> None:
     from torchburn.llm.runtime.sampling import apply_repetition_penalty
 
