@@ -146,7 +146,6 @@ def test_weight_gradient_as_one_matrix_product(shape: tuple[int, ...], weight: t
 
     monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_MACS", 0)  # small sizes, the large layers' form
     monkeypatch.setattr(nn_lowerings, "GEMM_GRAD_WEIGHT_MIN_COUT", 0)
-    monkeypatch.setattr(nn_lowerings, "DOT_GRAD_WEIGHT_MIN_WIDTH_UNSTRIDED", 10**6)
 
     from torchburn.frontend.importer import import_graph
 
@@ -198,37 +197,30 @@ def test_weight_gradients_that_keep_their_kernel(groups: int, min_macs: Optional
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
 
 
-@pytest.mark.parametrize("width, stride, form", [
-    (32, 1, "conv_grad_weight"), (64, 1, "conv_grad_weight"), (56, 1, "conv_grad_weight"), (28, 1, "conv_grad_weight"),
-    (14, 1, "conv_grad_weight"), (7, 1, "conv_grad_weight"), (6, 1, "matmul"),
-    (28, 2, "matmul"), (32, 2, "conv_grad_weight")])
-def test_weight_gradient_over_rows_of_whole_vectors_keeps_its_kernel(width: int, stride: int, form: str) -> None:
-    """A 3x3 weight gradient with many output channels keeps the dot-product kernel over rows
-    of stride 1 at least `DOT_GRAD_WEIGHT_MIN_WIDTH_UNSTRIDED` long (it pads them to whole
-    vectors: no tail, faster than the columns and the product at 56, 28, 14 and 7 wide on
-    AVX-512), and over strided rows of at least `DOT_GRAD_WEIGHT_MIN_WIDTH` outputs, a
-    multiple of `DOT_GRAD_WEIGHT_WIDTH_STEP`; other strided rows and rows under 7 take the
-    product."""
+@pytest.mark.parametrize("width, form", [(32, "conv_grad_weight"), (64, "conv_grad_weight"), (28, "matmul"),
+                                         (16, "matmul")])
+def test_weight_gradient_over_rows_of_whole_vectors_keeps_its_kernel(width: int, form: str) -> None:
+    """A 3x3 weight gradient with many output channels over rows of at least
+    `DOT_GRAD_WEIGHT_MIN_WIDTH` positions, a multiple of `DOT_GRAD_WEIGHT_WIDTH_STEP`, keeps
+    the dot-product kernel (faster than the columns and the product); rows of 28 or 16 take
+    the product (the kernel pads them to whole vectors, but on two threads the product is
+    faster there: `DOT_GRAD_WEIGHT_MIN_WIDTH`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchburn.frontend.importer import import_graph
 
     def bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
-        return torch.ops.aten.convolution_backward(g, x, w, [64], [stride, stride], [1, 1], [1, 1], False, [0, 0], 1,
+        return torch.ops.aten.convolution_backward(g, x, w, [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
                                                    [True, True, True])
 
-    x = torch.randn(1, 64, 24, width * stride)
-    out = F.conv2d(x, torch.randn(64, 64, 3, 3), stride=stride, padding=1)
-    assert out.shape[-1] == width
-    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(out.shape), x, torch.randn(64, 64, 3, 3)))
+    graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 64, 24, width), torch.randn(1, 64, 24, width),
+                                                           torch.randn(64, 64, 3, 3)))
     assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == [form]
 
 
-def test_weight_gradient_of_a_7x7_feature_map_takes_whole_vectors() -> None:
+def test_weight_gradient_of_a_7x7_feature_map_is_a_matrix_product() -> None:
     """ResNet's last stage at batch 1 (512 channels at 7x7: a reduction of 49 per weight
-    element) keeps the dot-product kernel, each row one vector of 8: with 4 lanes and a
-    3-position scalar tail it had taken 8x the product's time; in whole vectors it takes
-    less (one thread, AVX-512: 5.4 against 6.4 ms at batch 1, 20.8 against 27.4 at batch 8)."""
+    element) takes the GEMM form: the dot-product kernel took 8x its time there."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchburn.frontend.importer import import_graph
@@ -239,7 +231,7 @@ def test_weight_gradient_of_a_7x7_feature_map_takes_whole_vectors() -> None:
 
     graph = import_graph(make_fx(bwd, tracing_mode="fake")(torch.randn(1, 128, 7, 7), torch.randn(1, 64, 7, 7),
                                                            torch.randn(128, 64, 3, 3)))
-    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["conv_grad_weight"]
+    assert [op.name for op in graph.ops if op.name in ("matmul", "conv_grad_weight")] == ["matmul"]
 
 
 @pytest.mark.parametrize("shape, weight, stride, padding, output_padding, groups, form", [

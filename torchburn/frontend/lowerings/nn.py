@@ -338,18 +338,13 @@ GEMM_GRAD_WEIGHT_MIN_COUT = 64
 #: at 32x32 4.95 / 3.73 (eager 5.1-5.2), 64-to-128 2.24 / 1.85; ResNet's 7x7 s2 stem (112
 #: wide) 6.0 / 5.2. Rows of 28 or 14 (a tail in every row) took the dot-product kernel 3-5x
 #: the product's time (128 channels at 28x28 3.6 / 10.8 ms); rows of 16 were about even
-#: (256 at 16x16 6.4 / 5.4, 128-to-256 2.1 / 2.2): both keep the product.
+#: (256 at 16x16 6.4 / 5.4, 128-to-256 2.1 / 2.2): both keep the product. Since the kernel
+#: pads every row to whole vectors (no tail, `whole-vectors`), rows of 28, 14 and 7 run it
+#: about as fast as the product on one thread, but not on two (AVX-512, 2 threads, batch 1,
+#: ms, dot-product / GEMM form: 128 at 28x28 1.31 / 1.27, 256 at 14x14 1.88 / 1.67, 512 at
+#: 7x7 3.63 / 2.95; 64 at 56x56 1.26 / 1.23): they keep the product.
 DOT_GRAD_WEIGHT_MIN_WIDTH = 32
 DOT_GRAD_WEIGHT_WIDTH_STEP = 8
-#: ...or, with stride 1 along the last dim, an output width of at least this: since the
-#: dot-product kernel pads every row to whole vectors (`whole-vectors`, no scalar tail), it
-#: is at least as fast as the columns and the product at every width measured. The weight
-#: gradient alone, one thread, AVX-512 (Zen 4), batch 1 / 8, ms, dot-product / GEMM form:
-#: 64-to-64 3x3 at 56x56 2.44 / 2.81 and 20.7 / 28.2 (oneDNN 2.4 and 19.4), 128 at 28x28
-#: 2.59 / 2.60 and 19.4 / 24.8, 256 at 14x14 3.19 / 3.45 and 18.7 / 23.7, 512 at 7x7 5.41 /
-#: 6.38 and 20.8 / 27.4. Strided rows keep the rule above (stride 2, 128-to-256 at 28x28:
-#: 1.70 / 1.30; the kernel reads them by phase).
-DOT_GRAD_WEIGHT_MIN_WIDTH_UNSTRIDED = 7
 #: The batch the thresholds above assume where it is symbolic (Dynamo's dynamic batch, after a
 #: second batch size): the product's reduction is then `batch x positions`, a loop bound.
 #: Without the GEMM form such a gradient took the per-element nest (the dot-product kernel
@@ -363,8 +358,7 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     """The weight gradient of an ungrouped convolution as one matrix product, or None where
     sizes other than the batch are symbolic, the convolution is grouped, the reduction or the whole product is
     small (`GEMM_GRAD_WEIGHT_MIN_REDUCTION`, `GEMM_GRAD_WEIGHT_MIN_MACS`), or a window of several
-    taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`), rows of stride 1 at least
-    `DOT_GRAD_WEIGHT_MIN_WIDTH_UNSTRIDED` long, or long rows of whole vectors
+    taps has few output channels (`GEMM_GRAD_WEIGHT_MIN_COUT`) or long rows of whole vectors
     (`DOT_GRAD_WEIGHT_MIN_WIDTH`).
 
     `gw[co, (ci, k)] = sum_{n, o} g[n, co, o] * cols[(ci, k), (n, o)]`, where `cols` holds, for
@@ -387,9 +381,7 @@ def _grad_weight_gemm(b: Builder, g: Value, x: Value, window: Sequence[Expr],
     if taps > 1 and cout < GEMM_GRAD_WEIGHT_MIN_COUT:
         return None
     ow = sz.out_sp[-1]
-    unstrided = int(attrs["stride"][-1]) == 1
-    if taps > 1 and ((unstrided and ow >= DOT_GRAD_WEIGHT_MIN_WIDTH_UNSTRIDED)
-                     or (ow >= DOT_GRAD_WEIGHT_MIN_WIDTH and ow % DOT_GRAD_WEIGHT_WIDTH_STEP == 0)):
+    if taps > 1 and ow >= DOT_GRAD_WEIGHT_MIN_WIDTH and ow % DOT_GRAD_WEIGHT_WIDTH_STEP == 0:
         return None
     cols = _columns(b, x, ks, sz.out_sp, attrs)  # [N, C, T, P]
     reduction = Const(sz.n * positions) if sz.n is not None else sz.batch * positions
