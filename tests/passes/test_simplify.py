@@ -158,8 +158,9 @@ def test_statement_cleanups() -> None:
 
 
 def test_extent_one_loop_keeps_its_names_local() -> None:
-    """Two one-iteration loops with a `let t` each dissolve into one block: the second `t` is
-    renamed (the verifier forbids binding a name twice in one scope)."""
+    """Two one-iteration loops with a `let t` each dissolve into one block: one `t` is renamed
+    (the verifier forbids binding a name twice in one scope; the first, since the second loop
+    still binds `t` when the first dissolves)."""
     k = kernel("""
         kernel @k(%x: f32[4] strides [1], %out: f32[4, 2] strides [2, 1]) {
           for i in 0..4 {
@@ -178,10 +179,47 @@ def test_extent_one_loop_keeps_its_names_local() -> None:
     assert_ir(out, """
         kernel @k(%x: f32[4] strides [1], %out: f32[4, 2] strides [2, 1]) {
           for i in 0..4 {
-            let t = %x[i] * 2.0:f32
-            %out[i, 0] = t
-            let t_1 = %x[i] * 3.0:f32
-            %out[i, 1] = t_1
+            let t_1 = %x[i] * 2.0:f32
+            %out[i, 0] = t_1
+            let t = %x[i] * 3.0:f32
+            %out[i, 1] = t
+          }
+        }
+    """)
+
+
+def test_extent_one_loop_before_a_loop_binding_its_names() -> None:
+    """A one-iteration loop dissolved before a loop whose body binds the same name (a
+    vectorized loop of one iteration and its scalar tail): the dissolved `t` is renamed, so
+    the later `t` does not bind a name already in scope (a verifier error before: a biased
+    5x5 convolution 36 wide on AVX2)."""
+    from torchburn.ir.verifier import verify_kernel
+
+    k = kernel("""
+        kernel @k(%x: f32[4] strides [1], %out: f32[4, 3] strides [3, 1]) {
+          for i in 0..4 {
+            for j in 0..1 {
+              let t = %x[i] * 2.0:f32
+              %out[i, j] = t
+            }
+            for j in 1..+2 {
+              let t = %x[i] * 3.0:f32
+              %out[i, j] = t
+            }
+          }
+        }
+    """)
+    out = run_pass(Simplify(), k)
+    verify_kernel(out)
+    assert_ir(out, """
+        kernel @k(%x: f32[4] strides [1], %out: f32[4, 3] strides [3, 1]) {
+          for i in 0..4 {
+            let t_1 = %x[i] * 2.0:f32
+            %out[i, 0] = t_1
+            for j in 1..+2 {
+              let t = %x[i] * 3.0:f32
+              %out[i, j] = t
+            }
           }
         }
     """)
