@@ -132,6 +132,8 @@ TABLE = [
     (1, 4, 8, (5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, True, "channels"),
     (1, 24, 24, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, False, "gemm"),  # pointwise conv3d
     (1, 6, 6, (4, 1), (3, 1), (1, 1), (1, 0), (1, 1), 6, True, None),           # width 1: per-element nest
+    (1, 8, 8, (6, 18), (3, 3), (1, 1), (0, 0), (1, 1), 1, True, "channels"),    # unpadded rows of 16 outputs
+    (1, 8, 8, (5, 36), (5, 5), (1, 1), (0, 0), (1, 2), 1, True, "channels"),    # ... of 32, dilated, tap tiles cut
 ]
 
 
@@ -438,6 +440,33 @@ def test_grad_weight_tiles_fit_the_register_file(k: int, rows_avx2: int, rows_av
     for machine, rows in ((AVX2, rows_avx2), (AVX512_2T, rows_avx512)):
         plans = conv_plans(GradWeightCase(1, 8, 8, (10, 20), (k, k), (1, 1), (k // 2, k // 2), (1, 1), 1).run(machine))
         assert [p for p in plans if f"rows={rows} " in p] == plans and plans, (machine.name, plans)
+
+
+@pytest.mark.parametrize("conv", ["1d", "2d", "transposed"])
+def test_grad_weight_ignores_inputs_no_output_reads(conv: str) -> None:
+    """The last input of a strided row that no output reads (and a transposed convolution's
+    output padding) may be inf: eager's weight gradient stays finite, and so must ours, whose
+    last whole vector reads such an input at a position past the output (its `g` a padded
+    zero, and 0 * inf is NaN: the lanes past OW select zero instead)."""
+    torch.manual_seed(0)
+    if conv == "transposed":
+        m = torch.nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1)
+        x = torch.randn(2, 4, 9)
+    else:
+        m = (torch.nn.Conv1d if conv == "1d" else torch.nn.Conv2d)(4, 8, 3, stride=2)
+        x = torch.randn(2, 4, 8) if conv == "1d" else torch.randn(2, 4, 5, 8)
+        x[..., 7] = float("inf")  # read by no output: 3 outputs read 0..6
+    compiled = torch.compile(copy.deepcopy(m), backend="torchburn", options={"tune": "off"})
+    g = None
+    if conv == "transposed":
+        y = m(x)
+        g = torch.randn_like(y)
+        g[..., -1] = float("inf")  # the output padding's position: no input feeds it
+    (m(x) * (1 if g is None else g)).nan_to_num(posinf=0.0).sum().backward()
+    (compiled(x) * (1 if g is None else g)).nan_to_num(posinf=0.0).sum().backward()
+    want, got = m.weight.grad, compiled.weight.grad
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", [

@@ -3,8 +3,9 @@
 See `GradWeightBuilder`; the helpers (ramps, clamps, the work-item grid) are `conv.py`'s. A
 weight gradient whose weight or channels are not static, or whose output is narrower than 2,
 keeps the per-element nest of `nn_rules.py`. The batch and the spatial sizes are only bounds
-of the reduction's loops (and of the padded rows' copy; a width's vector loop and scalar tail
-split at run time), so symbolic ones (Dynamo's dynamic shapes) keep the kernel.
+of the reduction's loops (and of the padded rows' copies; a symbolic width takes whole
+vectors, its last one masked at run time), so symbolic ones (Dynamo's dynamic shapes) keep
+the kernel.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ...ir import expr as ex
 from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.tensor import Op, Value
-from .conv import ACCUMULATORS, _clamp, _in_range, _ramp, unflatten
+from .conv import ACCUMULATORS, _clamp, _in_range, _ramp, _vec, unflatten
 from .nest_helpers import NestHelpers
 from .kernel_builder import KernelBuilder
 from .matmul import MIN_PARALLEL_FLOPS, CpuInfo, static_int
@@ -36,18 +37,18 @@ class GradWeightBuilder(NestHelpers):
     in dot-product form: the reduction runs in vectors along the output width (both `g` and,
     for stride 1, `x` are contiguous there), R output channels x T taps of the last dim per
     tile (as many as the vector registers hold with a vector of `g` per row and of `x` per
-    tap), a scalar loop for the last OW % W positions, the lanes summed at the end:
+    tap), the lanes summed at the end. Where OW is a multiple of W and the row is neither
+    padded nor strided along the last dim, `x` is read in place:
 
         parallel for ti in 0..items                  co block, ci, outer taps, tap block
-          acc[r][t] = 0 (W lanes); sum[r][t] = 0
+          acc[r][t] = 0 (W lanes)
           for n { for oh { ih = oh*s - p + kh*d; if 0 <= ih < H {
             for ov in lo..hi {                  (every tap inside the row: plain loads)
               gv_r = g[n, co_r, oh, ramp(ov*W, 1, W)]
               xv_t = x[n, cin_r + ci, ih, ramp(ov*W*s - p + kw_t*d, s, W)]
               acc[r][t] = fma(gv_r, xv_t, acc[r][t]) }
-            for ov in 0..lo and hi..OW / W { the same, x clamped and masked }
-            for ow in OW / W * W..OW { sum[r][t] += g[..ow] * x[..] } }}}
-          gw[co_r, ci, kh, kw_t] = vreduce_add(acc[r][t]) + sum[r][t]      (valid r, t only)
+            for ov in 0..lo and hi..OW / W { the same, x clamped and masked } }}}
+          gw[co_r, ci, kh, kw_t] = vreduce_add(acc[r][t])      (valid r, t only)
 
     With padding or a stride along the last dim, the input's rows are first copied,
     zero-padded and split by phase of the stride, into a workspace (`padded_rows`, once per
@@ -60,12 +61,16 @@ class GradWeightBuilder(NestHelpers):
 
     **Whole vectors.** Where OW is not a multiple of W (or not static), `g`'s rows are copied
     too, zero-padded to `OWp = ceil(OW / W) * W` (`padded_gradient`), and `x`'s padded rows
-    are as wide: every position is in a plain vector (the zeros add nothing) and there is no
-    scalar tail. `W` is at most the power of two at or above OW (a 7-wide row: one vector of
-    8, not 4 lanes and 3 scalar positions).
+    are as wide: every position is in a plain vector and there is no scalar tail (a scalar
+    loop for the last OW % W positions had cost twice the vectors at 56 wide on AVX-512). In
+    the last vector, the lanes past OW select zero for `x` (they read input values no output
+    reads: a strided row's last element, which may be inf where eager's gradient is finite,
+    and `0 * inf` is NaN). `W` is at most the power of two at or above OW (a 7-wide row: one
+    vector of 8, not 4 lanes and 3 scalar positions).
 
         for n, co, *rows, j < OWp { gp[.., j] = j < OW ? g[.., j] : 0 }
-        ... for ov in 0..OWp / W { gv_r = gp[n, co_r, oh, ramp(ov*W, 1, W)]; xv_t = xp[...] ... }
+        ... for ov in 0..OW / W { gv_r = gp[n, co_r, oh, ramp(ov*W, 1, W)]; xv_t = xp[...] ... }
+        ... for ov in OW / W..OWp / W { the same, xv_t = select(ramp(ov*W, 1, W) < OW, xp[...], 0) }
     """
 
     def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, lanes: int, rows: int, taps: int,
@@ -179,10 +184,8 @@ class GradWeightBuilder(NestHelpers):
         qoff = [self.let(ex.floordiv(ex.mul(k, Const(e_d)), Const(e_s)), "qo") for k in kws] if xp is not None else []
         tiles = [(r, t) for r in range(self.rows) for t in range(self.tw)]
         accs = {rt: self.local("acc", (w,)) for rt in tiles}
-        sums = {rt: self.local("sum", (1,)) for rt in tiles}
         for rt in tiles:
             kb.emit(lp.Store(accs[rt].name, (lane,), ex.const(0, self.acc_t, w)))
-            kb.emit(lp.Store(sums[rt].name, (Const(0),), Const(0, st)))
         gname, xname = (self.buffer(self.g) if gp is None else gp.name), self.buffer(self.x)
         in_w = self.x.shape[2 + e]
         ow_n = ow_full if gp is None else gp.shape[-1]
@@ -194,8 +197,13 @@ class GradWeightBuilder(NestHelpers):
                                   ex.mul(ktaps[s], Const(self.dilation[s]))), "ih") for s, o in enumerate(outs)]
         # vector part
 
-        def vector_body(base: Expr, masked: bool) -> lp.Stmt:
+        def vector_body(base: Expr, masked: bool, past_end: bool = False) -> lp.Stmt:
             kb.push()
+            # the last vector of a padded row: lanes past OW read x values no output reads (a
+            # strided row's last input, a transposed convolution's output padding), which
+            # must not meet the zeros of `gp` (0 * inf is NaN where eager's gradient is finite)
+            live = (kb.bind(ex.Binary("lt", _ramp(base, w), _vec(ow_full, w), ScalarType(dt.bool_, w)), "lv")
+                    if past_end else None)
             gv = [kb.bind(ex.cast(ex.Load(gname, (n, c, *outs, _ramp(base, w)), ScalarType(self.g.dtype, w)),
                                   self.acc_t), "gv") for c in cos]
             for t in range(self.tw):
@@ -206,6 +214,8 @@ class GradWeightBuilder(NestHelpers):
                         q0 = kb.bind(ex.add(base, qoff[t]), "iw")
                         xv = ex.cast(ex.Load(xp.name, (n, cabs[r], *rows_in, phase[t], _ramp(q0, w)),
                                              ScalarType(self.x.dtype, w)), self.acc_t)
+                        if live is not None:
+                            xv = ex.select(live, kb.bind(xv, "xv"), ex.const(0, self.acc_t, w))
                     elif masked:
                         ivl = kb.bind(iv, "iv")
                         xv: Expr = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(ivl, in_w)),
@@ -236,40 +246,22 @@ class GradWeightBuilder(NestHelpers):
         lo = self.let(lo, "lo")
         hi = self.let(ex.select(whole, hi, lo), "hi")
 
-        def vector_loop(start: Expr, end: Expr, masked: bool) -> lp.Stmt:
+        def vector_loop(start: Expr, end: Expr, masked: bool, past_end: bool = False) -> lp.Stmt:
             ov = self.var("ov")
             kb.push((ov,))
             base = self.let(ex.mul(ov, Const(w)), "ob")
-            kb.emit(vector_body(base, masked))
+            kb.emit(vector_body(base, masked, past_end))
             return lp.For(ov, start, ex.sub(end, start), "serial", kb.pop())
 
-        if xp is not None:
+        if gp is not None:  # whole vectors: the last one (where OW % W > 0) masks x past OW
+            full = ex.floordiv(ow_full, Const(w))
+            vec_loop = lp.block(vector_loop(Const(0), full, False), vector_loop(full, ov_n, False, True))
+        elif xp is not None:
             vec_loop = vector_loop(Const(0), ov_n, False)
         else:
             vec_loop = lp.block(vector_loop(Const(0), lo, True), vector_loop(lo, hi, False),
                                 vector_loop(hi, ov_n, True))
-        # scalar tail
-        ot = self.var("ot")
-        kb.push((ot,))
-        pos = self.let(ex.add(ot, ex.mul(ex.floordiv(ow_n, Const(w)), Const(w))), "op")
-        for r in range(self.rows):
-            gs = kb.bind(ex.cast(ex.Load(gname, (n, cos[r], *outs, pos), ScalarType(self.g.dtype)), self.acc_t), "gs")
-            for t in range(self.tw):
-                iw = kb.bind(ex.add(ex.sub(ex.mul(pos, Const(s_e)), Const(p_e)), ex.mul(kws[t], Const(d_e))), "iw")
-                xs: Expr
-                if xp is not None:
-                    xs = ex.cast(ex.Load(xp.name, (n, cabs[r], *rows_in, phase[t], ex.add(pos, qoff[t])),
-                                         ScalarType(self.x.dtype)), self.acc_t)
-                else:
-                    xs = ex.cast(ex.Load(xname, (n, cabs[r], *rows_in, _clamp(iw, in_w)), ScalarType(self.x.dtype)),
-                                 self.acc_t)
-                if xp is None and p_e > 0:
-                    xs = ex.select(kb.bind(_in_range(iw, in_w)), kb.bind(xs, "xs"), Const(0, st))
-                prod = kb.bind(ex.Binary("mul", gs, kb.bind(xs, "xs"), st))
-                sm = sums[(r, t)]
-                kb.emit(lp.Store(sm.name, (Const(0),), ex.Binary("add", ex.Load(sm.name, (Const(0),), st), prod, st)))
-        tail_loop = lp.For(ot, Const(0), ex.mod(ow_n, Const(w)), "serial", kb.pop())
-        row_body: lp.Stmt = vec_loop if gp is not None else lp.block(vec_loop, tail_loop)
+        row_body: lp.Stmt = vec_loop
         conds = [_in_range(ih, self.x.shape[2 + s]) for s, ih in enumerate(rows_in) if self.padding[s] > 0]
         for cond in conds:
             row_body = lp.If(cond, row_body)
@@ -281,8 +273,7 @@ class GradWeightBuilder(NestHelpers):
         # finish: lanes summed, valid entries stored
         kb.used_buffers[self.out.name] = self.out
         for r, t in tiles:
-            total = ex.Binary("add", ex.VectorReduce("add", ex.Load(accs[(r, t)].name, (lane,), vt), st),
-                              ex.Load(sums[(r, t)].name, (Const(0),), st), st)
+            total = ex.VectorReduce("add", ex.Load(accs[(r, t)].name, (lane,), vt), st)
             store = lp.Store(self.out.name, (cos[r], ci, *ktaps, kws[t]), ex.cast(total, self.res_t))
             ok = ex.Binary("and", ex.binary("lt", ex.add(co0, Const(r)), self.cout),
                            ex.binary("lt", ex.add(k0, Const(t)), kw_n), ex.BOOL)
