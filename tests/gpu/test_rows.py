@@ -263,5 +263,8 @@ def test_greedy_argmax_in_chunks_on_the_device(gpu, vocab: int) -> None:  # type
     logits = torch.randn(2, vocab)
     logits[0, 17] = logits[0, vocab - 3] = 9.0
     logits[1, vocab - 1] = 9.0
-    check_gpu(first_argmax_in_chunks, logits)
+    reports = check_gpu(first_argmax_in_chunks, logits)
     assert first_argmax_in_chunks(logits)[:, 0].tolist() == [17, vocab - 1]
+    # spread over the device: per-chunk reductions of 2 x 128 rows, not one row per workgroup
+    kernels = [k for r in reports for s in r.subgraphs for k in s.kernels]
+    assert len(kernels) >= 3, kernels

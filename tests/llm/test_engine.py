@@ -143,9 +143,8 @@ def test_greedy_tokens_are_torch_argmax() -> None:
 @pytest.mark.parametrize("vocab", [100, 4096, 49152, 151936, 32064, 4099])
 def test_chunked_first_argmax_is_argmax(vocab: int) -> None:
     """The GPU greedy step's argmax in chunks (`first_argmax_in_chunks`) is argmax's first
-    index: ties across and inside chunks (the first wins, also when the later one sits in an
-    earlier chunk's padding-free part), a maximum in the last, padded chunk (V not a multiple
-    of 128), a row of all -inf, int32 [B, 1]."""
+    index: ties across and inside chunks (the first wins), a maximum in the last, padded chunk
+    (V not a multiple of 128), a row of all -inf, int32 [B, 1]."""
     from torchburn.llm.runtime.sampling import first_argmax_in_chunks
 
     torch.manual_seed(vocab)

@@ -75,14 +75,14 @@ def first_argmax_in_chunks(logits: torch.Tensor) -> torch.Tensor:
     b, v = logits.shape
     if v < ARGMAX_CHUNKED_MIN:
         top = logits.amax(-1, keepdim=True)
-        index = torch.arange(v, dtype=torch.int32)
+        index = torch.arange(v, dtype=torch.int32, device=logits.device)
         return torch.where(logits == top, index, v).amin(-1, keepdim=True)
     padded = -(-v // ARGMAX_CHUNKS) * ARGMAX_CHUNKS
     if padded != v:
         logits = torch.nn.functional.pad(logits, (0, padded - v), value=float("-inf"))
     chunks = logits.view(b, ARGMAX_CHUNKS, padded // ARGMAX_CHUNKS)
     top = chunks.amax(-1).amax(-1).view(b, 1, 1)
-    index = torch.arange(padded, dtype=torch.int32).view(ARGMAX_CHUNKS, padded // ARGMAX_CHUNKS)
+    index = torch.arange(padded, dtype=torch.int32, device=logits.device).view(ARGMAX_CHUNKS, padded // ARGMAX_CHUNKS)
     first = torch.where(chunks == top, index, v).amin(-1).amin(-1, keepdim=True)
     return first
 
