@@ -74,7 +74,7 @@ class GradWeightBuilder(NestHelpers):
     """
 
     def __init__(self, kb: KernelBuilder, op: Op, out: lp.Buffer, lanes: int, rows: int, taps: int,
-                 parallel: bool, whole_vectors: bool = False) -> None:
+                 parallel: bool) -> None:
         self.kb, self.op, self.out = kb, op, out
         self.g, self.x = op.operands
         self.stride = tuple(int(v) for v in op.attrs["stride"])
@@ -82,7 +82,12 @@ class GradWeightBuilder(NestHelpers):
         self.dilation = tuple(int(v) for v in op.attrs["dilation"])
         self.groups = int(op.attrs["groups"])
         self.lanes, self.rows, self.tw, self.parallel = lanes, rows, taps, parallel
-        self.whole_vectors = whole_vectors
+        # A row that is not a whole number of vectors is padded to one (`padded_gradient`): its
+        # last OW % W positions in a scalar loop cost twice the vectors before them at 56 wide
+        # (3 vectors of 16 and 8 scalar positions of 12 products each; ResNet's 64-channel 3x3
+        # weight gradient at 56x56 took 2.5x oneDNN's time).
+        ow = static_int(self.g.shape[-1])
+        self.whole_vectors = ow is None or ow % lanes != 0
         self.res_t = op.result.dtype
         self.acc_t = dt.compute_dtype(self.res_t)
         self.cout = op.result.shape[0]
@@ -113,14 +118,7 @@ class GradWeightBuilder(NestHelpers):
             # zeros, the row, zeros: plain vectors (a clamped index would be a gather)
             left = ex.minimum(Const(p_e), width)
             mid = ex.maximum(Const(0), ex.minimum(in_w, ex.sub(width, Const(p_e))))
-            right = ex.sub(ex.sub(width, left), mid)
-            j, iw, k = self.var("j"), self.var("iw"), self.var("j")
-            kb.push(vars_)
-            kb.emit(self.loop(j, left, lp.Store(xp.name, (*vars_, Const(0), j), zero)))
-            load = ex.Load(self.buffer(self.x), (*vars_, iw), xt)
-            kb.emit(self.loop(iw, mid, lp.Store(xp.name, (*vars_, Const(0), ex.add(iw, Const(p_e))), load)))
-            kb.emit(self.loop(k, right, lp.Store(xp.name, (*vars_, Const(0), ex.add(ex.add(left, mid), k)), zero)))
-            self.pack = kb.nest(vars_, outer, kb.pop())
+            self.pack = self._padded_copy(self.x, xp.name, vars_, (Const(0),), left, mid, width)
             return xp
         ph, q = self.var("ph"), self.var("q")
         kb.push((*vars_, ph, q))
@@ -134,19 +132,27 @@ class GradWeightBuilder(NestHelpers):
         """`%gp[n, co, *rows, j] = g[n, co, *rows, j]` for `j < OW`, zero up to `width` (a
         whole number of vectors): with `padded_rows` as wide, every position of a row is
         in a plain vector and no scalar tail is left (`whole_vectors`)."""
-        kb = self.kb
-        ow_n = self.g.shape[-1]
         outer = tuple(self.g.shape[:-1])
-        gt = ScalarType(self.g.dtype)
-        gp = kb.scratch(self.g.dtype, (*outer, width))
-        vars_ = kb.loops(outer, "g")
-        j, k = self.var("j"), self.var("j")
-        kb.push(vars_)
-        load = ex.Load(self.buffer(self.g), (*vars_, j), gt)
-        kb.emit(self.loop(j, ow_n, lp.Store(gp.name, (*vars_, j), load)))
-        kb.emit(self.loop(k, ex.sub(width, ow_n), lp.Store(gp.name, (*vars_, ex.add(ow_n, k)), Const(0, gt))))
-        self.gpack = kb.nest(vars_, outer, kb.pop())
+        gp = self.kb.scratch(self.g.dtype, (*outer, width))
+        vars_ = self.kb.loops(outer, "g")
+        self.gpack = self._padded_copy(self.g, gp.name, vars_, (), Const(0), self.g.shape[-1], width)
         return gp
+
+    def _padded_copy(self, src: Value, dst: str, vars_: tuple[Var, ...], mid_index: tuple[Expr, ...],
+                     left: Expr, mid: Expr, width: Expr) -> lp.Stmt:
+        """For every row `vars_` of `src`: `dst[*vars_, *mid_index, j]` = zero for `j < left`,
+        `src[*vars_, j - left]` for the next `mid`, zero up to `width`; three loops of plain
+        stores (the padded copies of `x` and `g`)."""
+        kb, t = self.kb, ScalarType(src.dtype)
+        zero = Const(0, t)
+        j, iw, k = self.var("j"), self.var("iw"), self.var("j")
+        kb.push(vars_)
+        kb.emit(self.loop(j, left, lp.Store(dst, (*vars_, *mid_index, j), zero)))
+        load = ex.Load(self.buffer(src), (*vars_, iw), t)
+        kb.emit(self.loop(iw, mid, lp.Store(dst, (*vars_, *mid_index, ex.add(iw, left)), load)))
+        right = ex.sub(ex.sub(width, left), mid)
+        kb.emit(self.loop(k, right, lp.Store(dst, (*vars_, *mid_index, ex.add(ex.add(left, mid), k)), zero)))
+        return kb.nest(vars_, tuple(src.shape[:-1]), kb.pop())
 
     def build(self) -> lp.Stmt:
         kb, w, nsp = self.kb, self.lanes, len(self.stride)
@@ -306,11 +312,6 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
     lanes = cpu.lanes(dt.compute_dtype(op.result.dtype))
     if ow is not None:
         lanes = min(lanes, _pow2_ceil(ow))
-    # A row that is not a whole number of vectors is padded to one (`padded_gradient`): its
-    # last OW % W positions in a scalar loop cost twice the vectors before them at 56 wide
-    # (3 vectors of 16 and 8 scalar positions of 12 products each; ResNet's 64-channel 3x3
-    # weight gradient at 56x56 took 2.5x oneDNN's time).
-    whole_vectors = ow is None or ow % lanes != 0
     kw = int(static_int(op.result.shape[-1]) or 1)
     taps = min(kw, 4)
     # (6 rows of 3 taps on AVX-512's 32 registers measured no faster: 64-to-64 3x3 at 56x56
@@ -327,5 +328,4 @@ def grad_weight_root(kb: KernelBuilder, op: Op, out: lp.Buffer, cpu: CpuInfo) ->
         flops *= SYMBOLIC_SIZE_HINT if size is None else size
     if op.loc and op.loc not in kb.origins:
         kb.origins.append(op.loc)
-    return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS,
-                             whole_vectors).build()
+    return GradWeightBuilder(kb, op, out, lanes, rows, taps, cpu.threads > 1 and flops >= MIN_PARALLEL_FLOPS).build()
