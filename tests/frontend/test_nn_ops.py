@@ -285,6 +285,10 @@ POOL: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "max_dilated_ceil_indices": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True, return_indices=True),
                                  (t(2, 2, 9, 8),)),
     "max_1d": (lambda x: F.max_pool1d(x, 3, 2, 1), (t(2, 3, 10),)),
+    # ties: an input is the argmax of several overlapping windows, its gradient their sum
+    "max_overlapping_ties": (lambda x: F.max_pool2d(x, 3, 1, 1),
+                             ((t(2, 3, 6, 7, grad=False) * 0.6).round().requires_grad_(),)),
+    "max_unbatched_ceil": (lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True), (t(3, 8, 9),)),
     "avg_k3s2p1": (lambda x: F.avg_pool2d(x, 3, 2, 1), (t(2, 3, 9, 7),)),
     "avg_ceil_exclude_pad": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
                              (t(2, 3, 8, 7),)),
