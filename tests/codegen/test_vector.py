@@ -253,3 +253,30 @@ def test_delinearized_index_is_one_affine_address(strides, merged) -> None:
     k(xv, res, res2)
     assert torch.equal(res, xv.reshape(4, 60).t())
     assert torch.equal(res2, xv.reshape(4, 60))
+
+
+@pytest.mark.parametrize("width, padded", [(7, False), (12, False), (7, True)])
+def test_vector_read_through_a_flattened_view_is_a_vector_load(width: int, padded: bool) -> None:
+    """out[r, 0:8] = x[r 8 + lane // W, (r 8 + lane) % W]: eight lanes of a flattened
+    `[rows, W]` view, the lanes crossing row ends (W = 7, 12). With contiguous rows the
+    pieces merge back into `ramp(r 8, 1, 8)` (`memory.merge_delinearized`): one vector load,
+    no gather; with rows padded to W + 1 elements they may not, and the gather reads the same
+    elements."""
+    n, rows = 8, 6
+    total = rows * n
+    x = buf("x", dt.f32, (total // width + 1, width), (width + 1, 1) if padded else None)
+    out = buf("out", dt.f32, (rows, n))
+    r = Var("r")
+    flat = ex.Ramp(ex.mul(r, n), Const(1), st(dt.index, n))
+    w = ex.Broadcast(Const(width), st(dt.index, n))
+    index = (ex.Binary("floordiv", flat, w, flat.type), ex.Binary("mod", flat, w, flat.type))
+    k = Compiled(program(loop(r, rows, store(out, (r, ramp(0, lanes=n)), ex.Load("x", index, st(dt.f32, n)))),
+                         [x], [out]))
+    assert ("gather" in k.llvm_ir) == padded
+    shape = (total // width + 1, width)
+    storage = torch.randn(shape[0] * (width + 1))
+    xv = storage.as_strided(shape, (width + 1, 1)) if padded else storage[:shape[0] * width].view(shape)
+    res = torch.empty(rows, n)
+    k(xv, res)
+    assert torch.equal(res, xv.reshape(-1)[:total].view(rows, n) if not padded
+                       else torch.stack([xv[i // width, i % width] for i in range(total)]).view(rows, n))

@@ -286,3 +286,33 @@ def test_negating_an_integer_constant_folds_and_wraps(value: int, dtype: dt.DTyp
     from torchburn.passes.loop.simplify import double_negation
     folded = double_negation(ex.Call("neg", (Const(value, ScalarType(dtype)),), ScalarType(dtype)), Bounds({}))
     assert isinstance(folded, Const) and folded.value == expected
+
+
+@pytest.mark.parametrize("before, after", [
+    # 16 lanes of a 128-wide row read through a flattened view: one row, contiguous
+    ("ramp(r * 64 + 16, 1, 16) // broadcast(128, 16)", "broadcast((r * 64 + 16) // 128, 16)"),
+    ("ramp(r * 64 + 16, 1, 16) % broadcast(128, 16)", "ramp((r * 64 + 16) % 128, 1, 16)"),
+    ("ramp(r * 32, 2, 16) % broadcast(64, 16)", "ramp(r * 32 % 64, 2, 16)"),
+    ("ramp(r * 48, 1, 8) // broadcast(40, 8)", "broadcast(r * 48 // 40, 8)"),  # r * 48 % 40 is a multiple of 8
+    # lanes that may straddle a multiple of the divisor stay as they are
+    ("ramp(r * 8, 1, 16) // broadcast(128, 16)", "ramp(r * 8, 1, 16) // broadcast(128, 16)"),
+    ("ramp(r * 48, 1, 16) // broadcast(40, 16)", "ramp(r * 48, 1, 16) // broadcast(40, 16)"),
+    ("ramp(r * 64 + 1, 1, 16) % broadcast(128, 16)", "ramp(r * 64 + 1, 1, 16) % broadcast(128, 16)"),
+])
+def test_ramp_division_in_closed_form(before: str, after: str) -> None:
+    assert simp(before) == after
+
+
+@pytest.mark.parametrize("g, stride, lanes, c", [(16, 1, 16, 128), (48, 1, 8, 40), (32, 2, 16, 64), (6, 1, 2, 4),
+                                                  (12, 2, 3, 18)])
+def test_ramp_division_rule_matches_lane_by_lane(g: int, stride: int, lanes: int, c: int) -> None:
+    """Where the rule fires, every lane's floor quotient and remainder (negative bases too)
+    equal the closed form's."""
+    for op, symbol in (("floordiv", "//"), ("mod", "%")):
+        out = simplify_expr(parse_expr(f"ramp(r * {g}, {stride}, {lanes}) {symbol} broadcast({c}, {lanes})"))
+        assert print_expr(out).startswith("broadcast" if op == "floordiv" else "ramp(")
+        for r in range(-40, 41):
+            x = r * g
+            got = [x // c] * lanes if op == "floordiv" else [x % c + i * stride for i in range(lanes)]
+            want = [(x + i * stride) // c if op == "floordiv" else (x + i * stride) % c for i in range(lanes)]
+            assert got == want, (op, r)

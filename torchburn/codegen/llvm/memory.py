@@ -168,11 +168,11 @@ def lane_pattern(buf: Buffer, index: Sequence[ex.Expr], lanes: int) -> Optional[
 
 def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
     """The flattened element offset of a (vector) index as `base + lane * stride`, if affine."""
+    if any(i.dtype != ex.INDEX.dtype for i in index):
+        return None
     bases: list[tuple[ex.Expr, ex.Expr]] = []
     stride: ex.Expr = _ZERO
-    for i, s in zip(index, buf.strides):
-        if i.dtype != ex.INDEX.dtype:
-            return None
+    for i, s in merge_delinearized(list(zip(index, buf.strides))):
         aff = lane_affine(i)
         if aff is None:
             return None
@@ -188,7 +188,19 @@ def linear_offset(terms: Sequence[tuple[ex.Expr, ex.Expr]]) -> ex.Expr:
         [(x // 3136, 3136), (x // 56 % 56, 56), (x % 56, 1)]  ->  x
         [(c, 1354752), (x // 56, 56), (x % 56, 1)]           ->  c * 1354752 + x
     """
-    pending = [(_as_index(i), s) for i, s in terms]
+    off: ex.Expr = _ZERO
+    for i, s in merge_delinearized([(_as_index(i), s) for i, s in terms]):
+        off = ex.add(off, ex.mul(i, s))
+    return off
+
+
+def merge_delinearized(terms: Sequence[tuple[ex.Expr, ex.Expr]]) -> list[tuple[ex.Expr, ex.Expr]]:
+    """The (index, stride) `terms` with the delinearized pieces of one expression merged back
+    (`linear_offset`), scalar or vector alike: a vector index read through a flattened view,
+    `[.., ramp(f, 1, 16) // 56, ramp(f, 1, 16) % 56]` with strides `[.., 56, 1]`, is the
+    contiguous `ramp(f, 1, 16)` (a GroupNorm's statistics over 56x56 rows: a vector load where
+    each dim alone made it a gather)."""
+    pending = list(terms)
     merged = True
     while merged:
         merged = False
@@ -201,10 +213,7 @@ def linear_offset(terms: Sequence[tuple[ex.Expr, ex.Expr]]) -> ex.Expr:
                     break
             if merged:
                 break
-    off: ex.Expr = _ZERO
-    for i, s in pending:
-        off = ex.add(off, ex.mul(i, s))
-    return off
+    return pending
 
 
 def _const_int(e: ex.Expr) -> Optional[int]:
@@ -219,16 +228,29 @@ def _merge_pieces(hi: tuple[ex.Expr, ex.Expr], lo: tuple[ex.Expr, ex.Expr]) -> O
     (p, sp), (q, sq) = hi, lo
     if not (isinstance(q, ex.Binary) and q.op == "mod" and isinstance(p, ex.Binary)):
         return None
-    x, c, s_hi, s_lo = q.a, _const_int(q.b), _const_int(sp), _const_int(sq)
+    x, c, s_hi, s_lo = q.a, _uniform_int(q.b), _const_int(sp), _const_int(sq)
     if c is None or s_hi is None or s_lo is None or c <= 0 or s_lo == 0 or s_hi != c * s_lo:
         return None
-    if p.op == "floordiv" and p.a == x and _const_int(p.b) == c:
+    if p.op == "floordiv" and p.a == x and _uniform_int(p.b) == c:
         return x, sq
-    b = _const_int(p.b)
+    b = _uniform_int(p.b)
     if (p.op == "mod" and b is not None and b > 0 and isinstance(p.a, ex.Binary) and p.a.op == "floordiv"
-            and p.a.a == x and _const_int(p.a.b) == c):
-        return ex.mod(x, ex.Const(c * b, x.type)), sq
+            and p.a.a == x and _uniform_int(p.a.b) == c):
+        return ex.Binary("mod", x, _like(x, c * b), x.type), sq
     return None
+
+
+def _uniform_int(e: ex.Expr) -> Optional[int]:
+    """An integer constant, or a broadcast of one (a vector index's divisor)."""
+    if isinstance(e, ex.Broadcast):
+        e = e.value
+    return _const_int(e)
+
+
+def _like(x: ex.Expr, value: int) -> ex.Expr:
+    """The constant `value` in `x`'s type (broadcast where `x` is a vector)."""
+    c = ex.Const(value, ex.ScalarType(x.type.dtype))
+    return ex.Broadcast(c, x.type) if x.type.lanes > 1 else c
 
 
 def _check_index(buf: Buffer, index: Sequence[ex.Expr]) -> int:

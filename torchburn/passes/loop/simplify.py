@@ -13,7 +13,8 @@ the node and a `Bounds` analyzer that knows the ranges of the enclosing loop var
   non-zero `d`); then `r // d -> 0` and `r % d -> r` when `0 <= r < d` is provable from the loop
   bounds (`bounds.py`); `(x // c1) // c2 -> x // (c1*c2)`, `(x // c) * c + x % c -> x`;
 - `min`, `max` and comparisons decided by the bounds; `select` with a known condition;
-- vector forms in closed form (`ramp(b, s, n) + broadcast(x, n) -> ramp(b + x, s, n)`).
+- vector forms in closed form (`ramp(b, s, n) + broadcast(x, n) -> ramp(b + x, s, n)`;
+  `ramp(b, 1, 16) // 128 -> broadcast(b // 128, 16)` when `b` is a multiple of 16).
 
 Statements: lets bound to a constant or a variable are substituted, unused lets and unused
 local allocations are removed, loops with extent <= 0 disappear, loops with extent 1 are
@@ -327,6 +328,31 @@ def vector_forms(e: Expr, b: Bounds) -> Optional[Expr]:
     return None if out == e else out
 
 
+def ramp_div_mod(e: Expr, b: Bounds) -> Optional[Expr]:
+    """`ramp(x, s, n) // c -> broadcast(x // c, n)` and `ramp(x, s, n) % c -> ramp(x % c, s, n)`
+    (a positive constant `c`, `s >= 0`) when no two lanes straddle a multiple of `c`: `x` is a
+    multiple of `g` (the gcd of its polynomial's coefficients), so `x % c` is a multiple of
+    `gcd(g, c)`, and `(n - 1) * s < gcd(g, c)` keeps the last lane in the same block. A row of
+    16 lanes read through a flattened `[.., 128, 128]` view (`ramp(r * 64 + 16, 1, 16) // 128`)
+    was otherwise a gather: GroupNorm's statistics over 8x32x128x128, 2.35 ms a reduction."""
+    if not (isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, ex.Ramp)
+            and e.type.dtype.is_int):
+        return None
+    c, s = const_int(uniform_value(e.b)) if uniform_value(e.b) is not None else None, const_int(e.a.stride)
+    if c is None or s is None or c <= 0 or s < 0:
+        return None
+    g = 0
+    for _, coef in Poly.of(e.a.base).terms:
+        g = math.gcd(g, coef)
+    block = math.gcd(g, c)
+    if (e.type.lanes - 1) * s >= block:
+        return None
+    if e.op == "floordiv":
+        q = ex.binary("floordiv", e.a.base, Const(c, e.a.base.type))
+        return ex.Broadcast(q, q.type.with_lanes(e.type.lanes))
+    return ex.Ramp(ex.binary("mod", e.a.base, Const(c, e.a.base.type)), e.a.stride, e.type)
+
+
 def ramp_zero_stride(e: Expr, b: Bounds) -> Optional[Expr]:
     """`ramp(x, 0, n) -> broadcast(x, n)`."""
     if isinstance(e, ex.Ramp) and _is_const(e.stride, 0):
@@ -370,7 +396,7 @@ def double_negation(e: Expr, b: Bounds) -> Optional[Expr]:
 #: The rewrite table: rules tried, in order, on each kind of node.
 RULES: dict[type, tuple[Rule, ...]] = {
     Binary: (fold_constants, identities, canonical_index, div_mod, nested_div_mod, min_max,
-             compare, vector_forms),
+             compare, vector_forms, ramp_div_mod),
     ex.Cast: (fold_cast,),
     ex.Select: (select_known,),
     ex.Ramp: (ramp_zero_stride,),
