@@ -280,3 +280,24 @@ def test_vector_read_through_a_flattened_view_is_a_vector_load(width: int, padde
     k(xv, res)
     assert torch.equal(res, xv.reshape(-1)[:total].view(rows, n) if not padded
                        else torch.stack([xv[i // width, i % width] for i in range(total)]).view(rows, n))
+
+
+@pytest.mark.parametrize("dtype, step", [(dt.f32, 2), (dt.f32, 3), (dt.i64, 2), (dt.bool_, 4)])
+def test_strided_vector_load_is_one_span_and_a_shuffle(dtype: dt.DType, step: int) -> None:
+    """out[r, 0:16] = x[r 16 step + ramp(0, step, 16)]: a constant lane step loads the span
+    (15 step + 1 elements, the buffer's last one the last lane's) and shuffles, no gather."""
+    n, rows = 16, 3
+    size = (rows - 1) * n * step + (n - 1) * step + 1
+    x = buf("x", dtype, (size,))
+    out = buf("out", dtype, (rows, n))
+    r = Var("r")
+    index = ex.Ramp(ex.mul(r, n * step), Const(step), st(dt.index, n))
+    k = Compiled(program(loop(r, rows, store(out, (r, ramp(0, lanes=n)), ex.Load("x", (index,), st(dtype, n)))),
+                         [x], [out]))
+    assert "gather" not in k.llvm_ir and "shufflevector" in k.llvm_ir
+    tdtype = {dt.f32: torch.float32, dt.i64: torch.int64, dt.bool_: torch.bool}[dtype]
+    xv = (torch.randn(size) > 0) if dtype == dt.bool_ else (torch.randn(size) * 100).to(tdtype)
+    res = torch.empty(rows, n, dtype=tdtype)
+    k(xv, res)
+    want = torch.stack([xv[r * n * step + torch.arange(n) * step] for r in range(rows)])
+    assert torch.equal(res, want)

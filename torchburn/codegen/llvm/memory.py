@@ -8,7 +8,8 @@ it is a scalar access (broadcast on load), and otherwise it becomes a gather/sca
 load whose offset is a scalar plus a lane pattern free of variables spanning a few elements
 (`lane_pattern`: `%q[n, b 22 + 6 + ramp(0, 1, 32) % 16]`, a 16-byte row read twice), which is
 one contiguous load of the span and a `shufflevector` (a broadcast or a byte shuffle, where a
-gather would take one load per lane). Alignment is
+gather would take one load per lane), and likewise an affine load whose lane step is a
+small constant (`strided_pattern`: `x[.., ramp(ow * 2, 2, 16)]`). Alignment is
 always the element's natural alignment: nothing more is known about tensor storage.
 
 An index read through a reshape of contiguous dims holds the delinearized pieces of one
@@ -166,6 +167,17 @@ def lane_pattern(buf: Buffer, index: Sequence[ex.Expr], lanes: int) -> Optional[
     return LanePattern(base, tuple(offsets))
 
 
+def strided_pattern(affine: LaneAffine, lanes: int) -> Optional[LanePattern]:
+    """A load with a small constant lane step (2 or more) as a `LanePattern`: the span it
+    covers, `(lanes - 1) * step + 1` elements (no element past the last lane), loaded whole
+    and its lanes picked by a shuffle, where a gather takes one load per lane. A stride-2
+    window row of a pooling or a strided convolution's input (`x[.., ramp(ow * 2, 2, 16)]`)."""
+    step = _const_int(affine.stride)
+    if step is None or step < 2 or (lanes - 1) * step >= MAX_PATTERN_SPAN:
+        return None
+    return LanePattern(affine.base, tuple(i * step for i in range(lanes)))
+
+
 def flat_affine(buf: Buffer, index: Sequence[ex.Expr]) -> Optional[LaneAffine]:
     """The flattened element offset of a (vector) index as `base + lane * stride`, if affine."""
     if any(i.dtype != ex.INDEX.dtype for i in index):
@@ -292,6 +304,8 @@ class Access:
             found = lane_pattern(self.buf, index, self.lanes)
             if found is not None and max(found.offsets) - min(found.offsets) < MAX_PATTERN_SPAN:
                 self.pattern = found
+        elif self.lanes > 1 and self.affine is not None:
+            self.pattern = strided_pattern(self.affine, self.lanes)
 
     @property
     def kind(self) -> str:
