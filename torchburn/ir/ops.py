@@ -577,6 +577,8 @@ The gradient of `pool` with respect to its input, gathered per input element: `k
 takes `(grad, indices)` (the `argmax` of the forward pool) and sums the gradients of the
 windows whose maximum is this element; `kind = "avg"` takes `(grad)` and sums each covering
 window's gradient divided by its divisor. Attributes as for `pool`, plus `in_size`.
+PyTorch's max-pooling gradients are lowered to a `scatter` of each window's gradient to its
+argmax instead (one write per window, where this gathers over every covering window).
 
     %2 = pool_grad(%g, %i) {kind = "max", window = [2, 2], stride = [2, 2], padding = [0, 0], dilation = [1, 1], in_size = [8, 8], adaptive = false, count_include_pad = true, divisor_override = none} : f32[2, 3, 8, 8]
 """)
