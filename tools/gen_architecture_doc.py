@@ -36,9 +36,9 @@ torch.compile(model, backend="torchburn")               torchburn/backend/entry.
      stays PyTorch (reported by torchburn.explain)
   -> import: each ATen node through its @lowering into the tensor IR       frontend/importer.py
   -> tensor passes: canonicalize, form-attention (hand-written            passes/
-     softmax(q k^T) v -> attention), fold-batch-norm, qlinear-to-gemm
-     (many-row quantized linears: dequantize + GEMM), fuse (kernel roots
-     and inlined ops)
+     softmax(q k^T) v -> attention), fold-batch-norm,
+     max-pool-grad-to-scatter (CPU), qlinear-to-gemm (many-row quantized
+     linears: dequantize + GEMM), fuse (kernel roots and inlined ops)
   -> lower-to-loops: one loop nest per kernel, in a program                passes/lower_to_loops.py
      (each distinct kernel root lowered once: loopgen/root_key.py;
      constant slices of buffers passed as views at an offset)

@@ -68,3 +68,16 @@ def test_batch_norm_at_a_symbolic_batch_stays_on_the_gpu(gpu) -> None:  # type: 
         if records:
             assert not [r.fallback_ops for r in records if r.fallback_ops]
             assert {engine for engine, _ in engines(records)} == {"wgpu"}, engines(records)
+
+
+def test_gpu_max_pool_gradient_matches_eager(gpu) -> None:  # type: ignore[no-untyped-def]
+    """Max pooling's input gradient on the GPU engine (`pool_grad`: the CPU pipeline's scatter
+    form is one invocation there, and gave wrong gradients at this size)."""
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 32, 56, 56, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(lambda a: F.max_pool2d(a, 3, 2, 1), backend="torchburn")(x).sum().backward()
+    F.max_pool2d(x2, 3, 2, 1).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)

@@ -11,7 +11,7 @@ Importing this package registers every built-in CPU pass."""
 from . import base, lower_to_loops, pattern  # noqa: F401
 from .loop import (expand_math, fuse_sibling_loops, keep_constant_prep, memory_plan, parallelize, simplify,  # noqa: F401
                    split_accumulators, split_reductions, tile, unroll, vectorize)
-from .tensor import canonicalize, fold_batch_norm, form_attention, fusion, qlinear_to_gemm  # noqa: F401
+from .tensor import canonicalize, fold_batch_norm, form_attention, fusion, max_pool_scatter, qlinear_to_gemm  # noqa: F401
 from .quant import dequantize  # noqa: F401  (the `dequantize` op's loop rule)
 # The GPU engine's passes (`expand-attention`, `gpu-lower`, `gpu-map`, `gpu-split`, `gpu-split-k`)
 # load with `gpu.pipeline` (or by name: `get_pass` imports every pass module on demand), so a

@@ -1,6 +1,7 @@
 """The built-in compilation pipeline and the named points where user passes go in.
 
-    tensor-start  -> canonicalize -> form-attention -> fold-batch-norm -> qlinear-to-gemm -> fuse -> after-fusion -> lower-to-loops -> loop-start
+    tensor-start  -> canonicalize -> form-attention -> fold-batch-norm -> max-pool-grad-to-scatter -> qlinear-to-gemm
+                  -> fuse -> after-fusion -> lower-to-loops -> loop-start
                   -> loop passes -> before-codegen -> plan-memory -> codegen
 
 Users add passes at a point from Python (`options={"passes": {"after-fusion": [MyPass()]}}`
@@ -15,7 +16,8 @@ from .base import Pass, PassError, get_pass, parse_pipeline
 
 INSERTION_POINTS = ("tensor-start", "after-fusion", "loop-start", "before-codegen")
 
-DEFAULT_TENSOR = ("canonicalize", "form-attention", "fold-batch-norm", "qlinear-to-gemm", "fuse")
+DEFAULT_TENSOR = ("canonicalize", "form-attention", "fold-batch-norm", "max-pool-grad-to-scatter", "qlinear-to-gemm",
+                  "fuse")
 DEFAULT_LOOP = ("simplify", "fuse-sibling-loops", "tile", "split-reductions", "parallelize", "vectorize", "split-accumulators", "expand-math", "unroll", "simplify")
 DEFAULT_FINAL = ("plan-memory",)
 

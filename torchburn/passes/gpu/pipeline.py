@@ -3,7 +3,8 @@ passes, without the CPU's loop passes, with GPU lowering and `gpu-map`.
 
     Pipeline.default()   canonicalize, form-attention, fold-batch-norm, fuse | lower-to-loops | simplify, ..., vectorize, unroll, ... | plan-memory
     gpu_pipeline(p)      canonicalize, form-attention, fold-batch-norm, expand-attention{keep_flash=true}, fuse
-                         (no qlinear-to-gemm: a quantized product stays one kernel on the GPU)
+                         (no qlinear-to-gemm: a quantized product stays one kernel on the GPU; no
+                         max-pool-grad-to-scatter: a scatter kernel is one invocation there)
                          | lower-to-loops-gpu | gpu-inline-rows, gpu-split-wide, gpu-split-k, gpu-map
 
 The compile driver asks for it when the target's engine is `wgpu` (`compiler/engines.py`).
@@ -50,7 +51,9 @@ def gpu_pipeline(p: Pipeline, flash: bool = True) -> Pipeline:
     # The CPU's dequantize + GEMM form of many-row quantized products would write the weight
     # as f32 in GPU memory; the GPU keeps the quantized product (its plain nest is one
     # invocation per output element, which `gpu-map` maps as any element nest).
-    tensor = [x for x in p.tensor if x.name != "qlinear-to-gemm"]
+    # A scatter kernel is one invocation on the GPU (`gpu-map` maps neither of its phases): max
+    # pooling's gradient stays `pool_grad`, an invocation per input element.
+    tensor = [x for x in p.tensor if x.name not in ("qlinear-to-gemm", "max-pool-grad-to-scatter")]
     # A stored value costs a dispatch: rotary embeddings and SiLU * up are computed inside the
     # attention and matrix-vector kernels that read them (`fusion.py`, `vector_producers`).
     tensor = [dataclasses.replace(x, vector_producers=True) if type(x) is Fuse else x for x in tensor]

@@ -336,9 +336,10 @@ def ramp_div_mod(e: Expr, b: Bounds) -> Optional[Expr]:
     16 lanes read through a flattened `[.., 128, 128]` view (`ramp(r * 64 + 16, 1, 16) // 128`)
     was otherwise a gather: GroupNorm's statistics over 8x32x128x128, 2.35 ms a reduction."""
     if not (isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, ex.Ramp)
-            and e.type.dtype.is_int):
+            and e.type.dtype == ex.INDEX.dtype):  # exact integers: a narrower type wraps
         return None
-    c, s = const_int(uniform_value(e.b)) if uniform_value(e.b) is not None else None, const_int(e.a.stride)
+    c = const_int(uniform_value(e.b))
+    s = const_int(e.a.stride)
     if c is None or s is None or c <= 0 or s < 0:
         return None
     g = 0
