@@ -26,19 +26,12 @@ After:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
-from ...ir import expr as ex
+from ...ir.ops import numel
 from ...ir.tensor import Op
 from ..base import register_pass
 from ..pattern import Pattern, PatternPass, Rewriter, RewritePattern
-
-
-def _numel(dims: Sequence[ex.Expr]) -> ex.Expr:
-    n: ex.Expr = ex.Const(1)
-    for d in dims:
-        n = ex.mul(n, d)
-    return n
 
 
 class MaxPoolGradToScatter(RewritePattern):
@@ -53,7 +46,7 @@ class MaxPoolGradToScatter(RewritePattern):
         nsp = len(op.attrs["in_size"])
         lead = g.shape[:g.type.rank - nsp]
         in_size = op.result.shape[op.result.type.rank - nsp:]
-        flat_in, flat_out = _numel(in_size), _numel(g.shape[g.type.rank - nsp:])
+        flat_in, flat_out = numel(tuple(in_size)), numel(tuple(g.shape[g.type.rank - nsp:]))
         zero = rewriter.insert_op_before(op, "full", [], {"shape": (), "value": 0.0 if g.dtype.is_float else 0,
                                                           "dtype": g.dtype}).result
         zeros = rewriter.insert_op_before(op, "expand", [zero], {"shape": (*lead, flat_in)}).result
