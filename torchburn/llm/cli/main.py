@@ -246,13 +246,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     show_on_stderr(not args.quiet)
     handlers = {"chat": cmd_chat, "generate": cmd_generate, "benchmark": cmd_benchmark,
                 "serve": cmd_serve, "tune": cmd_tune}
+    code = 1
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        return code
     except KeyboardInterrupt:
-        return 130
+        code = 130
+        return code
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if getattr(args, "tp", None):
+            from ..runtime.tensor_parallel import leave
+
+            leave(together=code == 0)
 
 
 def run() -> None:

@@ -169,3 +169,18 @@ def init_from_env(tp: int) -> int:
             raise TensorParallelError(f"--tp {tp} needs torchrun (torchrun --nproc-per-node {tp} -m torchburn.llm ...)")
         dist.init_process_group("gloo")
     return dist.get_rank()
+
+
+def leave(together: bool = True) -> None:
+    """Leave the process group `init_from_env` joined: a barrier (``together``), then the
+    group's own teardown. A rank that left at interpreter exit with its gloo group alive could
+    abort (`terminate called without an active exception`, SIGABRT, seen twice under a loaded
+    CI) while its peer still sent on the pair; both ranks past the barrier have nothing left to
+    send. A rank that failed skips the barrier (its peers may wait in another collective;
+    torchrun stops them when it exits)."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            if together:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
