@@ -55,12 +55,14 @@ log = logging.getLogger("torchburn")
 
 def compile_graph_gpu(graph: Graph, pipeline: Optional[Pipeline] = None) -> tuple[CompiledProgram, bool]:
     """`compile_graph` for the wgpu engine (the GPU variant of `pipeline`, keyed by the device),
-    for the device's storage-buffer limit (`gpu-split-wide` splits only past it). Raises
+    for the device's storage-buffer and loop-iteration limits (`gpu-split-wide` and
+    `gpu-chunk-serial` split only past them). Raises
     `WgslUnsupported` or `GpuError`."""
     from ..codegen.target import gpu_target
     from ..runtime.gpu import get_device
 
-    target = gpu_target(storage_buffers=get_device().caps.max_storage_buffers)
+    caps = get_device().caps
+    target = gpu_target(storage_buffers=caps.max_storage_buffers, loop_iterations=caps.loop_iterations)
     return compile_graph(graph, pipeline, target=target)
 
 
@@ -168,6 +170,9 @@ class GpuLauncher:
         self.outputs = [(b, to_torch(b.dtype), to_torch(host_dtype(b.dtype, caps))) for b in self.program.outputs]
         #: int64 inputs, stored as int32 on the device: their values are range-checked per call.
         self.wide = [inp for inp in self.inputs if inp.torch_dtype is torch.int64]
+        #: (kernel, loop iterations per invocation) where the device limits them and the count
+        #: depends on the sizes (`gpu-chunk-serial`): checked per call.
+        self.loop_counts = [(s.name, s.iterations) for s in self.gpu.shaders if s.iterations is not None]
         written = lp.written_inputs(self.program)
         #: The inputs the program writes in place (`frontend/inplace_writes.py`).
         self.written = [inp for inp in self.inputs if inp.buffer.name in written]
@@ -373,6 +378,12 @@ class GpuLauncher:
             if t.numel() and not _fits_int32(t):
                 return self._done_slow(args, "an int64 input holds values past 32 bits (the GPU stores int64 as "
                                        "int32)", feed)
+        for name, count in self.loop_counts:
+            n, limit = ex.evaluate_index(count, env), self.gpu.caps.loop_iterations
+            if n > limit:
+                return self._done_slow(args, f"kernel @{name} would run {n:,} loop iterations in one invocation at "
+                                       f"these sizes; the adapter ends an invocation's loops after {limit:,} "
+                                       "(llvmpipe)", feed)
         if self.record_args:
             self.last_args = args
         try:

@@ -81,11 +81,12 @@ def named_target(spec: str) -> Target:
     return Target.from_features(triple, cpu, features, name=key, **_machine_fields())
 
 
-def gpu_target(tag: str = "", storage_buffers: int = 8) -> Target:
-    """The description of the wgpu engine's target: the device limit passes plan for
-    (`storage_buffers` per kernel, the device's; the rest of its limits live with the device)."""
+def gpu_target(tag: str = "", storage_buffers: int = 8, loop_iterations: int = 0) -> Target:
+    """The description of the wgpu engine's target: the device limits passes plan for
+    (`storage_buffers` per kernel and `loop_iterations` per invocation, the device's; the rest
+    of its limits live with the device)."""
     return Target(engine="wgpu", arch="", triple="", cpu="", features="", vector_bits=128, name=tag or "wgpu",
-                  gpu_storage_buffers=storage_buffers)
+                  gpu_storage_buffers=storage_buffers, gpu_loop_iterations=loop_iterations)
 
 
 #: CPU names that imply no feature beyond their architecture's baseline (or the ones listed).

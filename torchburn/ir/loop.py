@@ -146,6 +146,12 @@ class If(Stmt):
         return (self.then,) if self.orelse is None else (self.then, self.orelse)
 
 
+#: A kernel attribute: the loop iterations one GPU invocation may run, an index expression over
+#: the symbols, where `gpu-chunk-serial` could not bring them within the device's limit (code
+#: generation refuses a constant past it; the launcher checks the others per call).
+ITERATIONS_ATTR = "gpu_iterations"
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One loop nest over parameter buffers; symbols (sizes, strides) are passed by value.

@@ -66,6 +66,11 @@ class Target:
     #: Storage buffers one GPU kernel may bind: the device's `maxStorageBuffersPerShaderStage`
     #: (WebGPU guarantees 8); `gpu-split-wide` splits kernels that bind more.
     gpu_storage_buffers: int = 8
+    #: Loop iterations one GPU invocation may run, all its loops counted together; 0: no
+    #: limit. Mesa's llvmpipe ends every loop of an invocation once 65,535 iterations have run
+    #: (gallivm's loop limiter, shared by all loops of a shader), so a longer kernel's result
+    #: would be silently wrong there; `gpu-chunk-serial` plans within it.
+    gpu_loop_iterations: int = 0
 
     @classmethod
     def from_features(cls, triple: str, cpu: str, features: str, **fields: object) -> "Target":

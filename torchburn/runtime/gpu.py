@@ -8,7 +8,8 @@ APIs over OpenGL.
 
 The device is requested with the adapter's own limits (`REQUESTED_LIMITS`: WebGPU's defaults
 allow 8 storage buffers per stage; real GPUs far more), and the storage-buffer limit reaches
-the compiler through the target (`gpu-split-wide` splits only kernels past it).
+the compiler through the target (`gpu-split-wide` splits only kernels past it), as does the
+loop-iteration limit of a software adapter (`loop_limit`; `gpu-chunk-serial`).
 
 A `GpuProgram` holds one compiled program on the device: a compute pipeline per kernel
 (cached by the hash of its WGSL source, so kernels shared between programs compile once),
@@ -130,6 +131,19 @@ def _subgroups_compile(device: Any) -> bool:
     return True
 
 
+#: Mesa's gallivm (llvmpipe, and lavapipe on Vulkan) ends every loop of a shader invocation
+#: once this many iterations have run, all loops counted together (`LP_MAX_TGSI_LOOP_ITERATIONS`):
+#: a scatter of 65,000 elements lost its last 466 updates there, silently.
+LLVMPIPE_LOOP_ITERATIONS = 65535
+
+
+def loop_limit(info: Any) -> int:
+    """Loop iterations an invocation may run on the adapter `info` describes (0: no limit
+    known): llvmpipe's and lavapipe's `LLVMPIPE_LOOP_ITERATIONS`."""
+    text = f"{info.get('device', '')} {info.get('description', '')}".lower()
+    return LLVMPIPE_LOOP_ITERATIONS if ("llvmpipe" in text or "lavapipe" in text) else 0
+
+
 def gpu_info() -> Optional[dict[str, Any]]:
     """The adapter the GPU engine uses: name, backend API, device type, shader-f16; None if none."""
     adapter = _find_adapter(get_config().wgpu_backend)[0]
@@ -227,6 +241,7 @@ class GpuDevice:
             max_invocations=min(int(lim["max-compute-invocations-per-workgroup"]),
                                 int(lim["max-compute-workgroup-size-x"])),
             max_workgroup_storage=int(lim["max-compute-workgroup-storage-size"]),
+            loop_iterations=loop_limit(adapter.info),
         )
         self.max_binding = int(lim["max-storage-buffer-binding-size"])
         self.max_buffer = int(lim.get("max-buffer-size", self.max_binding))

@@ -5,9 +5,12 @@ program-level checks.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from ...ir import loop as lp
-from ...ir.expr import Const, Var
+from ...ir.expr import Const, Expr, Var
+from ...ir.loop import ITERATIONS_ATTR
+from ...ir.parser import parse_expr
 from .kernel import KernelEmitter
 from .rows import RowsEmitter
 from .shader import KernelShader
@@ -30,9 +33,29 @@ def program_caps(program: lp.Program, caps: Caps) -> Caps:
 
 def emit_kernel(kernel: lp.Kernel, program_symbols: tuple[Var, ...], caps: Caps) -> KernelShader:
     """One kernel as a WGSL compute shader (raises `WgslUnsupported`)."""
+    iterations = loop_iterations(kernel, caps)
     if any(isinstance(s, lp.For) and s.annotation("gpu") == "rows" for s in lp.walk_stmts(kernel.body)):
-        return RowsEmitter(kernel, program_symbols, caps).emit()
-    return KernelEmitter(kernel, program_symbols, caps).emit()
+        shader = RowsEmitter(kernel, program_symbols, caps).emit()
+    else:
+        shader = KernelEmitter(kernel, program_symbols, caps).emit()
+    return shader if iterations is None else dataclasses.replace(shader, iterations=iterations)
+
+
+def loop_iterations(kernel: lp.Kernel, caps: Caps) -> Optional[Expr]:
+    """The count of loop iterations per invocation `gpu-chunk-serial` left on `kernel` (its
+    `gpu_iterations` attribute) where the device limits them; raises `WgslUnsupported` when
+    the count is a constant past the limit (the CPU engine runs the program)."""
+    text = dict(kernel.attrs).get(ITERATIONS_ATTR)
+    if text is None or not caps.loop_iterations:
+        return None
+    n = parse_expr(text)
+    if isinstance(n, Const):
+        if int(n.value) <= caps.loop_iterations:
+            return None
+        raise WgslUnsupported(
+            f"kernel @{kernel.name} runs up to {int(n.value):,} loop iterations in one invocation; this adapter "
+            f"(llvmpipe) ends an invocation's loops after {caps.loop_iterations:,}, which would give wrong results")
+    return n
 
 
 def emit_program(program: lp.Program, caps: Caps) -> list[KernelShader]:

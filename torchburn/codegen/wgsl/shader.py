@@ -6,6 +6,7 @@ symbol, in program order); bindings 1.. are the kernel's buffer parameters in or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ...ir.expr import Expr
 
@@ -44,6 +45,10 @@ class KernelShader:
     grid: Grid
     #: Which mapping the kernel got, for reports: "threads", "threads/vec4", "groups/tree-add"...
     summary: str
+    #: The loop iterations one invocation may run, over the program symbols, where the device
+    #: limits them and the count depends on the sizes (`gpu-chunk-serial`); the launcher runs
+    #: a call past the limit in PyTorch. None: within the limit, or no limit.
+    iterations: Optional[Expr] = None
 
     @property
     def fault(self) -> bool:

@@ -49,6 +49,9 @@ class Caps:
     max_storage_buffers: int = 8
     max_invocations: int = 256
     max_workgroup_storage: int = 16384
+    #: Loop iterations one invocation may run, all loops together (0: no limit): llvmpipe's
+    #: 65,535 (`Target.gpu_loop_iterations`, `runtime/gpu.py`'s `loop_limit`).
+    loop_iterations: int = 0
     #: 8-bit integer buffers (u8, i8) stored four to a `u32` word, not widened to i32: set per
     #: program by `program_caps` when no kernel of it writes one.
     packed_bytes: bool = False
