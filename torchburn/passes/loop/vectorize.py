@@ -84,6 +84,7 @@ from ...ir import loop as lp
 from ...ir.expr import Const, Expr, ScalarType, Var
 from ...ir.printer import print_expr
 from ..base import LoopPass, PassContext, PassError, register_pass
+from .simplify import simplify_expr
 from .loop_utils import (
     NameSupply,
     Poly,
@@ -214,9 +215,19 @@ class _Analyzer:
                 return None
             c = affine_coefficient(i, self.var)
             if c is None:
-                return None
+                return self.merged_lane_stride(index, b)
             total = total + Poly.of(ex.mul(c, s))
         return total.const_value if total.is_const else None
+
+    def merged_lane_stride(self, index: tuple[Expr, ...], b: lp.Buffer) -> Optional[int]:
+        """The stride of the flattened address where the index is a position delinearized
+        over contiguous dims (`(p + c) // 14, (p + c) % 14` with strides 14 and 1: address
+        `p + c`), which `simplify`'s normal form merges back; None where it is not affine."""
+        flat: Expr = Const(0)
+        for i, s in zip(index, b.strides):
+            flat = ex.add(flat, ex.mul(i, s))
+        c = affine_coefficient(simplify_expr(flat), self.var)
+        return const_int(c) if c is not None else None
 
     # -- statements --
     def stmt(self, s: lp.Stmt) -> None:

@@ -502,13 +502,19 @@ class ConvBuilder(NestHelpers):
         return cond
 
     # -- the epilogue --
-    def epilogue(self, n: Expr, co0: Expr, outer: Sequence[Expr], ow0: Expr, rows: Expr, cols: Expr,
+    def epilogue(self, n: Expr, co0: Expr, outer: Optional[Sequence[Expr]], ow0: Expr, rows: Expr, cols: Expr,
                  tile_value) -> lp.Stmt:  # type: ignore[no-untyped-def]
-        """`for r < rows: for c < cols: out[n, co0 + r, *outer, ow0 + c] = epilogue(tile(r, c))`."""
+        """`for r < rows: for c < cols: out[n, co0 + r, *outer, ow0 + c] = epilogue(tile(r, c))`;
+        with `outer` None, `ow0 + c` is a flattened position, stored at its coordinates
+        (`PointwiseConvBuilder.flat_output`)."""
         kb = self.kb
         r, cc = self.var("r"), self.var("c")
         kb.push()
-        idx = (n, ex.add(co0, r), *outer, ex.add(ow0, cc))
+        if outer is None:  # a 2-D map: p // W, p % W
+            p, width = ex.add(ow0, cc), self.out_size[-1]
+            idx = (n, ex.add(co0, r), ex.floordiv(p, width), ex.mod(p, width))
+        else:
+            idx = (n, ex.add(co0, r), *outer, ex.add(ow0, cc))
         total = tile_value(r, cc)
         if self.c.bias is not None:
             total = ex.Binary("add", total, self.scalar_at(self.c.bias, (ex.add(co0, r),)), total.type)

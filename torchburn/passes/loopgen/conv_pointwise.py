@@ -108,7 +108,10 @@ class PointwiseConvBuilder(ConvBuilder):
                 kb.emit(lp.Store(tile.name, (Const(r), _ramp(Const(v * w), w)), ex.Load(accs[r][v].name, (lane,), vt)))
         rows = ex.minimum(Const(mr), ex.sub(cout, co0))
         count = ex.minimum(Const(nr), ex.sub(positions, ps))
-        for seg in self.segments(ps, count, nr, out_w):
+        if self.flat_output():  # one run of positions: the epilogue vectorizes across rows
+            kb.emit(self.epilogue(n, co0, None, ps, rows, count,
+                                  lambda r, q: ex.Load(tile.name, (r, q), ScalarType(self.acc_t))))
+        for seg in [] if self.flat_output() else self.segments(ps, count, nr, out_w):
             lo, length, outer, w0 = seg
             kb.emit(self.epilogue(n, co0, outer, w0, rows, length,
                                   lambda r, q, lo=lo: ex.Load(tile.name, (r, ex.add(lo, q)), ScalarType(self.acc_t))))
@@ -116,6 +119,21 @@ class PointwiseConvBuilder(ConvBuilder):
         kb.emit(self.loop(order[1], extents[order[1].name], kb.pop()))
         kb.emit(self.loop(order[0], extents[order[0].name], kb.pop()))
         return lp.block(*self.pack_stmts, self.outer_loop(item, ex.mul(c.x.shape[0], blocks), kb.pop()))
+
+    def flat_output(self) -> bool:
+        """Whether the output's spatial dims are one contiguous run (NCHW as allocated): then
+        the tile's positions are stored as one run, each at its delinearized row and column,
+        and the epilogue is one vector loop over the NR positions. By row segments, a 14-wide
+        map had left every position to the scalar tail of its segment's loop (len <= 14 < 16
+        lanes): EfficientNet's 80-to-480 1x1 with SiLU at 14x14 took 0.38 ms, eager 0.17."""
+        nsp = self.c.nsp
+        if nsp != 2:  # 1-D is one row already; 3-D keeps its segments (`vectorize` cannot
+            return False  # merge `p // 30, p % 30 // 6, p % 6` back into `p`)
+        sizes = [static_int(d) for d in self.out.shape[2:]]
+        strides = [static_int(d) for d in self.out.strides[2:]]
+        if any(v is None for v in (*sizes, *strides)) or strides[-1] != 1:
+            return False
+        return all(strides[d] == strides[d + 1] * sizes[d + 1] for d in range(nsp - 1))  # type: ignore[operator]
 
     def segments(self, start: Expr, count: Expr, nr: int, out_w: Optional[int]
                  ) -> list[tuple[Expr, Expr, list[Expr], Expr]]:
