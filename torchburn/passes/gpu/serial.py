@@ -40,17 +40,21 @@ After `gpu-split-phases`:
     call @k0_p1(%i, %s, %out0)
 
 **`gpu-chunk-serial`** (after `gpu-map`) counts the loop iterations one invocation runs, all
-its loops together: a `grid` or `block` loop is one iteration per invocation, a cooperative
-`threads` nest `ceil(n / workgroup)`, a plain loop its extent's upper bound times its body's
-count plus one (`Bounds`: an extent may depend on the loops around it); row, GEMM and attention
-kernels are tiled by their emitters and not counted. Where the target has a limit
+its loops together, as llvmpipe's limiter counts them: a `grid` or `block` loop costs nothing
+(it is the invocation grid), a cooperative `threads` nest `ceil(n / workgroup)` trips, a plain
+loop its extent's upper bound times (its body's count + 1), plus 1 for entering it (an outer
+iteration around an inner loop of k iterations costs k + 2, as measured on llvmpipe;
+`Bounds`: an extent may depend on the loops around it); row, GEMM and attention kernels are
+tiled by their emitters and not counted (their row loops take about `row / lanes` trips each).
+A serial loop after leading `let`s (which `gpu-split-phases` copies into a phase) is chunked
+with the lets recomputed inside it. Where the target has a limit
 (`Target.gpu_loop_iterations`: Mesa's llvmpipe ends all loops of an invocation after 65,535
 iterations, and the kernel's result is silently wrong) and a single-invocation kernel's one
 loop exceeds it, the loop's range is cut into consecutive kernels within the limit (exact, as
 `gpu-split-wide`'s chunks are):
 
-    kernel @k0_p1(...) { for j1 in 0..100000 { ... } }      ->    kernel @k0_p1_0(...) { for j1 in 0..65471 { ... } }
-                                                                    kernel @k0_p1_1(...) { for j1 in 0..34529 { ... } }   (j1 + 65471 inside)
+    kernel @k0_p1(...) { for j1 in 0..100000 { ... } }      ->    kernel @k0_p1_0(...) { for j1 in 0..65470 { ... } }
+                                                                    kernel @k0_p1_1(...) { for j1 in 0..34530 { ... } }   (j1 + 65470 inside)
 
 A kernel still past the limit (a row loop longer than the limit in a grid kernel, a sort's
 nested merge passes), or whose count depends on the sizes, gets the count as the attribute
@@ -203,14 +207,17 @@ def iterations(s: lp.Stmt, bounds: Bounds) -> Optional[Expr]:
         per = iterations(body, inner)
         if per is None:
             return None
-        return ex.mul(ex.floordiv(ex.add(total_extent, Const(wg - 1)), Const(wg)), ex.add(per, Const(1)))
+        trips = ex.floordiv(ex.add(total_extent, Const(wg - 1)), Const(wg))
+        return ex.add(ex.mul(trips, ex.add(per, Const(1))), Const(1))
     if mapping is not None:
         return None  # rows, lanes, gemm, attention: tiled by their emitters
     n = _upper(s.extent, bounds)
     per = iterations(s.body, inner)
     if n is None or per is None:
         return None
-    return ex.mul(n, ex.add(per, Const(1)))
+    # each iteration counts once, and so does each entry of the loop (llvmpipe's limiter, as
+    # measured: an outer iteration around an inner loop of k iterations costs k + 2)
+    return ex.add(ex.mul(n, ex.add(per, Const(1))), Const(1))
 
 
 def kernel_iterations(k: lp.Kernel) -> Optional[Expr]:
@@ -269,13 +276,20 @@ class GpuChunkSerial(LoopPass):
         """`k`'s one serial loop cut into consecutive kernels within `limit`, or None when `k`
         is not a single-invocation loop or one iteration alone is past the limit."""
         loop = k.body
+        stmts = _stmts(loop)
+        if len(stmts) > 1 and all(isinstance(x, lp.Let) for x in stmts[:-1]) and isinstance(stmts[-1], lp.For):
+            # leading lets (`gpu-split-phases` copies those a phase reads): recomputed inside
+            # the loop, whose chunks then each carry them
+            loop = replace(stmts[-1], body=lp.block(*stmts[:-1], stmts[-1].body))
+            k = replace(k, body=loop)
         if not isinstance(loop, lp.For) or loop.annotation("gpu") or not isinstance(loop.extent, Const) \
                 or loop.start != Const(0):
             return None
         per = iterations(loop.body, Bounds({v.name for v in k.symbols}).bind_loop(loop.var, loop.start, loop.extent))
-        if not isinstance(per, Const) or int(per.value) + 1 > limit - MARGIN:
+        budget = limit - MARGIN - 1  # the chunk loop's own entry counts once
+        if not isinstance(per, Const) or int(per.value) + 1 > budget:
             return None
-        step = (limit - MARGIN) // (int(per.value) + 1)
+        step = budget // (int(per.value) + 1)
         n = int(loop.extent.value)
         return [_chunk(k, loop, a, min(a + step, n), f"{k.name}_{c}") for c, a in enumerate(range(0, n, step))]
 
