@@ -74,8 +74,7 @@ from ...ir.loop import ITERATIONS_ATTR
 from ...ir.printer import print_expr
 from ..base import LoopPass, PassContext, PassError, register_pass
 from ..loop.bounds import Bounds
-from ..loop.loop_utils import buffers_accessed
-from .split import _chunk
+from .split import _chunk, replace_kernels, restrict
 
 #: Iterations kept free below the limit in each chunk (a loop the shader compiler adds).
 MARGIN = 64
@@ -83,23 +82,6 @@ MARGIN = 64
 
 def _stmts(s: lp.Stmt) -> tuple[lp.Stmt, ...]:
     return s.stmts if isinstance(s, lp.Block) else (s,)
-
-
-def restrict(k: lp.Kernel, body: lp.Stmt, name: str) -> lp.Kernel:
-    """`k` with `body`, named `name`, with only the parameters and symbols `body` uses."""
-    sub = replace(k, name=name, body=body)
-    used = buffers_accessed(sub)
-    params = tuple(p for p in k.params if p.name in used)
-    free: set[str] = set()
-    for p in params:
-        for d in (*p.shape, *p.strides):
-            free |= ex.free_vars(d)
-    for s in lp.walk_stmts(body):
-        for e in lp.stmt_exprs(s):
-            free |= ex.free_vars(e)
-        if isinstance(s, lp.For):
-            free |= ex.free_vars(s.start) | ex.free_vars(s.extent)
-    return replace(sub, params=params, symbols=tuple(x for x in k.symbols if x.name in free))
 
 
 def _defined(s: lp.Stmt) -> set[str]:
@@ -239,7 +221,7 @@ class GpuSplitPhases(LoopPass):
             bodies = phases(k)
             if bodies is not None:
                 pieces[k.name] = [restrict(k, b, f"{k.name}_p{i}") for i, b in enumerate(bodies)]
-        return _replace_kernels(program, pieces)
+        return replace_kernels(program, pieces)
 
 
 @register_pass
@@ -269,7 +251,7 @@ class GpuChunkSerial(LoopPass):
             chunks = self.chunks(k, limit) if isinstance(n, Const) else None
             pieces[k.name] = chunks or [replace(k, attrs=tuple(a for a in k.attrs if a[0] != ITERATIONS_ATTR)
                                                 + ((ITERATIONS_ATTR, print_expr(n)),))]
-        return _replace_kernels(program, pieces)
+        return replace_kernels(program, pieces)
 
     @staticmethod
     def chunks(k: lp.Kernel, limit: int) -> Optional[list[lp.Kernel]]:
@@ -292,24 +274,3 @@ class GpuChunkSerial(LoopPass):
         step = budget // (int(per.value) + 1)
         n = int(loop.extent.value)
         return [_chunk(k, loop, a, min(a + step, n), f"{k.name}_{c}") for c, a in enumerate(range(0, n, step))]
-
-
-def _replace_kernels(program: lp.Program, pieces: dict[str, list[lp.Kernel]]) -> lp.Program:
-    """`program` with each kernel named in `pieces` replaced by its pieces, called in order with
-    the arguments of the parameters each keeps."""
-    if not pieces:
-        return program
-    kernels: list[lp.Kernel] = []
-    for k in program.kernels:
-        kernels.extend(pieces.get(k.name, [k]))
-    calls: list[lp.KernelCall] = []
-    for c in program.calls:
-        if c.kernel not in pieces:
-            calls.append(c)
-            continue
-        arg = {p.name: (a, c.offset(i)) for i, (p, a) in enumerate(zip(program.kernel(c.kernel).params, c.args))}
-        for s in pieces[c.kernel]:
-            args = tuple(arg[p.name][0] for p in s.params)
-            offsets = tuple(arg[p.name][1] for p in s.params)
-            calls.append(lp.KernelCall(s.name, args, offsets if any(o is not None for o in offsets) else ()))
-    return replace(program, kernels=tuple(kernels), calls=tuple(calls))

@@ -59,24 +59,51 @@ from ..loop.loop_utils import buffers_accessed, substitute_stmt
 from ..loop.simplify import simplify_kernel
 
 
-def _chunk(k: lp.Kernel, loop: lp.For, start: int, stop: int, name: str) -> lp.Kernel:
-    """`k` for the iterations `start..stop` of its outer loop, simplified, with only the
-    parameters and symbols it still uses."""
-    v = loop.var
-    body = substitute_stmt(loop.body, {v.name: ex.add(v, Const(start))})
-    sub = simplify_kernel(replace(k, name=name, body=replace(loop, extent=Const(stop - start), body=body)))
+def restrict(k: lp.Kernel, body: lp.Stmt, name: str) -> lp.Kernel:
+    """`k` with `body`, named `name`, with only the parameters and symbols `body` uses."""
+    sub = replace(k, name=name, body=body)
     used = buffers_accessed(sub)
     params = tuple(p for p in k.params if p.name in used)
     free: set[str] = set()
     for p in params:
         for d in (*p.shape, *p.strides):
             free |= ex.free_vars(d)
-    for s in lp.walk_stmts(sub.body):
+    for s in lp.walk_stmts(body):
         for e in lp.stmt_exprs(s):
             free |= ex.free_vars(e)
         if isinstance(s, lp.For):
             free |= ex.free_vars(s.start) | ex.free_vars(s.extent)
     return replace(sub, params=params, symbols=tuple(x for x in k.symbols if x.name in free))
+
+
+def _chunk(k: lp.Kernel, loop: lp.For, start: int, stop: int, name: str) -> lp.Kernel:
+    """`k` for the iterations `start..stop` of its outer loop, simplified, with only the
+    parameters and symbols it still uses."""
+    v = loop.var
+    body = substitute_stmt(loop.body, {v.name: ex.add(v, Const(start))})
+    sub = simplify_kernel(replace(k, body=replace(loop, extent=Const(stop - start), body=body)))
+    return restrict(sub, sub.body, name)
+
+
+def replace_kernels(program: lp.Program, pieces: dict[str, list[lp.Kernel]]) -> lp.Program:
+    """`program` with each kernel named in `pieces` replaced by its pieces, called in order with
+    the arguments (and byte offsets) of the parameters each keeps."""
+    if not pieces:
+        return program
+    kernels: list[lp.Kernel] = []
+    for k in program.kernels:
+        kernels.extend(pieces.get(k.name, [k]))
+    calls: list[lp.KernelCall] = []
+    for c in program.calls:
+        if c.kernel not in pieces:
+            calls.append(c)
+            continue
+        arg = {p.name: (a, c.offset(i)) for i, (p, a) in enumerate(zip(program.kernel(c.kernel).params, c.args))}
+        for s in pieces[c.kernel]:
+            offsets = tuple(arg[p.name][1] for p in s.params)
+            calls.append(lp.KernelCall(s.name, tuple(arg[p.name][0] for p in s.params),
+                                       offsets if any(o is not None for o in offsets) else ()))
+    return replace(program, kernels=tuple(kernels), calls=tuple(calls))
 
 
 def bound_buffers(k: lp.Kernel) -> int:
@@ -111,19 +138,7 @@ class GpuSplitWide(LoopPass):
             split = self.split(k, limit) if bound_buffers(k) > limit else None
             if split is not None:
                 pieces[k.name] = split
-        if not pieces:
-            return program
-        kernels: list[lp.Kernel] = []
-        for k in program.kernels:
-            kernels.extend(pieces.get(k.name, [k]))
-        calls: list[lp.KernelCall] = []
-        for c in program.calls:
-            if c.kernel not in pieces:
-                calls.append(c)
-                continue
-            arg = {p.name: a for p, a in zip(program.kernel(c.kernel).params, c.args)}
-            calls.extend(lp.KernelCall(s.name, tuple(arg[p.name] for p in s.params)) for s in pieces[c.kernel])
-        return replace(program, kernels=tuple(kernels), calls=tuple(calls))
+        return replace_kernels(program, pieces)
 
     def split(self, k: lp.Kernel, limit: int = 0) -> Optional[list[lp.Kernel]]:
         """The chunks of `k` binding at most `limit` buffers each (0: `max_buffers`, else 8),
